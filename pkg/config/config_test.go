@@ -1,0 +1,316 @@
+package config
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// summary describes everything Load sets on a rule, for comparisons.
+func summary(r *Rule) string {
+	var b strings.Builder
+	b.WriteString(r.String())
+	if r.Unlimited {
+		b.WriteString(" | unlimited")
+	} else {
+		fmt.Fprintf(&b, " | %d/%s*%d", r.RequestsPerUnit, r.Unit, r.UnitMultiplier)
+	}
+	fmt.Fprintf(&b, " %s %s", r.Algorithm, r.FailureMode)
+	last := r.Levels[len(r.Levels)-1]
+	for _, f := range []struct {
+		on   bool
+		text string
+	}{
+		{r.Name != "", "name=" + r.Name},
+		{len(r.Replaces) > 0, fmt.Sprint("replaces=", r.Replaces)},
+		{r.ShadowMode, "shadow"},
+		{r.DetailedMetric, "detailed_metric"},
+		{r.ValueToMetric, "value_to_metric"},
+		{last.Wildcard, "wildcard"},
+		{last.ShareThreshold, "share_threshold"},
+	} {
+		if f.on {
+			b.WriteString(" " + f.text)
+		}
+	}
+	fmt.Fprintf(&b, " @%s", filepath.Base(r.Source))
+	return b.String()
+}
+
+func summaries(rules []*Rule) []string {
+	var s []string
+	for _, r := range rules {
+		s = append(s, summary(r))
+	}
+	return s
+}
+
+func TestLoadValid(t *testing.T) {
+	for _, tt := range []struct {
+		file  string
+		rules []string
+	}{
+		{"envoy.yaml", []string{
+			"envoy: remote_address | 10/SECOND*1 sliding_window_counter allow name=per_ip @envoy.yaml:5",
+			"envoy: remote_address=50.0.0.5 | 1000/MINUTE*1 sliding_window_counter allow @envoy.yaml:11",
+			"envoy: message_type=marketing / to_number | 5/DAY*1 sliding_window_counter allow @envoy.yaml:21",
+			"envoy: message_type=marketing / to_number / from_number | 2/HOUR*1 sliding_window_counter allow @envoy.yaml:26",
+			"envoy: path=/foo/* | 20/MINUTE*1 sliding_window_counter allow wildcard share_threshold @envoy.yaml:32",
+			"envoy: client_id=internal | unlimited sliding_window_counter allow @envoy.yaml:39",
+			"envoy: client_id | 100/HOUR*1 sliding_window_counter allow name=per_client replaces=[per_ip] shadow detailed_metric @envoy.yaml:44",
+			"envoy: category | 3/WEEK*1 sliding_window_counter allow value_to_metric @envoy.yaml:54",
+		}},
+		{"extensions.yaml", []string{
+			"api: tenant | 100/SECOND*1 sliding_window_counter allow @extensions.yaml:4",
+			"api: tenant / user | 1000/MINUTE*15 sliding_window_log deny @extensions.yaml:9",
+			"api: tenant / bulk | 10/DAY*1 fixed_window allow @extensions.yaml:16",
+		}},
+		{"minimal.yaml", nil},
+	} {
+		t.Run(tt.file, func(t *testing.T) {
+			path := filepath.Join("testdata", "valid", tt.file)
+			c, err := Load(path, Defaults{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := summaries(c.Rules()); !slices.Equal(got, tt.rules) {
+				t.Errorf("rules:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tt.rules, "\n"))
+			}
+			if got := c.Files(); !slices.Equal(got, []string{path}) {
+				t.Errorf("Files() = %q, want [%q]", got, path)
+			}
+			for _, r := range c.Rules() {
+				if want := path + ":"; !strings.HasPrefix(r.Source, want) {
+					t.Errorf("Source = %q, want prefix %q", r.Source, want)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadValidDirectory(t *testing.T) {
+	c, err := Load(filepath.Join("testdata", "valid"), Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"api", "envoy", "minimal"} {
+		if !c.HasDomain(d) {
+			t.Errorf("HasDomain(%q) = false", d)
+		}
+	}
+	if c.HasDomain("other") {
+		t.Error(`HasDomain("other") = true`)
+	}
+	// Ordered by domain, then as in the file.
+	var got []string
+	for _, r := range c.Rules() {
+		got = append(got, r.String())
+	}
+	want := []string{
+		"api: tenant",
+		"api: tenant / user",
+		"api: tenant / bulk",
+		"envoy: remote_address",
+		"envoy: remote_address=50.0.0.5",
+		"envoy: message_type=marketing / to_number",
+		"envoy: message_type=marketing / to_number / from_number",
+		"envoy: path=/foo/*",
+		"envoy: client_id=internal",
+		"envoy: client_id",
+		"envoy: category",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("rules:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// want reads the "# want: " first line of a fixture.
+func want(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	s.Scan()
+	w, ok := strings.CutPrefix(s.Text(), "# want: ")
+	if !ok {
+		t.Fatalf("%s: first line must be # want: <error>", path)
+	}
+	return w
+}
+
+func TestLoadInvalid(t *testing.T) {
+	dir := filepath.Join("testdata", "invalid")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) < 20 {
+		t.Fatalf("only %d fixtures in %s", len(entries), dir)
+	}
+	for _, e := range entries {
+		t.Run(e.Name(), func(t *testing.T) {
+			path := filepath.Join(dir, e.Name())
+			want := want(t, path)
+			c, err := Load(path, Defaults{})
+			if err == nil {
+				t.Fatalf("Load succeeded with %d rules, want error %q", len(c.Rules()), want)
+			}
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error:\n  %v\nwant it to contain:\n  %s", err, want)
+			}
+		})
+	}
+}
+
+func TestLoadDuplicateDomain(t *testing.T) {
+	dir := filepath.Join("testdata", "dupdomain")
+	want := want(t, filepath.Join(dir, "b.yaml"))
+	if _, err := Load(dir, Defaults{}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("error = %v, want it to contain %q", err, want)
+	}
+}
+
+func TestParse(t *testing.T) {
+	c, err := Parse("inline.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := summaries(c.Rules()); !slices.Equal(got, []string{"d: k | 1/SECOND*1 sliding_window_counter allow @inline.yaml:3"}) {
+		t.Errorf("rules = %q", got)
+	}
+	if got := c.Files(); !slices.Equal(got, []string{"inline.yaml"}) {
+		t.Errorf("Files() = %q", got)
+	}
+	if _, err := Parse("bad.yaml", []byte("domain: d\nfoo: 1\n"), Defaults{}); err == nil || err.Error() != `bad.yaml:2: unknown field "foo" in top level` {
+		t.Errorf("error = %v", err)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	const yaml = `
+domain: d
+descriptors:
+  - key: plain
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: own
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_window_log, failure_mode: allow}
+  - key: free
+    rate_limit: {unlimited: true}
+`
+	for _, tt := range []struct {
+		name     string
+		defaults Defaults
+		want     []string // algorithm and failure mode of plain, own and free
+	}{
+		{"zero", Defaults{}, []string{
+			"sliding_window_counter allow", "sliding_window_log allow", "sliding_window_counter allow"}},
+		{"set", Defaults{Algorithm: FixedWindow, FailureMode: FailureDeny}, []string{
+			"fixed_window deny", "sliding_window_log allow", "fixed_window deny"}},
+		{"algorithm only", Defaults{Algorithm: SlidingWindowLog}, []string{
+			"sliding_window_log allow", "sliding_window_log allow", "sliding_window_log allow"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse("d.yaml", []byte(yaml), tt.defaults)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range c.Rules() {
+				got = append(got, fmt.Sprint(r.Algorithm, " ", r.FailureMode))
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadDirectory(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "b.yml"), "domain: b\n")
+	writeFile(t, filepath.Join(dir, "a.yaml"), "domain: a\n")
+	writeFile(t, filepath.Join(dir, "notes.txt"), "not yaml: [")
+	writeFile(t, filepath.Join(dir, "a.yaml.bak"), "not yaml: [")
+	writeFile(t, filepath.Join(dir, ".hidden.yaml"), "not yaml: [")
+	if err := os.Mkdir(filepath.Join(dir, "sub.yaml"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "sub.yaml", "c.yaml"), "domain: c\n")
+
+	c, err := Load(dir, Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yml")}
+	if got := c.Files(); !slices.Equal(got, want) {
+		t.Errorf("Files() = %q, want %q", got, want)
+	}
+	if !c.HasDomain("a") || !c.HasDomain("b") || c.HasDomain("c") {
+		t.Error("want domains a and b only")
+	}
+}
+
+// TestLoadConfigMap loads the layout of a Kubernetes ConfigMap volume:
+//
+//	..2024_01_01_00_00_00.1/rules.yaml
+//	..data -> ..2024_01_01_00_00_00.1
+//	rules.yaml -> ..data/rules.yaml
+func TestLoadConfigMap(t *testing.T) {
+	dir := t.TempDir()
+	const version = "..2024_01_01_00_00_00.1"
+	if err := os.Mkdir(filepath.Join(dir, version), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, version, "rules.yaml"), "domain: cm\n")
+	for _, l := range []struct{ target, name string }{
+		{version, "..data"},
+		{filepath.Join("..data", "rules.yaml"), "rules.yaml"},
+	} {
+		if err := os.Symlink(l.target, filepath.Join(dir, l.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(t.TempDir(), "mounted")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, path := range []string{dir, link} {
+		c, err := Load(path, Defaults{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{filepath.Join(path, "rules.yaml")}; !slices.Equal(c.Files(), want) || !c.HasDomain("cm") {
+			t.Errorf("Load(%s): files %q, want %q with domain cm", path, c.Files(), want)
+		}
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	empty := t.TempDir()
+	writeFile(t, filepath.Join(empty, "README.md"), "no config here")
+	for _, tt := range []struct {
+		path, want string
+	}{
+		{filepath.Join(empty, "missing.yaml"), "no such file or directory"},
+		{empty, "no *.yaml or *.yml files"},
+	} {
+		if _, err := Load(tt.path, Defaults{}); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Load(%s) error = %v, want %q", tt.path, err, tt.want)
+		}
+	}
+}

@@ -1,0 +1,128 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Algorithm names a rate limit algorithm.
+type Algorithm uint8
+
+// The algorithms a rule can ask for with rate_limit.algorithm.
+const (
+	SlidingWindowLog     Algorithm = iota + 1 // "sliding_window_log": exact, one entry per request
+	SlidingWindowCounter                      // "sliding_window_counter": two counters, weighted
+	FixedWindow                               // "fixed_window": one counter, as envoyproxy/ratelimit
+)
+
+var algorithmNames = []string{
+	SlidingWindowLog:     "sliding_window_log",
+	SlidingWindowCounter: "sliding_window_counter",
+	FixedWindow:          "fixed_window",
+}
+
+// ParseAlgorithm returns the algorithm named s, which must be spelled exactly
+// as in the config file.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	return parseEnum[Algorithm]("algorithm", s, algorithmNames, equal)
+}
+
+// String returns the name ParseAlgorithm accepts.
+func (a Algorithm) String() string { return enumString("Algorithm", a, algorithmNames) }
+
+// FailureMode is the answer when the store cannot be reached.
+type FailureMode uint8
+
+// The failure modes a rule can ask for with rate_limit.failure_mode.
+const (
+	FailureAllow FailureMode = iota + 1 // "allow": let the request through
+	FailureDeny                         // "deny": answer OVER_LIMIT
+)
+
+var failureModeNames = []string{
+	FailureAllow: "allow",
+	FailureDeny:  "deny",
+}
+
+// ParseFailureMode returns the failure mode named s, which must be spelled
+// exactly as in the config file.
+func ParseFailureMode(s string) (FailureMode, error) {
+	return parseEnum[FailureMode]("failure_mode", s, failureModeNames, equal)
+}
+
+// String returns the name ParseFailureMode accepts.
+func (f FailureMode) String() string { return enumString("FailureMode", f, failureModeNames) }
+
+// Unit is a rate limit time unit.
+type Unit uint8
+
+// The units of rate_limit.unit, numbered in Envoy's order.
+const (
+	Second Unit = iota + 1
+	Minute
+	Hour
+	Day
+	Week
+	Month
+	Year
+)
+
+// unitNames are Envoy's enum names, which the responses carry.
+var unitNames = []string{
+	Second: "SECOND",
+	Minute: "MINUTE",
+	Hour:   "HOUR",
+	Day:    "DAY",
+	Week:   "WEEK",
+	Month:  "MONTH",
+	Year:   "YEAR",
+}
+
+var unitDurations = []time.Duration{
+	Second: time.Second,
+	Minute: time.Minute,
+	Hour:   time.Hour,
+	Day:    24 * time.Hour,
+	Week:   7 * 24 * time.Hour,
+	Month:  30 * 24 * time.Hour,
+	Year:   365 * 24 * time.Hour,
+}
+
+// ParseUnit returns the unit named s in any case ("minute", "MINUTE"), as
+// envoyproxy/ratelimit accepts it.
+func ParseUnit(s string) (Unit, error) {
+	return parseEnum[Unit]("unit", s, unitNames, strings.EqualFold)
+}
+
+// String returns Envoy's enum name, e.g. "MINUTE".
+func (u Unit) String() string { return enumString("Unit", u, unitNames) }
+
+// Duration returns the length of one unit; months and years have a fixed
+// length (30 and 365 days) so that windows are the same everywhere.
+func (u Unit) Duration() time.Duration {
+	if int(u) >= len(unitDurations) {
+		return 0
+	}
+	return unitDurations[u]
+}
+
+func equal(a, b string) bool { return a == b }
+
+// parseEnum returns the value whose name matches s; names is indexed by
+// value and its entry 0 is unused, as the zero value means "not set".
+func parseEnum[T ~uint8](kind, s string, names []string, match func(a, b string) bool) (T, error) {
+	for v := 1; v < len(names); v++ {
+		if match(s, names[v]) {
+			return T(v), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown %s %q, want one of %s", kind, s, strings.ToLower(strings.Join(names[1:], ", ")))
+}
+
+func enumString[T ~uint8](typ string, v T, names []string) string {
+	if v == 0 || int(v) >= len(names) {
+		return fmt.Sprintf("%s(%d)", typ, v)
+	}
+	return names[v]
+}
