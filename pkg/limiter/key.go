@@ -1,0 +1,88 @@
+package limiter
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/pkg/config"
+)
+
+// KeyBuilder builds store keys. The schema is
+//
+//	rl:{<domain>|<key>=<value>|<key>=*<pattern>...}:<algorithm>:<window seconds>
+//
+// one `|<key>=<value>` per descriptor entry in request order, and
+// `|<key>=*<pattern>` for an entry matched by a share_threshold wildcard
+// (all its values share one counter). Domain, keys, values and patterns are
+// percent-encoded: every byte outside [A-Za-z0-9-._~/] becomes %XX, so the
+// separators | = * { } : never appear inside a component and no two distinct
+// (domain, entries, algorithm, window) share a key, whatever bytes the values
+// hold. The braces are a Redis Cluster hash tag around the whole identity:
+// every key a decision touches for it lands in one slot. The counter
+// algorithms append :<window index> inside the script.
+//
+// The zero value is ready to use; reusing a builder reuses its buffer.
+type KeyBuilder struct {
+	buf []byte
+}
+
+// Reset starts a key for domain.
+func (b *KeyBuilder) Reset(domain string) {
+	b.buf = append(b.buf[:0], "rl:{"...)
+	b.buf = appendEscaped(b.buf, domain)
+}
+
+// Add appends a descriptor entry.
+func (b *KeyBuilder) Add(key, value string) {
+	b.buf = append(b.buf, '|')
+	b.buf = appendEscaped(b.buf, key)
+	b.buf = append(b.buf, '=')
+	b.buf = appendEscaped(b.buf, value)
+}
+
+// AddShared appends an entry whose values share one counter per pattern.
+func (b *KeyBuilder) AddShared(key, pattern string) {
+	b.buf = append(b.buf, '|')
+	b.buf = appendEscaped(b.buf, key)
+	b.buf = append(b.buf, '=', '*')
+	b.buf = appendEscaped(b.buf, pattern)
+}
+
+// Key finishes the key with the algorithm and the window and returns it.
+func (b *KeyBuilder) Key(a config.Algorithm, window time.Duration) string {
+	b.buf = append(b.buf, '}', ':')
+	b.buf = append(b.buf, algorithmCode(a)...)
+	b.buf = append(b.buf, ':')
+	b.buf = strconv.AppendInt(b.buf, int64(window/time.Second), 10)
+	return string(b.buf)
+}
+
+func algorithmCode(a config.Algorithm) string {
+	switch a {
+	case config.SlidingWindowLog:
+		return "log"
+	case config.FixedWindow:
+		return "fixed"
+	default:
+		return "counter"
+	}
+}
+
+const hexDigits = "0123456789ABCDEF"
+
+func appendEscaped(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if unreserved(c) {
+			dst = append(dst, c)
+			continue
+		}
+		dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&0xF])
+	}
+	return dst
+}
+
+func unreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~' || c == '/'
+}

@@ -1,0 +1,361 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/pkg/config"
+)
+
+var algorithms = []config.Algorithm{config.SlidingWindowLog, config.SlidingWindowCounter, config.FixedWindow}
+
+// clock is a frozen Redis TIME: tests move it by hand.
+type clock struct {
+	m   *miniredis.Miniredis
+	now time.Time
+}
+
+func (c *clock) set(t time.Time) {
+	c.now = t
+	c.m.SetTime(t)
+}
+
+func (c *clock) add(d time.Duration) { c.set(c.now.Add(d)) }
+
+// newTestLimiter returns a limiter on a fresh miniredis whose clock starts
+// at start.
+func newTestLimiter(t *testing.T, start time.Time) (*Limiter, *clock) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { client.Close() })
+	c := &clock{m: m}
+	c.set(start)
+	return New(client, &Options{Timeout: 5 * time.Second}), c
+}
+
+// epoch is aligned to every window the tests use, so a test knows where the
+// fixed windows start.
+var epoch = time.Unix(1_700_006_400, 0) // divisible by 3600 and 60
+
+func hit(a config.Algorithm, key string, limit uint32, window time.Duration, cost uint64) Hit {
+	var b KeyBuilder
+	b.Reset("test")
+	b.Add("k", key)
+	return Hit{Key: b.Key(a, window), Algorithm: a, Limit: limit, Window: window, Cost: cost}
+}
+
+func decide1(t *testing.T, l *Limiter, h Hit) Verdict {
+	t.Helper()
+	v, err := l.Decide(context.Background(), []Hit{h})
+	if err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	return v[0]
+}
+
+func TestAdmitsUpToLimit(t *testing.T) {
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			l, c := newTestLimiter(t, epoch.Add(10*time.Second))
+			h := hit(a, "u", 5, time.Minute, 1)
+			for i := 1; i <= 5; i++ {
+				v := decide1(t, l, h)
+				if !v.Admitted || !v.Charged || v.Remaining != uint64(5-i) {
+					t.Fatalf("hit %d: %+v, want admitted, charged, remaining %d", i, v, 5-i)
+				}
+				c.add(time.Millisecond)
+			}
+			v := decide1(t, l, h)
+			if v.Admitted || v.Charged || v.Remaining != 0 {
+				t.Fatalf("hit 6: %+v, want denied, not charged, remaining 0", v)
+			}
+		})
+	}
+}
+
+// TestBoundaryBurst is the seeds' demonstration: a full burst just before a
+// window edge and another just after. The fixed window admits twice the
+// limit, the log exactly the limit, the counter close to it.
+func TestBoundaryBurst(t *testing.T) {
+	const limit = 50
+	window := 10 * time.Second
+	want := map[config.Algorithm]func(int) bool{
+		config.FixedWindow:          func(n int) bool { return n == 2*limit },
+		config.SlidingWindowLog:     func(n int) bool { return n == limit },
+		config.SlidingWindowCounter: func(n int) bool { return n >= limit && n <= limit+limit/10 },
+	}
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			l, c := newTestLimiter(t, epoch.Add(-time.Second))
+			h := hit(a, "burst", limit, window, 1)
+			admitted := 0
+			for _, at := range []time.Time{epoch.Add(-time.Second), epoch.Add(time.Second)} {
+				c.set(at)
+				for i := 0; i < limit; i++ {
+					if decide1(t, l, h).Admitted {
+						admitted++
+					}
+					c.add(time.Microsecond)
+				}
+			}
+			t.Logf("%s admitted %d of %d across the edge (limit %d per %s)", a, admitted, 2*limit, limit, window)
+			if !want[a](admitted) {
+				t.Fatalf("%s admitted %d", a, admitted)
+			}
+		})
+	}
+}
+
+// TestRetryAfterIsExact checks the wait a denied hit is told: retrying right
+// at it is admitted, retrying a millisecond before it is not.
+func TestRetryAfterIsExact(t *testing.T) {
+	type step struct {
+		after time.Duration // since the previous step
+		cost  uint64
+	}
+	cases := []struct {
+		name  string
+		limit uint32
+		steps []step // all admitted; the probe with cost comes after them
+		cost  uint64
+	}{
+		{"spread", 5, []step{{0, 1}, {7 * time.Second, 1}, {9 * time.Second, 2}, {13 * time.Second, 1}}, 1},
+		{"weighted", 10, []step{{0, 4}, {20 * time.Second, 3}, {5 * time.Second, 3}}, 5},
+		{"burst", 3, []step{{0, 3}}, 3},
+		{"across windows", 4, []step{{0, 2}, {40 * time.Second, 2}, {50 * time.Second, 1}}, 2},
+	}
+	for _, a := range algorithms {
+		for _, tc := range cases {
+			t.Run(a.String()+"/"+tc.name, func(t *testing.T) {
+				l, c := newTestLimiter(t, epoch.Add(3*time.Second))
+				for i, s := range tc.steps {
+					c.add(s.after)
+					if v := decide1(t, l, hit(a, "r", tc.limit, time.Minute, s.cost)); !v.Admitted {
+						t.Fatalf("step %d not admitted: %+v", i, v)
+					}
+				}
+				probe := hit(a, "r", tc.limit, time.Minute, tc.cost)
+				// Deny at least once so there is a wait to check.
+				var v Verdict
+				for v = decide1(t, l, probe); v.Admitted; v = decide1(t, l, probe) {
+					c.add(time.Second)
+				}
+				wait := v.ResetAfter
+				if wait <= 0 {
+					t.Fatalf("denied with wait %v", wait)
+				}
+				denied := c.now
+				c.set(denied.Add(wait - time.Millisecond))
+				if early := decide1(t, l, probe); early.Admitted && wait > time.Millisecond {
+					t.Fatalf("admitted 1ms before the announced wait %v", wait)
+				}
+				c.set(denied.Add(wait))
+				if v := decide1(t, l, probe); !v.Admitted {
+					t.Fatalf("denied at the announced wait %v: %+v", wait, v)
+				}
+			})
+		}
+	}
+}
+
+func TestAllOrNothing(t *testing.T) {
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			l, c := newTestLimiter(t, epoch.Add(time.Second))
+			free := hit(a, "free", 10, time.Minute, 1)
+			full := hit(a, "full", 1, time.Minute, 1)
+			if v := decide1(t, l, full); !v.Admitted {
+				t.Fatalf("first hit on full: %+v", v)
+			}
+			c.add(time.Second)
+			v, err := l.Decide(context.Background(), []Hit{free, full})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !v[0].Admitted || v[0].Charged || v[0].Remaining != 10 {
+				t.Fatalf("free hit: %+v, want admitted, not charged, remaining 10", v[0])
+			}
+			if v[1].Admitted || v[1].Charged {
+				t.Fatalf("full hit: %+v, want denied", v[1])
+			}
+			// Nothing was charged: the free counter still has all 10.
+			for i := 0; i < 10; i++ {
+				if v := decide1(t, l, free); !v.Admitted {
+					t.Fatalf("free hit %d denied after an all-or-nothing denial: %+v", i, v)
+				}
+			}
+		})
+	}
+}
+
+func TestShadowHitNeverDenies(t *testing.T) {
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			l, _ := newTestLimiter(t, epoch.Add(time.Second))
+			enforced := hit(a, "enforced", 10, time.Minute, 1)
+			shadow := hit(a, "shadow", 1, time.Minute, 1)
+			shadow.Shadow = true
+			for i := 0; i < 3; i++ {
+				v, err := l.Decide(context.Background(), []Hit{enforced, shadow})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !v[0].Charged {
+					t.Fatalf("round %d: enforced hit not charged beside an over-limit shadow hit: %+v", i, v[0])
+				}
+				if wantAdmit := i == 0; v[1].Admitted != wantAdmit || v[1].Charged != wantAdmit {
+					t.Fatalf("round %d: shadow hit %+v, want admitted=charged=%v", i, v[1], wantAdmit)
+				}
+			}
+		})
+	}
+}
+
+func TestCostExceedingLimitSkipsStore(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	before := c.m.CommandCount()
+	v := decide1(t, l, hit(config.SlidingWindowLog, "big", 5, time.Minute, 6))
+	if v.Admitted || !v.CostExceedsLimit || v.ResetAfter != time.Minute {
+		t.Fatalf("verdict %+v, want denied for cost > limit with a window-long wait", v)
+	}
+	if n := c.m.CommandCount() - before; n != 0 {
+		t.Fatalf("%d store commands for a cost above the limit, want none", n)
+	}
+
+	// Beside another hit, the request is checked but nothing is written.
+	other := hit(config.SlidingWindowLog, "other", 5, time.Minute, 1)
+	vs, err := l.Decide(context.Background(), []Hit{other, hit(config.FixedWindow, "big", 5, time.Minute, 6)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !vs[0].Admitted || vs[0].Charged || vs[1].Admitted {
+		t.Fatalf("verdicts %+v", vs)
+	}
+	if keys := c.m.Keys(); len(keys) != 0 {
+		t.Fatalf("keys written for a denied request: %q", keys)
+	}
+}
+
+func TestZeroCostChecksWithoutConsuming(t *testing.T) {
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			l, _ := newTestLimiter(t, epoch.Add(time.Second))
+			decide1(t, l, hit(a, "z", 3, time.Minute, 2))
+			for i := 0; i < 3; i++ {
+				v := decide1(t, l, hit(a, "z", 3, time.Minute, 0))
+				if !v.Admitted || v.Charged || v.Remaining != 1 {
+					t.Fatalf("check %d: %+v, want admitted, not charged, remaining 1", i, v)
+				}
+			}
+		})
+	}
+}
+
+// TestKeysExpireWithTheWindow: an idle key disappears once it cannot matter.
+func TestKeysExpireWithTheWindow(t *testing.T) {
+	cases := []struct {
+		a       config.Algorithm
+		wantTTL time.Duration // from 15 s into a one-minute window
+	}{
+		{config.SlidingWindowLog, time.Minute},
+		{config.SlidingWindowCounter, 2*time.Minute - 15*time.Second},
+		{config.FixedWindow, time.Minute - 15*time.Second},
+	}
+	for _, tc := range cases {
+		t.Run(tc.a.String(), func(t *testing.T) {
+			l, c := newTestLimiter(t, epoch.Add(15*time.Second))
+			decide1(t, l, hit(tc.a, "ttl", 5, time.Minute, 1))
+			keys := c.m.Keys()
+			if len(keys) != 1 {
+				t.Fatalf("keys %q, want one", keys)
+			}
+			if ttl := c.m.TTL(keys[0]); ttl != tc.wantTTL {
+				t.Fatalf("TTL %v, want %v", ttl, tc.wantTTL)
+			}
+			c.m.FastForward(tc.wantTTL)
+			if keys := c.m.Keys(); len(keys) != 0 {
+				t.Fatalf("keys %q left after their TTL", keys)
+			}
+		})
+	}
+}
+
+// TestLogMembersStayUnique: hits in the same microsecond, and a clock that
+// steps back, must still each be recorded.
+func TestLogMembersStayUnique(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	h := hit(config.SlidingWindowLog, "same", 10, time.Minute, 1)
+	for i := 0; i < 3; i++ {
+		decide1(t, l, h)
+	}
+	c.add(-time.Second)
+	decide1(t, l, hit(config.SlidingWindowLog, "same", 10, time.Minute, 3))
+	if v := decide1(t, l, hit(config.SlidingWindowLog, "same", 10, time.Minute, 0)); v.Remaining != 4 {
+		t.Fatalf("remaining %d, want 4 (six hits recorded)", v.Remaining)
+	}
+}
+
+func TestScriptFlushIsTransparent(t *testing.T) {
+	l, _ := newTestLimiter(t, epoch)
+	h := hit(config.SlidingWindowCounter, "flush", 100, time.Minute, 1)
+	for i := 0; i < 5; i++ {
+		if i == 2 {
+			if err := l.store.(*redis.Client).ScriptFlush(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		decide1(t, l, h)
+	}
+	if v := decide1(t, l, hit(config.SlidingWindowCounter, "flush", 100, time.Minute, 0)); v.Remaining != 95 {
+		t.Fatalf("remaining %d, want 95", v.Remaining)
+	}
+}
+
+func TestStoreDownIsAnError(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	c.m.Close()
+	start := time.Now()
+	_, err := l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "down", 5, time.Minute, 1)})
+	if !errors.Is(err, ErrStore) {
+		t.Fatalf("error %v, want ErrStore", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v", d)
+	}
+}
+
+func TestStoreDeadline(t *testing.T) {
+	// A listener that accepts and never answers stands for a stalled Redis.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { conn.Close() })
+		}
+	}()
+	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true})
+	defer client.Close()
+	l := New(client, &Options{Timeout: 50 * time.Millisecond})
+	start := time.Now()
+	_, err = l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "x", 5, time.Minute, 1)})
+	if !errors.Is(err, ErrStore) {
+		t.Fatalf("error %v, want ErrStore", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("stalled store answered after %v, want about the 50ms deadline", d)
+	}
+}

@@ -1,0 +1,87 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Store is a connection to the Redis that holds the counters.
+type Store struct {
+	// Client is the Redis client; Sentinel and Cluster clients fit here too.
+	Client redis.UniversalClient
+	// Embedded reports an in-process miniredis: one replica, not shared
+	// with other instances, not persistent.
+	Embedded bool
+
+	stop func()
+}
+
+// OpenStore connects to redisURL (redis:// or rediss://, with user and
+// password), or starts an embedded in-process miniredis when it is empty. It
+// does not wait for the server: an unreachable store is answered by each
+// rule's failure mode, and the client reconnects on its own.
+func OpenStore(redisURL string) (*Store, error) {
+	if redisURL == "" {
+		return openEmbedded()
+	}
+	opts, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("redis url: %w", err)
+	}
+	// Without it go-redis ignores context deadlines on socket reads and
+	// writes, and a stalled Redis would hold a decision past its deadline.
+	opts.ContextTimeoutEnabled = true
+	client := redis.NewClient(opts)
+	return &Store{Client: client, stop: func() {}}, nil
+}
+
+// openEmbedded starts miniredis on a loopback port. miniredis only expires
+// keys when told that time passed, so a ticker tells it every second.
+func openEmbedded() (*Store, error) {
+	m, err := miniredis.Run()
+	if err != nil {
+		return nil, fmt.Errorf("embedded store: %w", err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ticker := time.NewTicker(time.Second)
+		defer ticker.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-ticker.C:
+				m.FastForward(now.Sub(last))
+				last = now
+			}
+		}
+	}()
+	stop := func() {
+		close(done)
+		wg.Wait()
+		m.Close()
+	}
+	return &Store{Client: client, Embedded: true, stop: stop}, nil
+}
+
+// Ping checks that the store answers.
+func (s *Store) Ping(ctx context.Context) error {
+	return s.Client.Ping(ctx).Err()
+}
+
+// Close closes the client and stops an embedded server.
+func (s *Store) Close() error {
+	err := s.Client.Close()
+	s.stop()
+	return err
+}

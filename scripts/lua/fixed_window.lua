@@ -1,0 +1,23 @@
+-- Fixed window: envoyproxy/ratelimit's epoch-aligned counter, KEY:<window
+-- index>, for users who want exactly its windows. Unlike the reference, a
+-- denied hit is not counted, so hammering a limit does not extend a lockout.
+local fixed_window = {}
+
+function fixed_window.check(key, limit, window, cost, now)
+  local idx = math.floor(now / window)
+  local st = { elapsed = now - idx * window, curr_key = key .. ':' .. fmt(idx) }
+  st.used = tonumber(redis.call('GET', st.curr_key) or 0)
+  st.admit = st.used + cost <= limit
+  return st
+end
+
+function fixed_window.commit(key, st, limit, window, cost, now)
+  redis.call('INCRBY', st.curr_key, fmt(cost))
+  redis.call('PEXPIRE', st.curr_key, fmt(math.ceil((window - st.elapsed) / 1000)))
+  st.used = st.used + cost
+end
+
+-- result: the counter resets when the window ends, admitted or not.
+function fixed_window.result(key, st, limit, window, cost, now)
+  return math.max(0, limit - st.used), window - st.elapsed
+end

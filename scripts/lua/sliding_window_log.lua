@@ -1,0 +1,65 @@
+-- Sliding window log: a sorted set of admitted hits, scored by Redis TIME in
+-- microseconds. A hit at score s counts while s > now - window, so the window
+-- is exact: no boundary to straddle. Only admitted hits are recorded; a cost
+-- of N records N members. Memory grows with the limit (one member per unit).
+
+local sliding_window_log = {}
+
+-- check counts the hits inside the window without writing, so a denied
+-- request leaves no trace in Redis.
+function sliding_window_log.check(key, limit, window, cost, now)
+  local used = redis.call('ZCOUNT', key, '(' .. fmt(now - window), '+inf')
+  return { used = used, admit = used + cost <= limit }
+end
+
+-- commit prunes what left the window and records cost members. Scores only
+-- grow: when TIME repeats (two scripts in one microsecond) or steps back
+-- (failover to a host with another clock), the new score is the newest + 1,
+-- which keeps every member unique without asking the caller for a nonce.
+function sliding_window_log.commit(key, st, limit, window, cost, now)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
+  local score = now
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if newest[2] and tonumber(newest[2]) >= score then
+    score = tonumber(newest[2]) + 1
+  end
+  local s = fmt(score)
+  local args = {}
+  for i = 1, cost do
+    args[#args + 1] = s
+    args[#args + 1] = (i == 1) and s or (s .. ':' .. i)
+    -- Lua's unpack has a stack limit; flush in bounded chunks.
+    if #args >= 1000 then
+      redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+  if #args > 0 then
+    redis.call('ZADD', key, unpack(args))
+  end
+  -- The key lives until its newest member leaves the window.
+  redis.call('PEXPIRE', key, fmt(math.ceil((score + window - now) / 1000)))
+  st.used = st.used + cost
+end
+
+-- result returns what is left and, in microseconds, the honest wait: for an
+-- admitted hit, until the window is empty again; for a denied one, until
+-- enough of the oldest members expire for cost to fit.
+function sliding_window_log.result(key, st, limit, window, cost, now)
+  local remaining = math.max(0, limit - st.used)
+  if st.admit then
+    if st.used == 0 then
+      return remaining, 0
+    end
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    return remaining, math.max(0, tonumber(newest[2]) + window - now)
+  end
+  -- The k-th oldest member inside the window must leave before cost fits.
+  local k = st.used + cost - limit
+  local entry = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - window), '+inf',
+    'WITHSCORES', 'LIMIT', fmt(k - 1), '1')
+  if not entry[2] then
+    return remaining, window
+  end
+  return remaining, math.max(1, tonumber(entry[2]) + window - now)
+end
