@@ -1,0 +1,441 @@
+// Package service is the gRPC face of the rate limiter: it implements
+// Envoy's envoy.service.ratelimit.v3.RateLimitService. It validates a
+// request, matches each descriptor to a rule of the current config, asks the
+// limiter for a decision on all of them at once, and turns the verdicts into
+// Envoy's answer. It knows nothing of Redis; errors become gRPC status codes
+// here and nowhere deeper.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/slidingwindow/ratelimit/pkg/config"
+	"github.com/slidingwindow/ratelimit/pkg/limiter"
+)
+
+// Default bounds on a request, used where Options leave them zero.
+const (
+	DefaultMaxDescriptors = 64
+	DefaultMaxEntries     = 32
+	DefaultMaxBytes       = 4096
+)
+
+// maxWindow bounds a limit override's window: a longer one would overflow
+// the store's microsecond arithmetic long before it made sense.
+const maxWindow = 100 * 365 * 24 * time.Hour
+
+// Decider decides a request's hits; *limiter.Limiter is the implementation.
+type Decider interface {
+	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
+}
+
+// Options configure a Service. A nil *Options means the defaults.
+type Options struct {
+	// MaxDescriptors bounds the descriptors of one request.
+	MaxDescriptors int
+	// MaxEntries bounds the entries of one descriptor.
+	MaxEntries int
+	// MaxBytes bounds the domain and every entry key and value, in bytes.
+	MaxBytes int
+	// RateLimitHeaders adds x-ratelimit-limit, -remaining and -reset to
+	// every answer, taken from the most restrictive descriptor.
+	RateLimitHeaders bool
+	// Logger receives would-deny, failure-mode and refused-cost events;
+	// nil means no logging.
+	Logger *zap.Logger
+}
+
+// Service implements rlsv3.RateLimitServiceServer.
+type Service struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	config  atomic.Pointer[config.Config]
+	decider Decider
+	opts    Options
+	log     *zap.Logger
+}
+
+// New returns a Service answering from cfg with decider.
+func New(cfg *config.Config, decider Decider, opts *Options) *Service {
+	s := &Service{decider: decider}
+	if opts != nil {
+		s.opts = *opts
+	}
+	if s.opts.MaxDescriptors <= 0 {
+		s.opts.MaxDescriptors = DefaultMaxDescriptors
+	}
+	if s.opts.MaxEntries <= 0 {
+		s.opts.MaxEntries = DefaultMaxEntries
+	}
+	if s.opts.MaxBytes <= 0 {
+		s.opts.MaxBytes = DefaultMaxBytes
+	}
+	s.log = s.opts.Logger
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	s.config.Store(cfg)
+	return s
+}
+
+// SetConfig replaces the config atomically; requests in flight finish with
+// the config they started with.
+func (s *Service) SetConfig(cfg *config.Config) { s.config.Store(cfg) }
+
+// limit is what applies to one descriptor of a request.
+type limit struct {
+	rule            *config.Rule // nil for an override in a domain without a matching rule
+	name            string
+	requestsPerUnit uint32
+	unit            config.Unit
+	multiplier      uint32
+	algorithm       config.Algorithm
+	failureMode     config.FailureMode
+	shadow          bool
+	unlimited       bool
+	hit             int // index into the request's hits, or -1
+}
+
+// ShouldRateLimit answers one Envoy rate limit request.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if err := s.validate(req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	cfg := s.config.Load()
+	limits := make([]*limit, len(req.Descriptors))
+	for i, d := range req.Descriptors {
+		l, err := resolve(cfg, req.Domain, d)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
+		}
+		limits[i] = l
+	}
+	dropReplaced(limits)
+
+	requestCost := uint64(req.HitsAddend)
+	if requestCost == 0 {
+		requestCost = 1
+	}
+	hits := make([]limiter.Hit, 0, len(limits))
+	var kb limiter.KeyBuilder
+	for i, l := range limits {
+		if l == nil || l.unlimited {
+			continue
+		}
+		d := req.Descriptors[i]
+		cost := requestCost
+		if d.HitsAddend != nil {
+			cost = d.HitsAddend.Value
+		}
+		l.hit = len(hits)
+		hits = append(hits, limiter.Hit{
+			Key:       storeKey(&kb, req.Domain, d.Entries, l),
+			Algorithm: l.algorithm,
+			Limit:     l.requestsPerUnit,
+			Window:    l.window(),
+			Cost:      cost,
+			Shadow:    l.shadow,
+		})
+	}
+
+	var verdicts []limiter.Verdict
+	if len(hits) > 0 {
+		var err error
+		verdicts, err = s.decider.Decide(ctx, hits)
+		if err != nil {
+			s.log.Warn("store unavailable: applying failure modes", zap.String("domain", req.Domain), zap.Error(err))
+			verdicts = failureVerdicts(limits, hits)
+		}
+	}
+	return s.respond(req.Domain, limits, hits, verdicts), nil
+}
+
+func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
+	switch {
+	case req.Domain == "":
+		return errors.New("domain is empty")
+	case len(req.Domain) > s.opts.MaxBytes:
+		return fmt.Errorf("domain is %d bytes, more than the limit of %d", len(req.Domain), s.opts.MaxBytes)
+	case len(req.Descriptors) == 0:
+		return errors.New("request has no descriptors")
+	case len(req.Descriptors) > s.opts.MaxDescriptors:
+		return fmt.Errorf("request has %d descriptors, more than the limit of %d", len(req.Descriptors), s.opts.MaxDescriptors)
+	}
+	for i, d := range req.Descriptors {
+		switch {
+		case len(d.Entries) == 0:
+			return fmt.Errorf("descriptor %d has no entries", i)
+		case len(d.Entries) > s.opts.MaxEntries:
+			return fmt.Errorf("descriptor %d has %d entries, more than the limit of %d", i, len(d.Entries), s.opts.MaxEntries)
+		case d.IsNegativeHits:
+			return fmt.Errorf("descriptor %d: is_negative_hits is not supported", i)
+		}
+		for j, e := range d.Entries {
+			switch {
+			case e.Key == "":
+				return fmt.Errorf("descriptor %d entry %d has an empty key", i, j)
+			case len(e.Key) > s.opts.MaxBytes:
+				return fmt.Errorf("descriptor %d entry %d: key is %d bytes, more than the limit of %d", i, j, len(e.Key), s.opts.MaxBytes)
+			case len(e.Value) > s.opts.MaxBytes:
+				return fmt.Errorf("descriptor %d entry %d: value is %d bytes, more than the limit of %d", i, j, len(e.Value), s.opts.MaxBytes)
+			}
+		}
+	}
+	return nil
+}
+
+// resolve finds the limit for a descriptor: the matching rule, replaced in
+// its numbers by the descriptor's own limit override when it has one (as
+// envoyproxy/ratelimit does, an override applies in any known domain and is
+// never in shadow mode). It returns nil when no limit applies.
+func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor) (*limit, error) {
+	rule := config.Match(cfg, domain, d.Entries)
+	override := d.Limit
+	if rule == nil && (override == nil || !cfg.HasDomain(domain)) {
+		return nil, nil
+	}
+	l := &limit{rule: rule, hit: -1}
+	if rule != nil {
+		*l = limit{
+			rule:            rule,
+			name:            rule.Name,
+			requestsPerUnit: rule.RequestsPerUnit,
+			unit:            rule.Unit,
+			multiplier:      rule.UnitMultiplier,
+			algorithm:       rule.Algorithm,
+			failureMode:     rule.FailureMode,
+			shadow:          rule.ShadowMode,
+			unlimited:       rule.Unlimited,
+			hit:             -1,
+		}
+	} else {
+		defaults := cfg.Defaults()
+		l.algorithm, l.failureMode = defaults.Algorithm, defaults.FailureMode
+	}
+	if override == nil {
+		return l, nil
+	}
+	unit, ok := unitFromOverride(override.Unit)
+	if !ok {
+		return nil, fmt.Errorf("limit override has unit %v", override.Unit)
+	}
+	l.requestsPerUnit, l.unit, l.multiplier = override.RequestsPerUnit, unit, 1
+	if m := override.UnitMultiplier; m != nil {
+		if m.Value == 0 {
+			return nil, errors.New("limit override has unit_multiplier 0")
+		}
+		l.multiplier = m.Value
+	}
+	if l.window() > maxWindow {
+		return nil, fmt.Errorf("limit override window %v is longer than %v", l.window(), maxWindow)
+	}
+	l.shadow, l.unlimited = false, false
+	return l, nil
+}
+
+func (l *limit) window() time.Duration {
+	return l.unit.Duration() * time.Duration(l.multiplier)
+}
+
+// dropReplaced removes the limits that another matched limit replaces
+// (rate_limit.replaces), as envoyproxy/ratelimit does.
+func dropReplaced(limits []*limit) {
+	var replaced map[string]bool
+	for _, l := range limits {
+		if l == nil || l.rule == nil || len(l.rule.Replaces) == 0 {
+			continue
+		}
+		if replaced == nil {
+			replaced = map[string]bool{}
+		}
+		for _, name := range l.rule.Replaces {
+			replaced[name] = true
+		}
+	}
+	if replaced == nil {
+		return
+	}
+	for i, l := range limits {
+		if l != nil && l.name != "" && replaced[l.name] {
+			limits[i] = nil
+		}
+	}
+}
+
+// storeKey names the counter of a descriptor. Entries matched by a
+// share_threshold wildcard contribute the pattern, so that all their values
+// share one counter.
+func storeKey(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, l *limit) string {
+	kb.Reset(domain)
+	for i, e := range entries {
+		if l.rule != nil && i < len(l.rule.Levels) && l.rule.Levels[i].ShareThreshold {
+			kb.AddShared(e.Key, l.rule.Levels[i].Value)
+			continue
+		}
+		kb.Add(e.Key, e.Value)
+	}
+	return kb.Key(l.algorithm, l.window())
+}
+
+// failureRetry is the wait announced when a failure_mode deny answers for an
+// unreachable store: a short one, since the store may be back at any time.
+const failureRetry = time.Second
+
+// failureVerdicts answers every hit by its rule's failure mode.
+func failureVerdicts(limits []*limit, hits []limiter.Hit) []limiter.Verdict {
+	verdicts := make([]limiter.Verdict, len(hits))
+	for _, l := range limits {
+		if l == nil || l.hit < 0 {
+			continue
+		}
+		if l.failureMode == config.FailureDeny {
+			verdicts[l.hit] = limiter.Verdict{ResetAfter: failureRetry}
+		} else {
+			verdicts[l.hit] = limiter.Verdict{Admitted: true}
+		}
+	}
+	return verdicts
+}
+
+func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(limits)),
+	}
+	var retryAfter time.Duration
+	tightest := -1 // the limited descriptor with the least remaining
+	for i, l := range limits {
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		switch {
+		case l == nil:
+			continue
+		case l.unlimited:
+			st.LimitRemaining = math.MaxUint32
+			continue
+		}
+		v := verdicts[l.hit]
+		st.CurrentLimit = l.currentLimit()
+		st.LimitRemaining = uint32(min(v.Remaining, math.MaxUint32))
+		st.DurationUntilReset = durationpb.New(v.ResetAfter)
+		if v.CostExceedsLimit {
+			s.log.Warn("cost exceeds the limit: denied without a store call",
+				zap.String("domain", domain), zap.Stringer("rule", l), zap.Uint64("cost", hits[l.hit].Cost))
+		}
+		if !v.Admitted {
+			if l.shadow {
+				s.log.Info("shadow mode: would deny", zap.String("domain", domain), zap.Stringer("rule", l))
+			} else {
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+				retryAfter = max(retryAfter, v.ResetAfter)
+			}
+		}
+		if tightest < 0 || st.LimitRemaining < resp.Statuses[tightest].LimitRemaining {
+			tightest = i
+		}
+	}
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			header("retry-after", strconv.FormatInt(ceilSeconds(retryAfter), 10)))
+	}
+	if s.opts.RateLimitHeaders && tightest >= 0 {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(limits[tightest], resp.Statuses[tightest])...)
+	}
+	return resp
+}
+
+// String names the limit in logs.
+func (l *limit) String() string {
+	if l.rule != nil {
+		return l.rule.String()
+	}
+	return "limit override"
+}
+
+func (l *limit) currentLimit() *rlsv3.RateLimitResponse_RateLimit {
+	rl := &rlsv3.RateLimitResponse_RateLimit{
+		Name:            l.name,
+		RequestsPerUnit: l.requestsPerUnit,
+		Unit:            unitToEnvoy(l.unit),
+	}
+	if l.multiplier > 1 {
+		rl.UnitMultiplier = wrapperspb.UInt32(l.multiplier)
+	}
+	return rl
+}
+
+// ceilSeconds rounds up to whole seconds, at least 1: Retry-After has no
+// fractions, and 0 would invite an immediate, futile retry.
+func ceilSeconds(d time.Duration) int64 {
+	return max(1, int64((d+time.Second-1)/time.Second))
+}
+
+// rateLimitHeaders renders the draft-03 headers Envoy itself would add, for
+// callers that do not run Envoy's enable_x_ratelimit_headers.
+func rateLimitHeaders(l *limit, st *rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+	policy := fmt.Sprintf("%d, %d;w=%d", l.requestsPerUnit, l.requestsPerUnit, int64(l.window()/time.Second))
+	if l.name != "" {
+		policy += fmt.Sprintf(";name=%q", l.name)
+	}
+	reset := int64(0)
+	if d := st.DurationUntilReset.AsDuration(); d > 0 {
+		reset = ceilSeconds(d)
+	}
+	return []*corev3.HeaderValue{
+		header("x-ratelimit-limit", policy),
+		header("x-ratelimit-remaining", strconv.FormatUint(uint64(st.LimitRemaining), 10)),
+		header("x-ratelimit-reset", strconv.FormatInt(reset, 10)),
+	}
+}
+
+func header(key, value string) *corev3.HeaderValue {
+	return &corev3.HeaderValue{Key: key, Value: value}
+}
+
+var envoyUnits = map[config.Unit]rlsv3.RateLimitResponse_RateLimit_Unit{
+	config.Second: rlsv3.RateLimitResponse_RateLimit_SECOND,
+	config.Minute: rlsv3.RateLimitResponse_RateLimit_MINUTE,
+	config.Hour:   rlsv3.RateLimitResponse_RateLimit_HOUR,
+	config.Day:    rlsv3.RateLimitResponse_RateLimit_DAY,
+	config.Week:   rlsv3.RateLimitResponse_RateLimit_WEEK,
+	config.Month:  rlsv3.RateLimitResponse_RateLimit_MONTH,
+	config.Year:   rlsv3.RateLimitResponse_RateLimit_YEAR,
+}
+
+func unitToEnvoy(u config.Unit) rlsv3.RateLimitResponse_RateLimit_Unit { return envoyUnits[u] }
+
+// unitFromOverride maps the unit of a descriptor's limit override.
+func unitFromOverride(u typev3.RateLimitUnit) (config.Unit, bool) {
+	switch u {
+	case typev3.RateLimitUnit_SECOND:
+		return config.Second, true
+	case typev3.RateLimitUnit_MINUTE:
+		return config.Minute, true
+	case typev3.RateLimitUnit_HOUR:
+		return config.Hour, true
+	case typev3.RateLimitUnit_DAY:
+		return config.Day, true
+	case typev3.RateLimitUnit_MONTH:
+		return config.Month, true
+	case typev3.RateLimitUnit_YEAR:
+		return config.Year, true
+	}
+	return 0, false
+}
