@@ -1,0 +1,21 @@
+GO ?= go
+GOFLAGS_TEST ?= -race -count=1
+
+.PHONY: run test build vet clean
+
+## run: serve the example config on the embedded store (gRPC :8081, HTTP :8080)
+run:
+	$(GO) run ./cmd/ratelimit --config examples/config --log-format console
+
+## test: vet and every test, with the race detector (needs redis-server on PATH)
+test: vet
+	$(GO) test $(GOFLAGS_TEST) ./...
+
+build:
+	CGO_ENABLED=0 $(GO) build -o bin/ratelimit ./cmd/ratelimit
+
+vet:
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,20 @@
+// Command ratelimit is a rate limit service for Envoy with sliding windows on
+// Redis. See the README for its flags and config.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "ratelimit:", err)
+		os.Exit(1)
+	}
+}

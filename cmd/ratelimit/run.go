@@ -1,0 +1,273 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/slidingwindow/ratelimit/pkg/config"
+	"github.com/slidingwindow/ratelimit/pkg/limiter"
+	"github.com/slidingwindow/ratelimit/pkg/service"
+)
+
+const usage = `usage:
+  ratelimit [serve] [flags]            serve the rate limit service
+  ratelimit validate --config PATH     check a config and exit
+
+Every flag can also be set as RATELIMIT_<NAME> in the environment, e.g.
+RATELIMIT_REDIS_URL for --redis-url; a flag on the command line wins.
+
+flags:
+`
+
+// settings are the command's flags.
+type settings struct {
+	configPath         string
+	grpcAddr           string
+	httpAddr           string
+	redisURL           string
+	storeTimeout       time.Duration
+	drainTimeout       time.Duration
+	logLevel           string
+	logFormat          string
+	defaultAlgorithm   string
+	defaultFailureMode string
+	maxDescriptors     int
+	maxEntries         int
+	maxBytes           int
+	rateLimitHeaders   bool
+}
+
+func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(out, usage)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&s.configPath, "config", "", "config file, or directory of *.yaml / *.yml files (required)")
+	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (rate limit service, health, reflection)")
+	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address (/healthz, /readyz)")
+	fs.StringVar(&s.redisURL, "redis-url", "", "redis:// or rediss:// URL of a standalone Redis; empty runs an embedded in-process store (one replica, not shared, not persistent)")
+	fs.DurationVar(&s.storeTimeout, "store-timeout", limiter.DefaultTimeout, "deadline of every store call; past it the rule's failure_mode answers")
+	fs.DurationVar(&s.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take before the server stops")
+	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&s.logFormat, "log-format", "json", "json or console")
+	fs.StringVar(&s.defaultAlgorithm, "default-algorithm", config.SlidingWindowCounter.String(), "algorithm of rules that do not name one: sliding_window_log, sliding_window_counter or fixed_window")
+	fs.StringVar(&s.defaultFailureMode, "default-failure-mode", config.FailureAllow.String(), "answer when the store cannot be reached, for rules that do not say: allow or deny")
+	fs.IntVar(&s.maxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "most descriptors in one request")
+	fs.IntVar(&s.maxEntries, "max-entries", service.DefaultMaxEntries, "most entries in one descriptor")
+	fs.IntVar(&s.maxBytes, "max-bytes", service.DefaultMaxBytes, "longest domain, entry key or entry value, in bytes")
+	fs.BoolVar(&s.rateLimitHeaders, "ratelimit-headers", false, "add x-ratelimit-limit, -remaining and -reset to every answer")
+	return fs
+}
+
+// parse reads flags, with RATELIMIT_* environment variables for the flags
+// the command line does not set. The environment is read here, once.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "RATELIMIT_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok && !set[f.Name] && err == nil {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("%s: %w", env, e)
+			}
+		}
+	})
+	return err
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	var s settings
+	fs := newFlagSet("ratelimit "+cmd, &s, out)
+	if err := parse(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	switch cmd {
+	case "serve":
+		return serve(ctx, &s)
+	case "validate":
+		cfg, err := loadConfig(&s)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s: %d rules in %d files: ok\n", s.configPath, len(cfg.Rules()), len(cfg.Files()))
+		return nil
+	}
+	return fmt.Errorf("unknown command %q (serve or validate)", cmd)
+}
+
+func loadConfig(s *settings) (*config.Config, error) {
+	if s.configPath == "" {
+		return nil, errors.New("--config is required")
+	}
+	alg, err := config.ParseAlgorithm(s.defaultAlgorithm)
+	if err != nil {
+		return nil, fmt.Errorf("--default-algorithm: %w", err)
+	}
+	fm, err := config.ParseFailureMode(s.defaultFailureMode)
+	if err != nil {
+		return nil, fmt.Errorf("--default-failure-mode: %w", err)
+	}
+	return config.Load(s.configPath, config.Defaults{Algorithm: alg, FailureMode: fm})
+}
+
+func newLogger(s *settings) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(s.logLevel)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	var zc zap.Config
+	switch s.logFormat {
+	case "json":
+		zc = zap.NewProductionConfig()
+	case "console":
+		zc = zap.NewDevelopmentConfig()
+	default:
+		return nil, fmt.Errorf("--log-format: %q is not json or console", s.logFormat)
+	}
+	zc.Level = zap.NewAtomicLevelAt(level)
+	return zc.Build()
+}
+
+// serve provisions every part, validates it, then serves until ctx ends and
+// drains.
+func serve(ctx context.Context, s *settings) error {
+	log, err := newLogger(s)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
+
+	cfg, err := loadConfig(s)
+	if err != nil {
+		return err
+	}
+	log.Info("config loaded", zap.String("path", s.configPath), zap.Int("rules", len(cfg.Rules())), zap.Strings("files", cfg.Files()))
+
+	store, err := limiter.OpenStore(s.redisURL)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if store.Embedded {
+		log.Warn("embedded store: an in-process miniredis, one replica, not shared with other instances, not persistent; use --redis-url in production")
+	} else {
+		pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := store.Ping(pingCtx); err != nil {
+			log.Warn("store not reachable yet: rules answer by their failure_mode until it is", zap.Error(err))
+		}
+		cancel()
+	}
+
+	svc := service.New(cfg, limiter.New(store.Client, &limiter.Options{Timeout: s.storeTimeout}), &service.Options{
+		MaxDescriptors:   s.maxDescriptors,
+		MaxEntries:       s.maxEntries,
+		MaxBytes:         s.maxBytes,
+		RateLimitHeaders: s.rateLimitHeaders,
+		Logger:           log,
+	})
+
+	grpcLn, err := net.Listen("tcp", s.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("--grpc-addr: %w", err)
+	}
+	httpLn, err := net.Listen("tcp", s.httpAddr)
+	if err != nil {
+		grpcLn.Close()
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+
+	grpcServer := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(grpcServer, svc)
+	healthServer := health.NewServer()
+	healthpb.RegisterHealthServer(grpcServer, healthServer)
+	reflection.Register(grpcServer)
+
+	var draining atomic.Bool
+	httpServer := &http.Server{Handler: httpHandler(&draining), ReadHeaderTimeout: 5 * time.Second}
+
+	errc := make(chan error, 2)
+	go func() { errc <- grpcServer.Serve(grpcLn) }()
+	go func() { errc <- httpServer.Serve(httpLn) }()
+	healthServer.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	healthServer.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	log.Info("serving", zap.String("grpc", grpcLn.Addr().String()), zap.String("http", httpLn.Addr().String()))
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining", zap.Duration("deadline", s.drainTimeout))
+	case serveErr = <-errc:
+		log.Error("server failed", zap.Error(serveErr))
+	}
+
+	draining.Store(true)
+	healthServer.Shutdown() // NOT_SERVING for every service
+	drainCtx, cancel := context.WithTimeout(context.Background(), s.drainTimeout)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() {
+		grpcServer.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-drainCtx.Done():
+		log.Warn("drain deadline passed: closing remaining streams")
+		grpcServer.Stop()
+		<-stopped
+	}
+	if err := httpServer.Shutdown(drainCtx); err != nil {
+		httpServer.Close()
+	}
+	log.Info("stopped")
+	return serveErr
+}
+
+// httpHandler serves liveness and readiness for probes that speak HTTP.
+func httpHandler(draining *atomic.Bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if draining.Load() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ready\n")
+	})
+	return mux
+}

@@ -1,0 +1,377 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+const testConfig = `
+domain: e2e
+descriptors:
+  - key: log
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_log}
+  - key: counter
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_counter}
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
+  - key: fast
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: sliding_window_log}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: open
+    rate_limit: {unlimited: true}
+  - key: fail_deny
+    rate_limit: {unit: minute, requests_per_unit: 100, failure_mode: deny}
+  - key: fail_allow
+    rate_limit: {unit: minute, requests_per_unit: 100, failure_mode: allow}
+  - key: hot_log
+    rate_limit: {unit: day, requests_per_unit: 100, algorithm: sliding_window_log}
+  - key: hot_counter
+    rate_limit: {unit: day, requests_per_unit: 100, algorithm: sliding_window_counter}
+  - key: hot_fixed
+    rate_limit: {unit: day, requests_per_unit: 100, algorithm: fixed_window}
+  - key: flush
+    rate_limit: {unit: day, requests_per_unit: 100000, failure_mode: deny}
+`
+
+var (
+	ok   = rlsv3.RateLimitResponse_OK
+	over = rlsv3.RateLimitResponse_OVER_LIMIT
+)
+
+func TestStatusesInRequestOrder(t *testing.T) {
+	s := startServer(t, startRedis(t), testConfig)
+
+	resp := s.ask(t, request("e2e", descriptor("log", "a"), descriptor("nope", "x"), descriptor("open", "1")))
+	if resp.OverallCode != ok || len(resp.Statuses) != 3 {
+		t.Fatalf("response %v", resp)
+	}
+	limited, unmatched, unlimited := resp.Statuses[0], resp.Statuses[1], resp.Statuses[2]
+	if limited.Code != ok || limited.CurrentLimit.GetRequestsPerUnit() != 5 ||
+		limited.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE || limited.LimitRemaining != 4 {
+		t.Fatalf("limited status %v", limited)
+	}
+	if d := limited.DurationUntilReset.AsDuration(); d <= 0 || d > time.Minute {
+		t.Fatalf("duration_until_reset %v, want (0, 1m]", d)
+	}
+	if unmatched.Code != ok || unmatched.CurrentLimit != nil {
+		t.Fatalf("unmatched status %v", unmatched)
+	}
+	if unlimited.Code != ok || unlimited.CurrentLimit != nil {
+		t.Fatalf("unlimited status %v", unlimited)
+	}
+	if _, found := headerValue(resp, "retry-after"); found {
+		t.Fatal("retry-after on an OK answer")
+	}
+
+	for i := 0; i < 4; i++ {
+		s.ask(t, request("e2e", descriptor("log", "a")))
+	}
+	resp = s.ask(t, request("e2e", descriptor("open", "1"), descriptor("log", "a")))
+	if resp.OverallCode != over || resp.Statuses[0].Code != ok || resp.Statuses[1].Code != over {
+		t.Fatalf("over-limit response %v", resp)
+	}
+	retry, found := headerValue(resp, "retry-after")
+	if !found {
+		t.Fatalf("no retry-after in %v", resp.ResponseHeadersToAdd)
+	}
+	secs, err := strconv.Atoi(retry)
+	wait := resp.Statuses[1].DurationUntilReset.AsDuration()
+	if err != nil || secs < 1 || time.Duration(secs)*time.Second < wait || time.Duration(secs-1)*time.Second >= wait {
+		t.Fatalf("retry-after %q for a wait of %v, want the wait rounded up to whole seconds", retry, wait)
+	}
+
+	// An unknown domain is not limited.
+	resp = s.ask(t, request("elsewhere", descriptor("log", "a")))
+	if resp.OverallCode != ok || resp.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("unknown domain: %v", resp)
+	}
+}
+
+// TestRetryAfterHolds: a client that waits the announced time is admitted.
+func TestRetryAfterHolds(t *testing.T) {
+	s := startServer(t, startRedis(t), testConfig)
+	req := request("e2e", descriptor("fast", "x"))
+	s.ask(t, req)
+	time.Sleep(300 * time.Millisecond)
+	s.ask(t, req)
+	resp := s.ask(t, req)
+	if resp.OverallCode != over {
+		t.Fatalf("third hit in a second: %v", resp)
+	}
+	wait := resp.Statuses[0].DurationUntilReset.AsDuration()
+	if wait <= 0 || wait > 700*time.Millisecond {
+		t.Fatalf("wait %v, want about 700ms (the first hit leaves the window then)", wait)
+	}
+	time.Sleep(wait + 20*time.Millisecond)
+	if resp := s.ask(t, req); resp.OverallCode != ok {
+		t.Fatalf("denied after waiting the announced %v: %v", wait, resp)
+	}
+}
+
+func TestHitsAddend(t *testing.T) {
+	r := startRedis(t)
+	s := startServer(t, r, testConfig)
+
+	req := request("e2e", descriptor("counter", "b"))
+	req.HitsAddend = 3
+	if st := s.ask(t, req).Statuses[0]; st.Code != ok || st.LimitRemaining != 2 {
+		t.Fatalf("request hits_addend 3: %v", st)
+	}
+	// An explicit 0 on the descriptor checks without consuming.
+	d := descriptor("counter", "b")
+	d.HitsAddend = wrapperspb.UInt64(0)
+	req = request("e2e", d)
+	req.HitsAddend = 5
+	if st := s.ask(t, req).Statuses[0]; st.Code != ok || st.LimitRemaining != 2 {
+		t.Fatalf("descriptor hits_addend 0: %v", st)
+	}
+	// The descriptor's value overrides the request's.
+	d.HitsAddend = wrapperspb.UInt64(1)
+	if st := s.ask(t, req).Statuses[0]; st.Code != ok || st.LimitRemaining != 1 {
+		t.Fatalf("descriptor hits_addend 1 under request 5: %v", st)
+	}
+	// More than the limit at once: denied at once, nothing written.
+	big := request("e2e", descriptor("log", "big"))
+	big.HitsAddend = 6
+	if resp := s.ask(t, big); resp.OverallCode != over {
+		t.Fatalf("cost above the limit: %v", resp)
+	}
+	if n := r.client.Exists(context.Background(), "rl:{e2e|log=big}:log:60").Val(); n != 0 {
+		t.Fatal("a key was written for a cost above the limit")
+	}
+	waitFor(t, 2*time.Second, func() error {
+		if !strings.Contains(s.logs.String(), "cost exceeds the limit") {
+			return errNotYet
+		}
+		return nil
+	})
+}
+
+func TestLimitOverride(t *testing.T) {
+	s := startServer(t, startRedis(t), testConfig)
+	d := descriptor("log", "o")
+	d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_HOUR}
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, over} {
+		st := s.ask(t, request("e2e", d)).Statuses[0]
+		if st.Code != want || st.CurrentLimit.GetRequestsPerUnit() != 2 || st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR {
+			t.Fatalf("hit %d: %v, want %v under the 2/hour override", i, st, want)
+		}
+	}
+	// An override in a domain the config does not know is ignored.
+	if resp := s.ask(t, request("unknown", d)); resp.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("override in an unknown domain: %v", resp)
+	}
+}
+
+func TestShadowModeNeverDenies(t *testing.T) {
+	s := startServer(t, startRedis(t), testConfig)
+	for i := 0; i < 3; i++ {
+		resp := s.ask(t, request("e2e", descriptor("shadow", "s"), descriptor("counter", "s")))
+		if resp.OverallCode != ok || resp.Statuses[0].Code != ok {
+			t.Fatalf("hit %d: %v", i, resp)
+		}
+		if resp.Statuses[1].LimitRemaining != uint32(4-i) {
+			t.Fatalf("hit %d: enforced descriptor beside shadow one not charged: %v", i, resp.Statuses[1])
+		}
+	}
+	waitFor(t, 2*time.Second, func() error {
+		if !strings.Contains(s.logs.String(), "would deny") {
+			return errNotYet
+		}
+		return nil
+	})
+}
+
+func TestBadInputIsInvalidArgument(t *testing.T) {
+	r := startRedis(t)
+	s := startServer(t, r, testConfig, "--max-descriptors", "3", "--max-entries", "2", "--max-bytes", "16")
+	negative := descriptor("log", "n")
+	negative.IsNegativeHits = true
+	cases := []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want string
+	}{
+		{"empty domain", request("", descriptor("log", "a")), "domain is empty"},
+		{"no descriptors", request("e2e"), "no descriptors"},
+		{"empty descriptor", request("e2e", descriptor("log", "a"), &rlcommon.RateLimitDescriptor{}), "descriptor 1 has no entries"},
+		{"empty key", request("e2e", descriptor("", "a")), "descriptor 0 entry 0 has an empty key"},
+		{"too many descriptors", request("e2e", descriptor("log", "a"), descriptor("log", "a"), descriptor("log", "a"), descriptor("log", "a")),
+			"4 descriptors, more than the limit of 3"},
+		{"too many entries", request("e2e", descriptor("a", "1", "b", "2", "c", "3")), "descriptor 0 has 3 entries, more than the limit of 2"},
+		{"long value", request("e2e", descriptor("log", strings.Repeat("v", 17))), "descriptor 0 entry 0: value is 17 bytes, more than the limit of 16"},
+		{"long key", request("e2e", descriptor(strings.Repeat("k", 17), "v")), "descriptor 0 entry 0: key is 17 bytes, more than the limit of 16"},
+		{"negative hits", request("e2e", negative), "is_negative_hits is not supported"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := s.rls.ShouldRateLimit(context.Background(), tc.req)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.want) {
+				t.Fatalf("error %v, want InvalidArgument containing %q", err, tc.want)
+			}
+		})
+	}
+	if n := r.client.DBSize(context.Background()).Val(); n != 0 {
+		t.Fatalf("%d keys written by refused requests", n)
+	}
+}
+
+// TestConcurrentClientsAdmitExactlyTheLimit: 200 clients race for one key.
+func TestConcurrentClientsAdmitExactlyTheLimit(t *testing.T) {
+	r := startRedis(t)
+	s := startServer(t, r, testConfig)
+	for _, key := range []string{"hot_log", "hot_counter", "hot_fixed"} {
+		t.Run(key, func(t *testing.T) {
+			const clients, perClient, limit = 200, 3, 100
+			var admitted, denied, failed atomic.Int64
+			var wg sync.WaitGroup
+			for c := 0; c < clients; c++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < perClient; i++ {
+						resp, err := s.rls.ShouldRateLimit(context.Background(), request("e2e", descriptor(key, "one")))
+						switch {
+						case err != nil:
+							failed.Add(1)
+						case resp.OverallCode == ok:
+							admitted.Add(1)
+						default:
+							denied.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			t.Logf("%s: %d admitted, %d denied, %d errors", key, admitted.Load(), denied.Load(), failed.Load())
+			if admitted.Load() != limit || failed.Load() != 0 {
+				t.Fatalf("admitted %d with %d errors, want exactly %d and none", admitted.Load(), failed.Load(), limit)
+			}
+		})
+	}
+	if strings.Contains(s.logs.String(), "store unavailable") {
+		t.Fatal("a failure mode answered during the run")
+	}
+}
+
+// TestScriptFlushMidRun: Redis forgets the script while requests flow; the
+// NOSCRIPT fallback re-sends it and no request notices.
+func TestScriptFlushMidRun(t *testing.T) {
+	r := startRedis(t)
+	s := startServer(t, r, testConfig)
+	const clients, perClient = 20, 50
+	var admitted, failed atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+				r.client.ScriptFlush(context.Background())
+			}
+		}
+	}()
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < perClient; i++ {
+				resp, err := s.rls.ShouldRateLimit(context.Background(), request("e2e", descriptor("flush", "f")))
+				if err != nil {
+					failed.Add(1)
+				} else if resp.OverallCode == ok {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	if admitted.Load() != clients*perClient || failed.Load() != 0 {
+		t.Fatalf("admitted %d of %d with %d errors: a flush reached a client (the rule fails closed)",
+			admitted.Load(), clients*perClient, failed.Load())
+	}
+	if strings.Contains(s.logs.String(), "store unavailable") {
+		t.Fatal("a failure mode answered during the run")
+	}
+	// The flushes did bite: some EVALSHA met NOSCRIPT and was re-sent as EVAL.
+	stats := r.client.Info(context.Background(), "commandstats").Val()
+	if !strings.Contains(stats, "cmdstat_eval:calls=") {
+		t.Fatalf("no EVAL fallback happened; commandstats:\n%s", stats)
+	}
+}
+
+func TestFailureModes(t *testing.T) {
+	r := startRedis(t)
+	s := startServer(t, r, testConfig, "--store-timeout", "200ms")
+	r.stop()
+	start := time.Now()
+	resp := s.ask(t, request("e2e", descriptor("fail_deny", "x"), descriptor("fail_allow", "x"), descriptor("open", "x")))
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("answer took %v with the store down", took)
+	}
+	if resp.OverallCode != over || resp.Statuses[0].Code != over || resp.Statuses[1].Code != ok || resp.Statuses[2].Code != ok {
+		t.Fatalf("store down: %v, want deny, allow, unlimited", resp)
+	}
+	if retry, _ := headerValue(resp, "retry-after"); retry != "1" {
+		t.Fatalf("retry-after %q, want 1", retry)
+	}
+	if !strings.Contains(s.logs.String(), "store unavailable") {
+		t.Fatal("failure mode not logged")
+	}
+}
+
+func TestGracefulShutdown(t *testing.T) {
+	s := startServer(t, startRedis(t), testConfig)
+	s.ask(t, request("e2e", descriptor("log", "g")))
+	if err := s.signal(t, syscall.SIGTERM, 15*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v, want status 0\n%s", err, s.logs)
+	}
+	if !strings.Contains(s.logs.String(), "stopped") {
+		t.Fatalf("no drain in the log:\n%s", s.logs)
+	}
+}
+
+func TestEmbeddedStore(t *testing.T) {
+	s := startServer(t, nil, testConfig)
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, ok, ok, ok, over} {
+		if got := s.ask(t, request("e2e", descriptor("fixed", "e"))).OverallCode; got != want {
+			t.Fatalf("hit %d: %v, want %v", i, got, want)
+		}
+	}
+	if !strings.Contains(s.logs.String(), "embedded store") {
+		t.Fatal("the embedded store is not announced in the log")
+	}
+}
+
+func TestValidateCommand(t *testing.T) {
+	out, err := exec.Command(binary, "validate", "--config", filepath.Join("..", "examples", "config")).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "ok") {
+		t.Fatalf("validate the example config: %v\n%s", err, out)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	writeFile(t, bad, "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
+	out, err = exec.Command(binary, "validate", "--config", bad).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "bad.yaml:4") || !strings.Contains(string(out), "fortnight") {
+		t.Fatalf("validate a bad config: err %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,257 @@
+// Package e2e runs the real binary against a real redis-server, both started
+// by the tests on free loopback ports, and talks to it as Envoy does.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// binary is the service, built once for all tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ratelimit-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "ratelimit")
+	build := exec.Command("go", "build", "-race", "-o", binary, "../cmd/ratelimit")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building the service:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// syncBuffer collects a process's output for the failure report.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// redisServer is a redis-server process of the test's own.
+type redisServer struct {
+	addr   string
+	cmd    *exec.Cmd
+	client *redis.Client
+}
+
+// startRedis starts redis-server on a free loopback port. A machine without
+// redis-server fails the test: these tests never skip.
+func startRedis(t *testing.T) *redisServer {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("redis-server is not on PATH: install Debian's redis-server package (.ci/run does)")
+	}
+	port := freePort(t)
+	r := &redisServer{addr: "127.0.0.1:" + strconv.Itoa(port)}
+	r.cmd = exec.Command(path, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	var out syncBuffer
+	r.cmd.Stdout, r.cmd.Stderr = &out, &out
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.client = redis.NewClient(&redis.Options{Addr: r.addr})
+	t.Cleanup(func() {
+		r.client.Close()
+		r.stop()
+	})
+	waitFor(t, 5*time.Second, func() error { return r.client.Ping(context.Background()).Err() })
+	return r
+}
+
+func (r *redisServer) stop() {
+	if r.cmd.Process != nil {
+		r.cmd.Process.Kill()
+		r.cmd.Wait()
+	}
+}
+
+// server is a running ratelimit process.
+type server struct {
+	cmd      *exec.Cmd
+	grpcAddr string
+	httpAddr string
+	logs     *syncBuffer
+	conn     *grpc.ClientConn
+	rls      rlsv3.RateLimitServiceClient
+	health   healthpb.HealthClient
+	exited   chan error
+}
+
+// startServer runs the binary on configYAML with its own ports; extra flags
+// come last and win.
+func startServer(t *testing.T, r *redisServer, configYAML string, extra ...string) *server {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(configYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &server{
+		grpcAddr: "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		httpAddr: "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		logs:     &syncBuffer{},
+		exited:   make(chan error, 1),
+	}
+	args := []string{"--config", dir, "--grpc-addr", s.grpcAddr, "--http-addr", s.httpAddr,
+		"--store-timeout", "2s", "--log-level", "debug"}
+	if r != nil {
+		args = append(args, "--redis-url", "redis://"+r.addr)
+	}
+	s.cmd = exec.Command(binary, append(args, extra...)...)
+	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { s.exited <- s.cmd.Wait() }()
+	t.Cleanup(func() {
+		s.cmd.Process.Kill()
+		<-s.exited
+		if t.Failed() {
+			t.Logf("service output:\n%s", s.logs)
+		}
+	})
+	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	s.conn, s.rls, s.health = conn, rlsv3.NewRateLimitServiceClient(conn), healthpb.NewHealthClient(conn)
+	waitFor(t, 20*time.Second, func() error {
+		select {
+		case err := <-s.exited:
+			s.exited <- err
+			return fmt.Errorf("service exited: %v\n%s", err, s.logs)
+		default:
+		}
+		resp, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		if err != nil {
+			return err
+		}
+		if resp.Status != healthpb.HealthCheckResponse_SERVING {
+			return fmt.Errorf("health %v", resp.Status)
+		}
+		return nil
+	})
+	return s
+}
+
+// signal sends sig and returns the process's exit error within timeout.
+func (s *server) signal(t *testing.T, sig syscall.Signal, timeout time.Duration) error {
+	t.Helper()
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-s.exited:
+		s.exited <- err
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("service still running %v after %v", timeout, sig)
+		return nil
+	}
+}
+
+func waitFor(t *testing.T, timeout time.Duration, ready func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := ready()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready after %v: %v", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// entries builds a descriptor from key, value pairs.
+func descriptor(kv ...string) *rlcommon.RateLimitDescriptor {
+	d := &rlcommon.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func request(domain string, ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds}
+}
+
+func (s *server) ask(t *testing.T, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := s.rls.ShouldRateLimit(ctx, req)
+	if err != nil {
+		t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	return resp
+}
+
+func headerValue(resp *rlsv3.RateLimitResponse, key string) (string, bool) {
+	for _, h := range resp.ResponseHeadersToAdd {
+		if h.Key == key {
+			return h.Value, true
+		}
+	}
+	return "", false
+}
+
+var errNotYet = errors.New("not yet")
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
