@@ -154,6 +154,7 @@ func newLogger(s *settings) (*zap.Logger, error) {
 		zc = zap.NewProductionConfig()
 	case "console":
 		zc = zap.NewDevelopmentConfig()
+		zc.DisableStacktrace = true // a warning is not a bug: keep the terminal readable
 	default:
 		return nil, fmt.Errorf("--log-format: %q is not json or console", s.logFormat)
 	}

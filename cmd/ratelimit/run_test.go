@@ -1,0 +1,67 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestEnvironmentFillsUnsetFlags(t *testing.T) {
+	t.Setenv("RATELIMIT_REDIS_URL", "redis://env:6379")
+	t.Setenv("RATELIMIT_STORE_TIMEOUT", "40ms")
+	t.Setenv("RATELIMIT_GRPC_ADDR", ":9999")
+	var s settings
+	fs := newFlagSet("test", &s, &bytes.Buffer{})
+	if err := parse(fs, []string{"--grpc-addr", ":7777"}); err != nil {
+		t.Fatal(err)
+	}
+	if s.redisURL != "redis://env:6379" || s.storeTimeout != 40*time.Millisecond {
+		t.Fatalf("environment not applied: %+v", s)
+	}
+	if s.grpcAddr != ":7777" {
+		t.Fatalf("grpc addr %q: the command line must win over the environment", s.grpcAddr)
+	}
+}
+
+func TestBadEnvironmentValueIsAnError(t *testing.T) {
+	t.Setenv("RATELIMIT_STORE_TIMEOUT", "soon")
+	var s settings
+	err := parse(newFlagSet("test", &s, &bytes.Buffer{}), nil)
+	if err == nil || !strings.Contains(err.Error(), "RATELIMIT_STORE_TIMEOUT") {
+		t.Fatalf("error %v, want one naming RATELIMIT_STORE_TIMEOUT", err)
+	}
+}
+
+func TestRunRefusesBadSettings(t *testing.T) {
+	example := filepath.Join("..", "..", "examples", "config")
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve"}, "--config is required"},
+		{[]string{"validate", "--config", example, "--default-algorithm", "token_bucket"}, "--default-algorithm"},
+		{[]string{"--config", example, "--default-failure-mode", "maybe"}, "--default-failure-mode"},
+		{[]string{"--config", example, "--log-level", "loud"}, "--log-level"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"validate", "--config", example, "extra"}, `unexpected argument "extra"`},
+	}
+	for _, tc := range cases {
+		err := run(context.Background(), tc.args, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run %q: error %v, want one containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestValidateExampleConfig(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"validate", "--config", filepath.Join("..", "..", "examples", "config")}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "5 rules in 1 files: ok") {
+		t.Fatalf("output %q", out.String())
+	}
+}
