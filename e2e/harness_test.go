@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -181,22 +180,6 @@ func startServer(t *testing.T, r *redisServer, configYAML string, extra ...strin
 		return nil
 	})
 	return s
-}
-
-// signal sends sig and returns the process's exit error within timeout.
-func (s *server) signal(t *testing.T, sig syscall.Signal, timeout time.Duration) error {
-	t.Helper()
-	if err := s.cmd.Process.Signal(sig); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-s.exited:
-		s.exited <- err
-		return err
-	case <-time.After(timeout):
-		t.Fatalf("service still running %v after %v", timeout, sig)
-		return nil
-	}
 }
 
 func waitFor(t *testing.T, timeout time.Duration, ready func() error) {

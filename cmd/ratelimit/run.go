@@ -43,6 +43,7 @@ type settings struct {
 	httpAddr           string
 	redisURL           string
 	storeTimeout       time.Duration
+	shutdownDelay      time.Duration
 	drainTimeout       time.Duration
 	logLevel           string
 	logFormat          string
@@ -66,7 +67,8 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address (/healthz, /readyz)")
 	fs.StringVar(&s.redisURL, "redis-url", "", "redis:// or rediss:// URL of a standalone Redis; empty runs an embedded in-process store (one replica, not shared, not persistent)")
 	fs.DurationVar(&s.storeTimeout, "store-timeout", limiter.DefaultTimeout, "deadline of every store call; past it the rule's failure_mode answers")
-	fs.DurationVar(&s.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take before the server stops")
+	fs.DurationVar(&s.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, how long to keep serving while reporting NOT_SERVING, so load balancers and Envoy move away first")
+	fs.DurationVar(&s.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, after the shutdown delay, how long in-flight requests may take before the server stops")
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&s.logFormat, "log-format", "json", "json or console")
 	fs.StringVar(&s.defaultAlgorithm, "default-algorithm", config.SlidingWindowCounter.String(), "algorithm of rules that do not name one: sliding_window_log, sliding_window_counter or fixed_window")
@@ -159,6 +161,9 @@ func newLogger(s *settings) (*zap.Logger, error) {
 		return nil, fmt.Errorf("--log-format: %q is not json or console", s.logFormat)
 	}
 	zc.Level = zap.NewAtomicLevelAt(level)
+	// A client can make every request log (over-limit shadows, refused
+	// costs): past 100 of one message per second, keep 1 in 100.
+	zc.Sampling = &zap.SamplingConfig{Initial: 100, Thereafter: 100}
 	return zc.Build()
 }
 
@@ -236,6 +241,10 @@ func serve(ctx context.Context, s *settings) error {
 
 	draining.Store(true)
 	healthServer.Shutdown() // NOT_SERVING for every service
+	if s.shutdownDelay > 0 && serveErr == nil {
+		log.Info("not serving: waiting before the drain", zap.Duration("delay", s.shutdownDelay))
+		time.Sleep(s.shutdownDelay)
+	}
 	drainCtx, cancel := context.WithTimeout(context.Background(), s.drainTimeout)
 	defer cancel()
 	stopped := make(chan struct{})

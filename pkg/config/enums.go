@@ -57,7 +57,7 @@ func (f FailureMode) String() string { return enumString("FailureMode", f, failu
 // Unit is a rate limit time unit.
 type Unit uint8
 
-// The units of rate_limit.unit, numbered in Envoy's order.
+// The units of rate_limit.unit. Their numbers are not Envoy's (its WEEK is 7): map by name.
 const (
 	Second Unit = iota + 1
 	Minute

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -350,8 +349,8 @@ func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
 		if r.UnitMultiplier = rl.UnitMultiplier.V; r.UnitMultiplier == 0 {
 			return nil, p.errorf(rl.UnitMultiplier.Line, "unit_multiplier must be at least 1")
 		}
-		if time.Duration(r.UnitMultiplier) > math.MaxInt64/r.Unit.Duration() {
-			return nil, p.errorf(rl.UnitMultiplier.Line, "unit_multiplier %d makes the window too long", r.UnitMultiplier)
+		if time.Duration(r.UnitMultiplier) > MaxWindow/r.Unit.Duration() {
+			return nil, p.errorf(rl.UnitMultiplier.Line, "unit_multiplier %d makes the window longer than %d years", r.UnitMultiplier, MaxWindow/(365*24*time.Hour))
 		}
 	}
 	if rl.Algorithm.Set {
@@ -363,6 +362,11 @@ func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
 		if r.FailureMode, err = ParseFailureMode(rl.FailureMode.V); err != nil {
 			return nil, p.errorf(rl.FailureMode.Line, "%v", err)
 		}
+	}
+	if r.Algorithm == SlidingWindowLog && r.RequestsPerUnit > MaxLogLimit {
+		return nil, p.errorf(rl.RequestsPerUnit.Line,
+			"requests_per_unit %d is above the sliding_window_log maximum of %d (one stored member per unit); use sliding_window_counter",
+			r.RequestsPerUnit, MaxLogLimit)
 	}
 	return r, nil
 }

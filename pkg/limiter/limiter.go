@@ -11,6 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -40,6 +42,8 @@ type Hit struct {
 	// Shadow marks a hit that is evaluated and accounted as usual, but whose
 	// denial does not deny the request.
 	Shadow bool
+	// FailureMode answers the hit when the store cannot; zero means allow.
+	FailureMode config.FailureMode
 }
 
 // Verdict is the answer for one Hit.
@@ -52,6 +56,9 @@ type Verdict struct {
 	// CostExceedsLimit reports a hit whose cost is larger than its limit:
 	// it can never be admitted, so it was denied without asking the store.
 	CostExceedsLimit bool
+	// FailureVerdict reports an answer by the hit's FailureMode, given
+	// because the store could not answer.
+	FailureVerdict bool
 	// Remaining is the number of units still available after this decision.
 	Remaining uint64
 	// ResetAfter is, for an admitted hit, the time until the window is
@@ -84,14 +91,52 @@ func New(store redis.Scripter, opts *Options) *Limiter {
 }
 
 // ErrStore wraps every failure to get an answer from the store (unreachable,
-// timed out, or an unexpected reply), so callers can apply failure modes.
+// timed out, or an unexpected reply).
 var ErrStore = errors.New("rate limit store")
 
-// Decide decides the hits of one request atomically: when any enforced hit
-// does not fit, none is charged (all or nothing). The returned verdicts are
-// in the order of hits. On error (wrapping ErrStore) no verdict is returned
-// and nothing is known to have been charged.
+// FailureRetry is the wait announced by a failure_mode deny: short, since the
+// store may be back at any moment.
+const FailureRetry = time.Second
+
+// Decide decides the hits of one request atomically and returns a verdict
+// per hit, in the order of hits.
+//
+// All or nothing: when any enforced hit does not fit, none is charged. Hits
+// on the same Key are one demand on one counter: their costs add up against
+// the smallest of their limits, and each of them gets the merged verdict.
+//
+// When the store cannot answer, Decide returns an error wrapping ErrStore
+// together with verdicts decided by each hit's FailureMode (FailureVerdict
+// set); nothing is known to have been charged.
 func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
+	merged := make([]Hit, 0, len(hits))
+	groupOf := make([]int, len(hits))
+	for i, h := range hits {
+		g := slices.IndexFunc(merged, func(m Hit) bool { return m.Key == h.Key })
+		if g < 0 {
+			merged = append(merged, h)
+			groupOf[i] = len(merged) - 1
+			continue
+		}
+		m := &merged[g]
+		m.Cost = saturatingAdd(m.Cost, h.Cost)
+		m.Limit = min(m.Limit, h.Limit)
+		m.Shadow = m.Shadow && h.Shadow
+		if h.FailureMode == config.FailureDeny {
+			m.FailureMode = config.FailureDeny
+		}
+		groupOf[i] = g
+	}
+	decided, err := l.decide(ctx, merged)
+	verdicts := make([]Verdict, len(hits))
+	for i, g := range groupOf {
+		verdicts[i] = decided[g]
+	}
+	return verdicts, err
+}
+
+// decide runs the script for hits with distinct keys.
+func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	verdicts := make([]Verdict, len(hits))
 	charge := true
 	keys := make([]string, 0, len(hits))
@@ -118,11 +163,14 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	reply, err := l.script.Run(ctx, l.store, keys, args...).Int64Slice()
-	if err != nil {
-		return nil, fmt.Errorf("%w: decide: %w", ErrStore, err)
+	if err == nil && len(reply) != 4*len(keys) {
+		err = fmt.Errorf("%d values in reply, want %d", len(reply), 4*len(keys))
 	}
-	if len(reply) != 4*len(keys) {
-		return nil, fmt.Errorf("%w: decide: %d values in reply, want %d", ErrStore, len(reply), 4*len(keys))
+	if err != nil {
+		for _, i := range sent {
+			verdicts[i] = failureVerdict(hits[i])
+		}
+		return verdicts, fmt.Errorf("%w: decide: %w", ErrStore, err)
 	}
 	for j, i := range sent {
 		r := reply[4*j : 4*j+4]
@@ -134,6 +182,23 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		}
 	}
 	return verdicts, nil
+}
+
+// failureVerdict answers an admissible hit by its failure mode. An allowed
+// hit reports its whole limit as remaining: the store could not say, and 0
+// would tell clients to back off for nothing.
+func failureVerdict(h Hit) Verdict {
+	if h.FailureMode == config.FailureDeny {
+		return Verdict{FailureVerdict: true, ResetAfter: FailureRetry}
+	}
+	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.Limit)}
+}
+
+func saturatingAdd(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
 }
 
 // algorithmID is the algorithm's index in decide.lua's table.

@@ -1,9 +1,11 @@
 package limiter
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,6 +249,9 @@ func TestZeroCostChecksWithoutConsuming(t *testing.T) {
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {
 			l, _ := newTestLimiter(t, epoch.Add(time.Second))
+			if v := decide1(t, l, hit(a, "z", 3, time.Minute, 0)); !v.Admitted || v.Remaining != 3 || v.ResetAfter != 0 {
+				t.Fatalf("check of an empty counter: %+v, want whole (3 left) now", v)
+			}
 			decide1(t, l, hit(a, "z", 3, time.Minute, 2))
 			for i := 0; i < 3; i++ {
 				v := decide1(t, l, hit(a, "z", 3, time.Minute, 0))
@@ -318,16 +323,161 @@ func TestScriptFlushIsTransparent(t *testing.T) {
 	}
 }
 
-func TestStoreDownIsAnError(t *testing.T) {
+func TestStoreDownAnswersByFailureMode(t *testing.T) {
 	l, c := newTestLimiter(t, epoch)
 	c.m.Close()
+	allow := hit(config.FixedWindow, "allow", 5, time.Minute, 1)
+	deny := hit(config.FixedWindow, "deny", 5, time.Minute, 1)
+	deny.FailureMode = config.FailureDeny
+	tooBig := hit(config.FixedWindow, "big", 5, time.Minute, 6) // allow, yet never admissible
 	start := time.Now()
-	_, err := l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "down", 5, time.Minute, 1)})
+	v, err := l.Decide(context.Background(), []Hit{allow, deny, tooBig})
 	if !errors.Is(err, ErrStore) {
 		t.Fatalf("error %v, want ErrStore", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("took %v", d)
+	}
+	want := []Verdict{
+		{FailureVerdict: true, Admitted: true, Remaining: 5},
+		{FailureVerdict: true, ResetAfter: FailureRetry},
+		{CostExceedsLimit: true, ResetAfter: time.Minute},
+	}
+	for i := range want {
+		if v[i] != want[i] {
+			t.Errorf("verdict %d: %+v, want %+v", i, v[i], want[i])
+		}
+	}
+}
+
+// TestSameKeyHitsAreOneDemand: descriptors of one request that share a
+// counter must not each be checked against the state before the others.
+func TestSameKeyHitsAreOneDemand(t *testing.T) {
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			l, _ := newTestLimiter(t, epoch.Add(time.Second))
+			h := hit(a, "dup", 3, time.Minute, 1)
+			v, err := l.Decide(context.Background(), []Hit{h, h})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range v {
+				if !v[i].Admitted || !v[i].Charged || v[i].Remaining != 1 {
+					t.Fatalf("two hits of 1 on a limit of 3, verdict %d: %+v, want admitted with 1 left", i, v[i])
+				}
+			}
+			v, err = l.Decide(context.Background(), []Hit{h, h})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v[0].Admitted || v[1].Admitted {
+				t.Fatalf("two more hits with 1 left: %+v", v)
+			}
+			if got := decide1(t, l, hit(a, "dup", 3, time.Minute, 0)); got.Remaining != 1 {
+				t.Fatalf("remaining %d after a denied pair, want 1", got.Remaining)
+			}
+		})
+	}
+}
+
+// TestNoRetryAfterALostReply: the script is not idempotent, so a reply lost
+// with its connection must not make the client run it again.
+func TestNoRetryAfterALostReply(t *testing.T) {
+	m := miniredis.RunT(t)
+	m.SetTime(epoch)
+	// The proxy relays both ways until a script call passes: it forwards
+	// that one, then drops the connection instead of relaying the reply.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			upstream, err := net.Dial("tcp", m.Addr())
+			if err != nil {
+				conn.Close()
+				return
+			}
+			var scriptSent atomic.Bool
+			go func() {
+				defer conn.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := upstream.Read(buf)
+					if err != nil || scriptSent.Load() {
+						return
+					}
+					conn.Write(buf[:n])
+				}
+			}()
+			go func() {
+				defer upstream.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := conn.Read(buf)
+					if err != nil {
+						return
+					}
+					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("eval")) {
+						scriptSent.Store(true)
+					}
+					upstream.Write(buf[:n])
+				}
+			}()
+		}
+	}()
+	directClient := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer directClient.Close()
+	direct := New(directClient, nil)
+	// Loaded, so that the proxied EVALSHA runs rather than meeting NOSCRIPT.
+	if err := direct.script.Load(context.Background(), directClient).Err(); err != nil {
+		t.Fatal(err)
+	}
+	store, err := OpenStore("redis://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	l := New(store.Client, &Options{Timeout: 5 * time.Second})
+	h := hit(config.FixedWindow, "once", 10, time.Minute, 1)
+	if _, err := l.Decide(context.Background(), []Hit{h}); !errors.Is(err, ErrStore) {
+		t.Fatalf("error %v, want ErrStore for a lost reply", err)
+	}
+	got, err := direct.Decide(context.Background(), []Hit{hit(config.FixedWindow, "once", 10, time.Minute, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Remaining != 9 {
+		t.Fatalf("remaining %d: the request was charged %d times, want once", got[0].Remaining, 10-got[0].Remaining)
+	}
+}
+
+// TestCounterWaitIsTheFirstMicrosecond: prev 3, curr 1, limit 4, cost 1 in a
+// 3 s window fits exactly at 1 s elapsed, where float solving gives 1 s + 1 µs.
+func TestCounterWaitIsTheFirstMicrosecond(t *testing.T) {
+	window := 3 * time.Second
+	start := time.Unix(1_700_000_001, 0) // a multiple of 3 s
+	l, c := newTestLimiter(t, start)
+	h := hit(config.SlidingWindowCounter, "µs", 4, window, 3)
+	decide1(t, l, h) // previous window: 3
+	c.set(start.Add(window + 200*time.Millisecond))
+	decide1(t, l, hit(config.SlidingWindowCounter, "µs", 4, window, 1)) // current: 1
+	v := decide1(t, l, hit(config.SlidingWindowCounter, "µs", 4, window, 1))
+	if v.Admitted || v.ResetAfter != 800*time.Millisecond {
+		t.Fatalf("verdict %+v, want denied with a wait of exactly 800ms", v)
+	}
+	c.add(v.ResetAfter - time.Microsecond)
+	if decide1(t, l, hit(config.SlidingWindowCounter, "µs", 4, window, 1)).Admitted {
+		t.Fatal("admitted a microsecond before the wait")
+	}
+	c.add(time.Microsecond)
+	if !decide1(t, l, hit(config.SlidingWindowCounter, "µs", 4, window, 1)).Admitted {
+		t.Fatal("denied at the wait")
 	}
 }
 

@@ -33,11 +33,20 @@ func OpenStore(redisURL string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis url: %w", err)
 	}
+	configure(opts)
+	client := redis.NewClient(opts)
+	return &Store{Client: client, stop: func() {}}, nil
+}
+
+// configure sets what every store client needs, whatever the URL says.
+func configure(opts *redis.Options) {
 	// Without it go-redis ignores context deadlines on socket reads and
 	// writes, and a stalled Redis would hold a decision past its deadline.
 	opts.ContextTimeoutEnabled = true
-	client := redis.NewClient(opts)
-	return &Store{Client: client, stop: func() {}}, nil
+	// The decide script is not idempotent: a retry after a connection lost
+	// mid-reply would charge the request twice. A failed call is answered
+	// by the failure mode instead.
+	opts.MaxRetries = -1
 }
 
 // openEmbedded starts miniredis on a loopback port. miniredis only expires
@@ -47,7 +56,9 @@ func openEmbedded() (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded store: %w", err)
 	}
-	client := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
+	opts := &redis.Options{Addr: m.Addr()}
+	configure(opts)
+	client := redis.NewClient(opts)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)

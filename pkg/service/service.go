@@ -36,10 +36,6 @@ const (
 	DefaultMaxBytes       = 4096
 )
 
-// maxWindow bounds a limit override's window: a longer one would overflow
-// the store's microsecond arithmetic long before it made sense.
-const maxWindow = 100 * 365 * 24 * time.Hour
-
 // Decider decides a request's hits; *limiter.Limiter is the implementation.
 type Decider interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
@@ -145,22 +141,22 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		l.hit = len(hits)
 		hits = append(hits, limiter.Hit{
-			Key:       storeKey(&kb, req.Domain, d.Entries, l),
-			Algorithm: l.algorithm,
-			Limit:     l.requestsPerUnit,
-			Window:    l.window(),
-			Cost:      cost,
-			Shadow:    l.shadow,
+			Key:         storeKey(&kb, req.Domain, d.Entries, l),
+			Algorithm:   l.algorithm,
+			Limit:       l.requestsPerUnit,
+			Window:      l.window(),
+			Cost:        cost,
+			Shadow:      l.shadow,
+			FailureMode: l.failureMode,
 		})
 	}
 
 	var verdicts []limiter.Verdict
 	if len(hits) > 0 {
 		var err error
-		verdicts, err = s.decider.Decide(ctx, hits)
-		if err != nil {
+		// On a store error the verdicts follow each rule's failure mode.
+		if verdicts, err = s.decider.Decide(ctx, hits); err != nil {
 			s.log.Warn("store unavailable: applying failure modes", zap.String("domain", req.Domain), zap.Error(err))
-			verdicts = failureVerdicts(limits, hits)
 		}
 	}
 	return s.respond(req.Domain, limits, hits, verdicts), nil
@@ -237,13 +233,14 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 	}
 	l.requestsPerUnit, l.unit, l.multiplier = override.RequestsPerUnit, unit, 1
 	if m := override.UnitMultiplier; m != nil {
-		if m.Value == 0 {
-			return nil, errors.New("limit override has unit_multiplier 0")
+		// Compared before multiplying, which could overflow.
+		if m.Value == 0 || time.Duration(m.Value) > config.MaxWindow/unit.Duration() {
+			return nil, fmt.Errorf("limit override unit_multiplier %d: the window must be 1 unit to %v", m.Value, config.MaxWindow)
 		}
 		l.multiplier = m.Value
 	}
-	if l.window() > maxWindow {
-		return nil, fmt.Errorf("limit override window %v is longer than %v", l.window(), maxWindow)
+	if l.algorithm == config.SlidingWindowLog && l.requestsPerUnit > config.MaxLogLimit {
+		return nil, fmt.Errorf("limit override of %d is above the sliding_window_log maximum of %d", l.requestsPerUnit, config.MaxLogLimit)
 	}
 	l.shadow, l.unlimited = false, false
 	return l, nil
@@ -293,26 +290,6 @@ func storeKey(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLim
 	return kb.Key(l.algorithm, l.window())
 }
 
-// failureRetry is the wait announced when a failure_mode deny answers for an
-// unreachable store: a short one, since the store may be back at any time.
-const failureRetry = time.Second
-
-// failureVerdicts answers every hit by its rule's failure mode.
-func failureVerdicts(limits []*limit, hits []limiter.Hit) []limiter.Verdict {
-	verdicts := make([]limiter.Verdict, len(hits))
-	for _, l := range limits {
-		if l == nil || l.hit < 0 {
-			continue
-		}
-		if l.failureMode == config.FailureDeny {
-			verdicts[l.hit] = limiter.Verdict{ResetAfter: failureRetry}
-		} else {
-			verdicts[l.hit] = limiter.Verdict{Admitted: true}
-		}
-	}
-	return verdicts
-}
-
 func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
@@ -347,7 +324,8 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 				retryAfter = max(retryAfter, v.ResetAfter)
 			}
 		}
-		if tightest < 0 || st.LimitRemaining < resp.Statuses[tightest].LimitRemaining {
+		// Shadow rules never limit, so they never are the tightest.
+		if !l.shadow && (tightest < 0 || st.LimitRemaining < resp.Statuses[tightest].LimitRemaining) {
 			tightest = i
 		}
 	}

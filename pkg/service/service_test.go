@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/pkg/config"
 	"github.com/slidingwindow/ratelimit/pkg/limiter"
@@ -156,5 +157,68 @@ func TestSetConfigSwapsAtomically(t *testing.T) {
 	s.SetConfig(next)
 	if got := ask(t, s, desc("tenant", "n")).Statuses[0].CurrentLimit.GetRequestsPerUnit(); got != 7 {
 		t.Fatalf("limit %d after SetConfig, want 7", got)
+	}
+}
+
+func TestOverrideWindowBounds(t *testing.T) {
+	s, _ := newTestService(t, nil)
+	cases := []struct {
+		unit       typev3.RateLimitUnit
+		multiplier uint32
+		ok         bool
+	}{
+		{typev3.RateLimitUnit_YEAR, 100, true},
+		{typev3.RateLimitUnit_YEAR, 101, false},
+		{typev3.RateLimitUnit_YEAR, 293, false}, // overflows a time.Duration if multiplied first
+		{typev3.RateLimitUnit_YEAR, 585, false}, // wraps around to about 21 days
+		{typev3.RateLimitUnit_SECOND, 0, false},
+	}
+	for _, tc := range cases {
+		d := desc("tenant", "w")
+		d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: tc.unit, UnitMultiplier: wrapperspb.UInt32(tc.multiplier)}
+		_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "svc", Descriptors: []*rlcommon.RateLimitDescriptor{d}})
+		if ok := err == nil; ok != tc.ok || (!ok && status.Code(err) != codes.InvalidArgument) {
+			t.Errorf("%v x %d: error %v, want ok=%v (else InvalidArgument)", tc.unit, tc.multiplier, err, tc.ok)
+		}
+	}
+}
+
+func TestSharedCounterInOneRequest(t *testing.T) {
+	s, m := newTestService(t, nil)
+	resp := ask(t, s, desc("path", "/files/a"), desc("path", "/files/b"), desc("path", "/files/c"), desc("path", "/files/d"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("four shared paths against 3 in one request: %v", resp)
+	}
+	if keys := m.Keys(); len(keys) != 0 {
+		t.Fatalf("a denied request charged: %q", keys)
+	}
+}
+
+func TestShadowIsNeverTheTightest(t *testing.T) {
+	cfg, err := config.Parse("shadow.yaml", []byte(`
+domain: svc
+descriptors:
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: real
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`), config.Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := newTestService(t, &Options{RateLimitHeaders: true})
+	s.SetConfig(cfg)
+	var resp *rlsv3.RateLimitResponse
+	for i := 0; i < 3; i++ {
+		resp = ask(t, s, desc("shadow", "x"), desc("real", "x"))
+	}
+	for _, h := range resp.ResponseHeadersToAdd {
+		if h.Key == "x-ratelimit-remaining" && h.Value != "7" {
+			t.Fatalf("x-ratelimit-remaining %q, want 7 from the enforced rule, not the over-limit shadow one", h.Value)
+		}
+	}
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("shadow denied: %v", resp)
 	}
 }

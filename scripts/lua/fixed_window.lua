@@ -17,7 +17,10 @@ function fixed_window.commit(key, st, limit, window, cost, now)
   st.used = st.used + cost
 end
 
--- result: the counter resets when the window ends, admitted or not.
+-- result: the counter resets when the window ends; an empty one is whole now.
 function fixed_window.result(key, st, limit, window, cost, now)
+  if st.used == 0 then
+    return limit, 0
+  end
   return math.max(0, limit - st.used), window - st.elapsed
 end

@@ -30,12 +30,12 @@ function sliding_window_counter.commit(key, st, limit, window, cost, now)
   st.curr = st.curr + cost
 end
 
--- first_fit returns the elapsed time (whole microseconds, from the solved
--- value on) at which the estimate plus cost fits. It re-checks with the
--- admission formula itself, so float rounding in the solution can never make
--- the answer a microsecond too early; a few steps absorb any rounding.
+-- first_fit returns the first whole microsecond of elapsed time at which the
+-- estimate plus cost fits. It starts just below the solved value and steps up
+-- with the admission formula itself, so float rounding in the solution makes
+-- the answer neither early nor late.
 local function first_fit(st, limit, cost, solved)
-  local e = math.max(solved, 0)
+  local e = math.max(solved - 2, 0)
   for _ = 1, 8 do
     if sliding_window_counter.estimate(st, e) + cost <= limit then
       break
