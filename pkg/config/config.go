@@ -4,7 +4,10 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"hash"
 	"maps"
 	"os"
 	"path/filepath"
@@ -56,6 +59,8 @@ type Rule struct {
 	DetailedMetric  bool     // accepted for compatibility (metrics only)
 	ValueToMetric   bool     // accepted for compatibility (metrics only)
 	Source          string   // "path/to/file.yaml:LINE" of the descriptor's key
+
+	path string
 }
 
 // Window returns the length of the rule's window: zero when Unlimited.
@@ -64,11 +69,16 @@ func (r *Rule) Window() time.Duration {
 }
 
 // String identifies the rule for logs, e.g. "api: path=/v1/* / user".
-func (r *Rule) String() string {
+func (r *Rule) String() string { return r.Domain + ": " + r.path }
+
+// Path identifies the rule within its domain, e.g. "path=/v1/* / user". It
+// is computed once at load, so metrics can label with it for free.
+func (r *Rule) Path() string { return r.path }
+
+// rulePath renders the levels leading to a rule.
+func rulePath(levels []Level) string {
 	var b strings.Builder
-	b.WriteString(r.Domain)
-	b.WriteString(": ")
-	for i, l := range r.Levels {
+	for i, l := range levels {
 		if i > 0 {
 			b.WriteString(" / ")
 		}
@@ -88,6 +98,7 @@ type Config struct {
 	rules    []*Rule
 	files    []string
 	defaults Defaults
+	hash     string
 }
 
 // Load reads path: a file, or a directory whose *.yaml and *.yml files (not
@@ -130,6 +141,10 @@ func (c *Config) HasDomain(domain string) bool {
 // Defaults returns the defaults the config was loaded with, zero values
 // filled in; they apply to limit overrides that match no rule.
 func (c *Config) Defaults() Defaults { return c.defaults }
+
+// Hash identifies the loaded files' names and contents: equal hashes mean the
+// same config.
+func (c *Config) Hash() string { return c.hash }
 
 // Rules returns every rule, ordered by domain, then as in the file.
 func (c *Config) Rules() []*Rule { return slices.Clone(c.rules) }
@@ -177,6 +192,7 @@ type builder struct {
 	defaults Defaults
 	domains  map[string]*domain
 	files    []string
+	hash     hash.Hash // of every file name and content added
 }
 
 // domain is one file's content while building.
@@ -194,11 +210,16 @@ func newBuilder(d Defaults) *builder {
 	if d.FailureMode == 0 {
 		d.FailureMode = FailureAllow
 	}
-	return &builder{defaults: d, domains: make(map[string]*domain)}
+	return &builder{defaults: d, domains: make(map[string]*domain), hash: sha256.New()}
 }
 
 func (b *builder) config() *Config {
-	c := &Config{domains: make(map[string]level, len(b.domains)), files: b.files, defaults: b.defaults}
+	c := &Config{
+		domains:  make(map[string]level, len(b.domains)),
+		files:    b.files,
+		defaults: b.defaults,
+		hash:     hex.EncodeToString(b.hash.Sum(nil)[:8]),
+	}
 	for _, name := range slices.Sorted(maps.Keys(b.domains)) {
 		d := b.domains[name]
 		c.domains[name] = d.root

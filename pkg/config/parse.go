@@ -143,6 +143,8 @@ func (b *builder) add(file string, data []byte) error {
 	}
 	b.domains[name] = p.domain
 	b.files = append(b.files, file)
+	fmt.Fprintf(b.hash, "%d:%s%d:", len(file), file, len(data))
+	b.hash.Write(data)
 	return nil
 }
 
@@ -318,6 +320,7 @@ func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
 		DetailedMetric:  rd.DetailedMetric.V,
 		ValueToMetric:   rd.ValueToMetric.V,
 		Source:          fmt.Sprintf("%s:%d", p.file, line),
+		path:            rulePath(levels),
 	}
 	for _, rp := range rl.Replaces {
 		switch rp.Name.V {
