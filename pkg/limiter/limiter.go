@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"slices"
 	"time"
 
@@ -71,6 +72,9 @@ type Verdict struct {
 type Options struct {
 	// Timeout bounds every store call; zero means DefaultTimeout.
 	Timeout time.Duration
+	// Observe, when set, is called after every store call with its
+	// duration and error (nil on success); see ErrorKind.
+	Observe func(d time.Duration, err error)
 }
 
 // Limiter decides hits against a Redis store. It is safe for concurrent use.
@@ -78,14 +82,18 @@ type Limiter struct {
 	store   redis.Scripter
 	script  *redis.Script
 	timeout time.Duration
+	observe func(time.Duration, error)
 }
 
 // New returns a Limiter on store. go-redis's *Client, *ClusterClient and
 // UniversalClient all satisfy redis.Scripter.
 func New(store redis.Scripter, opts *Options) *Limiter {
-	l := &Limiter{store: store, script: redis.NewScript(lua.Decide), timeout: DefaultTimeout}
+	l := &Limiter{store: store, script: redis.NewScript(lua.Decide), timeout: DefaultTimeout, observe: func(time.Duration, error) {}}
 	if opts != nil && opts.Timeout > 0 {
 		l.timeout = opts.Timeout
+	}
+	if opts != nil && opts.Observe != nil {
+		l.observe = opts.Observe
 	}
 	return l
 }
@@ -93,6 +101,28 @@ func New(store redis.Scripter, opts *Options) *Limiter {
 // ErrStore wraps every failure to get an answer from the store (unreachable,
 // timed out, or an unexpected reply).
 var ErrStore = errors.New("rate limit store")
+
+var errBadReply = errors.New("unexpected reply")
+
+// ErrorKind classifies a store error for metrics: "timeout" (the deadline
+// passed), "redis" (Redis answered with an error), "reply" (an answer of the
+// wrong shape), "connection" (anything else: refused, reset, closed); "" for
+// nil.
+func ErrorKind(err error) string {
+	var redisErr redis.Error
+	var netErr net.Error
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
+		return "timeout"
+	case errors.Is(err, errBadReply):
+		return "reply"
+	case errors.As(err, &redisErr):
+		return "redis"
+	}
+	return "connection"
+}
 
 // FailureRetry is the wait announced by a failure_mode deny: short, since the
 // store may be back at any moment.
@@ -162,10 +192,12 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
+	start := time.Now()
 	reply, err := l.script.Run(ctx, l.store, keys, args...).Int64Slice()
 	if err == nil && len(reply) != 4*len(keys) {
-		err = fmt.Errorf("%d values in reply, want %d", len(reply), 4*len(keys))
+		err = fmt.Errorf("%w: %d values, want %d", errBadReply, len(reply), 4*len(keys))
 	}
+	l.observe(time.Since(start), err)
 	if err != nil {
 		for _, i := range sent {
 			verdicts[i] = failureVerdict(hits[i])

@@ -332,8 +332,8 @@ func TestStoreDownAnswersByFailureMode(t *testing.T) {
 	tooBig := hit(config.FixedWindow, "big", 5, time.Minute, 6) // allow, yet never admissible
 	start := time.Now()
 	v, err := l.Decide(context.Background(), []Hit{allow, deny, tooBig})
-	if !errors.Is(err, ErrStore) {
-		t.Fatalf("error %v, want ErrStore", err)
+	if !errors.Is(err, ErrStore) || ErrorKind(err) != "connection" {
+		t.Fatalf("error %v (kind %q), want ErrStore of kind connection", err, ErrorKind(err))
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("took %v", d)
@@ -502,10 +502,31 @@ func TestStoreDeadline(t *testing.T) {
 	l := New(client, &Options{Timeout: 50 * time.Millisecond})
 	start := time.Now()
 	_, err = l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "x", 5, time.Minute, 1)})
-	if !errors.Is(err, ErrStore) {
-		t.Fatalf("error %v, want ErrStore", err)
+	if !errors.Is(err, ErrStore) || ErrorKind(err) != "timeout" {
+		t.Fatalf("error %v (kind %q), want ErrStore of kind timeout", err, ErrorKind(err))
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("stalled store answered after %v, want about the 50ms deadline", d)
+	}
+}
+
+func TestRedisErrorsAreObservedWithTheirKind(t *testing.T) {
+	m := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+	var observed []error
+	l := New(client, &Options{Timeout: 5 * time.Second, Observe: func(_ time.Duration, err error) { observed = append(observed, err) }})
+	h := hit(config.SlidingWindowLog, "typed", 5, time.Minute, 1)
+	decide1(t, l, h)
+	m.Del(h.Key)
+	if err := m.Set(h.Key, "a string where the log keeps a sorted set"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := l.Decide(context.Background(), []Hit{h})
+	if !errors.Is(err, ErrStore) || ErrorKind(err) != "redis" {
+		t.Fatalf("error %v (kind %q), want ErrStore of kind redis", err, ErrorKind(err))
+	}
+	if len(observed) != 2 || observed[0] != nil || observed[1] == nil {
+		t.Fatalf("observed %v, want a success then the failure", observed)
 	}
 }

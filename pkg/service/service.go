@@ -8,10 +8,10 @@ package service
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +27,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/pkg/config"
 	"github.com/slidingwindow/ratelimit/pkg/limiter"
+	"github.com/slidingwindow/ratelimit/pkg/metrics"
 )
 
 // Default bounds on a request, used where Options leave them zero.
@@ -52,19 +53,43 @@ type Options struct {
 	// RateLimitHeaders adds x-ratelimit-limit, -remaining and -reset to
 	// every answer, taken from the most restrictive descriptor.
 	RateLimitHeaders bool
+	// ShadowMode puts every rule in shadow mode: answers are always OK,
+	// counting goes on as usual, would-be denials are logged and counted.
+	ShadowMode bool
+	// NearLimitRatio is the share of a limit in use from which an admitted
+	// decision counts as near_limit in metrics; zero means 0.8.
+	NearLimitRatio float64
 	// Logger receives would-deny, failure-mode and refused-cost events;
 	// nil means no logging.
 	Logger *zap.Logger
+	// Metrics records decisions, refusals and config generations; nil
+	// records nothing.
+	Metrics *metrics.Metrics
 }
 
 // Service implements rlsv3.RateLimitServiceServer.
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	config  atomic.Pointer[config.Config]
+	current atomic.Pointer[snapshot]
 	decider Decider
 	opts    Options
 	log     *zap.Logger
+
+	reloadMu      sync.Mutex
+	lastReloadErr *reloadError
+}
+
+// snapshot is a config in force, numbered by generation.
+type snapshot struct {
+	config     *config.Config
+	generation uint64
+	loadedAt   time.Time
+}
+
+type reloadError struct {
+	err error
+	at  time.Time
 }
 
 // New returns a Service answering from cfg with decider.
@@ -82,17 +107,50 @@ func New(cfg *config.Config, decider Decider, opts *Options) *Service {
 	if s.opts.MaxBytes <= 0 {
 		s.opts.MaxBytes = DefaultMaxBytes
 	}
+	if s.opts.NearLimitRatio <= 0 {
+		s.opts.NearLimitRatio = 0.8
+	}
 	s.log = s.opts.Logger
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
-	s.config.Store(cfg)
+	s.current.Store(&snapshot{config: cfg, generation: 1, loadedAt: time.Now()})
+	s.opts.Metrics.ConfigLoaded(1, cfg.Hash(), "", "")
 	return s
 }
 
-// SetConfig replaces the config atomically; requests in flight finish with
-// the config they started with.
-func (s *Service) SetConfig(cfg *config.Config) { s.config.Store(cfg) }
+// Reload puts cfg in force atomically, unless it is the config already in
+// force; it reports whether it did. Requests in flight finish with the
+// config they started with. Counters do not depend on the config's
+// numbers, so a changed limit applies to the next decision on the same
+// window history.
+func (s *Service) Reload(cfg *config.Config) bool {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	prev := s.current.Load()
+	if prev.config.Hash() == cfg.Hash() {
+		s.opts.Metrics.ConfigReload("unchanged")
+		return false
+	}
+	next := &snapshot{config: cfg, generation: prev.generation + 1, loadedAt: time.Now()}
+	s.current.Store(next)
+	s.lastReloadErr = nil
+	s.opts.Metrics.ConfigLoaded(next.generation, cfg.Hash(), prev.config.Hash(), "success")
+	s.log.Info("config reloaded", zap.Uint64("generation", next.generation), zap.String("hash", cfg.Hash()),
+		zap.Int("rules", len(cfg.Rules())))
+	return true
+}
+
+// ReloadFailed records a config that could not be loaded: the config in
+// force stays, and the error is shown by the config endpoint until the next
+// successful reload.
+func (s *Service) ReloadFailed(err error) {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	s.lastReloadErr = &reloadError{err: err, at: time.Now()}
+	s.opts.Metrics.ConfigReload("failure")
+	s.log.Error("config reload failed: keeping the config in force", zap.Error(err))
+}
 
 // limit is what applies to one descriptor of a request.
 type limit struct {
@@ -111,14 +169,19 @@ type limit struct {
 // ShouldRateLimit answers one Envoy rate limit request.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := s.validate(req); err != nil {
+		s.opts.Metrics.InvalidRequest(err.(*invalidRequest).reason)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	cfg := s.config.Load()
+	cfg := s.current.Load().config
 	limits := make([]*limit, len(req.Descriptors))
 	for i, d := range req.Descriptors {
 		l, err := resolve(cfg, req.Domain, d)
 		if err != nil {
+			s.opts.Metrics.InvalidRequest("bad_override")
 			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
+		}
+		if l != nil && s.opts.ShadowMode {
+			l.shadow = true
 		}
 		limits[i] = l
 	}
@@ -162,34 +225,48 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	return s.respond(req.Domain, limits, hits, verdicts), nil
 }
 
+// invalidRequest is a refused request: reason labels the metric, msg tells
+// the caller what to fix.
+type invalidRequest struct {
+	reason string
+	msg    string
+}
+
+func (e *invalidRequest) Error() string { return e.msg }
+
+func invalid(reason, format string, args ...any) *invalidRequest {
+	return &invalidRequest{reason: reason, msg: fmt.Sprintf(format, args...)}
+}
+
+// validate checks req against the bounds; its errors are *invalidRequest.
 func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 	switch {
 	case req.Domain == "":
-		return errors.New("domain is empty")
+		return invalid("empty_domain", "domain is empty")
 	case len(req.Domain) > s.opts.MaxBytes:
-		return fmt.Errorf("domain is %d bytes, more than the limit of %d", len(req.Domain), s.opts.MaxBytes)
+		return invalid("domain_too_long", "domain is %d bytes, more than the limit of %d", len(req.Domain), s.opts.MaxBytes)
 	case len(req.Descriptors) == 0:
-		return errors.New("request has no descriptors")
+		return invalid("no_descriptors", "request has no descriptors")
 	case len(req.Descriptors) > s.opts.MaxDescriptors:
-		return fmt.Errorf("request has %d descriptors, more than the limit of %d", len(req.Descriptors), s.opts.MaxDescriptors)
+		return invalid("too_many_descriptors", "request has %d descriptors, more than the limit of %d", len(req.Descriptors), s.opts.MaxDescriptors)
 	}
 	for i, d := range req.Descriptors {
 		switch {
 		case len(d.Entries) == 0:
-			return fmt.Errorf("descriptor %d has no entries", i)
+			return invalid("empty_descriptor", "descriptor %d has no entries", i)
 		case len(d.Entries) > s.opts.MaxEntries:
-			return fmt.Errorf("descriptor %d has %d entries, more than the limit of %d", i, len(d.Entries), s.opts.MaxEntries)
+			return invalid("too_many_entries", "descriptor %d has %d entries, more than the limit of %d", i, len(d.Entries), s.opts.MaxEntries)
 		case d.IsNegativeHits:
-			return fmt.Errorf("descriptor %d: is_negative_hits is not supported", i)
+			return invalid("negative_hits", "descriptor %d: is_negative_hits is not supported", i)
 		}
 		for j, e := range d.Entries {
 			switch {
 			case e.Key == "":
-				return fmt.Errorf("descriptor %d entry %d has an empty key", i, j)
+				return invalid("empty_key", "descriptor %d entry %d has an empty key", i, j)
 			case len(e.Key) > s.opts.MaxBytes:
-				return fmt.Errorf("descriptor %d entry %d: key is %d bytes, more than the limit of %d", i, j, len(e.Key), s.opts.MaxBytes)
+				return invalid("key_too_long", "descriptor %d entry %d: key is %d bytes, more than the limit of %d", i, j, len(e.Key), s.opts.MaxBytes)
 			case len(e.Value) > s.opts.MaxBytes:
-				return fmt.Errorf("descriptor %d entry %d: value is %d bytes, more than the limit of %d", i, j, len(e.Value), s.opts.MaxBytes)
+				return invalid("value_too_long", "descriptor %d entry %d: value is %d bytes, more than the limit of %d", i, j, len(e.Value), s.opts.MaxBytes)
 			}
 		}
 	}
@@ -305,9 +382,11 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 			continue
 		case l.unlimited:
 			st.LimitRemaining = math.MaxUint32
+			s.opts.Metrics.Decision(domain, l.label(), metrics.Unlimited)
 			continue
 		}
 		v := verdicts[l.hit]
+		s.opts.Metrics.Decision(domain, l.label(), s.outcome(l, v))
 		st.CurrentLimit = l.currentLimit()
 		st.LimitRemaining = uint32(min(v.Remaining, math.MaxUint32))
 		st.DurationUntilReset = durationpb.New(v.ResetAfter)
@@ -337,6 +416,35 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(limits[tightest], resp.Statuses[tightest])...)
 	}
 	return resp
+}
+
+// outcome classifies a decision for metrics.
+func (s *Service) outcome(l *limit, v limiter.Verdict) metrics.Outcome {
+	switch {
+	case v.FailureVerdict && v.Admitted:
+		return metrics.FailureAllow
+	case v.FailureVerdict:
+		return metrics.FailureDeny
+	case !v.Admitted && l.shadow:
+		return metrics.ShadowWouldDeny
+	case !v.Admitted:
+		return metrics.OverLimit
+	case float64(uint64(l.requestsPerUnit)-min(v.Remaining, uint64(l.requestsPerUnit))) >= s.opts.NearLimitRatio*float64(l.requestsPerUnit):
+		return metrics.NearLimit
+	}
+	return metrics.WithinLimit
+}
+
+// label names the limit in metrics: the rule's name, else its path; both
+// come from the config, so the label set stays bounded.
+func (l *limit) label() string {
+	switch {
+	case l.rule == nil:
+		return "override"
+	case l.rule.Name != "":
+		return l.rule.Name
+	}
+	return l.rule.Path()
 }
 
 // String names the limit in logs.

@@ -154,7 +154,9 @@ func TestSetConfigSwapsAtomically(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.SetConfig(next)
+	if !s.Reload(next) {
+		t.Fatal("Reload of a different config reported no change")
+	}
 	if got := ask(t, s, desc("tenant", "n")).Statuses[0].CurrentLimit.GetRequestsPerUnit(); got != 7 {
 		t.Fatalf("limit %d after SetConfig, want 7", got)
 	}
@@ -208,7 +210,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	s, _ := newTestService(t, &Options{RateLimitHeaders: true})
-	s.SetConfig(cfg)
+	s.Reload(cfg)
 	var resp *rlsv3.RateLimitResponse
 	for i := 0; i < 3; i++ {
 		resp = ask(t, s, desc("shadow", "x"), desc("real", "x"))

@@ -1,0 +1,132 @@
+// Package metrics holds the service's Prometheus metrics. Labels are bounded
+// by the config: per domain and rule, never per descriptor value, so a client
+// cannot grow the series count.
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Outcome is the label of a decision.
+type Outcome string
+
+// The decision outcomes.
+const (
+	// WithinLimit: admitted, with more than the near-limit share left.
+	WithinLimit Outcome = "within_limit"
+	// NearLimit: admitted, with usage at or above the near-limit ratio.
+	NearLimit Outcome = "near_limit"
+	// OverLimit: denied.
+	OverLimit Outcome = "over_limit"
+	// ShadowWouldDeny: a shadow-mode rule over its limit, not enforced.
+	ShadowWouldDeny Outcome = "shadow_would_deny"
+	// FailureAllow: the store could not answer; the rule's failure_mode allowed.
+	FailureAllow Outcome = "failure_allow"
+	// FailureDeny: the store could not answer; the rule's failure_mode denied.
+	FailureDeny Outcome = "failure_deny"
+	// Unlimited: an unlimited rule matched.
+	Unlimited Outcome = "unlimited"
+)
+
+// Metrics are the collectors. A nil *Metrics records nothing, so code paths
+// need no checks.
+type Metrics struct {
+	decisions        *prometheus.CounterVec
+	storeDuration    prometheus.Histogram
+	storeErrors      *prometheus.CounterVec
+	invalidRequests  *prometheus.CounterVec
+	configReloads    *prometheus.CounterVec
+	configGeneration prometheus.Gauge
+	configInfo       *prometheus.GaugeVec
+}
+
+// New registers the service's collectors, and Go's and the process's, on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_decisions_total",
+			Help: "Rate limit decisions per descriptor, by domain, rule and outcome.",
+		}, []string{"domain", "rule", "outcome"}),
+		storeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimit_store_call_duration_seconds",
+			Help:    "Duration of store calls (one decide script per request), failed ones included.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .015, .025, .05, .1},
+		}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_store_errors_total",
+			Help: "Store calls that failed, by kind: timeout, connection, redis or reply.",
+		}, []string{"kind"}),
+		invalidRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_invalid_requests_total",
+			Help: "Requests refused with INVALID_ARGUMENT, by reason (sizes over the --max-* bounds among them).",
+		}, []string{"reason"}),
+		configReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_config_reloads_total",
+			Help: "Config reloads by outcome: success, unchanged or failure.",
+		}, []string{"outcome"}),
+		configGeneration: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimit_config_generation",
+			Help: "Generation of the config in force: 1 at start, +1 per reload that changed it.",
+		}),
+		configInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratelimit_config_info",
+			Help: "1 for the hash of the config in force.",
+		}, []string{"hash"}),
+	}
+	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests,
+		m.configReloads, m.configGeneration, m.configInfo,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Decision counts one descriptor's decision.
+func (m *Metrics) Decision(domain, rule string, o Outcome) {
+	if m != nil {
+		m.decisions.WithLabelValues(domain, rule, string(o)).Inc()
+	}
+}
+
+// StoreCall records a store call; errKind is empty for a success.
+func (m *Metrics) StoreCall(d time.Duration, errKind string) {
+	if m == nil {
+		return
+	}
+	m.storeDuration.Observe(d.Seconds())
+	if errKind != "" {
+		m.storeErrors.WithLabelValues(errKind).Inc()
+	}
+}
+
+// InvalidRequest counts a refused request.
+func (m *Metrics) InvalidRequest(reason string) {
+	if m != nil {
+		m.invalidRequests.WithLabelValues(reason).Inc()
+	}
+}
+
+// ConfigLoaded records the config now in force. outcome is "success" for a
+// reload, "" for the first load.
+func (m *Metrics) ConfigLoaded(generation uint64, hash, previousHash, outcome string) {
+	if m == nil {
+		return
+	}
+	if outcome != "" {
+		m.configReloads.WithLabelValues(outcome).Inc()
+	}
+	m.configGeneration.Set(float64(generation))
+	if previousHash != "" && previousHash != hash {
+		m.configInfo.DeleteLabelValues(previousHash)
+	}
+	m.configInfo.WithLabelValues(hash).Set(1)
+}
+
+// ConfigReload counts a reload that did not change the config in force:
+// outcome "failure" (the previous config stays) or "unchanged".
+func (m *Metrics) ConfigReload(outcome string) {
+	if m != nil {
+		m.configReloads.WithLabelValues(outcome).Inc()
+	}
+}
