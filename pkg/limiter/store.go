@@ -2,6 +2,8 @@ package limiter
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -26,12 +28,35 @@ type Store struct {
 // does not wait for the server: an unreachable store is answered by each
 // rule's failure mode, and the client reconnects on its own.
 func OpenStore(redisURL string) (*Store, error) {
+	return OpenStoreTLS(redisURL, nil)
+}
+
+// OpenStoreTLS is OpenStore with tlsConfig for the TLS of a rediss:// URL
+// (custom CA, client certificate) instead of go-redis's default. A config
+// without ServerName gets the URL's host; a skip_verify=true in the URL
+// still applies. A non-nil tlsConfig with any other URL is an error: TLS
+// settings that would not be used are a mistake.
+func OpenStoreTLS(redisURL string, tlsConfig *tls.Config) (*Store, error) {
 	if redisURL == "" {
+		if tlsConfig != nil {
+			return nil, errors.New("redis TLS settings need a rediss:// URL, not the embedded store")
+		}
 		return openEmbedded()
 	}
 	opts, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("redis url: %w", err)
+	}
+	if tlsConfig != nil {
+		if opts.TLSConfig == nil {
+			return nil, errors.New("redis TLS settings need a rediss:// URL")
+		}
+		cfg := tlsConfig.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName = opts.TLSConfig.ServerName
+		}
+		cfg.InsecureSkipVerify = cfg.InsecureSkipVerify || opts.TLSConfig.InsecureSkipVerify
+		opts.TLSConfig = cfg
 	}
 	configure(opts)
 	client := redis.NewClient(opts)
