@@ -28,3 +28,9 @@ var (
 // Decide is the script that decides a whole request atomically. Its calling
 // convention is documented at the top of decide.lua.
 var Decide = prelude + slidingWindowLog + slidingWindowCounter + fixedWindow + decide
+
+// Reset is the script that deletes one counter, whatever its algorithm. It
+// stands alone; its calling convention is documented at the top of reset.lua.
+//
+//go:embed reset.lua
+var Reset string
