@@ -115,14 +115,15 @@ func (r *redisServer) stop() {
 
 // server is a running ratelimit process.
 type server struct {
-	cmd      *exec.Cmd
-	grpcAddr string
-	httpAddr string
-	logs     *syncBuffer
-	conn     *grpc.ClientConn
-	rls      rlsv3.RateLimitServiceClient
-	health   healthpb.HealthClient
-	exited   chan error
+	cmd       *exec.Cmd
+	configDir string
+	grpcAddr  string
+	httpAddr  string
+	logs      *syncBuffer
+	conn      *grpc.ClientConn
+	rls       rlsv3.RateLimitServiceClient
+	health    healthpb.HealthClient
+	exited    chan error
 }
 
 // startServer runs the binary on configYAML with its own ports; extra flags
@@ -134,10 +135,11 @@ func startServer(t *testing.T, r *redisServer, configYAML string, extra ...strin
 		t.Fatal(err)
 	}
 	s := &server{
-		grpcAddr: "127.0.0.1:" + strconv.Itoa(freePort(t)),
-		httpAddr: "127.0.0.1:" + strconv.Itoa(freePort(t)),
-		logs:     &syncBuffer{},
-		exited:   make(chan error, 1),
+		configDir: dir,
+		grpcAddr:  "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		httpAddr:  "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		logs:      &syncBuffer{},
+		exited:    make(chan error, 1),
 	}
 	args := []string{"--config", dir, "--grpc-addr", s.grpcAddr, "--http-addr", s.httpAddr,
 		"--store-timeout", "2s", "--log-level", "debug"}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/pkg/config"
 	"github.com/slidingwindow/ratelimit/pkg/limiter"
+	"github.com/slidingwindow/ratelimit/pkg/metrics"
 	"github.com/slidingwindow/ratelimit/pkg/service"
 )
 
@@ -53,6 +56,14 @@ type settings struct {
 	maxEntries         int
 	maxBytes           int
 	rateLimitHeaders   bool
+	shadowMode         bool
+	nearLimitRatio     float64
+	watchConfig        bool
+	adminAddr          string
+
+	// TLS, see tls.go.
+	grpcTLSCert, grpcTLSKey, grpcTLSClientCA                  string
+	redisTLSCA, redisTLSCert, redisTLSKey, redisTLSServerName string
 }
 
 func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
@@ -64,7 +75,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	}
 	fs.StringVar(&s.configPath, "config", "", "config file, or directory of *.yaml / *.yml files (required)")
 	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (rate limit service, health, reflection)")
-	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address (/healthz, /readyz)")
+	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address: /healthz, /readyz, /metrics, /rlconfig, POST /json")
 	fs.StringVar(&s.redisURL, "redis-url", "", "redis:// or rediss:// URL of a standalone Redis; empty runs an embedded in-process store (one replica, not shared, not persistent)")
 	fs.DurationVar(&s.storeTimeout, "store-timeout", limiter.DefaultTimeout, "deadline of every store call; past it the rule's failure_mode answers")
 	fs.DurationVar(&s.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, how long to keep serving while reporting NOT_SERVING, so load balancers and Envoy move away first")
@@ -77,6 +88,11 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&s.maxEntries, "max-entries", service.DefaultMaxEntries, "most entries in one descriptor")
 	fs.IntVar(&s.maxBytes, "max-bytes", service.DefaultMaxBytes, "longest domain, entry key or entry value, in bytes")
 	fs.BoolVar(&s.rateLimitHeaders, "ratelimit-headers", false, "add x-ratelimit-limit, -remaining and -reset to every answer")
+	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "put every rule in shadow mode: always answer OK, count as usual, log and count would-be denials")
+	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit in use from which an admitted decision counts as near_limit in metrics")
+	fs.StringVar(&s.adminAddr, "admin-addr", "", "gRPC listen address of the admin API (ratelimit.admin.v1.Admin: Inspect, Reset; with reflection); empty: off. Keep it private: Reset lifts limits")
+	fs.BoolVar(&s.watchConfig, "watch-config", true, "reload the config when its files change (a bad new config is refused, the old one stays)")
+	tlsFlags(fs, s)
 	return fs
 }
 
@@ -182,7 +198,11 @@ func serve(ctx context.Context, s *settings) error {
 	}
 	log.Info("config loaded", zap.String("path", s.configPath), zap.Int("rules", len(cfg.Rules())), zap.Strings("files", cfg.Files()))
 
-	store, err := limiter.OpenStore(s.redisURL)
+	grpcOpts, redisTLS, err := tlsSettings(s, log)
+	if err != nil {
+		return err
+	}
+	store, err := limiter.OpenStoreTLS(s.redisURL, redisTLS)
 	if err != nil {
 		return err
 	}
@@ -197,13 +217,37 @@ func serve(ctx context.Context, s *settings) error {
 		cancel()
 	}
 
-	svc := service.New(cfg, limiter.New(store.Client, &limiter.Options{Timeout: s.storeTimeout}), &service.Options{
+	registry := prometheus.NewRegistry()
+	m := metrics.New(registry)
+	lim := limiter.New(store.Client, &limiter.Options{
+		Timeout: s.storeTimeout,
+		Observe: func(d time.Duration, err error) { m.StoreCall(d, limiter.ErrorKind(err)) },
+	})
+	svc := service.New(cfg, lim, &service.Options{
 		MaxDescriptors:   s.maxDescriptors,
 		MaxEntries:       s.maxEntries,
 		MaxBytes:         s.maxBytes,
 		RateLimitHeaders: s.rateLimitHeaders,
+		ShadowMode:       s.shadowMode,
+		NearLimitRatio:   s.nearLimitRatio,
 		Logger:           log,
+		Metrics:          m,
 	})
+	if s.shadowMode {
+		log.Warn("global shadow mode: every answer is OK; would-be denials are logged and counted")
+	}
+	if s.watchConfig {
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		defer stopWatch()
+		defaults := cfg.Defaults()
+		go func() {
+			err := config.Watch(watchCtx, s.configPath, defaults, config.DefaultDebounce,
+				func(c *config.Config) { svc.Reload(c) }, svc.ReloadFailed)
+			if err != nil {
+				log.Error("config watch stopped: reloads need a restart", zap.Error(err))
+			}
+		}()
+	}
 
 	grpcLn, err := net.Listen("tcp", s.grpcAddr)
 	if err != nil {
@@ -214,19 +258,37 @@ func serve(ctx context.Context, s *settings) error {
 		grpcLn.Close()
 		return fmt.Errorf("--http-addr: %w", err)
 	}
+	var adminLn net.Listener
+	if s.adminAddr != "" {
+		if adminLn, err = net.Listen("tcp", s.adminAddr); err != nil {
+			grpcLn.Close()
+			httpLn.Close()
+			return fmt.Errorf("--admin-addr: %w", err)
+		}
+	}
 
-	grpcServer := grpc.NewServer()
+	grpcServer := grpc.NewServer(grpcOpts...)
 	rlsv3.RegisterRateLimitServiceServer(grpcServer, svc)
 	healthServer := health.NewServer()
 	healthpb.RegisterHealthServer(grpcServer, healthServer)
 	reflection.Register(grpcServer)
 
 	var draining atomic.Bool
-	httpServer := &http.Server{Handler: httpHandler(&draining), ReadHeaderTimeout: 5 * time.Second}
+	httpServer := &http.Server{Handler: httpHandler(&draining, svc, registry), ReadHeaderTimeout: 5 * time.Second}
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- grpcServer.Serve(grpcLn) }()
 	go func() { errc <- httpServer.Serve(httpLn) }()
+	// The admin API has its own server, so that its address, not a
+	// certificate, decides who may reset limits; it takes the same TLS.
+	var adminServer *grpc.Server
+	if adminLn != nil {
+		adminServer = grpc.NewServer(grpcOpts...)
+		service.RegisterAdmin(adminServer, service.NewAdmin(svc, lim))
+		reflection.Register(adminServer)
+		go func() { errc <- adminServer.Serve(adminLn) }()
+		log.Info("admin API serving: keep this address private, Reset lifts limits", zap.String("addr", adminLn.Addr().String()))
+	}
 	healthServer.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthServer.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	log.Info("serving", zap.String("grpc", grpcLn.Addr().String()), zap.String("http", httpLn.Addr().String()))
@@ -250,6 +312,9 @@ func serve(ctx context.Context, s *settings) error {
 	stopped := make(chan struct{})
 	go func() {
 		grpcServer.GracefulStop()
+		if adminServer != nil {
+			adminServer.GracefulStop()
+		}
 		close(stopped)
 	}()
 	select {
@@ -257,6 +322,9 @@ func serve(ctx context.Context, s *settings) error {
 	case <-drainCtx.Done():
 		log.Warn("drain deadline passed: closing remaining streams")
 		grpcServer.Stop()
+		if adminServer != nil {
+			adminServer.Stop()
+		}
 		<-stopped
 	}
 	if err := httpServer.Shutdown(drainCtx); err != nil {
@@ -266,9 +334,13 @@ func serve(ctx context.Context, s *settings) error {
 	return serveErr
 }
 
-// httpHandler serves liveness and readiness for probes that speak HTTP.
-func httpHandler(draining *atomic.Bool) http.Handler {
+// httpHandler serves the HTTP port: liveness and readiness for probes that
+// speak HTTP, Prometheus metrics, the config in force, and the JSON API.
+func httpHandler(draining *atomic.Bool, svc *service.Service, registry *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
+	mux.Handle("GET /rlconfig", svc.ConfigHandler())
+	mux.Handle("/json", svc.JSONHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})
