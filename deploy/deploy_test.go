@@ -1,0 +1,70 @@
+// Package deploy checks the deployment files of this directory against the
+// real schemas and against the service itself:
+//
+//   - envoy.yaml parses into Envoy's v3 Bootstrap with Envoy's own protos and
+//     passes their validation rules, typed_config contents included
+//     (envoy_test.go);
+//   - its rate_limits actions, emulated on a table of requests, produce
+//     descriptors that the service, loaded with config/, matches and limits as
+//     intended, and every rule in config/ is reached (envoy_test.go);
+//   - the kustomizations under k8s/ decode strictly into the Kubernetes API
+//     types and refer to each other consistently (k8s_test.go);
+//   - the Dockerfile's build step yields a static binary that accepts
+//     config/ (image_test.go).
+//
+// There is no Envoy, Docker or Kubernetes here: these are schema and
+// consistency checks plus an emulation of Envoy's descriptor semantics.
+package deploy
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/slidingwindow/ratelimit/pkg/config"
+)
+
+// Paths, relative to this package's directory, where `go test` runs.
+const (
+	repoRoot      = ".."
+	envoyFile     = "envoy.yaml"
+	rulesDir      = "config"
+	k8sDir        = "k8s"
+	dockerfile    = "../Dockerfile"
+	dockerignore  = "../.dockerignore"
+	deployDocFile = "../docs/deploy.md"
+)
+
+// loadRules loads config/ as the service does with its default flags.
+func loadRules(t *testing.T) *config.Config {
+	t.Helper()
+	cfg, err := config.Load(rulesDir, config.Defaults{})
+	if err != nil {
+		t.Fatalf("loading %s: %v", rulesDir, err)
+	}
+	return cfg
+}
+
+// ruleFiles returns the files the service reads from config/, relative to
+// config/.
+func ruleFiles(t *testing.T) []string {
+	t.Helper()
+	var names []string
+	for _, f := range loadRules(t).Files() {
+		rel, err := filepath.Rel(rulesDir, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, rel)
+	}
+	return names
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
