@@ -3,9 +3,9 @@ GOFLAGS_TEST ?= -race -count=1
 
 .PHONY: run test build vet clean proto tools
 
-## run: serve the example config on the embedded store (gRPC :8081, HTTP :8080)
+## run: serve the example config on the embedded store (gRPC :8081, HTTP :8080, admin localhost:9090)
 run:
-	$(GO) run ./cmd/ratelimit --config examples/config --log-format console
+	$(GO) run ./cmd/ratelimit --config examples/config --log-format console --admin-addr localhost:9090
 
 ## test: vet and every test, with the race detector (needs redis-server on PATH
 ## and the code generators of `make tools`, for the generated-code check)
