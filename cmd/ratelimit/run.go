@@ -45,6 +45,8 @@ type settings struct {
 	grpcAddr           string
 	httpAddr           string
 	redisURL           string
+	redisClusterURL    string
+	redisSentinelURL   string
 	storeTimeout       time.Duration
 	shutdownDelay      time.Duration
 	drainTimeout       time.Duration
@@ -76,7 +78,9 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.configPath, "config", "", "config file, or directory of *.yaml / *.yml files (required)")
 	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (rate limit service, health, reflection)")
 	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address: /healthz, /readyz, /metrics, /rlconfig, POST /json")
-	fs.StringVar(&s.redisURL, "redis-url", "", "redis:// or rediss:// URL of a standalone Redis; empty runs an embedded in-process store (one replica, not shared, not persistent)")
+	fs.StringVar(&s.redisURL, "redis-url", "", "redis:// or rediss:// URL of a standalone Redis; with no Redis flag, an embedded in-process store runs (one replica, not shared, not persistent)")
+	fs.StringVar(&s.redisClusterURL, "redis-cluster-url", "", "Redis Cluster seed nodes: redis://[user:password@]host:port?addr=host2:port&addr=host3:port (or rediss://)")
+	fs.StringVar(&s.redisSentinelURL, "redis-sentinel-url", "", "Redis Sentinel: redis://[sentinel-user:sentinel-password@]host:port?master_name=NAME&addr=host2:port[&username=U&password=P] (or rediss://)")
 	fs.DurationVar(&s.storeTimeout, "store-timeout", limiter.DefaultTimeout, "deadline of every store call; past it the rule's failure_mode answers")
 	fs.DurationVar(&s.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, how long to keep serving while reporting NOT_SERVING, so load balancers and Envoy move away first")
 	fs.DurationVar(&s.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, after the shutdown delay, how long in-flight requests may take before the server stops")
@@ -202,14 +206,17 @@ func serve(ctx context.Context, s *settings) error {
 	if err != nil {
 		return err
 	}
-	store, err := limiter.OpenStoreTLS(s.redisURL, redisTLS)
+	store, err := limiter.OpenStore(limiter.StoreConfig{
+		URL: s.redisURL, ClusterURL: s.redisClusterURL, SentinelURL: s.redisSentinelURL, TLS: redisTLS,
+	})
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	if store.Embedded {
+	if store.Mode == "embedded" {
 		log.Warn("embedded store: an in-process miniredis, one replica, not shared with other instances, not persistent; use --redis-url in production")
 	} else {
+		log.Info("store", zap.String("mode", store.Mode))
 		pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if err := store.Ping(pingCtx); err != nil {
 			log.Warn("store not reachable yet: rules answer by their failure_mode until it is", zap.Error(err))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -48,8 +49,10 @@ func tlsSettings(s *settings, log *zap.Logger) ([]grpc.ServerOption, *tls.Config
 	if s.redisTLSCA == "" && s.redisTLSCert == "" && s.redisTLSKey == "" && s.redisTLSServerName == "" {
 		return opts, nil, nil
 	}
-	if !strings.HasPrefix(s.redisURL, "rediss://") {
-		return nil, nil, errors.New("--redis-tls-* flags need a rediss:// --redis-url")
+	if !slices.ContainsFunc([]string{s.redisURL, s.redisClusterURL, s.redisSentinelURL}, func(u string) bool {
+		return strings.HasPrefix(u, "rediss://")
+	}) {
+		return nil, nil, errors.New("--redis-tls-* flags need a rediss:// --redis-url, --redis-cluster-url or --redis-sentinel-url")
 	}
 	if (s.redisTLSCert == "") != (s.redisTLSKey == "") {
 		return nil, nil, errors.New("--redis-tls-cert and --redis-tls-key go together: set both or neither")

@@ -14,6 +14,7 @@ import (
 	"math"
 	"net"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -79,16 +80,32 @@ type Options struct {
 
 // Limiter decides hits against a Redis store. It is safe for concurrent use.
 type Limiter struct {
-	store   redis.Scripter
-	script  *redis.Script
+	router  router
 	timeout time.Duration
 	observe func(time.Duration, error)
 }
 
-// New returns a Limiter on store. go-redis's *Client, *ClusterClient and
-// UniversalClient all satisfy redis.Scripter.
+// The scripts are shared by every Limiter: a *redis.Script only holds the
+// source and its hash.
+var (
+	decideScript = redis.NewScript(lua.Decide)
+	refundScript = redis.NewScript(lua.Refund)
+)
+
+// New returns a Limiter on store: go-redis's *Client (standalone or a
+// Sentinel failover client) or *ClusterClient, or a UniversalClient holding
+// one of them. On a cluster, the hits of a request are grouped by hash slot
+// and each group runs on its slot's master, all groups at once.
 func New(store redis.Scripter, opts *Options) *Limiter {
-	l := &Limiter{store: store, script: redis.NewScript(lua.Decide), timeout: DefaultTimeout, observe: func(time.Duration, error) {}}
+	var r router = singleRouter{store}
+	if cc, ok := store.(*redis.ClusterClient); ok {
+		r = clusterRouter{cc}
+	}
+	return newWithRouter(r, opts)
+}
+
+func newWithRouter(r router, opts *Options) *Limiter {
+	l := &Limiter{router: r, timeout: DefaultTimeout, observe: func(time.Duration, error) {}}
 	if opts != nil && opts.Timeout > 0 {
 		l.timeout = opts.Timeout
 	}
@@ -165,12 +182,13 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	return verdicts, err
 }
 
-// decide runs the script for hits with distinct keys.
+// decide decides hits with distinct keys: one script per slot group, all
+// groups at once. Across groups, all or nothing holds by refunding: each
+// group charges what fits in it, and when any enforced hit turned out denied,
+// the charges of the other groups are taken back.
 func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	verdicts := make([]Verdict, len(hits))
 	charge := true
-	keys := make([]string, 0, len(hits))
-	args := make([]any, 1, 1+5*len(hits))
 	sent := make([]int, 0, len(hits))
 	for i, h := range hits {
 		if h.Cost > uint64(h.Limit) {
@@ -181,39 +199,151 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 			}
 			continue
 		}
-		keys = append(keys, h.Key)
-		args = append(args, algorithmID(h.Algorithm), h.Limit, h.Window.Microseconds(), h.Cost, flag(h.Shadow))
 		sent = append(sent, i)
 	}
-	if len(keys) == 0 {
+	if len(sent) == 0 {
 		return verdicts, nil
 	}
-	args[0] = flag(charge)
-
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
+	tokens := make([]int64, len(hits))
+	groups := l.groups(hits, sent)
+	if len(groups) == 1 {
+		return verdicts, l.run(ctx, hits, groups[0], charge, verdicts, tokens)
+	}
+
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for g, group := range groups {
+		wg.Go(func() { errs[g] = l.run(ctx, hits, group, charge, verdicts, tokens) })
+	}
+	wg.Wait()
+	err := errors.Join(errs...)
+	if charge && deniedAny(hits, verdicts) {
+		err = errors.Join(err, l.refund(ctx, hits, groups, verdicts, tokens))
+	}
+	return verdicts, err
+}
+
+// groups splits the hits at indexes sent by hash slot, keeping their order.
+func (l *Limiter) groups(hits []Hit, sent []int) [][]int {
+	var groups [][]int
+	var slots []int
+	for _, i := range sent {
+		slot := l.router.slot(hits[i].Key)
+		g := slices.Index(slots, slot)
+		if g < 0 {
+			slots = append(slots, slot)
+			groups = append(groups, nil)
+			g = len(groups) - 1
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+// run decides the hits at indexes group, which share a slot, with one
+// script, and writes their verdicts and refund tokens. On a store error the
+// verdicts follow each hit's failure mode.
+func (l *Limiter) run(ctx context.Context, hits []Hit, group []int, charge bool, verdicts []Verdict, tokens []int64) error {
+	keys := make([]string, len(group))
+	args := make([]any, 1, 1+5*len(group))
+	args[0] = flag(charge)
+	for j, i := range group {
+		h := hits[i]
+		keys[j] = h.Key
+		args = append(args, algorithmID(h.Algorithm), h.Limit, h.Window.Microseconds(), h.Cost, flag(h.Shadow))
+	}
 	start := time.Now()
-	reply, err := l.script.Run(ctx, l.store, keys, args...).Int64Slice()
-	if err == nil && len(reply) != 4*len(keys) {
-		err = fmt.Errorf("%w: %d values, want %d", errBadReply, len(reply), 4*len(keys))
+	reply, err := l.script(ctx, decideScript, keys, args).Int64Slice()
+	if err == nil && len(reply) != 5*len(group) {
+		err = fmt.Errorf("%w: %d values, want %d", errBadReply, len(reply), 5*len(group))
 	}
 	l.observe(time.Since(start), err)
 	if err != nil {
-		for _, i := range sent {
+		for _, i := range group {
 			verdicts[i] = failureVerdict(hits[i])
 		}
-		return verdicts, fmt.Errorf("%w: decide: %w", ErrStore, err)
+		return fmt.Errorf("%w: decide: %w", ErrStore, err)
 	}
-	for j, i := range sent {
-		r := reply[4*j : 4*j+4]
+	for j, i := range group {
+		r := reply[5*j : 5*j+5]
 		verdicts[i] = Verdict{
 			Admitted:   r[0] == 1,
 			Charged:    r[1] == 1,
 			Remaining:  uint64(max(r[2], 0)),
 			ResetAfter: time.Duration(r[3]) * time.Microsecond,
 		}
+		tokens[i] = r[4]
 	}
-	return verdicts, nil
+	return nil
+}
+
+// script runs s on the server of keys (which share a slot).
+func (l *Limiter) script(ctx context.Context, s *redis.Script, keys []string, args []any) *redis.Cmd {
+	server, err := l.router.scripter(ctx, keys[0])
+	if err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	cmd := s.Run(ctx, server, keys, args...)
+	if cmd.Err() != nil {
+		l.router.failed(cmd.Err())
+	}
+	return cmd
+}
+
+// refund takes back the charges of a request that was denied, group by
+// group, all at once. It has a deadline of its own and outlives the caller's
+// cancellation: a charge left behind would deny later requests. A charge
+// that cannot be taken back stays counted (Charged remains true).
+func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
+	defer cancel()
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for g, group := range groups {
+		var keys []string
+		var args []any
+		var charged []int
+		for _, i := range group {
+			if verdicts[i].Charged {
+				keys = append(keys, hits[i].Key)
+				args = append(args, algorithmID(hits[i].Algorithm), tokens[i], hits[i].Cost)
+				charged = append(charged, i)
+			}
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		wg.Go(func() {
+			start := time.Now()
+			err := l.script(ctx, refundScript, keys, args).Err()
+			l.observe(time.Since(start), err)
+			if err != nil {
+				errs[g] = fmt.Errorf("%w: refund of a request denied across slots: %w", ErrStore, err)
+				return
+			}
+			for _, i := range charged {
+				v := &verdicts[i]
+				v.Charged = false
+				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].Limit))
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// deniedAny reports whether an enforced hit was denied.
+func deniedAny(hits []Hit, verdicts []Verdict) bool {
+	for i, v := range verdicts {
+		if !v.Admitted && !hits[i].Shadow {
+			return true
+		}
+	}
+	return false
 }
 
 // failureVerdict answers an admissible hit by its failure mode. An allowed

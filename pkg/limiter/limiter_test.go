@@ -312,7 +312,7 @@ func TestScriptFlushIsTransparent(t *testing.T) {
 	h := hit(config.SlidingWindowCounter, "flush", 100, time.Minute, 1)
 	for i := 0; i < 5; i++ {
 		if i == 2 {
-			if err := l.store.(*redis.Client).ScriptFlush(context.Background()).Err(); err != nil {
+			if err := l.router.(singleRouter).server.(*redis.Client).ScriptFlush(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -435,10 +435,10 @@ func TestNoRetryAfterALostReply(t *testing.T) {
 	defer directClient.Close()
 	direct := New(directClient, nil)
 	// Loaded, so that the proxied EVALSHA runs rather than meeting NOSCRIPT.
-	if err := direct.script.Load(context.Background(), directClient).Err(); err != nil {
+	if err := decideScript.Load(context.Background(), directClient).Err(); err != nil {
 		t.Fatal(err)
 	}
-	store, err := OpenStore("redis://" + ln.Addr().String())
+	store, err := OpenStore(StoreConfig{URL: "redis://" + ln.Addr().String()})
 	if err != nil {
 		t.Fatal(err)
 	}

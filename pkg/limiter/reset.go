@@ -11,8 +11,6 @@ import (
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
-// resetScript is shared by every Limiter: a *redis.Script only holds the
-// source and its hash.
 var resetScript = redis.NewScript(lua.Reset)
 
 // Reset deletes the counter of h, so that its whole limit is available again
@@ -34,7 +32,7 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	start := time.Now()
-	n, err := resetScript.Run(ctx, l.store, []string{h.Key}, h.Window.Microseconds()).Int64()
+	n, err := l.script(ctx, resetScript, []string{h.Key}, []any{h.Window.Microseconds()}).Int64()
 	l.observe(time.Since(start), err)
 	if err != nil {
 		return 0, fmt.Errorf("%w: reset: %w", ErrStore, err)

@@ -102,7 +102,7 @@ func TestResetAfterScriptFlush(t *testing.T) {
 	decide1(t, l, h)
 	reset1(t, l, h)
 	decide1(t, l, h)
-	if err := l.store.(*redis.Client).ScriptFlush(context.Background()).Err(); err != nil {
+	if err := l.router.(singleRouter).server.(*redis.Client).ScriptFlush(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if n := reset1(t, l, h); n != 1 || len(c.m.Keys()) != 0 {

@@ -14,53 +14,107 @@ import (
 
 // Store is a connection to the Redis that holds the counters.
 type Store struct {
-	// Client is the Redis client; Sentinel and Cluster clients fit here too.
+	// Client is the Redis client: a *redis.Client (standalone, Sentinel,
+	// embedded) or a *redis.ClusterClient.
 	Client redis.UniversalClient
-	// Embedded reports an in-process miniredis: one replica, not shared
+	// Mode is "standalone", "cluster", "sentinel" or "embedded". The
+	// embedded store is an in-process miniredis: one replica, not shared
 	// with other instances, not persistent.
-	Embedded bool
+	Mode string
 
 	stop func()
 }
 
-// OpenStore connects to redisURL (redis:// or rediss://, with user and
-// password), or starts an embedded in-process miniredis when it is empty. It
-// does not wait for the server: an unreachable store is answered by each
-// rule's failure mode, and the client reconnects on its own.
-func OpenStore(redisURL string) (*Store, error) {
-	return OpenStoreTLS(redisURL, nil)
+// StoreConfig says which Redis holds the counters: at most one of URL,
+// ClusterURL and SentinelURL; none starts the embedded store.
+type StoreConfig struct {
+	// URL is a standalone Redis: redis://[user:password@]host:port[/db], or
+	// rediss:// for TLS.
+	URL string
+	// ClusterURL lists Redis Cluster seed nodes, in go-redis's format:
+	// redis://[user:password@]host:port?addr=host2:port&addr=host3:port.
+	ClusterURL string
+	// SentinelURL lists Sentinels and names the master, in go-redis's
+	// format: redis://[sentinel-user:sentinel-password@]host:port
+	// ?master_name=NAME&addr=host2:port[&username=U&password=P for the master].
+	SentinelURL string
+	// TLS, when set, replaces go-redis's TLS settings of a rediss:// URL
+	// (custom CA, client certificate). Without ServerName it takes the
+	// URL's host; a skip_verify=true in the URL still applies. It is an
+	// error with a redis:// URL or the embedded store: TLS settings that
+	// would not be used are a mistake.
+	TLS *tls.Config
 }
 
-// OpenStoreTLS is OpenStore with tlsConfig for the TLS of a rediss:// URL
-// (custom CA, client certificate) instead of go-redis's default. A config
-// without ServerName gets the URL's host; a skip_verify=true in the URL
-// still applies. A non-nil tlsConfig with any other URL is an error: TLS
-// settings that would not be used are a mistake.
-func OpenStoreTLS(redisURL string, tlsConfig *tls.Config) (*Store, error) {
-	if redisURL == "" {
-		if tlsConfig != nil {
-			return nil, errors.New("redis TLS settings need a rediss:// URL, not the embedded store")
+// OpenStore connects to the configured Redis. It does not wait for the
+// server: an unreachable store is answered by each rule's failure mode, and
+// the client reconnects on its own.
+func OpenStore(cfg StoreConfig) (*Store, error) {
+	set := 0
+	for _, u := range []string{cfg.URL, cfg.ClusterURL, cfg.SentinelURL} {
+		if u != "" {
+			set++
 		}
-		return openEmbedded()
 	}
-	opts, err := redis.ParseURL(redisURL)
+	switch {
+	case set > 1:
+		return nil, errors.New("redis: give one of a URL, a cluster URL and a sentinel URL")
+	case set == 0 && cfg.TLS != nil:
+		return nil, errors.New("redis TLS settings need a rediss:// URL, not the embedded store")
+	case set == 0:
+		return openEmbedded()
+	case cfg.ClusterURL != "":
+		opts, err := redis.ParseClusterURL(cfg.ClusterURL)
+		if err != nil {
+			return nil, fmt.Errorf("redis cluster url: %w", err)
+		}
+		if opts.TLSConfig, err = withTLS(opts.TLSConfig, cfg.TLS); err != nil {
+			return nil, err
+		}
+		// MaxRedirects is not set to 0: the limiter runs its scripts on
+		// the slot masters' own clients, which MaxRetries governs.
+		opts.ContextTimeoutEnabled, opts.MaxRetries = true, -1
+		return &Store{Client: redis.NewClusterClient(opts), Mode: "cluster", stop: func() {}}, nil
+	case cfg.SentinelURL != "":
+		opts, err := redis.ParseFailoverURL(cfg.SentinelURL)
+		if err != nil {
+			return nil, fmt.Errorf("redis sentinel url: %w", err)
+		}
+		if opts.MasterName == "" {
+			return nil, errors.New("redis sentinel url: master_name is missing")
+		}
+		if opts.TLSConfig, err = withTLS(opts.TLSConfig, cfg.TLS); err != nil {
+			return nil, err
+		}
+		opts.ContextTimeoutEnabled, opts.MaxRetries = true, -1
+		return &Store{Client: redis.NewFailoverClient(opts), Mode: "sentinel", stop: func() {}}, nil
+	}
+	opts, err := redis.ParseURL(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("redis url: %w", err)
 	}
-	if tlsConfig != nil {
-		if opts.TLSConfig == nil {
-			return nil, errors.New("redis TLS settings need a rediss:// URL")
-		}
-		cfg := tlsConfig.Clone()
-		if cfg.ServerName == "" {
-			cfg.ServerName = opts.TLSConfig.ServerName
-		}
-		cfg.InsecureSkipVerify = cfg.InsecureSkipVerify || opts.TLSConfig.InsecureSkipVerify
-		opts.TLSConfig = cfg
+	if opts.TLSConfig, err = withTLS(opts.TLSConfig, cfg.TLS); err != nil {
+		return nil, err
 	}
 	configure(opts)
-	client := redis.NewClient(opts)
-	return &Store{Client: client, stop: func() {}}, nil
+	return &Store{Client: redis.NewClient(opts), Mode: "standalone", stop: func() {}}, nil
+}
+
+// withTLS puts custom TLS settings in place of fromURL, the settings a
+// rediss:// URL gave (nil for redis://).
+func withTLS(fromURL, custom *tls.Config) (*tls.Config, error) {
+	if custom == nil {
+		return fromURL, nil
+	}
+	if fromURL == nil {
+		return nil, errors.New("redis TLS settings need a rediss:// URL")
+	}
+	cfg := custom.Clone()
+	if cfg.ServerName == "" {
+		cfg.ServerName = fromURL.ServerName
+	}
+	cfg.InsecureSkipVerify = cfg.InsecureSkipVerify || fromURL.InsecureSkipVerify
+	return cfg, nil
 }
 
 // configure sets what every store client needs, whatever the URL says.
@@ -107,7 +161,7 @@ func openEmbedded() (*Store, error) {
 		wg.Wait()
 		m.Close()
 	}
-	return &Store{Client: client, Embedded: true, stop: stop}, nil
+	return &Store{Client: client, Mode: "embedded", stop: stop}, nil
 }
 
 // Ping checks that the store answers.

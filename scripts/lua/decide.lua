@@ -10,8 +10,10 @@
 -- charged. A shadow hit that does not fit neither denies the request nor is
 -- charged, as if it were enforced.
 --
--- Reply: four integers per hit: admitted (1/0), charged (1/0), remaining,
--- microseconds until reset (see each algorithm's result).
+-- Reply: five integers per hit: admitted (1/0), charged (1/0), remaining,
+-- microseconds until reset (see each algorithm's result), and a refund
+-- token: what refund.lua needs to undo the charge (the log's score, the
+-- counters' window index).
 local algorithms = { sliding_window_log, sliding_window_counter, fixed_window }
 
 local t = redis.call('TIME')
@@ -47,5 +49,6 @@ for _, hit in ipairs(hits) do
   reply[#reply + 1] = charged and 1 or 0
   reply[#reply + 1] = math.floor(remaining)
   reply[#reply + 1] = math.floor(reset)
+  reply[#reply + 1] = charged and hit.st.token or 0
 end
 return reply

@@ -23,14 +23,21 @@ var (
 	fixedWindow string
 	//go:embed decide.lua
 	decide string
+	//go:embed reset.lua
+	reset string
+	//go:embed refund.lua
+	refund string
 )
 
 // Decide is the script that decides a whole request atomically. Its calling
 // convention is documented at the top of decide.lua.
 var Decide = prelude + slidingWindowLog + slidingWindowCounter + fixedWindow + decide
 
-// Reset is the script that deletes one counter, whatever its algorithm. It
-// stands alone; its calling convention is documented at the top of reset.lua.
-//
-//go:embed reset.lua
-var Reset string
+// Reset is the script that deletes one counter, whatever its algorithm. Its
+// calling convention is documented at the top of reset.lua.
+var Reset = prelude + reset
+
+// Refund is the script that undoes charges made by Decide, for a request
+// denied across Redis Cluster slots. Its calling convention is documented at
+// the top of refund.lua.
+var Refund = prelude + refund

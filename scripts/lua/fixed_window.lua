@@ -5,7 +5,7 @@ local fixed_window = {}
 
 function fixed_window.check(key, limit, window, cost, now)
   local idx = math.floor(now / window)
-  local st = { elapsed = now - idx * window, curr_key = key .. ':' .. fmt(idx) }
+  local st = { token = idx, elapsed = now - idx * window, curr_key = key .. ':' .. fmt(idx) }
   st.used = tonumber(redis.call('GET', st.curr_key) or 0)
   st.admit = st.used + cost <= limit
   return st

@@ -9,10 +9,6 @@
 -- The index is computed from Redis TIME as the algorithms compute it.
 --
 -- Reply: the number of keys deleted.
-local function fmt(n)
-  return string.format('%.0f', n)
-end
-
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local idx = math.floor(now / tonumber(ARGV[1]))

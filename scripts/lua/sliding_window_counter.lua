@@ -12,6 +12,7 @@ end
 function sliding_window_counter.check(key, limit, window, cost, now)
   local idx = math.floor(now / window)
   local st = {
+    token = idx,
     window = window,
     elapsed = now - idx * window,
     curr_key = key .. ':' .. fmt(idx),

@@ -40,6 +40,7 @@ function sliding_window_log.commit(key, st, limit, window, cost, now)
   -- The key lives until its newest member leaves the window.
   redis.call('PEXPIRE', key, fmt(math.ceil((score + window - now) / 1000)))
   st.used = st.used + cost
+  st.token = score -- names the members, for a refund
 end
 
 -- result returns what is left and, in microseconds, the honest wait: for an

@@ -1,0 +1,46 @@
+package limiter
+
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// router says where a script runs. Outside Redis Cluster every key goes to
+// the one server; in a cluster, each hash slot's keys go to its master.
+type router interface {
+	// slot groups keys: keys with equal slots may share one script.
+	slot(key string) int
+	// scripter returns the server for keys sharing key's slot.
+	scripter(ctx context.Context, key string) (redis.Scripter, error)
+	// failed is told of every failed script call.
+	failed(err error)
+}
+
+// singleRouter sends everything to one server: standalone, Sentinel (the
+// failover client follows the master) or the embedded store.
+type singleRouter struct{ server redis.Scripter }
+
+func (singleRouter) slot(string) int { return 0 }
+
+func (r singleRouter) scripter(context.Context, string) (redis.Scripter, error) {
+	return r.server, nil
+}
+
+func (singleRouter) failed(error) {}
+
+// clusterRouter runs each slot's scripts on the client of the slot's master,
+// not through the cluster client's own routing: that one re-sends a command
+// after a lost reply, and the decide script is not idempotent. A failed call
+// (MOVED after a failover or a resharding, a dead node) makes it reload the
+// slot map in the background; that request is answered by failure mode and
+// the next ones go where the slots now are.
+type clusterRouter struct{ cluster *redis.ClusterClient }
+
+func (clusterRouter) slot(key string) int { return keySlot(key) }
+
+func (r clusterRouter) scripter(ctx context.Context, key string) (redis.Scripter, error) {
+	return r.cluster.MasterForKey(ctx, key)
+}
+
+func (r clusterRouter) failed(error) { r.cluster.ReloadState(context.Background()) }

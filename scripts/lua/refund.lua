@@ -1,0 +1,40 @@
+-- refund: undo charges that decide.lua made, for a request that turned out
+-- denied by a hit on another Redis Cluster slot (all or nothing across slots).
+--
+-- KEYS[i]   base key of charged hit i
+-- ARGV[..]  three values per hit i, at 1 + 3 * (i - 1): algorithm (1 log,
+--           2 counter, 3 fixed), the refund token decide.lua returned, cost
+--
+-- The log removes exactly the members the charge added; the counters take
+-- the cost back from the window the charge went to, deleting a counter that
+-- falls to zero. Reply: the number of units refunded.
+local refunded = 0
+for i, key in ipairs(KEYS) do
+  local a = 1 + 3 * (i - 1)
+  local alg, token, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  if alg == 1 then
+    local s = fmt(token)
+    local members = {}
+    for j = 1, cost do
+      members[#members + 1] = (j == 1) and s or (s .. ':' .. j)
+      if #members >= 1000 then
+        refunded = refunded + redis.call('ZREM', key, unpack(members))
+        members = {}
+      end
+    end
+    if #members > 0 then
+      refunded = refunded + redis.call('ZREM', key, unpack(members))
+    end
+  else
+    local counter = key .. ':' .. fmt(token)
+    local held = tonumber(redis.call('GET', counter) or 0)
+    local back = math.min(held, cost)
+    if back >= held then
+      redis.call('DEL', counter)
+    elseif back > 0 then
+      redis.call('DECRBY', counter, fmt(back))
+    end
+    refunded = refunded + back
+  end
+end
+return refunded
