@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -62,6 +63,8 @@ type settings struct {
 	nearLimitRatio     float64
 	watchConfig        bool
 	adminAddr          string
+	maxInFlight        int
+	pprof              bool
 
 	// TLS, see tls.go.
 	grpcTLSCert, grpcTLSKey, grpcTLSClientCA                  string
@@ -95,6 +98,8 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "put every rule in shadow mode: always answer OK, count as usual, log and count would-be denials")
 	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit in use from which an admitted decision counts as near_limit in metrics")
 	fs.StringVar(&s.adminAddr, "admin-addr", "", "gRPC listen address of the admin API (ratelimit.admin.v1.Admin: Inspect, Reset; with reflection); empty: off. Keep it private: Reset lifts limits")
+	fs.IntVar(&s.maxInFlight, "max-inflight", service.DefaultMaxInFlight, "most rate limit requests worked on at once; past it requests are refused at once with RESOURCE_EXHAUSTED")
+	fs.BoolVar(&s.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
 	fs.BoolVar(&s.watchConfig, "watch-config", true, "reload the config when its files change (a bad new config is refused, the old one stays)")
 	tlsFlags(fs, s)
 	return fs
@@ -274,14 +279,14 @@ func serve(ctx context.Context, s *settings) error {
 		}
 	}
 
-	grpcServer := grpc.NewServer(grpcOpts...)
+	grpcServer := grpc.NewServer(append(grpcOpts, grpc.ChainUnaryInterceptor(service.ShedInterceptor(s.maxInFlight, m)))...)
 	rlsv3.RegisterRateLimitServiceServer(grpcServer, svc)
 	healthServer := health.NewServer()
 	healthpb.RegisterHealthServer(grpcServer, healthServer)
 	reflection.Register(grpcServer)
 
 	var draining atomic.Bool
-	httpServer := &http.Server{Handler: httpHandler(&draining, svc, registry), ReadHeaderTimeout: 5 * time.Second}
+	httpServer := &http.Server{Handler: httpHandler(&draining, svc, registry, s.pprof), ReadHeaderTimeout: 5 * time.Second}
 
 	errc := make(chan error, 3)
 	go func() { errc <- grpcServer.Serve(grpcLn) }()
@@ -343,8 +348,15 @@ func serve(ctx context.Context, s *settings) error {
 
 // httpHandler serves the HTTP port: liveness and readiness for probes that
 // speak HTTP, Prometheus metrics, the config in force, and the JSON API.
-func httpHandler(draining *atomic.Bool, svc *service.Service, registry *prometheus.Registry) http.Handler {
+func httpHandler(draining *atomic.Bool, svc *service.Service, registry *prometheus.Registry, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
+	if withPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
 	mux.Handle("GET /rlconfig", svc.ConfigHandler())
 	mux.Handle("/json", svc.JSONHandler())

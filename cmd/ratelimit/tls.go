@@ -1,10 +1,10 @@
 package main
 
 import (
-	"slices"
 	"crypto/tls"
 	"errors"
 	"flag"
+	"slices"
 	"strings"
 
 	"go.uber.org/zap"

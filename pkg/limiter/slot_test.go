@@ -14,7 +14,7 @@ func TestKeySlot(t *testing.T) {
 		{"bar", 5061},
 		{"{user1000}.following", 3443},
 		{"{user1000}.followers", 3443},
-		{"foo{}{bar}", 8363},  // empty first tag: the whole key is hashed
+		{"foo{}{bar}", 8363},    // empty first tag: the whole key is hashed
 		{"foo{{bar}}zap", 4015}, // the tag is "{bar"
 		{"rl:{e2e|log=a}:log:60", keySlot("e2e|log=a")},
 	}

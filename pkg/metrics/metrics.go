@@ -38,6 +38,7 @@ type Metrics struct {
 	storeDuration    prometheus.Histogram
 	storeErrors      *prometheus.CounterVec
 	invalidRequests  *prometheus.CounterVec
+	shed             prometheus.Counter
 	configReloads    *prometheus.CounterVec
 	configGeneration prometheus.Gauge
 	configInfo       *prometheus.GaugeVec
@@ -63,6 +64,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "ratelimit_invalid_requests_total",
 			Help: "Requests refused with INVALID_ARGUMENT, by reason (sizes over the --max-* bounds among them).",
 		}, []string{"reason"}),
+		shed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_requests_shed_total",
+			Help: "Requests refused with RESOURCE_EXHAUSTED because --max-inflight requests were in flight.",
+		}),
 		configReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_config_reloads_total",
 			Help: "Config reloads by outcome: success, unchanged or failure.",
@@ -76,7 +81,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "1 for the hash of the config in force.",
 		}, []string{"hash"}),
 	}
-	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests,
+	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests, m.shed,
 		m.configReloads, m.configGeneration, m.configInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -104,6 +109,13 @@ func (m *Metrics) StoreCall(d time.Duration, errKind string) {
 func (m *Metrics) InvalidRequest(reason string) {
 	if m != nil {
 		m.invalidRequests.WithLabelValues(reason).Inc()
+	}
+}
+
+// Shed counts a request refused for overload.
+func (m *Metrics) Shed() {
+	if m != nil {
+		m.shed.Inc()
 	}
 }
 
