@@ -235,6 +235,7 @@ func serve(ctx context.Context, s *settings) error {
 		Timeout: s.storeTimeout,
 		Observe: func(d time.Duration, err error) { m.StoreCall(d, limiter.ErrorKind(err)) },
 	})
+	defer lim.Close()
 	svc := service.New(cfg, lim, &service.Options{
 		MaxDescriptors:   s.maxDescriptors,
 		MaxEntries:       s.maxEntries,

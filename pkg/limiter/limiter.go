@@ -83,6 +83,8 @@ type Limiter struct {
 	router  router
 	timeout time.Duration
 	observe func(time.Duration, error)
+
+	batchers sync.Map // redis.UniversalClient to its *batcher
 }
 
 // The scripts are shared by every Limiter: a *redis.Script only holds the
@@ -96,7 +98,10 @@ var (
 // Sentinel failover client) or *ClusterClient, or a UniversalClient holding
 // one of them. On a cluster, the hits of a request are grouped by hash slot
 // and each group runs on its slot's master, all groups at once.
-func New(store redis.Scripter, opts *Options) *Limiter {
+//
+// Concurrent requests' scripts share pipelines to each server (see batcher);
+// Close stops them.
+func New(store redis.UniversalClient, opts *Options) *Limiter {
 	var r router = singleRouter{store}
 	if cc, ok := store.(*redis.ClusterClient); ok {
 		r = clusterRouter{cc}
@@ -279,19 +284,42 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, group []int, charge bool,
 	return nil
 }
 
-// script runs s on the server of keys (which share a slot).
+// script runs s on the server of keys (which share a slot), in that
+// server's next pipeline.
 func (l *Limiter) script(ctx context.Context, s *redis.Script, keys []string, args []any) *redis.Cmd {
-	server, err := l.router.scripter(ctx, keys[0])
+	server, err := l.router.server(ctx, keys[0])
 	if err != nil {
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
+		return errCmd(ctx, err)
 	}
-	cmd := s.Run(ctx, server, keys, args...)
+	cmd := l.batcher(server).do(ctx, s, keys, args)
 	if cmd.Err() != nil {
 		l.router.failed(cmd.Err())
 	}
 	return cmd
+}
+
+// batcher returns the batcher of server, starting it on first use. A
+// cluster's servers are its slot masters: the map grows with the masters
+// seen, which a failover adds to.
+func (l *Limiter) batcher(server redis.UniversalClient) *batcher {
+	if b, ok := l.batchers.Load(server); ok {
+		return b.(*batcher)
+	}
+	b := newBatcher(server, l.timeout)
+	if prev, loaded := l.batchers.LoadOrStore(server, b); loaded {
+		b.close() // another call started one first
+		return prev.(*batcher)
+	}
+	return b
+}
+
+// Close stops the limiter's batchers. Calls after Close must not be made.
+func (l *Limiter) Close() {
+	l.batchers.Range(func(server, b any) bool {
+		b.(*batcher).close()
+		l.batchers.Delete(server)
+		return true
+	})
 }
 
 // refund takes back the charges of a request that was denied, group by

@@ -39,7 +39,9 @@ func newTestLimiter(t *testing.T, start time.Time) (*Limiter, *clock) {
 	t.Cleanup(func() { client.Close() })
 	c := &clock{m: m}
 	c.set(start)
-	return New(client, &Options{Timeout: 5 * time.Second}), c
+	l := New(client, &Options{Timeout: 5 * time.Second})
+	t.Cleanup(l.Close)
+	return l, c
 }
 
 // epoch is aligned to every window the tests use, so a test knows where the
@@ -312,7 +314,7 @@ func TestScriptFlushIsTransparent(t *testing.T) {
 	h := hit(config.SlidingWindowCounter, "flush", 100, time.Minute, 1)
 	for i := 0; i < 5; i++ {
 		if i == 2 {
-			if err := l.router.(singleRouter).server.(*redis.Client).ScriptFlush(context.Background()).Err(); err != nil {
+			if err := l.router.(singleRouter).client.(*redis.Client).ScriptFlush(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -434,6 +436,7 @@ func TestNoRetryAfterALostReply(t *testing.T) {
 	directClient := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer directClient.Close()
 	direct := New(directClient, nil)
+	defer direct.Close()
 	// Loaded, so that the proxied EVALSHA runs rather than meeting NOSCRIPT.
 	if err := decideScript.Load(context.Background(), directClient).Err(); err != nil {
 		t.Fatal(err)
@@ -444,6 +447,7 @@ func TestNoRetryAfterALostReply(t *testing.T) {
 	}
 	defer store.Close()
 	l := New(store.Client, &Options{Timeout: 5 * time.Second})
+	defer l.Close()
 	h := hit(config.FixedWindow, "once", 10, time.Minute, 1)
 	if _, err := l.Decide(context.Background(), []Hit{h}); !errors.Is(err, ErrStore) {
 		t.Fatalf("error %v, want ErrStore for a lost reply", err)
@@ -500,6 +504,7 @@ func TestStoreDeadline(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true})
 	defer client.Close()
 	l := New(client, &Options{Timeout: 50 * time.Millisecond})
+	defer l.Close()
 	start := time.Now()
 	_, err = l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "x", 5, time.Minute, 1)})
 	if !errors.Is(err, ErrStore) || ErrorKind(err) != "timeout" {
@@ -516,6 +521,7 @@ func TestRedisErrorsAreObservedWithTheirKind(t *testing.T) {
 	defer client.Close()
 	var observed []error
 	l := New(client, &Options{Timeout: 5 * time.Second, Observe: func(_ time.Duration, err error) { observed = append(observed, err) }})
+	defer l.Close()
 	h := hit(config.SlidingWindowLog, "typed", 5, time.Minute, 1)
 	decide1(t, l, h)
 	m.Del(h.Key)

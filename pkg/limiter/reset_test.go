@@ -102,7 +102,7 @@ func TestResetAfterScriptFlush(t *testing.T) {
 	decide1(t, l, h)
 	reset1(t, l, h)
 	decide1(t, l, h)
-	if err := l.router.(singleRouter).server.(*redis.Client).ScriptFlush(context.Background()).Err(); err != nil {
+	if err := l.router.(singleRouter).client.(*redis.Client).ScriptFlush(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if n := reset1(t, l, h); n != 1 || len(c.m.Keys()) != 0 {
@@ -131,6 +131,7 @@ func TestResetIsObserved(t *testing.T) {
 	defer client.Close()
 	var observed []error
 	l := New(client, &Options{Timeout: 5 * time.Second, Observe: func(_ time.Duration, err error) { observed = append(observed, err) }})
+	defer l.Close()
 	reset1(t, l, hit(config.FixedWindow, "o", 5, time.Minute, 0))
 	if len(observed) != 1 || observed[0] != nil {
 		t.Fatalf("observed %v, want one successful store call", observed)

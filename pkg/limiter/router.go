@@ -11,20 +11,20 @@ import (
 type router interface {
 	// slot groups keys: keys with equal slots may share one script.
 	slot(key string) int
-	// scripter returns the server for keys sharing key's slot.
-	scripter(ctx context.Context, key string) (redis.Scripter, error)
+	// server returns the server for keys sharing key's slot.
+	server(ctx context.Context, key string) (redis.UniversalClient, error)
 	// failed is told of every failed script call.
 	failed(err error)
 }
 
 // singleRouter sends everything to one server: standalone, Sentinel (the
 // failover client follows the master) or the embedded store.
-type singleRouter struct{ server redis.Scripter }
+type singleRouter struct{ client redis.UniversalClient }
 
 func (singleRouter) slot(string) int { return 0 }
 
-func (r singleRouter) scripter(context.Context, string) (redis.Scripter, error) {
-	return r.server, nil
+func (r singleRouter) server(context.Context, string) (redis.UniversalClient, error) {
+	return r.client, nil
 }
 
 func (singleRouter) failed(error) {}
@@ -39,7 +39,7 @@ type clusterRouter struct{ cluster *redis.ClusterClient }
 
 func (clusterRouter) slot(key string) int { return keySlot(key) }
 
-func (r clusterRouter) scripter(ctx context.Context, key string) (redis.Scripter, error) {
+func (r clusterRouter) server(ctx context.Context, key string) (redis.UniversalClient, error) {
 	return r.cluster.MasterForKey(ctx, key)
 }
 

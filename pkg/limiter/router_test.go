@@ -15,13 +15,13 @@ import (
 // splitRouter stands in for a cluster: keys go to servers by slot, and each
 // call waits delay first, as a round trip would.
 type splitRouter struct {
-	servers []redis.Scripter
+	servers []redis.UniversalClient
 	delay   time.Duration
 }
 
 func (r splitRouter) slot(key string) int { return keySlot(key) % len(r.servers) }
 
-func (r splitRouter) scripter(ctx context.Context, key string) (redis.Scripter, error) {
+func (r splitRouter) server(ctx context.Context, key string) (redis.UniversalClient, error) {
 	time.Sleep(r.delay)
 	return r.servers[r.slot(key)], nil
 }
@@ -37,7 +37,7 @@ type shards struct {
 func newShards(t *testing.T, n int, at time.Time, delay time.Duration) *shards {
 	t.Helper()
 	s := &shards{}
-	var scripters []redis.Scripter
+	var scripters []redis.UniversalClient
 	for i := 0; i < n; i++ {
 		m := miniredis.RunT(t)
 		m.SetTime(at)
@@ -47,6 +47,7 @@ func newShards(t *testing.T, n int, at time.Time, delay time.Duration) *shards {
 		scripters = append(scripters, client)
 	}
 	s.l = newWithRouter(splitRouter{servers: scripters, delay: delay}, &Options{Timeout: 5 * time.Second})
+	t.Cleanup(s.l.Close)
 	return s
 }
 

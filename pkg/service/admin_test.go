@@ -55,6 +55,7 @@ func newAdminTest(t *testing.T, opts *Options) (*Service, *Admin, *miniredis.Min
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second})
+	t.Cleanup(l.Close)
 	s := New(cfg, l, opts)
 	return s, NewAdmin(s, l), m
 }

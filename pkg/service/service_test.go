@@ -47,7 +47,9 @@ func newTestService(t *testing.T, opts *Options) (*Service, *miniredis.Miniredis
 	m.SetTime(time.Unix(1_700_006_400, 0))
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
-	return New(cfg, limiter.New(client, &limiter.Options{Timeout: 5 * time.Second}), opts), m
+	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second})
+	t.Cleanup(l.Close)
+	return New(cfg, l, opts), m
 }
 
 func desc(kv ...string) *rlcommon.RateLimitDescriptor {

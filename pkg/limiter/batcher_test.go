@@ -1,0 +1,153 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/pkg/config"
+)
+
+// pipelineCounter counts the pipelines a client sends and their largest size.
+type pipelineCounter struct {
+	pipelines, largest atomic.Int64
+}
+
+func (*pipelineCounter) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (*pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (p *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		p.pipelines.Add(1)
+		for n := int64(len(cmds)); ; {
+			largest := p.largest.Load()
+			if n <= largest || p.largest.CompareAndSwap(largest, n) {
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func TestConcurrentCallsSharePipelines(t *testing.T) {
+	m := miniredis.RunT(t)
+	m.SetTime(epoch)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+	var counter pipelineCounter
+	client.AddHook(&counter)
+	l := New(client, &Options{Timeout: 5 * time.Second})
+	defer l.Close()
+	if err := decideScript.Load(context.Background(), client).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	const calls = 400
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	start := make(chan struct{})
+	for i := 0; i < calls; i++ {
+		wg.Go(func() {
+			<-start
+			h := hit(config.SlidingWindowLog, fmt.Sprint(i), 5, time.Minute, 1)
+			if v, err := l.Decide(context.Background(), []Hit{h}); err != nil || !v[0].Charged {
+				failed.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if failed.Load() != 0 {
+		t.Fatalf("%d of %d calls failed", failed.Load(), calls)
+	}
+	t.Logf("%d calls in %d pipelines, the largest of %d", calls, counter.pipelines.Load(), counter.largest.Load())
+	if counter.largest.Load() < 2 || counter.pipelines.Load() >= calls {
+		t.Fatalf("%d calls in %d pipelines, the largest of %d: concurrent calls did not share pipelines",
+			calls, counter.pipelines.Load(), counter.largest.Load())
+	}
+}
+
+func TestNoScriptInABatchIsResentOnce(t *testing.T) {
+	m := miniredis.RunT(t)
+	m.SetTime(epoch)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+	l := New(client, &Options{Timeout: 5 * time.Second})
+	defer l.Close()
+	var wg sync.WaitGroup
+	for round := 0; round < 3; round++ {
+		if err := client.ScriptFlush(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 50; i++ {
+			wg.Go(func() {
+				if _, err := l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "flush", 1000, time.Minute, 1)}); err != nil {
+					t.Errorf("after SCRIPT FLUSH: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if v := decide1(t, l, hit(config.FixedWindow, "flush", 1000, time.Minute, 0)); v.Remaining != 850 {
+		t.Fatalf("remaining %d, want 850: every call counted exactly once", v.Remaining)
+	}
+}
+
+// TestCallerDeadlineWhileABatchStalls: a caller is answered when its own
+// deadline passes, even if the batch it joined is stuck.
+func TestCallerDeadlineWhileABatchStalls(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { conn.Close() })
+		}
+	}()
+	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer client.Close()
+	l := New(client, &Options{Timeout: 2 * time.Second}) // the batch's own deadline
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	v, err := l.Decide(ctx, []Hit{hit(config.FixedWindow, "x", 5, time.Minute, 1)})
+	if err == nil || !v[0].FailureVerdict {
+		t.Fatalf("verdict %+v, error %v: want a failure verdict", v, err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("answered after %v, want about the caller's 50ms", took)
+	}
+}
+
+// TestCallsWhoseCallerLeftAreNotSent: calls that queued behind a stalled
+// batch until their callers' deadlines passed are dropped, not charged late.
+func TestCallsWhoseCallerLeftAreNotSent(t *testing.T) {
+	m := miniredis.RunT(t)
+	m.SetTime(epoch)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+	b := newBatcher(client, 5*time.Second)
+	defer b.close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c := &call{ctx: ctx, script: decideScript, done: make(chan *redis.Cmd, 1)}
+	if batch := b.add(nil, c); len(batch) != 0 {
+		t.Fatal("a call whose caller left joined a batch")
+	}
+	if err := (<-c.done).Err(); err == nil {
+		t.Fatal("the dropped call got no error")
+	}
+}
