@@ -1,7 +1,7 @@
 GO ?= go
 GOFLAGS_TEST ?= -race -count=1
 
-.PHONY: run test build vet clean proto tools
+.PHONY: run test build vet clean proto tools bench bench-micro
 
 ## run: serve the example config on the embedded store (gRPC :8081, HTTP :8080, admin localhost:9090)
 run:
@@ -28,3 +28,12 @@ proto:
 ## tools: install protoc and the protoc plugins at the pinned versions
 tools:
 	.ci/tools.sh
+
+## bench: load-test the service on a real redis-server: 48 scenarios (~6 min);
+## BENCH_QUICK=1: a representative subset (< 1 min); BENCH_FLAGS: more flags (docs/bench.md)
+bench:
+	$(GO) run ./cmd/ratelimit-bench $(BENCH_FLAGS)
+
+## bench-micro: the Go micro-benchmarks, with allocations
+bench-micro:
+	$(GO) test -run '^$$' -bench . -benchmem ./pkg/config ./pkg/limiter ./pkg/service

@@ -1,0 +1,273 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// Histogram counts latencies in log-linear buckets, as HDR histograms do:
+// exact below 64 ns, then 32 buckets per power of two, so a reported
+// quantile is within 1.6% of the true value. The zero value is ready.
+type Histogram struct {
+	counts [histBuckets]uint64
+	n      uint64
+}
+
+const (
+	subBits     = 5 // 32 sub-buckets per power of two
+	linear      = 2 << subBits
+	histBuckets = linear + (64-subBits-1)*(1<<subBits)
+)
+
+func bucketOf(v time.Duration) int {
+	u := uint64(max(v, 0))
+	if u < linear {
+		return int(u)
+	}
+	shift := bits.Len64(u) - subBits - 1 // u>>shift is in [32, 64)
+	return linear + (shift-1)<<subBits + int(u>>shift) - 1<<subBits
+}
+
+// bucketValue is the middle of bucket i.
+func bucketValue(i int) time.Duration {
+	if i < linear {
+		return time.Duration(i)
+	}
+	shift := (i-linear)>>subBits + 1
+	m := uint64((i-linear)&(1<<subBits-1) + 1<<subBits)
+	return time.Duration(m<<shift + (1<<shift)/2)
+}
+
+// Record adds one latency.
+func (h *Histogram) Record(d time.Duration) {
+	h.counts[bucketOf(d)]++
+	h.n++
+}
+
+// Merge adds o's counts to h.
+func (h *Histogram) Merge(o *Histogram) {
+	for i, c := range o.counts {
+		h.counts[i] += c
+	}
+	h.n += o.n
+}
+
+// Count is the number of latencies recorded.
+func (h *Histogram) Count() uint64 { return h.n }
+
+// Quantile returns the latency below which a share q of the recorded ones
+// fall (0 when none was recorded).
+func (h *Histogram) Quantile(q float64) time.Duration {
+	if h.n == 0 {
+		return 0
+	}
+	rank := uint64(q*float64(h.n) + 0.5)
+	rank = min(max(rank, 1), h.n)
+	var seen uint64
+	for i, c := range h.counts {
+		seen += c
+		if seen >= rank {
+			return bucketValue(i)
+		}
+	}
+	return bucketValue(histBuckets - 1)
+}
+
+// Load drives closed-loop traffic: workers each send ShouldRateLimit back to
+// back over a few shared HTTP/2 connections, as Envoy does (few connections,
+// many streams). Only calls that complete while measuring are recorded.
+type Load struct {
+	conns []*grpc.ClientConn
+	rls   []rlsv3.RateLimitServiceClient
+}
+
+// dial opens n connections to addr and waits until they are ready.
+func dial(ctx context.Context, addr string, n int) (*Load, error) {
+	l := &Load{}
+	for range n {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			l.Close()
+			return nil, err
+		}
+		l.conns = append(l.conns, conn)
+		l.rls = append(l.rls, rlsv3.NewRateLimitServiceClient(conn))
+		conn.Connect()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for _, conn := range l.conns {
+		for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
+			if !conn.WaitForStateChange(ctx, s) {
+				l.Close()
+				return nil, fmt.Errorf("connecting to %s: %v", addr, ctx.Err())
+			}
+		}
+	}
+	return l, nil
+}
+
+func (l *Load) Close() {
+	for _, c := range l.conns {
+		c.Close()
+	}
+}
+
+// phases of a run.
+const (
+	warming int32 = iota
+	measuring
+	stopped
+)
+
+// Run is one scenario's traffic: started by Start, measured between Measure
+// and Stop.
+type Run struct {
+	phase   atomic.Int32
+	wg      sync.WaitGroup
+	workers []*worker
+}
+
+type worker struct {
+	hist      Histogram
+	requests  uint64
+	decisions uint64
+	overLimit uint64 // descriptors answered OVER_LIMIT
+	errors    map[string]uint64
+	seed      uint64
+	_         [64]byte // keep workers' counters on their own cache lines
+}
+
+// Start launches concurrency workers drawing requests uniformly from reqs.
+// With rate > 0 the workers are paced to send rate requests per second in
+// all (each at most one in flight); a call's latency is then counted from
+// when it was due, not when it could be sent, so that a stalled server is
+// not hidden by the workers waiting for it (coordinated omission).
+func (l *Load) Start(reqs []*rlsv3.RateLimitRequest, concurrency int, timeout time.Duration, rate float64) *Run {
+	r := &Run{}
+	var interval time.Duration
+	if rate > 0 {
+		interval = time.Duration(float64(concurrency) / rate * float64(time.Second))
+	}
+	for i := range concurrency {
+		w := &worker{errors: map[string]uint64{}, seed: uint64(i)}
+		r.workers = append(r.workers, w)
+		client := l.rls[i%len(l.rls)]
+		r.wg.Go(func() { r.work(w, client, reqs, timeout, interval) })
+	}
+	return r
+}
+
+func (r *Run) work(w *worker, client rlsv3.RateLimitServiceClient, reqs []*rlsv3.RateLimitRequest, timeout, interval time.Duration) {
+	rng := rand.New(rand.NewPCG(w.seed, 0x5eed))
+	var due time.Time
+	if interval > 0 {
+		due = time.Now().Add(rand.N(interval)) // spread the workers over one interval
+	}
+	for {
+		req := reqs[0]
+		if len(reqs) > 1 {
+			req = reqs[rng.IntN(len(reqs))]
+		}
+		var start time.Time
+		if interval > 0 {
+			if wait := time.Until(due); wait > 0 {
+				time.Sleep(wait)
+			}
+			start, due = due, due.Add(interval)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		if interval == 0 {
+			start = time.Now()
+		}
+		resp, err := client.ShouldRateLimit(ctx, req)
+		elapsed := time.Since(start)
+		cancel()
+		switch r.phase.Load() {
+		case warming:
+			continue
+		case stopped:
+			return
+		}
+		w.hist.Record(elapsed)
+		if err != nil {
+			w.errors[status.Code(err).String()]++
+			continue
+		}
+		w.requests++
+		w.decisions += uint64(len(req.Descriptors))
+		for _, st := range resp.Statuses {
+			if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+				w.overLimit++
+			}
+		}
+	}
+}
+
+// Measure starts recording.
+func (r *Run) Measure() { r.phase.Store(measuring) }
+
+// Stop ends recording and waits for the workers to finish their calls.
+func (r *Run) Stop() Result {
+	r.phase.Store(stopped)
+	r.wg.Wait()
+	var res Result
+	res.Errors = map[string]uint64{}
+	for _, w := range r.workers {
+		res.Latency.Merge(&w.hist)
+		res.Requests += w.requests
+		res.Decisions += w.decisions
+		res.OverLimit += w.overLimit
+		for k, v := range w.errors {
+			res.Errors[k] += v
+		}
+	}
+	return res
+}
+
+// Result is what the client saw during the measured interval.
+type Result struct {
+	Latency   Histogram // every call, failed ones included
+	Requests  uint64    // successful calls
+	Decisions uint64    // descriptors decided by successful calls
+	OverLimit uint64    // descriptors answered OVER_LIMIT
+	Errors    map[string]uint64
+}
+
+func (r *Result) ErrorCount() uint64 {
+	var n uint64
+	for _, v := range r.Errors {
+		n += v
+	}
+	return n
+}
+
+// ErrorSummary is e.g. "DeadlineExceeded 3, Unavailable 1", or "0".
+func (r *Result) ErrorSummary() string {
+	if len(r.Errors) == 0 {
+		return "0"
+	}
+	codes := make([]string, 0, len(r.Errors))
+	for k := range r.Errors {
+		codes = append(codes, k)
+	}
+	slices.Sort(codes)
+	var parts []string
+	for _, k := range codes {
+		parts = append(parts, fmt.Sprintf("%s %d", k, r.Errors[k]))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,430 @@
+// Command ratelimit-bench measures the service's throughput, latency and CPU
+// cost per decision under closed-loop gRPC load, against a real redis-server,
+// and compares it with what Redis alone does with the same decide script.
+//
+// It builds the service (go build, no -race), starts a redis-server and the
+// service on free loopback ports, then for each scenario drives N workers
+// sending ShouldRateLimit back to back over a few shared HTTP/2 connections
+// (as Envoy does), measures for a bounded time after a warm-up, and reads the
+// CPU time of the service and Redis processes from /proc. For each script hit
+// it also runs redis-benchmark with EVALSHA of the decide script (-c 50, -P 1
+// and -P 16): the Redis-side ceiling. The report is Markdown on stdout;
+// progress goes to stderr. docs/bench.md explains the columns.
+//
+//	ratelimit-bench [-quick] [-run REGEXP] [-duration 5s] [-warmup 1s] [-ceiling 2s]
+//	                [-conns 4] [-rate 0] [-cpuprofile DIR] [-list]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/slidingwindow/ratelimit/pkg/config"
+	"github.com/slidingwindow/ratelimit/scripts/lua"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// options are the command line.
+type options struct {
+	quick      bool
+	run        string
+	list       bool
+	duration   time.Duration
+	warmup     time.Duration
+	ceiling    time.Duration
+	conns      int
+	timeout    time.Duration
+	rate       float64
+	configPath string
+	binary     string
+	cpuprofile string
+	pprofTop   int
+	svcArgs    listFlag
+	svcEnv     listFlag
+	args       []string
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, " ") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("ratelimit-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.BoolVar(&o.quick, "quick", os.Getenv("BENCH_QUICK") == "1", "run the representative subset with short durations, under a minute (also BENCH_QUICK=1)")
+	fs.StringVar(&o.run, "run", "", "run only the scenarios whose name matches this regexp, e.g. 'log/hot/.*/c200' (see -list)")
+	fs.BoolVar(&o.list, "list", false, "list the scenarios and exit")
+	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per scenario (-quick: 3s)")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "load before measuring, per scenario (-quick: 500ms)")
+	fs.DurationVar(&o.ceiling, "ceiling", 2*time.Second, "length of each redis-benchmark run of the Redis ceiling (-quick: 1s); 0 skips the ceiling")
+	fs.IntVar(&o.conns, "conns", 4, "gRPC (HTTP/2) connections the workers share")
+	fs.DurationVar(&o.timeout, "timeout", time.Second, "deadline of each ShouldRateLimit call (sent as grpc-timeout, as Envoy does)")
+	fs.Float64Var(&o.rate, "rate", 0, "pace the workers to this many requests/s in all (open loop; latency counted from when a request was due); 0: closed loop, back to back")
+	fs.StringVar(&o.configPath, "config", "", "the service's config (default bench/config/bench.yaml in the module)")
+	fs.StringVar(&o.binary, "binary", "", "a built service binary to run instead of building ./cmd/ratelimit")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "directory: save a CPU profile of the service over each scenario's measured time, and print its top")
+	fs.IntVar(&o.pprofTop, "pprof-top", 25, "lines of `go tool pprof -top` printed per profile")
+	fs.Var(&o.svcArgs, "service-arg", "an extra flag for the service, e.g. -service-arg=--ratelimit-headers (repeatable; after the bench's own, so it wins)")
+	fs.Var(&o.svcEnv, "service-env", "an environment variable for the service only, e.g. -service-env GOGC=400 (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.quick {
+		if !set["duration"] {
+			o.duration = 3 * time.Second
+		}
+		if !set["warmup"] {
+			o.warmup = 500 * time.Millisecond
+		}
+		if !set["ceiling"] {
+			o.ceiling = time.Second
+		}
+	}
+	switch {
+	case o.duration < 100*time.Millisecond:
+		return o, errors.New("-duration must be at least 100ms")
+	case o.warmup < 0 || o.ceiling < 0:
+		return o, errors.New("-warmup and -ceiling must not be negative")
+	case o.rate < 0:
+		return o, errors.New("-rate must not be negative")
+	case o.conns < 1:
+		return o, errors.New("-conns must be at least 1")
+	}
+	o.args = args
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "ratelimit-bench:", err)
+		return 2
+	}
+	scenarios, err := selectScenarios(o.quick, o.run)
+	if err != nil {
+		fmt.Fprintln(stderr, "ratelimit-bench:", err)
+		return 2
+	}
+	if o.list {
+		for _, s := range scenarios {
+			fmt.Fprintln(stdout, s.Name())
+		}
+		return 0
+	}
+	if err := bench(ctx, o, scenarios, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "ratelimit-bench:", err)
+		return 1
+	}
+	return 0
+}
+
+// moduleRoot is the directory of the module's go.mod.
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("run from inside the module (github.com/slidingwindow/ratelimit)")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// Measurement is one scenario's numbers.
+type Measurement struct {
+	Scenario
+	Result
+	Elapsed                     time.Duration
+	SvcCPU, RedisCPU, ClientCPU time.Duration
+	StoreErrors, Shed           float64
+	EvalCalls                   uint64        // decide scripts Redis ran
+	ScriptTime                  time.Duration // their execution time, summed
+	Charged                     uint64        // hits charged (ZADD / INCRBY calls)
+	Profile                     string
+}
+
+// Profile is the top of one scenario's CPU profile.
+type Profile struct {
+	Scenario, Path, Top string
+}
+
+// Report is everything measured in one run.
+type Report struct {
+	Machine      Machine
+	Options      options
+	Measurements []*Measurement
+	Ceilings     map[Group][]*Ceiling
+	Groups       []Group // in run order
+	CeilingNote  string
+	Profiles     []Profile
+	Began        time.Time
+	Took         time.Duration
+}
+
+func bench(ctx context.Context, o options, scenarios []Scenario, stdout, stderr io.Writer) error {
+	began := time.Now()
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	if o.configPath == "" {
+		o.configPath = filepath.Join(root, "bench", "config", "bench.yaml")
+	}
+	cfg, err := config.Load(o.configPath, config.Defaults{})
+	if err != nil {
+		return err
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return errors.New("redis-server is not on PATH (Debian: apt-get install redis-server)")
+	}
+	rep := &Report{Options: o, Ceilings: map[Group][]*Ceiling{}, Began: began}
+	rep.Machine = describeMachine(root)
+	tick := clockTick()
+
+	dir, err := os.MkdirTemp("", "ratelimit-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := o.binary
+	if bin == "" {
+		fmt.Fprintln(stderr, "building ./cmd/ratelimit ...")
+		if bin, err = buildService(root, dir); err != nil {
+			return err
+		}
+	}
+
+	redisProc, rdb, redisAddr, err := startRedis(dir)
+	if err != nil {
+		return err
+	}
+	defer redisProc.stop(time.Second)
+	defer rdb.Close()
+	sha, err := rdb.ScriptLoad(ctx, lua.Decide).Result()
+	if err != nil {
+		return fmt.Errorf("SCRIPT LOAD of the decide script: %w", err)
+	}
+
+	svc, err := startService(bin, dir, o.configPath, redisAddr, o.svcArgs, o.svcEnv)
+	if err != nil {
+		return err
+	}
+	defer svc.stop(15 * time.Second)
+	load, err := dial(ctx, svc.grpcAddr, o.conns)
+	if err != nil {
+		return err
+	}
+	defer load.Close()
+
+	host, port, _ := net.SplitHostPort(redisAddr)
+	cr := &ceilingRunner{host: host, port: port, redisPid: redisProc.pid(), tick: tick, client: rdb, sha: sha}
+	if o.ceiling > 0 {
+		if _, err := exec.LookPath("redis-benchmark"); err != nil {
+			o.ceiling = 0
+			rep.CeilingNote = "redis-benchmark is not on PATH: no Redis ceiling measured."
+		}
+	} else {
+		rep.CeilingNote = "Redis ceiling skipped (-ceiling 0)."
+	}
+	if o.cpuprofile != "" {
+		if err := os.MkdirAll(o.cpuprofile, 0o755); err != nil {
+			return err
+		}
+	}
+
+	reqCache := map[string][]*rlsv3.RateLimitRequest{}
+	for i, s := range scenarios {
+		g := s.Group()
+		if _, done := rep.Ceilings[g]; !done {
+			rep.Groups = append(rep.Groups, g)
+			rep.Ceilings[g] = nil
+			if o.ceiling > 0 {
+				h, err := hitOf(cfg, g)
+				if err != nil {
+					return err
+				}
+				for _, p := range []int{1, 16} {
+					fmt.Fprintf(stderr, "ceiling %s -P %d ...\n", g.Name(), p)
+					c, err := cr.run(ctx, g, h, p, o.ceiling)
+					if err != nil {
+						return fmt.Errorf("ceiling of %s: %w", g.Name(), err)
+					}
+					rep.Ceilings[g] = append(rep.Ceilings[g], c)
+				}
+			}
+		}
+		ck := fmt.Sprintf("%s/%d", g.Name(), s.Descriptors)
+		if reqCache[ck] == nil {
+			reqCache[ck] = requests(g, s.Descriptors)
+		}
+		fmt.Fprintf(stderr, "[%d/%d] %s ...\n", i+1, len(scenarios), s.Name())
+		m, err := measure(ctx, o, s, reqCache[ck], load, svc, cr, tick)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.Name(), err)
+		}
+		fmt.Fprintf(stderr, "        %s\n", m.summary())
+		rep.Measurements = append(rep.Measurements, m)
+	}
+	if err := svc.alive(); err != nil {
+		return err
+	}
+	for _, m := range rep.Measurements {
+		if m.Profile == "" {
+			continue
+		}
+		out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount="+strconv.Itoa(o.pprofTop), bin, m.Profile).CombinedOutput()
+		if err != nil {
+			out = append(out, []byte("\ngo tool pprof: "+err.Error())...)
+		}
+		rep.Profiles = append(rep.Profiles, Profile{m.Name(), m.Profile, string(out)})
+	}
+	rep.Machine.LoadAfter = loadAverage()
+	rep.Took = time.Since(began)
+	writeMarkdown(stdout, rep)
+	fmt.Fprintf(stderr, "ratelimit-bench: %d scenarios in %s\n", len(scenarios), rep.Took.Round(time.Second))
+	return nil
+}
+
+// measure runs one scenario: a fresh database, warm-up, then the measured
+// interval, with the processes' CPU time read at both ends.
+func measure(ctx context.Context, o options, s Scenario, reqs []*rlsv3.RateLimitRequest, load *Load,
+	svc *service, cr *ceilingRunner, tick float64) (*Measurement, error) {
+	if err := cr.client.FlushAll(ctx).Err(); err != nil {
+		return nil, err
+	}
+	r := load.Start(reqs, s.Concurrency, o.timeout, o.rate)
+	stopped := false
+	defer func() {
+		if !stopped {
+			r.End()
+			r.Wait()
+		}
+	}()
+	if err := sleep(ctx, o.warmup); err != nil {
+		return nil, err
+	}
+	m := &Measurement{Scenario: s}
+	storeErr0, shed0, err := svc.counters()
+	if err != nil {
+		return nil, err
+	}
+	if err := cr.client.ConfigResetStat(ctx).Err(); err != nil {
+		return nil, err
+	}
+	var profile chan error
+	if o.cpuprofile != "" {
+		m.Profile = filepath.Join(o.cpuprofile, strings.ReplaceAll(s.Name(), "/", "_")+".pprof")
+		secs := max(1, int(o.duration.Round(time.Second)/time.Second))
+		profile = make(chan error, 1)
+		go func() { profile <- fetchProfile(svc.httpAddr, secs, m.Profile) }()
+	}
+	svc0, err1 := cpuTime(svc.pid(), tick)
+	redis0, err2 := cpuTime(cr.redisPid, tick)
+	self0, err3 := cpuTime(0, tick)
+	t0 := time.Now()
+	r.Measure()
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return nil, err
+	}
+	if err := sleep(ctx, o.duration); err != nil {
+		return nil, err
+	}
+	r.End()
+	m.Elapsed = time.Since(t0)
+	svc1, err1 := cpuTime(svc.pid(), tick)
+	redis1, err2 := cpuTime(cr.redisPid, tick)
+	self1, err3 := cpuTime(0, tick)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return nil, err
+	}
+	m.Result = r.Wait()
+	stopped = true
+	m.SvcCPU, m.RedisCPU, m.ClientCPU = svc1-svc0, redis1-redis0, self1-self0
+	stats, err := commandStats(ctx, cr.client)
+	if err != nil {
+		return nil, err
+	}
+	m.EvalCalls, m.ScriptTime = stats["evalsha"].Calls+stats["eval"].Calls, stats["evalsha"].Usec+stats["eval"].Usec
+	m.Charged = stats[chargeCommand(s.Alg)].Calls
+	storeErr1, shed1, err := svc.counters()
+	if err != nil {
+		return nil, err
+	}
+	m.StoreErrors, m.Shed = storeErr1-storeErr0, shed1-shed0
+	if profile != nil {
+		if err := <-profile; err != nil {
+			return nil, err
+		}
+	}
+	return m, svc.alive()
+}
+
+// End stops recording; Wait then collects the workers.
+func (r *Run) End() { r.phase.Store(stopped) }
+
+func (r *Run) Wait() Result { return r.Stop() }
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func fetchProfile(httpAddr string, seconds int, path string) error {
+	client := &http.Client{Timeout: time.Duration(seconds+30) * time.Second}
+	resp, err := client.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", httpAddr, seconds))
+	if err != nil {
+		return fmt.Errorf("cpu profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("cpu profile: %s: %s", resp.Status, b)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

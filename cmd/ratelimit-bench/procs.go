@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// freeAddr returns a free loopback address.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// process is a child process whose output is kept in a file for the error
+// report.
+type process struct {
+	name   string
+	cmd    *exec.Cmd
+	logs   string
+	exited chan error
+}
+
+// start runs path with args, and env added to the bench's environment.
+func start(name, logPath string, env []string, path string, args ...string) (*process, error) {
+	out, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	p := &process{name: name, cmd: exec.Command(path, args...), logs: logPath, exited: make(chan error, 1)}
+	p.cmd.Stdout, p.cmd.Stderr = out, out
+	if len(env) > 0 {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
+	// Killed with the bench, however it ends: no stray servers on a shared machine.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		out.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	go func() {
+		p.exited <- p.cmd.Wait()
+		out.Close()
+	}()
+	return p, nil
+}
+
+func (p *process) pid() int { return p.cmd.Process.Pid }
+
+// alive returns an error when the process has exited, with its last output.
+func (p *process) alive() error {
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+		return fmt.Errorf("%s exited (%v):\n%s", p.name, err, tail(p.logs, 2000))
+	default:
+		return nil
+	}
+}
+
+// stop asks the process to end (SIGTERM), and kills it after grace.
+func (p *process) stop(grace time.Duration) {
+	if p.alive() != nil {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+	case <-time.After(grace):
+		p.cmd.Process.Kill()
+		p.exited <- <-p.exited
+	}
+}
+
+func tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// waitFor polls ready until it succeeds, the process dies or timeout passes.
+func waitFor(p *process, timeout time.Duration, ready func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := ready()
+		if err == nil {
+			return nil
+		}
+		if dead := p.alive(); dead != nil {
+			return dead
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after %v: %w", p.name, timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startRedis starts redis-server on a free loopback port, without
+// persistence.
+func startRedis(dir string) (*process, *redis.Client, string, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, nil, "", err
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	p, err := start("redis-server", filepath.Join(dir, "redis.log"), nil, "redis-server",
+		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	err = waitFor(p, 10*time.Second, func() error { return client.Ping(context.Background()).Err() })
+	if err != nil {
+		client.Close()
+		p.stop(time.Second)
+		return nil, nil, "", err
+	}
+	return p, client, addr, nil
+}
+
+// service is the running ratelimit binary.
+type service struct {
+	*process
+	grpcAddr, httpAddr string
+}
+
+// buildService builds the service binary into dir (no -race: this measures
+// what ships).
+func buildService(root, dir string) (string, error) {
+	bin := filepath.Join(dir, "ratelimit")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/ratelimit")
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/ratelimit: %w", err)
+	}
+	return bin, nil
+}
+
+func startService(bin, dir, configPath, redisAddr string, extra, env []string) (*service, error) {
+	grpcAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	httpAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{
+		"--config", configPath,
+		"--grpc-addr", grpcAddr, "--http-addr", httpAddr,
+		"--redis-url", "redis://" + redisAddr,
+		"--log-level", "error",
+		"--store-timeout", "100ms",
+		"--max-inflight", "1000000",
+		"--watch-config=false",
+		"--pprof",
+	}, extra...)
+	p, err := start("ratelimit", filepath.Join(dir, "ratelimit.log"), env, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	s := &service{process: p, grpcAddr: grpcAddr, httpAddr: httpAddr}
+	err = waitFor(p, 20*time.Second, func() error {
+		resp, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz: %s", resp.Status)
+		}
+		return nil
+	})
+	if err != nil {
+		p.stop(time.Second)
+		return nil, err
+	}
+	return s, nil
+}
+
+// counters reads the service's failure counters from /metrics: store
+// errors (answered by the failure mode, invisible to the client) and shed
+// requests.
+func (s *service) counters() (storeErrors, shed float64, err error) {
+	resp, err := http.Get("http://" + s.httpAddr + "/metrics")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	return parseCounters(resp.Body)
+}
+
+func parseCounters(r io.Reader) (storeErrors, shed float64, err error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		var sum *float64
+		switch {
+		case strings.HasPrefix(line, "ratelimit_store_errors_total"):
+			sum = &storeErrors
+		case strings.HasPrefix(line, "ratelimit_requests_shed_total"):
+			sum = &shed
+		default:
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("/metrics: %q: %w", line, err)
+		}
+		*sum += v
+	}
+	return storeErrors, shed, sc.Err()
+}
+
+// cpuTime is a process's user + system CPU time so far, from
+// /proc/<pid>/stat (all its threads).
+func cpuTime(pid int, tick float64) (time.Duration, error) {
+	path := "/proc/self/stat"
+	if pid > 0 {
+		path = "/proc/" + strconv.Itoa(pid) + "/stat"
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return parseStat(string(b), tick)
+}
+
+// parseStat reads utime and stime (fields 14 and 15) of a stat line. The
+// command name, field 2, is in parentheses and may hold spaces.
+func parseStat(line string, tick float64) (time.Duration, error) {
+	end := strings.LastIndexByte(line, ')')
+	if end < 0 {
+		return 0, errors.New("stat: no command name")
+	}
+	f := strings.Fields(line[end+1:]) // f[0] is field 3, the state
+	if len(f) < 13 {
+		return 0, errors.New("stat: too few fields")
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("stat: %w", err)
+	}
+	return time.Duration(float64(utime+stime) / tick * float64(time.Second)), nil
+}
+
+// clockTick is the unit of /proc/<pid>/stat times: getconf CLK_TCK, or 100.
+func clockTick() float64 {
+	out, err := exec.Command("getconf", "CLK_TCK").Output()
+	if err == nil {
+		if v, err := strconv.ParseFloat(strings.TrimSpace(string(out)), 64); err == nil && v > 0 {
+			return v
+		}
+	}
+	return 100
+}
