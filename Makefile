@@ -1,7 +1,7 @@
 GO ?= go
 GOFLAGS_TEST ?= -race -count=1
 
-.PHONY: run test build vet clean proto tools bench bench-micro
+.PHONY: run test build vet clean proto tools bench bench-micro fuzz accuracy
 
 ## run: serve the example config on the embedded store (gRPC :8081, HTTP :8080, admin localhost:9090)
 run:
@@ -37,3 +37,16 @@ bench:
 ## bench-micro: the Go micro-benchmarks, with allocations
 bench-micro:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/config ./pkg/limiter ./pkg/service
+
+FUZZTIME ?= 30s
+FUZZFLAGS ?= -fuzztime=$(FUZZTIME) -fuzzminimizetime=5s
+
+## fuzz: run each fuzz target for FUZZTIME (crashers are written to testdata/fuzz/)
+fuzz:
+	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' $(FUZZFLAGS) ./pkg/config
+	$(GO) test -run='^$$' -fuzz='^FuzzMatch$$' $(FUZZFLAGS) ./pkg/config
+	$(GO) test -run='^$$' -fuzz='^FuzzKeyInjective$$' $(FUZZFLAGS) ./pkg/limiter
+
+## accuracy: each algorithm against an exact sliding window (see docs/accuracy.md)
+accuracy:
+	$(GO) run ./cmd/ratelimit-sim -trace all

@@ -201,8 +201,9 @@ func keyAt(n *yaml.Node, line, column int) string {
 }
 
 var (
-	lineMessage  = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
-	fieldMessage = regexp.MustCompile(`^field (.+) not found in type (\S+)$`)
+	// (?s): a key may hold a line break, and the message then spans lines.
+	lineMessage  = regexp.MustCompile(`(?s)^(?:yaml: )?line (\d+): (.*)$`)
+	fieldMessage = regexp.MustCompile(`(?s)^field (.+) not found in type (\S+)$`)
 	typeMessage  = regexp.MustCompile(`^cannot unmarshal !!\w+.* into (\S+)$`)
 )
 
