@@ -16,10 +16,10 @@ function sliding_window_counter.check(key, limit, window, cost, now)
     window = window,
     elapsed = now - idx * window,
     curr_key = key .. ':' .. fmt(idx),
-    prev = tonumber(redis.call('GET', key .. ':' .. fmt(idx - 1)) or 0),
-    curr = 0,
   }
-  st.curr = tonumber(redis.call('GET', st.curr_key) or 0)
+  local counts = redis.call('MGET', key .. ':' .. fmt(idx - 1), st.curr_key)
+  st.prev = tonumber(counts[1]) or 0
+  st.curr = tonumber(counts[2]) or 0
   st.admit = sliding_window_counter.estimate(st, st.elapsed) + cost <= limit
   return st
 end

@@ -8,39 +8,46 @@ local sliding_window_log = {}
 -- check counts the hits inside the window without writing, so a denied
 -- request leaves no trace in Redis.
 function sliding_window_log.check(key, limit, window, cost, now)
-  local used = redis.call('ZCOUNT', key, '(' .. fmt(now - window), '+inf')
-  return { used = used, admit = used + cost <= limit }
+  local oldest = fmt(now - window) -- members scored at or below it have left
+  local used = redis.call('ZCOUNT', key, '(' .. oldest, '+inf')
+  return { oldest = oldest, used = used, admit = used + cost <= limit }
 end
 
--- commit prunes what left the window and records cost members. Scores only
--- grow: when TIME repeats (two scripts in one microsecond) or steps back
--- (failover to a host with another clock), the new score is the newest + 1,
+-- commit prunes what left the window and records cost members, named
+-- "<score>" and "<score>:<i>", so that a refund can name them. A single unit
+-- is added as its microsecond, NX: scripts run one after another and each
+-- takes several microseconds, so the name is free unless Redis's clock
+-- stepped back (a failover to a host with another clock). Then, and for
+-- weighted hits, the score is the newest + 1 when TIME does not exceed it,
 -- which keeps every member unique without asking the caller for a nonce.
 function sliding_window_log.commit(key, st, limit, window, cost, now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', st.oldest)
   local score = now
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if newest[2] and tonumber(newest[2]) >= score then
-    score = tonumber(newest[2]) + 1
-  end
-  local s = fmt(score)
-  local args = {}
-  for i = 1, cost do
-    args[#args + 1] = s
-    args[#args + 1] = (i == 1) and s or (s .. ':' .. i)
-    -- Lua's unpack has a stack limit; flush in bounded chunks.
-    if #args >= 1000 then
-      redis.call('ZADD', key, unpack(args))
-      args = {}
+  if cost > 1 or redis.call('ZADD', key, 'NX', fmt(now), fmt(now)) == 0 then
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if newest[2] and tonumber(newest[2]) >= score then
+      score = tonumber(newest[2]) + 1
     end
-  end
-  if #args > 0 then
-    redis.call('ZADD', key, unpack(args))
+    local s = fmt(score)
+    local args = {}
+    for i = 1, cost do
+      args[#args + 1] = s
+      args[#args + 1] = (i == 1) and s or (s .. ':' .. i)
+      -- Lua's unpack has a stack limit; flush in bounded chunks.
+      if #args >= 1000 then
+        redis.call('ZADD', key, unpack(args))
+        args = {}
+      end
+    end
+    if #args > 0 then
+      redis.call('ZADD', key, unpack(args))
+    end
   end
   -- The key lives until its newest member leaves the window.
   redis.call('PEXPIRE', key, fmt(math.ceil((score + window - now) / 1000)))
   st.used = st.used + cost
   st.token = score -- names the members, for a refund
+  st.newest = score
 end
 
 -- result returns what is left and, in microseconds, the honest wait: for an
@@ -52,12 +59,15 @@ function sliding_window_log.result(key, st, limit, window, cost, now)
     if st.used == 0 then
       return remaining, 0
     end
-    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    return remaining, math.max(0, tonumber(newest[2]) + window - now)
+    local newest = st.newest -- known when this call recorded it
+    if not newest then
+      newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+    end
+    return remaining, math.max(0, newest + window - now)
   end
   -- The k-th oldest member inside the window must leave before cost fits.
   local k = st.used + cost - limit
-  local entry = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - window), '+inf',
+  local entry = redis.call('ZRANGEBYSCORE', key, '(' .. st.oldest, '+inf',
     'WITHSCORES', 'LIMIT', fmt(k - 1), '1')
   if not entry[2] then
     return remaining, window
