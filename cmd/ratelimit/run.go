@@ -58,6 +58,7 @@ type settings struct {
 	maxDescriptors     int
 	maxEntries         int
 	maxBytes           int
+	maxRequestBytes    int
 	rateLimitHeaders   bool
 	shadowMode         bool
 	nearLimitRatio     float64
@@ -94,6 +95,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&s.maxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&s.maxEntries, "max-entries", service.DefaultMaxEntries, "most entries in one descriptor")
 	fs.IntVar(&s.maxBytes, "max-bytes", service.DefaultMaxBytes, "longest domain, entry key or entry value, in bytes")
+	fs.IntVar(&s.maxRequestBytes, "max-request-bytes", service.DefaultMaxRequestBytes, "most bytes of domain, entry keys and values in one request, together")
 	fs.BoolVar(&s.rateLimitHeaders, "ratelimit-headers", false, "add x-ratelimit-limit, -remaining and -reset to every answer")
 	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "put every rule in shadow mode: always answer OK, count as usual, log and count would-be denials")
 	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit in use from which an admitted decision counts as near_limit in metrics")
@@ -240,6 +242,7 @@ func serve(ctx context.Context, s *settings) error {
 		MaxDescriptors:   s.maxDescriptors,
 		MaxEntries:       s.maxEntries,
 		MaxBytes:         s.maxBytes,
+		MaxRequestBytes:  s.maxRequestBytes,
 		RateLimitHeaders: s.rateLimitHeaders,
 		ShadowMode:       s.shadowMode,
 		NearLimitRatio:   s.nearLimitRatio,

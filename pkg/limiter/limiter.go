@@ -84,7 +84,8 @@ type Limiter struct {
 	timeout time.Duration
 	observe func(time.Duration, error)
 
-	batchers sync.Map // redis.UniversalClient to its *batcher
+	batchers sync.Map       // redis.UniversalClient to its *batcher
+	refunds  sync.WaitGroup // refunds still running after their answers
 }
 
 // The scripts are shared by every Limiter: a *redis.Script only holds the
@@ -223,11 +224,10 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		wg.Go(func() { errs[g] = l.run(ctx, hits, group, charge, verdicts, tokens) })
 	}
 	wg.Wait()
-	err := errors.Join(errs...)
 	if charge && deniedAny(hits, verdicts) {
-		err = errors.Join(err, l.refund(ctx, hits, groups, verdicts, tokens))
+		l.refund(ctx, hits, groups, verdicts, tokens)
 	}
-	return verdicts, err
+	return verdicts, errors.Join(errs...)
 }
 
 // groups splits the hits at indexes sent by hash slot, keeping their order.
@@ -313,8 +313,10 @@ func (l *Limiter) batcher(server redis.UniversalClient) *batcher {
 	return b
 }
 
-// Close stops the limiter's batchers. Calls after Close must not be made.
+// Close waits for refunds under way and stops the limiter's batchers. Calls
+// after Close must not be made.
 func (l *Limiter) Close() {
+	l.refunds.Wait()
 	l.batchers.Range(func(server, b any) bool {
 		b.(*batcher).close()
 		l.batchers.Delete(server)
@@ -322,46 +324,39 @@ func (l *Limiter) Close() {
 	})
 }
 
-// refund takes back the charges of a request that was denied, group by
-// group, all at once. It has a deadline of its own and outlives the caller's
-// cancellation: a charge left behind would deny later requests. A charge
-// that cannot be taken back stays counted (Charged remains true).
-func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
-	defer cancel()
-	errs := make([]error, len(groups))
-	var wg sync.WaitGroup
-	for g, group := range groups {
+// refund takes back, in the background, the charges of a request that was
+// denied, so that its answer waits for no more than its deadline. The
+// verdicts say uncharged at once; until the refund lands (one round trip)
+// other requests can see the charge. The refund has a deadline of its own
+// and outlives the caller's cancellation. A charge that cannot be taken back
+// stays counted until its window forgets it; the failure reaches Observe.
+func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64) {
+	ctx = context.WithoutCancel(ctx)
+	for _, group := range groups {
 		var keys []string
 		var args []any
-		var charged []int
 		for _, i := range group {
-			if verdicts[i].Charged {
+			if v := &verdicts[i]; v.Charged {
 				keys = append(keys, hits[i].Key)
 				args = append(args, algorithmID(hits[i].Algorithm), tokens[i], hits[i].Cost)
-				charged = append(charged, i)
+				v.Charged = false
+				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].Limit))
 			}
 		}
 		if len(keys) == 0 {
 			continue
 		}
-		wg.Go(func() {
+		l.refunds.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, l.timeout)
+			defer cancel()
 			start := time.Now()
 			err := l.script(ctx, refundScript, keys, args).Err()
-			l.observe(time.Since(start), err)
 			if err != nil {
-				errs[g] = fmt.Errorf("%w: refund of a request denied across slots: %w", ErrStore, err)
-				return
+				err = fmt.Errorf("%w: refund of a request denied across slots: %w", ErrStore, err)
 			}
-			for _, i := range charged {
-				v := &verdicts[i]
-				v.Charged = false
-				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].Limit))
-			}
+			l.observe(time.Since(start), err)
 		})
 	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 // deniedAny reports whether an enforced hit was denied.

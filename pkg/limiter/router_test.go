@@ -86,6 +86,7 @@ func TestAcrossSlotsAllOrNothing(t *testing.T) {
 			if !v[0].Admitted || v[0].Charged || v[0].Remaining != 10 || v[1].Admitted {
 				t.Fatalf("verdicts %+v: want the free hit admitted but refunded (10 left), the full one denied", v)
 			}
+			s.l.refunds.Wait() // the refund runs after the answer
 			if got := s.remaining(t, free); got != 10 {
 				t.Fatalf("free counter has %d left after the refund, want 10", got)
 			}
@@ -122,6 +123,7 @@ func TestAcrossSlotsFailureModes(t *testing.T) {
 			if !v[1].FailureVerdict || v[1].Admitted != (mode == config.FailureAllow) {
 				t.Fatalf("down slot: %+v", v[1])
 			}
+			s.l.refunds.Wait()
 			wantLeft := map[config.FailureMode]uint64{config.FailureDeny: 10, config.FailureAllow: 9}[mode]
 			if got := s.remaining(t, up); got != wantLeft || v[0].Charged != (mode == config.FailureAllow) {
 				t.Fatalf("up slot: verdict %+v, %d left, want %d", v[0], got, wantLeft)
@@ -143,5 +145,29 @@ func TestAcrossSlotsIsOneRoundTrip(t *testing.T) {
 	}
 	if took >= 2*delay {
 		t.Fatalf("three slots took %v with a %v round trip: the groups did not run at once", took, delay)
+	}
+}
+
+// TestRefundDoesNotDelayTheAnswer: a denied request across slots is answered
+// within its deadline even when the refund's server is slow.
+func TestRefundDoesNotDelayTheAnswer(t *testing.T) {
+	const delay = 150 * time.Millisecond
+	s := newShards(t, 2, epoch.Add(time.Second), 0)
+	free, full := hitOn("free", 0, 2, config.FixedWindow, 10, 1), hitOn("full", 1, 2, config.FixedWindow, 1, 1)
+	decide1(t, s.l, full)
+	s.l.router = splitRouter{servers: s.l.router.(splitRouter).servers, delay: delay} // every call now takes a round trip of 150ms
+	start := time.Now()
+	v, err := s.l.Decide(context.Background(), []Hit{free, full})
+	took := time.Since(start)
+	if err != nil || v[1].Admitted || v[0].Charged {
+		t.Fatalf("%+v, %v", v, err)
+	}
+	if took >= 2*delay {
+		t.Fatalf("answered after %v: the refund (another %v) delayed the answer", took, delay)
+	}
+	s.l.refunds.Wait()
+	s.l.router = splitRouter{servers: s.l.router.(splitRouter).servers}
+	if got := s.remaining(t, free); got != 10 {
+		t.Fatalf("%d left after the refund, want 10", got)
 	}
 }

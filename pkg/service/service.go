@@ -35,6 +35,11 @@ const (
 	DefaultMaxDescriptors = 64
 	DefaultMaxEntries     = 32
 	DefaultMaxBytes       = 4096
+	// DefaultMaxRequestBytes bounds the domain and all entry keys and
+	// values of a request together: each part within its bound, a request
+	// could still carry megabytes of keys, too many for Redis to decide
+	// within the store deadline, and its failure mode would then answer.
+	DefaultMaxRequestBytes = 64 << 10
 )
 
 // Decider decides a request's hits; *limiter.Limiter is the implementation.
@@ -50,6 +55,9 @@ type Options struct {
 	MaxEntries int
 	// MaxBytes bounds the domain and every entry key and value, in bytes.
 	MaxBytes int
+	// MaxRequestBytes bounds the domain and all entry keys and values of
+	// one request together, in bytes.
+	MaxRequestBytes int
 	// RateLimitHeaders adds x-ratelimit-limit, -remaining and -reset to
 	// every answer, taken from the most restrictive descriptor.
 	RateLimitHeaders bool
@@ -106,6 +114,9 @@ func New(cfg *config.Config, decider Decider, opts *Options) *Service {
 	}
 	if s.opts.MaxBytes <= 0 {
 		s.opts.MaxBytes = DefaultMaxBytes
+	}
+	if s.opts.MaxRequestBytes <= 0 {
+		s.opts.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	if s.opts.NearLimitRatio <= 0 {
 		s.opts.NearLimitRatio = 0.8
@@ -250,6 +261,7 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 	case len(req.Descriptors) > s.opts.MaxDescriptors:
 		return invalid("too_many_descriptors", "request has %d descriptors, more than the limit of %d", len(req.Descriptors), s.opts.MaxDescriptors)
 	}
+	total := len(req.Domain)
 	for i, d := range req.Descriptors {
 		switch {
 		case len(d.Entries) == 0:
@@ -268,7 +280,11 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 			case len(e.Value) > s.opts.MaxBytes:
 				return invalid("value_too_long", "descriptor %d entry %d: value is %d bytes, more than the limit of %d", i, j, len(e.Value), s.opts.MaxBytes)
 			}
+			total += len(e.Key) + len(e.Value)
 		}
+	}
+	if total > s.opts.MaxRequestBytes {
+		return invalid("request_too_large", "the domain and entries total %d bytes, more than the limit of %d", total, s.opts.MaxRequestBytes)
 	}
 	return nil
 }

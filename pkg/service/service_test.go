@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -224,5 +225,23 @@ descriptors:
 	}
 	if resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("shadow denied: %v", resp)
+	}
+}
+
+func TestRequestBytesAreBoundedTogether(t *testing.T) {
+	s, m := newTestService(t, &Options{MaxBytes: 100, MaxRequestBytes: 250})
+	big := strings.Repeat("v", 95) // each entry within MaxBytes
+	ok := &rlsv3.RateLimitRequest{Domain: "svc", Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", big), desc("tenant", big)}}
+	if _, err := s.ShouldRateLimit(context.Background(), ok); err != nil {
+		t.Fatalf("3+2*(6+95)=205 bytes under a 250-byte bound: %v", err)
+	}
+	keys := len(m.Keys())
+	tooBig := &rlsv3.RateLimitRequest{Domain: "svc", Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", big), desc("tenant", big), desc("tenant", big)}}
+	_, err := s.ShouldRateLimit(context.Background(), tooBig)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "total 306 bytes, more than the limit of 250") {
+		t.Fatalf("306 bytes: %v, want InvalidArgument naming the total", err)
+	}
+	if len(m.Keys()) != keys {
+		t.Fatal("a refused request wrote to the store")
 	}
 }
