@@ -22,8 +22,8 @@ end
 -- which keeps every member unique without asking the caller for a nonce.
 function sliding_window_log.commit(key, st, limit, window, cost, now)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', st.oldest)
-  local score = now
-  if cost > 1 or redis.call('ZADD', key, 'NX', fmt(now), fmt(now)) == 0 then
+  local score, member = now, fmt(now)
+  if cost > 1 or redis.call('ZADD', key, 'NX', member, member) == 0 then
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if newest[2] and tonumber(newest[2]) >= score then
       score = tonumber(newest[2]) + 1
