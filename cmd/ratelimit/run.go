@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -200,6 +201,12 @@ func serve(ctx context.Context, s *settings) error {
 	log, err := newLogger(s)
 	if err != nil {
 		return err
+	}
+	// The heap is a few MB and nearly all garbage is per request: a GC
+	// target of 400% instead of 100% trades a few MB for about a fifth less
+	// CPU per decision (make bench, docs/bench.md). GOGC still wins.
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(400)
 	}
 	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
 
