@@ -115,11 +115,32 @@ func (b *batcher) add(batch []*call, c *call) []*call {
 	return append(batch, c)
 }
 
+// deadline is the latest of the batch's callers' deadlines, at most the
+// store timeout from now: past it, every caller has been answered, and a
+// script still sent would charge requests answered by failure mode.
+func (b *batcher) deadline(batch []*call) time.Time {
+	limit := time.Now().Add(b.timeout)
+	var latest time.Time
+	for _, c := range batch {
+		d, ok := c.ctx.Deadline()
+		if !ok {
+			return limit
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	if latest.After(limit) {
+		return limit
+	}
+	return latest
+}
+
 // exec sends one batch as a pipeline of EVALSHA, and re-sends as EVAL, in a
 // second pipeline, the calls that met NOSCRIPT (a restart, a failover or
 // SCRIPT FLUSH emptied the script cache): those were not run.
 func (b *batcher) exec(batch []*call) {
-	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	ctx, cancel := context.WithDeadline(context.Background(), b.deadline(batch))
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(batch))
 	pipe := b.server.Pipeline()

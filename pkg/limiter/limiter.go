@@ -86,6 +86,13 @@ type Limiter struct {
 
 	batchers sync.Map       // redis.UniversalClient to its *batcher
 	refunds  sync.WaitGroup // refunds still running after their answers
+
+	// life is held for reading by Decide and Reset, for writing by Close,
+	// which thus waits for the calls in flight and refuses later ones.
+	life   sync.RWMutex
+	closed bool
+	stop   chan struct{} // ends the sweep of a cluster's batchers
+	swept  sync.WaitGroup
 }
 
 // The scripts are shared by every Limiter: a *redis.Script only holds the
@@ -111,14 +118,51 @@ func New(store redis.UniversalClient, opts *Options) *Limiter {
 }
 
 func newWithRouter(r router, opts *Options) *Limiter {
-	l := &Limiter{router: r, timeout: DefaultTimeout, observe: func(time.Duration, error) {}}
+	l := &Limiter{router: r, timeout: DefaultTimeout, observe: func(time.Duration, error) {}, stop: make(chan struct{})}
 	if opts != nil && opts.Timeout > 0 {
 		l.timeout = opts.Timeout
 	}
 	if opts != nil && opts.Observe != nil {
 		l.observe = opts.Observe
 	}
+	if _, ok := r.live(context.Background()); ok {
+		l.swept.Go(l.sweepEvery)
+	}
 	return l
+}
+
+// sweepInterval is how often the batchers of servers that left a cluster
+// are stopped. go-redis forgets a node a minute after it left the slot map.
+const sweepInterval = time.Minute
+
+func (l *Limiter) sweepEvery() {
+	ticker := time.NewTicker(sweepInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-ticker.C:
+			l.sweep(context.Background())
+		}
+	}
+}
+
+// sweep stops the batchers of servers that are no longer masters: after
+// failovers and reshardings, nothing would ever call them again.
+func (l *Limiter) sweep(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*l.timeout)
+	defer cancel()
+	live, ok := l.router.live(ctx)
+	if !ok {
+		return
+	}
+	l.batchers.Range(func(server, b any) bool {
+		if !slices.Contains(live, server.(redis.UniversalClient)) && l.batchers.CompareAndDelete(server, b) {
+			b.(*batcher).close()
+		}
+		return true
+	})
 }
 
 // ErrStore wraps every failure to get an answer from the store (unreachable,
@@ -127,16 +171,18 @@ var ErrStore = errors.New("rate limit store")
 
 var errBadReply = errors.New("unexpected reply")
 
-// ErrorKind classifies a store error for metrics: "timeout" (the deadline
-// passed), "redis" (Redis answered with an error), "reply" (an answer of the
-// wrong shape), "connection" (anything else: refused, reset, closed); "" for
-// nil.
+// ErrorKind classifies a store error for metrics: "canceled" (the caller
+// gave up), "timeout" (the deadline passed), "redis" (Redis answered with an
+// error), "reply" (an answer of the wrong shape), "connection" (anything
+// else: refused, reset, closed); "" for nil.
 func ErrorKind(err error) string {
 	var redisErr redis.Error
 	var netErr net.Error
 	switch {
 	case err == nil:
 		return ""
+	case errors.Is(err, context.Canceled):
+		return "canceled"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		return "timeout"
 	case errors.Is(err, errBadReply):
@@ -160,8 +206,18 @@ const FailureRetry = time.Second
 //
 // When the store cannot answer, Decide returns an error wrapping ErrStore
 // together with verdicts decided by each hit's FailureMode (FailureVerdict
-// set); nothing is known to have been charged.
+// set). Across Redis Cluster slots, a failure is per slot group: the other
+// groups' verdicts are real.
 func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		verdicts := make([]Verdict, len(hits))
+		for i, h := range hits {
+			verdicts[i] = failureVerdict(h)
+		}
+		return verdicts, ErrClosed
+	}
 	merged := make([]Hit, 0, len(hits))
 	groupOf := make([]int, len(hits))
 	for i, h := range hits {
@@ -173,7 +229,12 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		}
 		m := &merged[g]
 		m.Cost = saturatingAdd(m.Cost, h.Cost)
-		m.Limit = min(m.Limit, h.Limit)
+		switch {
+		case m.Shadow == h.Shadow:
+			m.Limit = min(m.Limit, h.Limit)
+		case m.Shadow: // an enforced limit applies, never a shadow one
+			m.Limit = h.Limit
+		}
 		m.Shadow = m.Shadow && h.Shadow
 		if h.FailureMode == config.FailureDeny {
 			m.FailureMode = config.FailureDeny
@@ -292,7 +353,8 @@ func (l *Limiter) script(ctx context.Context, s *redis.Script, keys []string, ar
 		return errCmd(ctx, err)
 	}
 	cmd := l.batcher(server).do(ctx, s, keys, args)
-	if cmd.Err() != nil {
+	// A caller that gave up says nothing of the cluster's layout.
+	if cmd.Err() != nil && ctx.Err() == nil {
 		l.router.failed(cmd.Err())
 	}
 	return cmd
@@ -313,9 +375,21 @@ func (l *Limiter) batcher(server redis.UniversalClient) *batcher {
 	return b
 }
 
-// Close waits for refunds under way and stops the limiter's batchers. Calls
-// after Close must not be made.
+// ErrClosed answers the calls made after Close, by failure mode.
+var ErrClosed = fmt.Errorf("%w: limiter closed", ErrStore)
+
+// Close waits for the calls in flight and the refunds under way, then stops
+// the limiter's batchers. Later calls are answered by failure mode.
 func (l *Limiter) Close() {
+	l.life.Lock()
+	if l.closed {
+		l.life.Unlock()
+		return
+	}
+	l.closed = true
+	l.life.Unlock()
+	close(l.stop)
+	l.swept.Wait()
 	l.refunds.Wait()
 	l.batchers.Range(func(server, b any) bool {
 		b.(*batcher).close()

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -534,5 +536,48 @@ func TestRedisErrorsAreObservedWithTheirKind(t *testing.T) {
 	}
 	if len(observed) != 2 || observed[0] != nil || observed[1] == nil {
 		t.Fatalf("observed %v, want a success then the failure", observed)
+	}
+}
+
+func TestMergingShadowAndEnforcedKeepsTheEnforcedLimit(t *testing.T) {
+	l, _ := newTestLimiter(t, epoch.Add(time.Second))
+	enforced := hit(config.FixedWindow, "same", 100, time.Minute, 1)
+	shadow := enforced
+	shadow.Limit, shadow.Shadow = 2, true
+	for i := 0; i < 5; i++ {
+		v, err := l.Decide(context.Background(), []Hit{shadow, enforced})
+		if err != nil || !v[1].Admitted {
+			t.Fatalf("round %d: %+v, %v: a shadow rule's limit of 2 denied the enforced one of 100", i, v, err)
+		}
+	}
+}
+
+func TestErrorKindOfACancelledCall(t *testing.T) {
+	if k := ErrorKind(fmt.Errorf("%w: %w", ErrStore, context.Canceled)); k != "canceled" {
+		t.Fatalf("kind %q, want canceled", k)
+	}
+}
+
+// TestLogKeyOutlivesItsNewestMember: after Redis's clock stepped back, a new
+// hit must not cut the life of a key holding a newer member. (miniredis keeps
+// TTLs as durations that its clock does not move, so the state a step back
+// leaves is built directly: a member 5 s ahead of TIME, the key living 7 s.)
+func TestLogKeyOutlivesItsNewestMember(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	h := hit(config.SlidingWindowLog, "back", 5, 2*time.Second, 1)
+	ahead := strconv.FormatInt(epoch.Add(5*time.Second).UnixMicro(), 10)
+	if _, err := c.m.ZAdd(h.Key, float64(epoch.Add(5*time.Second).UnixMicro()), ahead); err != nil {
+		t.Fatal(err)
+	}
+	c.m.SetTTL(h.Key, 7*time.Second)
+	decide1(t, l, h)
+	if ttl := c.m.TTL(h.Key); ttl != 7*time.Second {
+		t.Fatalf("TTL %v after a hit behind the newest member, want its 7 s kept", ttl)
+	}
+	// A key's first hit still gets its window.
+	fresh := hit(config.SlidingWindowLog, "fresh", 5, 2*time.Second, 1)
+	decide1(t, l, fresh)
+	if ttl := c.m.TTL(fresh.Key); ttl != 2*time.Second {
+		t.Fatalf("TTL %v for a new key, want 2s", ttl)
 	}
 }

@@ -23,6 +23,11 @@ var resetScript = redis.NewScript(lua.Reset)
 // NOSCRIPT) within the limiter's timeout, and is observed like every store
 // call (Options.Observe). A failure wraps ErrStore.
 func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		return 0, ErrClosed
+	}
 	if h.Key == "" {
 		return 0, errors.New("reset: empty key")
 	}

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -15,6 +16,9 @@ type router interface {
 	server(ctx context.Context, key string) (redis.UniversalClient, error)
 	// failed is told of every failed script call.
 	failed(err error)
+	// live lists the servers in use now, when the router has several that
+	// can come and go; ok is false otherwise.
+	live(ctx context.Context) (servers []redis.UniversalClient, ok bool)
 }
 
 // singleRouter sends everything to one server: standalone, Sentinel (the
@@ -28,6 +32,8 @@ func (r singleRouter) server(context.Context, string) (redis.UniversalClient, er
 }
 
 func (singleRouter) failed(error) {}
+
+func (singleRouter) live(context.Context) ([]redis.UniversalClient, bool) { return nil, false }
 
 // clusterRouter runs each slot's scripts on the client of the slot's master,
 // not through the cluster client's own routing: that one re-sends a command
@@ -44,3 +50,15 @@ func (r clusterRouter) server(ctx context.Context, key string) (redis.UniversalC
 }
 
 func (r clusterRouter) failed(error) { r.cluster.ReloadState(context.Background()) }
+
+func (r clusterRouter) live(ctx context.Context) ([]redis.UniversalClient, bool) {
+	var mu sync.Mutex
+	var masters []redis.UniversalClient
+	err := r.cluster.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		masters = append(masters, c)
+		return nil
+	})
+	return masters, err == nil // on error, keep every batcher: better idle than gone
+}

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 type splitRouter struct {
 	servers []redis.UniversalClient
 	delay   time.Duration
+	masters []redis.UniversalClient // what live reports; nil: all servers
 }
 
 func (r splitRouter) slot(key string) int { return keySlot(key) % len(r.servers) }
@@ -27,6 +29,13 @@ func (r splitRouter) server(ctx context.Context, key string) (redis.UniversalCli
 }
 
 func (splitRouter) failed(error) {}
+
+func (r splitRouter) live(context.Context) ([]redis.UniversalClient, bool) {
+	if r.masters != nil {
+		return r.masters, true
+	}
+	return r.servers, true
+}
 
 // shards is a limiter over n miniredis servers with frozen clocks at t.
 type shards struct {
@@ -155,7 +164,7 @@ func TestRefundDoesNotDelayTheAnswer(t *testing.T) {
 	s := newShards(t, 2, epoch.Add(time.Second), 0)
 	free, full := hitOn("free", 0, 2, config.FixedWindow, 10, 1), hitOn("full", 1, 2, config.FixedWindow, 1, 1)
 	decide1(t, s.l, full)
-	s.l.router = splitRouter{servers: s.l.router.(splitRouter).servers, delay: delay} // every call now takes a round trip of 150ms
+	s.l.router = splitRouter{servers: s.l.router.(splitRouter).servers, delay: delay} // every call now takes a round trip of 150ms (no call runs)
 	start := time.Now()
 	v, err := s.l.Decide(context.Background(), []Hit{free, full})
 	took := time.Since(start)
@@ -169,5 +178,59 @@ func TestRefundDoesNotDelayTheAnswer(t *testing.T) {
 	s.l.router = splitRouter{servers: s.l.router.(splitRouter).servers}
 	if got := s.remaining(t, free); got != 10 {
 		t.Fatalf("%d left after the refund, want 10", got)
+	}
+}
+
+// TestSweepStopsBatchersOfServersThatLeft: after a failover the old master's
+// batcher would otherwise idle until Close.
+func TestSweepStopsBatchersOfServersThatLeft(t *testing.T) {
+	s := newShards(t, 2, epoch, 0)
+	decide1(t, s.l, hitOn("a", 0, 2, config.FixedWindow, 5, 1))
+	decide1(t, s.l, hitOn("b", 1, 2, config.FixedWindow, 5, 1))
+	batchers := func() (n int) {
+		s.l.batchers.Range(func(any, any) bool { n++; return true })
+		return n
+	}
+	if n := batchers(); n != 2 {
+		t.Fatalf("%d batchers, want 2", n)
+	}
+	r := s.l.router.(splitRouter)
+	s.l.life.Lock() // the router is swapped while no call runs
+	s.l.router = splitRouter{servers: r.servers, masters: r.servers[:1]}
+	s.l.life.Unlock()
+	s.l.sweep(context.Background())
+	if n := batchers(); n != 1 {
+		t.Fatalf("%d batchers after server 1 left, want 1", n)
+	}
+	// Server 0 still decides; a server that comes back gets a new batcher.
+	decide1(t, s.l, hitOn("a", 0, 2, config.FixedWindow, 5, 1))
+	decide1(t, s.l, hitOn("b", 1, 2, config.FixedWindow, 5, 1))
+	if n := batchers(); n != 2 {
+		t.Fatalf("%d batchers, want 2 again", n)
+	}
+}
+
+// TestCloseWaitsForCallsInFlight: Close lets a call that started finish and
+// answers later calls by failure mode, leaving no batcher behind.
+func TestCloseWaitsForCallsInFlight(t *testing.T) {
+	s := newShards(t, 1, epoch, 100*time.Millisecond)
+	done := make(chan Verdict)
+	go func() {
+		v, _ := s.l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "inflight", 5, time.Minute, 1)})
+		done <- v[0]
+	}()
+	time.Sleep(30 * time.Millisecond) // the call is waiting on its round trip
+	s.l.Close()
+	if v := <-done; !v.Charged {
+		t.Fatalf("the call in flight at Close: %+v, want it decided", v)
+	}
+	v, err := s.l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "late", 5, time.Minute, 1)})
+	if !errors.Is(err, ErrClosed) || !v[0].FailureVerdict {
+		t.Fatalf("a call after Close: %+v, %v", v, err)
+	}
+	n := 0
+	s.l.batchers.Range(func(any, any) bool { n++; return true })
+	if n != 0 {
+		t.Fatalf("%d batchers left after Close", n)
 	}
 }

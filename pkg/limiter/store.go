@@ -73,7 +73,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 		}
 		// MaxRedirects is not set to 0: the limiter runs its scripts on
 		// the slot masters' own clients, which MaxRetries governs.
-		opts.ContextTimeoutEnabled, opts.MaxRetries = true, -1
+		configure(&opts.ContextTimeoutEnabled, &opts.MaxRetries)
 		return &Store{Client: redis.NewClusterClient(opts), Mode: "cluster", stop: func() {}}, nil
 	case cfg.SentinelURL != "":
 		opts, err := redis.ParseFailoverURL(cfg.SentinelURL)
@@ -86,7 +86,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 		if opts.TLSConfig, err = withTLS(opts.TLSConfig, cfg.TLS); err != nil {
 			return nil, err
 		}
-		opts.ContextTimeoutEnabled, opts.MaxRetries = true, -1
+		configure(&opts.ContextTimeoutEnabled, &opts.MaxRetries)
 		return &Store{Client: redis.NewFailoverClient(opts), Mode: "sentinel", stop: func() {}}, nil
 	}
 	opts, err := redis.ParseURL(cfg.URL)
@@ -96,7 +96,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 	if opts.TLSConfig, err = withTLS(opts.TLSConfig, cfg.TLS); err != nil {
 		return nil, err
 	}
-	configure(opts)
+	configure(&opts.ContextTimeoutEnabled, &opts.MaxRetries)
 	return &Store{Client: redis.NewClient(opts), Mode: "standalone", stop: func() {}}, nil
 }
 
@@ -117,15 +117,16 @@ func withTLS(fromURL, custom *tls.Config) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// configure sets what every store client needs, whatever the URL says.
-func configure(opts *redis.Options) {
+// configure sets what every store client needs, whatever the URL says,
+// through the fields that each kind of go-redis options has.
+func configure(contextTimeoutEnabled *bool, maxRetries *int) {
 	// Without it go-redis ignores context deadlines on socket reads and
 	// writes, and a stalled Redis would hold a decision past its deadline.
-	opts.ContextTimeoutEnabled = true
+	*contextTimeoutEnabled = true
 	// The decide script is not idempotent: a retry after a connection lost
 	// mid-reply would charge the request twice. A failed call is answered
 	// by the failure mode instead.
-	opts.MaxRetries = -1
+	*maxRetries = -1
 }
 
 // openEmbedded starts miniredis on a loopback port. miniredis only expires
@@ -136,7 +137,7 @@ func openEmbedded() (*Store, error) {
 		return nil, fmt.Errorf("embedded store: %w", err)
 	}
 	opts := &redis.Options{Addr: m.Addr()}
-	configure(opts)
+	configure(&opts.ContextTimeoutEnabled, &opts.MaxRetries)
 	client := redis.NewClient(opts)
 	done := make(chan struct{})
 	var wg sync.WaitGroup

@@ -80,14 +80,7 @@ func (a *Admin) find(domain string, entries []*adminv1.Entry) (target, error) {
 		return target{l: l}, nil
 	}
 	var kb limiter.KeyBuilder
-	return target{l: l, hit: limiter.Hit{
-		Key:         storeKey(&kb, domain, d.Entries, l),
-		Algorithm:   l.algorithm,
-		Limit:       l.requestsPerUnit,
-		Window:      l.window(),
-		Shadow:      l.shadow,
-		FailureMode: l.failureMode,
-	}}, nil
+	return target{l: l, hit: l.storeHit(&kb, domain, d.Entries, 0)}, nil
 }
 
 // Inspect answers which rule applies to a descriptor and what its counter

@@ -141,6 +141,7 @@ func (s *Service) Reload(cfg *config.Config) bool {
 	prev := s.current.Load()
 	if prev.config.Hash() == cfg.Hash() {
 		s.opts.Metrics.ConfigReload("unchanged")
+		s.lastReloadErr = nil // a bad write was reverted: nothing is wrong now
 		return false
 	}
 	next := &snapshot{config: cfg, generation: prev.generation + 1, loadedAt: time.Now()}
@@ -214,22 +215,15 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			cost = d.HitsAddend.Value
 		}
 		l.hit = len(hits)
-		hits = append(hits, limiter.Hit{
-			Key:         storeKey(&kb, req.Domain, d.Entries, l),
-			Algorithm:   l.algorithm,
-			Limit:       l.requestsPerUnit,
-			Window:      l.window(),
-			Cost:        cost,
-			Shadow:      l.shadow,
-			FailureMode: l.failureMode,
-		})
+		hits = append(hits, l.storeHit(&kb, req.Domain, d.Entries, cost))
 	}
 
 	var verdicts []limiter.Verdict
 	if len(hits) > 0 {
 		var err error
-		// On a store error the verdicts follow each rule's failure mode.
-		if verdicts, err = s.decider.Decide(ctx, hits); err != nil {
+		// On a store error the verdicts follow each rule's failure mode; a
+		// caller that gave up is no news of the store.
+		if verdicts, err = s.decider.Decide(ctx, hits); err != nil && ctx.Err() == nil {
 			s.log.Warn("store unavailable: applying failure modes", zap.String("domain", req.Domain), zap.Error(err))
 		}
 	}
@@ -365,6 +359,19 @@ func dropReplaced(limits []*limit) {
 		if l != nil && l.name != "" && replaced[l.name] {
 			limits[i] = nil
 		}
+	}
+}
+
+// storeHit is the limiter's hit for a descriptor under this limit.
+func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, cost uint64) limiter.Hit {
+	return limiter.Hit{
+		Key:         storeKey(kb, domain, entries, l),
+		Algorithm:   l.algorithm,
+		Limit:       l.requestsPerUnit,
+		Window:      l.window(),
+		Cost:        cost,
+		Shadow:      l.shadow,
+		FailureMode: l.failureMode,
 	}
 }
 

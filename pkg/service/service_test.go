@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"errors"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -243,5 +245,24 @@ func TestRequestBytesAreBoundedTogether(t *testing.T) {
 	}
 	if len(m.Keys()) != keys {
 		t.Fatal("a refused request wrote to the store")
+	}
+}
+
+// TestRevertClearsTheReloadError: a bad write followed by a revert to the
+// config in force leaves nothing wrong to show.
+func TestRevertClearsTheReloadError(t *testing.T) {
+	s, _ := newTestService(t, nil)
+	s.ReloadFailed(errors.New("test.yaml:4: unknown unit"))
+	same, err := config.Parse("test.yaml", []byte(testConfig), config.Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Reload(same) {
+		t.Fatal("an equal config counted as a change")
+	}
+	rec := httptest.NewRecorder()
+	s.ConfigHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/rlconfig", nil))
+	if !strings.Contains(rec.Body.String(), `"last_reload_error": null`) {
+		t.Fatalf("/rlconfig after the revert:\n%s", rec.Body.String())
 	}
 }
