@@ -290,14 +290,17 @@ func serve(ctx context.Context, s *settings) error {
 		}
 	}
 
-	grpcServer := grpc.NewServer(append(grpcOpts, grpc.ChainUnaryInterceptor(service.ShedInterceptor(s.maxInFlight, m)))...)
+	shedder := service.NewShedder(s.maxInFlight, m)
+	// WaitForHandlers: a stop waits for handlers to return, so the limiter
+	// is closed only after the calls that use it.
+	grpcServer := grpc.NewServer(append(grpcOpts, grpc.WaitForHandlers(true), grpc.ChainUnaryInterceptor(shedder.UnaryInterceptor()))...)
 	rlsv3.RegisterRateLimitServiceServer(grpcServer, svc)
 	healthServer := health.NewServer()
 	healthpb.RegisterHealthServer(grpcServer, healthServer)
 	reflection.Register(grpcServer)
 
 	var draining atomic.Bool
-	httpServer := &http.Server{Handler: httpHandler(&draining, svc, registry, s.pprof), ReadHeaderTimeout: 5 * time.Second}
+	httpServer := &http.Server{Handler: httpHandler(&draining, svc, shedder, registry, s.pprof), ReadHeaderTimeout: 5 * time.Second}
 
 	errc := make(chan error, 3)
 	go func() { errc <- grpcServer.Serve(grpcLn) }()
@@ -306,7 +309,7 @@ func serve(ctx context.Context, s *settings) error {
 	// certificate, decides who may reset limits; it takes the same TLS.
 	var adminServer *grpc.Server
 	if adminLn != nil {
-		adminServer = grpc.NewServer(grpcOpts...)
+		adminServer = grpc.NewServer(append(grpcOpts, grpc.WaitForHandlers(true))...)
 		service.RegisterAdmin(adminServer, service.NewAdmin(svc, lim))
 		reflection.Register(adminServer)
 		go func() { errc <- adminServer.Serve(adminLn) }()
@@ -359,7 +362,7 @@ func serve(ctx context.Context, s *settings) error {
 
 // httpHandler serves the HTTP port: liveness and readiness for probes that
 // speak HTTP, Prometheus metrics, the config in force, and the JSON API.
-func httpHandler(draining *atomic.Bool, svc *service.Service, registry *prometheus.Registry, withPprof bool) http.Handler {
+func httpHandler(draining *atomic.Bool, svc *service.Service, shedder *service.Shedder, registry *prometheus.Registry, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -370,7 +373,7 @@ func httpHandler(draining *atomic.Bool, svc *service.Service, registry *promethe
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
 	mux.Handle("GET /rlconfig", svc.ConfigHandler())
-	mux.Handle("/json", svc.JSONHandler())
+	mux.Handle("/json", shedder.Handler(svc.JSONHandler()))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})

@@ -42,7 +42,11 @@ func watch(t *testing.T, path string) *reloads {
 			t.Errorf("Watch: %v", err)
 		}
 	})
-	time.Sleep(50 * time.Millisecond) // let the watch start before the test writes
+	// The watch loads once as it starts; the test's writes come after.
+	r.next(t)
+	r.mu.Lock()
+	r.configs, r.errs = nil, nil
+	r.mu.Unlock()
 	return r
 }
 
@@ -148,5 +152,30 @@ func TestWatchDebouncesBursts(t *testing.T) {
 	r.mu.Unlock()
 	if n != 1 {
 		t.Fatalf("%d reloads for one burst of writes, want 1", n)
+	}
+}
+
+// TestWatchReloadsAKeepChangingDirectory: events that keep coming push the
+// reload back, but not past a bound.
+func TestWatchReloadsAKeepChangingDirectory(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), limitConfig(1))
+	r := watch(t, dir)
+	stop := time.After(600 * time.Millisecond)
+	tick := time.NewTicker(5 * time.Millisecond) // much faster than the 20 ms debounce
+	defer tick.Stop()
+	for writing := true; writing; {
+		select {
+		case <-stop:
+			writing = false
+		case <-tick.C:
+			writeFile(t, filepath.Join(dir, "noise.txt"), time.Now().String())
+		}
+	}
+	r.mu.Lock()
+	n := len(r.configs)
+	r.mu.Unlock()
+	if n == 0 {
+		t.Fatal("no reload during 600 ms of constant changes: the debounce postponed it forever")
 	}
 }

@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"strings"
 	"sync/atomic"
 
@@ -17,24 +19,60 @@ import (
 // without bound would only answer after Envoy's timeout, with memory growing.
 const DefaultMaxInFlight = 4096
 
-// ShedInterceptor refuses unary calls beyond maxInFlight at once with
-// RESOURCE_EXHAUSTED, so an overloaded server answers quickly and memory
-// stays bounded; Envoy then applies its own failure mode. Health checks are
-// never refused: a busy server is not a dead one.
-func ShedInterceptor(maxInFlight int, m *metrics.Metrics) grpc.UnaryServerInterceptor {
+// Shedder bounds the rate limit requests worked on at once, over gRPC and
+// POST /json together, so an overloaded server answers quickly and its
+// memory stays bounded; Envoy then applies its own failure mode.
+type Shedder struct {
+	max      int64
+	inFlight atomic.Int64
+	metrics  *metrics.Metrics
+}
+
+// NewShedder returns a Shedder for maxInFlight requests (zero or less means
+// DefaultMaxInFlight), counting refusals in m.
+func NewShedder(maxInFlight int, m *metrics.Metrics) *Shedder {
 	if maxInFlight <= 0 {
 		maxInFlight = DefaultMaxInFlight
 	}
-	var inFlight atomic.Int64
+	return &Shedder{max: int64(maxInFlight), metrics: m}
+}
+
+// acquire takes a place, or reports that none is left.
+func (s *Shedder) acquire() bool {
+	if s.inFlight.Add(1) > s.max {
+		s.inFlight.Add(-1)
+		s.metrics.Shed()
+		return false
+	}
+	return true
+}
+
+func (s *Shedder) release() { s.inFlight.Add(-1) }
+
+// UnaryInterceptor refuses unary calls past the bound with
+// RESOURCE_EXHAUSTED. Health checks are never refused: a busy server is not
+// a dead one.
+func (s *Shedder) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if strings.HasPrefix(info.FullMethod, "/grpc.health.v1.Health/") {
 			return handler(ctx, req)
 		}
-		defer inFlight.Add(-1)
-		if n := inFlight.Add(1); n > int64(maxInFlight) {
-			m.Shed()
-			return nil, status.Errorf(codes.ResourceExhausted, "overloaded: more than %d requests in flight", maxInFlight)
+		if !s.acquire() {
+			return nil, status.Errorf(codes.ResourceExhausted, "overloaded: more than %d requests in flight", s.max)
 		}
+		defer s.release()
 		return handler(ctx, req)
 	}
+}
+
+// Handler refuses HTTP requests past the bound with 503.
+func (s *Shedder) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.acquire() {
+			http.Error(w, fmt.Sprintf("overloaded: more than %d requests in flight", s.max), http.StatusServiceUnavailable)
+			return
+		}
+		defer s.release()
+		next.ServeHTTP(w, r)
+	})
 }

@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 
@@ -11,7 +13,8 @@ import (
 )
 
 func TestShedInterceptorRefusesPastTheBound(t *testing.T) {
-	shed := ShedInterceptor(2, nil)
+	shedder := NewShedder(2, nil)
+	shed := shedder.UnaryInterceptor()
 	release := make(chan struct{})
 	var entered sync.WaitGroup
 	entered.Add(2)
@@ -44,4 +47,27 @@ func TestShedInterceptorRefusesPastTheBound(t *testing.T) {
 	if _, err := shed(context.Background(), nil, rls, func(context.Context, any) (any, error) { return "ok", nil }); err != nil {
 		t.Fatalf("after the load passed: %v", err)
 	}
+}
+
+func TestShedderBoundsJSONToo(t *testing.T) {
+	shedder := NewShedder(1, nil)
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	slow := shedder.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		close(entered)
+		<-release
+	}))
+	go slow.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/json", nil))
+	<-entered
+	// The gRPC side shares the bound.
+	rls := &grpc.UnaryServerInfo{FullMethod: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"}
+	if _, err := shedder.UnaryInterceptor()(context.Background(), nil, rls, func(context.Context, any) (any, error) { return nil, nil }); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("gRPC call while /json holds the only place: %v", err)
+	}
+	rec := httptest.NewRecorder()
+	slow.ServeHTTP(rec, httptest.NewRequest("POST", "/json", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("second /json request: %d, want 503", rec.Code)
+	}
+	close(release)
 }
