@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -233,6 +234,18 @@ func headerValue(resp *rlsv3.RateLimitResponse, key string) (string, bool) {
 }
 
 var errNotYet = errors.New("not yet")
+
+// waitLog waits for the service to log want: its output reaches the test
+// through a copying goroutine, a little after the answer it goes with.
+func (s *server) waitLog(t *testing.T, want string) {
+	t.Helper()
+	waitFor(t, 3*time.Second, func() error {
+		if !strings.Contains(s.logs.String(), want) {
+			return fmt.Errorf("%q not in the service's log", want)
+		}
+		return nil
+	})
+}
 
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
