@@ -16,10 +16,11 @@ end
 -- commit prunes what left the window and records cost members, named
 -- "<score>" and "<score>:<i>", so that a refund can name them. A single unit
 -- is added as its microsecond, NX: scripts run one after another and each
--- takes several microseconds, so the name is free unless Redis's clock
--- stepped back (a failover to a host with another clock). Then, and for
--- weighted hits, the score is the newest + 1 when TIME does not exceed it,
--- which keeps every member unique without asking the caller for a nonce.
+-- takes several microseconds, so the name is taken only if Redis's clock
+-- stepped back onto a recorded microsecond (a failover to a host with
+-- another clock). Then, and for weighted hits, the score is the newest + 1
+-- when TIME does not exceed it, which keeps every member unique without
+-- asking the caller for a nonce.
 function sliding_window_log.commit(key, st, limit, window, cost, now)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', st.oldest)
   local score, member = now, fmt(now)
@@ -43,8 +44,13 @@ function sliding_window_log.commit(key, st, limit, window, cost, now)
       redis.call('ZADD', key, unpack(args))
     end
   end
-  -- The key lives until its newest member leaves the window.
-  redis.call('PEXPIRE', key, fmt(math.ceil((score + window - now) / 1000)))
+  -- The key lives until its newest member leaves the window. GT keeps a
+  -- longer life, which a member newer than TIME needs (after the clock
+  -- stepped back); a key just created has none yet and gets it plainly.
+  local ttl = fmt(math.ceil((score + window - now) / 1000))
+  if redis.call('PEXPIRE', key, ttl, 'GT') == 0 and redis.call('PTTL', key) == -1 then
+    redis.call('PEXPIRE', key, ttl)
+  end
   st.used = st.used + cost
   st.token = score -- names the members, for a refund
   st.newest = score
