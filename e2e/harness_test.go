@@ -21,6 +21,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
@@ -131,6 +132,12 @@ type server struct {
 // come last and win.
 func startServer(t *testing.T, r *redisServer, configYAML string, extra ...string) *server {
 	t.Helper()
+	return startServerWith(t, r, configYAML, insecure.NewCredentials(), extra...)
+}
+
+// startServerWith is startServer whose test connection uses creds.
+func startServerWith(t *testing.T, r *redisServer, configYAML string, creds credentials.TransportCredentials, extra ...string) *server {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(configYAML), 0o644); err != nil {
 		t.Fatal(err)
@@ -160,7 +167,7 @@ func startServer(t *testing.T, r *redisServer, configYAML string, extra ...strin
 			t.Logf("service output:\n%s", s.logs)
 		}
 	})
-	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,55 +66,7 @@ func startRedisArgs(t *testing.T, addr string, opts *redis.Options, args ...stri
 // TLS: the test's connection uses client, and the service uses r, if any.
 func startServerTLS(t *testing.T, r *redisServer, client *tls.Config, extra ...string) *server {
 	t.Helper()
-	dir := t.TempDir()
-	writeFile(t, dir+"/config.yaml", tlsTestConfig)
-	s := &server{
-		grpcAddr: "127.0.0.1:" + strconv.Itoa(freePort(t)),
-		httpAddr: "127.0.0.1:" + strconv.Itoa(freePort(t)),
-		logs:     &syncBuffer{},
-		exited:   make(chan error, 1),
-	}
-	args := []string{"--config", dir, "--grpc-addr", s.grpcAddr, "--http-addr", s.httpAddr,
-		"--store-timeout", "2s", "--log-level", "debug"}
-	if r != nil {
-		args = append(args, "--redis-url", "redis://"+r.addr)
-	}
-	s.cmd = exec.Command(binary, append(args, extra...)...)
-	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { s.exited <- s.cmd.Wait() }()
-	t.Cleanup(func() {
-		s.cmd.Process.Kill()
-		<-s.exited
-		if t.Failed() {
-			t.Logf("service output:\n%s", s.logs)
-		}
-	})
-	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(client)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	s.conn, s.rls, s.health = conn, rlsv3.NewRateLimitServiceClient(conn), healthpb.NewHealthClient(conn)
-	waitFor(t, 20*time.Second, func() error {
-		select {
-		case err := <-s.exited:
-			s.exited <- err
-			return fmt.Errorf("service exited: %v\n%s", err, s.logs)
-		default:
-		}
-		resp, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{})
-		if err != nil {
-			return err
-		}
-		if resp.Status != healthpb.HealthCheckResponse_SERVING {
-			return fmt.Errorf("health %v", resp.Status)
-		}
-		return nil
-	})
-	return s
+	return startServerWith(t, r, tlsTestConfig, credentials.NewTLS(client), extra...)
 }
 
 // tlsClient trusts ca and presents leaf (nil: no certificate).

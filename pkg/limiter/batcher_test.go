@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -102,21 +101,7 @@ func TestNoScriptInABatchIsResentOnce(t *testing.T) {
 // TestCallerDeadlineWhileABatchStalls: a caller is answered when its own
 // deadline passes, even if the batch it joined is stuck.
 func TestCallerDeadlineWhileABatchStalls(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { conn.Close() })
-		}
-	}()
-	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	client := redis.NewClient(&redis.Options{Addr: stalledServer(t), ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer client.Close()
 	l := New(client, &Options{Timeout: 2 * time.Second}) // the batch's own deadline
 	defer l.Close()

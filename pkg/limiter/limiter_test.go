@@ -488,27 +488,12 @@ func TestCounterWaitIsTheFirstMicrosecond(t *testing.T) {
 }
 
 func TestStoreDeadline(t *testing.T) {
-	// A listener that accepts and never answers stands for a stalled Redis.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { conn.Close() })
-		}
-	}()
-	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true})
+	client := redis.NewClient(&redis.Options{Addr: stalledServer(t), ContextTimeoutEnabled: true})
 	defer client.Close()
 	l := New(client, &Options{Timeout: 50 * time.Millisecond})
 	defer l.Close()
 	start := time.Now()
-	_, err = l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "x", 5, time.Minute, 1)})
+	_, err := l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "x", 5, time.Minute, 1)})
 	if !errors.Is(err, ErrStore) || ErrorKind(err) != "timeout" {
 		t.Fatalf("error %v (kind %q), want ErrStore of kind timeout", err, ErrorKind(err))
 	}
@@ -580,4 +565,25 @@ func TestLogKeyOutlivesItsNewestMember(t *testing.T) {
 	if ttl := c.m.TTL(fresh.Key); ttl != 2*time.Second {
 		t.Fatalf("TTL %v for a new key, want 2s", ttl)
 	}
+}
+
+// stalledServer returns the address of a listener that accepts connections
+// and never answers: a stalled Redis.
+func stalledServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { conn.Close() })
+		}
+	}()
+	return ln.Addr().String()
 }
