@@ -147,7 +147,8 @@ func (b *batcher) exec(batch []*call) {
 	for i, c := range batch {
 		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
-	pipe.Exec(ctx) // errors are per command
+	_, err := pipe.Exec(ctx)
+	failCommandsNotRun(cmds, err)
 	var again []int
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
@@ -159,10 +160,26 @@ func (b *batcher) exec(batch []*call) {
 		for _, i := range again {
 			cmds[i] = batch[i].script.Eval(ctx, pipe, batch[i].keys, batch[i].args...)
 		}
-		pipe.Exec(ctx)
+		_, err := pipe.Exec(ctx)
+		failCommandsNotRun(cmds, err)
 	}
 	for i, c := range batch {
 		c.done <- cmds[i]
+	}
+}
+
+// failCommandsNotRun gives the pipeline's error to the commands it left
+// without an answer: go-redis reports a failure before sending (a refused
+// connection, a wrong password) only from Exec, and leaves the commands
+// untouched.
+func failCommandsNotRun(cmds []*redis.Cmd, err error) {
+	if err == nil {
+		return
+	}
+	for _, cmd := range cmds {
+		if cmd.Err() == nil && cmd.Val() == nil {
+			cmd.SetErr(err)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -134,5 +135,21 @@ func TestCallsWhoseCallerLeftAreNotSent(t *testing.T) {
 	}
 	if err := (<-c.done).Err(); err == nil {
 		t.Fatal("the dropped call got no error")
+	}
+}
+
+// TestAFailureBeforeSendingIsTheCommandsError: go-redis reports a pipeline
+// that failed before sending (here a wrong password) only from Exec; the
+// commands must carry that error, not a puzzling empty reply.
+func TestAFailureBeforeSendingIsTheCommandsError(t *testing.T) {
+	m := miniredis.RunT(t)
+	m.RequireAuth("secret")
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), Password: "wrong", MaxRetries: -1})
+	defer client.Close()
+	l := New(client, &Options{Timeout: 5 * time.Second})
+	defer l.Close()
+	_, err := l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "auth", 5, time.Minute, 1)})
+	if err == nil || !strings.Contains(err.Error(), "WRONGPASS") || ErrorKind(err) != "redis" {
+		t.Fatalf("error %v (kind %q), want Redis's WRONGPASS, of kind redis", err, ErrorKind(err))
 	}
 }
