@@ -219,7 +219,7 @@ func openShard() (*shard, error) {
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), PoolSize: 1})
 	// A generous timeout: under the race detector a script takes
 	// milliseconds, and a timeout here would be a wrong answer.
-	l := limiter.New(client, &limiter.Options{Timeout: 30 * time.Second})
+	l := limiter.New(client, &limiter.Options{Timeout: 30 * time.Second, DenyCache: -1}) // trace time, not wall time
 	return &shard{m: m, client: client, l: l}, nil
 }
 

@@ -50,6 +50,7 @@ type settings struct {
 	redisClusterURL    string
 	redisSentinelURL   string
 	storeTimeout       time.Duration
+	denyCache          time.Duration
 	shutdownDelay      time.Duration
 	drainTimeout       time.Duration
 	logLevel           string
@@ -88,6 +89,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.redisSentinelURL, "redis-sentinel-url", "", "Redis Sentinel: redis://[sentinel-user:sentinel-password@]host:port?master_name=NAME&addr=host2:port[&username=U&password=P] (or rediss://)")
 	fs.DurationVar(&s.storeTimeout, "store-timeout", limiter.DefaultTimeout, "deadline of every store call; past it the rule's failure_mode answers")
 	fs.DurationVar(&s.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, how long to keep serving while reporting NOT_SERVING, so load balancers and Envoy move away first")
+	fs.DurationVar(&s.denyCache, "deny-cache", limiter.DefaultDenyCache, "how long at most a denial Redis gave is repeated from memory for the same counter, limit and cost (never past Redis's own wait); 0 turns it off")
 	fs.DurationVar(&s.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, after the shutdown delay, how long in-flight requests may take before the server stops")
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&s.logFormat, "log-format", "json", "json or console")
@@ -240,9 +242,14 @@ func serve(ctx context.Context, s *settings) error {
 
 	registry := prometheus.NewRegistry()
 	m := metrics.New(registry)
+	denyCache := s.denyCache
+	if denyCache == 0 {
+		denyCache = -1 // the flag's 0 means off; the option's 0 means its default
+	}
 	lim := limiter.New(store.Client, &limiter.Options{
-		Timeout: s.storeTimeout,
-		Observe: func(d time.Duration, err error) { m.StoreCall(d, limiter.ErrorKind(err)) },
+		Timeout:   s.storeTimeout,
+		DenyCache: denyCache,
+		Observe:   func(d time.Duration, err error) { m.StoreCall(d, limiter.ErrorKind(err)) },
 	})
 	defer lim.Close()
 	svc := service.New(cfg, lim, &service.Options{

@@ -42,7 +42,7 @@ func TestConcurrentCallsSharePipelines(t *testing.T) {
 	defer client.Close()
 	var counter pipelineCounter
 	client.AddHook(&counter)
-	l := New(client, &Options{Timeout: 5 * time.Second})
+	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1})
 	defer l.Close()
 	if err := decideScript.Load(context.Background(), client).Err(); err != nil {
 		t.Fatal(err)
@@ -78,7 +78,7 @@ func TestNoScriptInABatchIsResentOnce(t *testing.T) {
 	m.SetTime(epoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
-	l := New(client, &Options{Timeout: 5 * time.Second})
+	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1})
 	defer l.Close()
 	var wg sync.WaitGroup
 	for round := 0; round < 3; round++ {
@@ -146,7 +146,7 @@ func TestAFailureBeforeSendingIsTheCommandsError(t *testing.T) {
 	m.RequireAuth("secret")
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), Password: "wrong", MaxRetries: -1})
 	defer client.Close()
-	l := New(client, &Options{Timeout: 5 * time.Second})
+	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1})
 	defer l.Close()
 	_, err := l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "auth", 5, time.Minute, 1)})
 	if err == nil || !strings.Contains(err.Error(), "WRONGPASS") || ErrorKind(err) != "redis" {

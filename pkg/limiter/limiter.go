@@ -76,13 +76,22 @@ type Options struct {
 	// Observe, when set, is called after every store call with its
 	// duration and error (nil on success); see ErrorKind.
 	Observe func(d time.Duration, err error)
+	// DenyCache is how long at most a denial Redis gave may be repeated
+	// from memory for the same counter (see denyCache); zero means
+	// DefaultDenyCache, a negative value turns the cache off. It reads the
+	// local clock: tests that move Redis's clock by hand turn it off.
+	DenyCache time.Duration
 }
+
+// DefaultDenyCache bounds how long a denial is repeated from memory.
+const DefaultDenyCache = time.Second
 
 // Limiter decides hits against a Redis store. It is safe for concurrent use.
 type Limiter struct {
 	router  router
 	timeout time.Duration
 	observe func(time.Duration, error)
+	denied  *denyCache // nil: off
 
 	batchers sync.Map       // redis.UniversalClient to its *batcher
 	refunds  sync.WaitGroup // refunds still running after their answers
@@ -124,6 +133,12 @@ func newWithRouter(r router, opts *Options) *Limiter {
 	}
 	if opts != nil && opts.Observe != nil {
 		l.observe = opts.Observe
+	}
+	switch {
+	case opts == nil || opts.DenyCache == 0:
+		l.denied = newDenyCache(DefaultDenyCache)
+	case opts.DenyCache > 0:
+		l.denied = newDenyCache(opts.DenyCache)
 	}
 	if _, ok := r.live(context.Background()); ok {
 		l.swept.Go(l.sweepEvery)
@@ -257,6 +272,7 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	verdicts := make([]Verdict, len(hits))
 	charge := true
 	sent := make([]int, 0, len(hits))
+	now := time.Now()
 	for i, h := range hits {
 		if h.Cost > uint64(h.Limit) {
 			// Never admissible: answer at once, without a store write.
@@ -265,6 +281,13 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 				charge = false
 			}
 			continue
+		}
+		if l.denied != nil && !h.Shadow {
+			if v, ok := l.denied.lookup(h, now); ok {
+				verdicts[i] = v // Redis denied it moments ago and would again
+				charge = false
+				continue
+			}
 		}
 		sent = append(sent, i)
 	}
@@ -325,6 +348,7 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, group []int, charge bool,
 	if err == nil && len(reply) != 5*len(group) {
 		err = fmt.Errorf("%w: %d values, want %d", errBadReply, len(reply), 5*len(group))
 	}
+	defer l.rememberDenials(hits, group, verdicts, start)
 	l.observe(time.Since(start), err)
 	if err != nil {
 		for _, i := range group {
@@ -343,6 +367,18 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, group []int, charge bool,
 		tokens[i] = r[4]
 	}
 	return nil
+}
+
+// rememberDenials puts the group's enforced denials in the deny cache.
+func (l *Limiter) rememberDenials(hits []Hit, group []int, verdicts []Verdict, sent time.Time) {
+	if l.denied == nil {
+		return
+	}
+	for _, i := range group {
+		if v := verdicts[i]; !v.Admitted && !v.FailureVerdict && !hits[i].Shadow {
+			l.denied.remember(hits[i], v, sent)
+		}
+	}
 }
 
 // script runs s on the server of keys (which share a slot), in that

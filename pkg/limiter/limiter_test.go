@@ -41,7 +41,7 @@ func newTestLimiter(t *testing.T, start time.Time) (*Limiter, *clock) {
 	t.Cleanup(func() { client.Close() })
 	c := &clock{m: m}
 	c.set(start)
-	l := New(client, &Options{Timeout: 5 * time.Second})
+	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1}) // tests move Redis's clock
 	t.Cleanup(l.Close)
 	return l, c
 }
@@ -507,7 +507,7 @@ func TestRedisErrorsAreObservedWithTheirKind(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 	var observed []error
-	l := New(client, &Options{Timeout: 5 * time.Second, Observe: func(_ time.Duration, err error) { observed = append(observed, err) }})
+	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1, Observe: func(_ time.Duration, err error) { observed = append(observed, err) }})
 	defer l.Close()
 	h := hit(config.SlidingWindowLog, "typed", 5, time.Minute, 1)
 	decide1(t, l, h)

@@ -37,6 +37,9 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	start := time.Now()
+	if l.denied != nil {
+		l.denied.forget(h.Key)
+	}
 	n, err := l.script(ctx, resetScript, []string{h.Key}, []any{h.Window.Microseconds()}).Int64()
 	l.observe(time.Since(start), err)
 	if err != nil {

@@ -130,7 +130,7 @@ func TestResetIsObserved(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 	var observed []error
-	l := New(client, &Options{Timeout: 5 * time.Second, Observe: func(_ time.Duration, err error) { observed = append(observed, err) }})
+	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1, Observe: func(_ time.Duration, err error) { observed = append(observed, err) }})
 	defer l.Close()
 	reset1(t, l, hit(config.FixedWindow, "o", 5, time.Minute, 0))
 	if len(observed) != 1 || observed[0] != nil {

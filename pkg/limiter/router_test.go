@@ -55,7 +55,7 @@ func newShards(t *testing.T, n int, at time.Time, delay time.Duration) *shards {
 		s.servers = append(s.servers, m)
 		scripters = append(scripters, client)
 	}
-	s.l = newWithRouter(splitRouter{servers: scripters, delay: delay}, &Options{Timeout: 5 * time.Second})
+	s.l = newWithRouter(splitRouter{servers: scripters, delay: delay}, &Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(s.l.Close)
 	return s
 }

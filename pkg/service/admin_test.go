@@ -54,7 +54,7 @@ func newAdminTest(t *testing.T, opts *Options) (*Service, *Admin, *miniredis.Min
 	m.SetTime(adminEpoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
-	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second})
+	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
 	s := New(cfg, l, opts)
 	return s, NewAdmin(s, l), m

@@ -50,7 +50,7 @@ func newTestService(t *testing.T, opts *Options) (*Service, *miniredis.Miniredis
 	m.SetTime(time.Unix(1_700_006_400, 0))
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
-	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second})
+	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
 	return New(cfg, l, opts), m
 }
