@@ -233,6 +233,9 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		}
 		return verdicts, ErrClosed
 	}
+	if !sharesKeys(hits) {
+		return l.decide(ctx, hits) // nearly always: nothing to merge
+	}
 	merged := make([]Hit, 0, len(hits))
 	groupOf := make([]int, len(hits))
 	for i, h := range hits {
@@ -262,6 +265,18 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		verdicts[i] = decided[g]
 	}
 	return verdicts, err
+}
+
+// sharesKeys reports whether two hits name the same counter.
+func sharesKeys(hits []Hit) bool {
+	for i := range hits {
+		for j := i + 1; j < len(hits); j++ {
+			if hits[i].Key == hits[j].Key {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // decide decides hits with distinct keys: one script per slot group, all
