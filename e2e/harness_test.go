@@ -260,3 +260,27 @@ func writeFile(t *testing.T, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+// flushCode empties Redis's script cache and its function libraries, as a
+// restart or a SCRIPT FLUSH / FUNCTION FLUSH by an operator would.
+func flushCode(ctx context.Context, c *redis.Client) error {
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		return err
+	}
+	return c.FunctionFlush(ctx).Err()
+}
+
+// codeLoads is how many times Redis was given the decide code: FUNCTION
+// LOAD calls, plus EVAL calls (the script fallback after NOSCRIPT).
+func codeLoads(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	stats := c.Info(context.Background(), "commandstats").Val()
+	total := 0
+	for _, name := range []string{"cmdstat_function|load:calls=", "cmdstat_eval:calls="} {
+		if _, rest, ok := strings.Cut(stats, name); ok {
+			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			total += n
+		}
+	}
+	return total
+}

@@ -87,7 +87,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.redisURL, "redis-url", "", "redis:// or rediss:// URL of a standalone Redis; with no Redis flag, an embedded in-process store runs (one replica, not shared, not persistent)")
 	fs.StringVar(&s.redisClusterURL, "redis-cluster-url", "", "Redis Cluster seed nodes: redis://[user:password@]host:port?addr=host2:port&addr=host3:port (or rediss://)")
 	fs.StringVar(&s.redisSentinelURL, "redis-sentinel-url", "", "Redis Sentinel: redis://[sentinel-user:sentinel-password@]host:port?master_name=NAME&addr=host2:port[&username=U&password=P] (or rediss://)")
-	fs.DurationVar(&s.storeTimeout, "store-timeout", limiter.DefaultTimeout, "deadline of every store call; past it the rule's failure_mode answers")
+	fs.DurationVar(&s.storeTimeout, "store-timeout", limiter.DefaultTimeout, "upper bound of a request's store work, queueing included (the caller's deadline, less a margin to answer, normally ends it first); past it the rule's failure_mode answers")
 	fs.DurationVar(&s.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, how long to keep serving while reporting NOT_SERVING, so load balancers and Envoy move away first")
 	fs.DurationVar(&s.denyCache, "deny-cache", limiter.DefaultDenyCache, "how long at most a denial Redis gave is repeated from memory for the same counter, limit and cost (never past Redis's own wait); 0 turns it off")
 	fs.DurationVar(&s.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, after the shutdown delay, how long in-flight requests may take before the server stops")
@@ -197,6 +197,9 @@ func newLogger(s *settings) (*zap.Logger, error) {
 	return zc.Build()
 }
 
+// storeReadyWait bounds how long serve waits for the store at start.
+const storeReadyWait = 3 * time.Second
+
 // serve provisions every part, validates it, then serves until ctx ends and
 // drains.
 func serve(ctx context.Context, s *settings) error {
@@ -233,11 +236,6 @@ func serve(ctx context.Context, s *settings) error {
 		log.Warn("embedded store: an in-process miniredis, one replica, not shared with other instances, not persistent; use --redis-url in production")
 	} else {
 		log.Info("store", zap.String("mode", store.Mode))
-		pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := store.Ping(pingCtx); err != nil {
-			log.Warn("store not reachable yet: rules answer by their failure_mode until it is", zap.Error(err))
-		}
-		cancel()
 	}
 
 	registry := prometheus.NewRegistry()
@@ -252,6 +250,15 @@ func serve(ctx context.Context, s *settings) error {
 		Observe:   func(d time.Duration, err error) { m.StoreCall(d, limiter.ErrorKind(err)) },
 	})
 	defer lim.Close()
+	// Connections open and the decide code loaded before the service says
+	// it is ready, so the first requests pay no setup. A store that is not
+	// reachable yet does not hold the service back: rules answer by their
+	// failure mode until it is, and calls load the code when they can.
+	prepareCtx, cancel := context.WithTimeout(ctx, storeReadyWait)
+	if err := lim.Prepare(prepareCtx); err != nil {
+		log.Warn("store not ready: rules answer by their failure_mode until it is", zap.Error(err))
+	}
+	cancel()
 	svc := service.New(cfg, lim, &service.Options{
 		MaxDescriptors:   s.maxDescriptors,
 		MaxEntries:       s.maxEntries,

@@ -2,55 +2,90 @@ package limiter
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
-// batcher sends the script calls of concurrent requests to one server in
-// shared pipelines: one write and one read for many scripts, which costs
-// Redis and the service far fewer system calls per decision than a round
-// trip each. It batches naturally: a worker takes the first waiting call and
-// whatever else is already queued (up to maxBatch), never waiting for more,
-// so an idle server adds no latency and a busy one gets deep pipelines.
-// Several workers keep several pipelines in flight.
+// batcher sends the store calls of concurrent requests to one server
+// together. The decide requests of one hash slot that are waiting at the
+// same moment become one call of the decide code, which decides them one
+// after another in queue order: a burst at one key costs one round trip and
+// one script entry, and Redis's per-call overhead is paid once for the
+// batch. The batch's calls (one per slot, and the other scripts) go in one
+// pipeline: one write and one read.
 //
-// A call is sent once and never replayed: after a lost connection its result
-// is an error, answered by failure mode, because a decide script run twice
-// would charge twice. (go-redis's own autopipeliner may replay a sent
-// command after a connection loss.)
+// It batches naturally: a worker takes the first waiting call and whatever
+// else is already queued (up to maxBatchHits hits), never waiting for more,
+// so an idle server adds no latency and a busy one gets deep batches.
+// Several workers keep several batches in flight.
+//
+// A call Redis ran is never sent again: after a lost connection its result
+// is an error, because a decide run twice would charge twice. Redis refuses
+// some calls without running them, and those are re-sent: NOSCRIPT (as
+// EVAL), a function library not loaded yet (after FUNCTION LOAD), and, on a
+// cluster, MOVED and ASK (to the node named).
 type batcher struct {
-	server   redis.UniversalClient
-	calls    chan *call
-	maxBatch int
-	timeout  time.Duration
-	stop     chan struct{}
-	workers  sync.WaitGroup
+	server  redis.UniversalClient
+	calls   chan *call
+	timeout time.Duration
+	// node returns the client of a node a redirection names.
+	node func(addr string, moved bool) (redis.UniversalClient, error)
+	// scriptsOnly is set once the server turned out not to have Redis
+	// Functions (before Redis 7, the embedded store).
+	scriptsOnly atomic.Bool
+	stop        chan struct{}
+	workers     sync.WaitGroup
 }
 
-// call is one script call waiting for its batch.
+// call is one store call waiting for its batch.
 type call struct {
-	ctx    context.Context // the caller's: a call whose caller left is not sent
+	// ctx is the caller's, with the deadline by which the answer is still
+	// of use: a call whose caller left is not sent.
+	ctx  context.Context
+	slot int
+	// script is the script to run, or nil for a decide request, which
+	// shares one decide call with the other requests of its slot.
 	script *redis.Script
 	keys   []string
 	args   []any
-	done   chan *redis.Cmd // buffered: a worker never waits for the caller
+	sent   atomic.Bool  // the call went into a pipeline
+	done   chan outcome // buffered: a worker never waits for the caller
+}
+
+// outcome is what a call gets back.
+type outcome struct {
+	cmd  *redis.Cmd // a script call's reply
+	vals []int64    // a decide request's part of the reply: 4 per hit
+	err  error
 }
 
 const (
-	batchWorkers = 8
-	maxBatch     = 64
+	batchWorkers = 4
+	// maxBatchHits bounds the hits a worker takes at once, which bounds
+	// how long Redis is kept busy by one decide call.
+	maxBatchHits = 512
+	queueLength  = 1024
 )
 
-func newBatcher(server redis.UniversalClient, timeout time.Duration) *batcher {
+// ErrOverloaded reports a call whose deadline passed while it waited in the
+// service, before it was sent: the service, not the store, was too slow.
+var ErrOverloaded = errors.New("rate limit store queue: the deadline passed before the call was sent")
+
+func newBatcher(server redis.UniversalClient, timeout time.Duration, node func(string, bool) (redis.UniversalClient, error)) *batcher {
 	b := &batcher{
-		server:   server,
-		calls:    make(chan *call, 4*maxBatch*batchWorkers),
-		maxBatch: maxBatch,
-		timeout:  timeout,
-		stop:     make(chan struct{}),
+		server:  server,
+		calls:   make(chan *call, queueLength),
+		timeout: timeout,
+		node:    node,
+		stop:    make(chan struct{}),
 	}
 	for range batchWorkers {
 		b.workers.Go(b.work)
@@ -58,20 +93,38 @@ func newBatcher(server redis.UniversalClient, timeout time.Duration) *batcher {
 	return b
 }
 
-// do runs script on the server in the next batch and returns its command,
-// or an error command when ctx ends first.
+// decide queues a decide request of the hits at keys, with their args in
+// decide.lua's form, and returns its four values per hit.
+func (b *batcher) decide(ctx context.Context, slot int, keys []string, args []any) ([]int64, error) {
+	o := b.enqueue(&call{ctx: ctx, slot: slot, keys: keys, args: args})
+	return o.vals, o.err
+}
+
+// do runs script on its own (not merged with others) in the next batch.
 func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
-	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan *redis.Cmd, 1)}
+	o := b.enqueue(&call{ctx: ctx, script: script, keys: keys, args: args})
+	if o.err != nil {
+		return errCmd(ctx, o.err)
+	}
+	return o.cmd
+}
+
+// enqueue queues c and waits for its outcome or its caller's deadline.
+func (b *batcher) enqueue(c *call) outcome {
+	c.done = make(chan outcome, 1)
 	select {
 	case b.calls <- c:
-	case <-ctx.Done():
-		return errCmd(ctx, ctx.Err())
+	case <-c.ctx.Done():
+		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, c.ctx.Err())}
 	}
 	select {
-	case cmd := <-c.done:
-		return cmd
-	case <-ctx.Done():
-		return errCmd(ctx, ctx.Err())
+	case o := <-c.done:
+		return o
+	case <-c.ctx.Done():
+		if c.sent.Load() {
+			return outcome{err: c.ctx.Err()} // the store was too slow
+		}
+		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, c.ctx.Err())}
 	}
 }
 
@@ -81,19 +134,20 @@ func (b *batcher) close() {
 }
 
 func (b *batcher) work() {
-	batch := make([]*call, 0, b.maxBatch)
+	batch := make([]*call, 0, 64)
 	for {
+		hits := 0
 		select {
 		case <-b.stop:
 			return
 		case c := <-b.calls:
-			batch = b.add(batch[:0], c)
+			batch, hits = b.add(batch[:0], c, hits)
 		}
 	more:
-		for len(batch) < b.maxBatch {
+		for hits < maxBatchHits {
 			select {
 			case c := <-b.calls:
-				batch = b.add(batch, c)
+				batch, hits = b.add(batch, c, hits)
 			default:
 				break more
 			}
@@ -105,19 +159,20 @@ func (b *batcher) work() {
 }
 
 // add appends c to batch unless its caller has already been answered (its
-// deadline passed while it queued behind a stalled server): sending it now
-// would charge a request that was answered by failure mode.
-func (b *batcher) add(batch []*call, c *call) []*call {
+// deadline passed while it queued): sending it now would charge a request
+// that was answered by failure mode.
+func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
+	c.sent.Store(true) // before the check: a caller that saw it unset was not sent
 	if err := c.ctx.Err(); err != nil {
-		c.done <- errCmd(c.ctx, err)
-		return batch
+		c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}
+		return batch, hits
 	}
-	return append(batch, c)
+	return append(batch, c), hits + len(c.keys)
 }
 
 // deadline is the latest of the batch's callers' deadlines, at most the
 // store timeout from now: past it, every caller has been answered, and a
-// script still sent would charge requests answered by failure mode.
+// call still sent would charge requests answered by failure mode.
 func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
@@ -136,36 +191,216 @@ func (b *batcher) deadline(batch []*call) time.Time {
 	return latest
 }
 
-// exec sends one batch as a pipeline of EVALSHA, and re-sends as EVAL, in a
-// second pipeline, the calls that met NOSCRIPT (a restart, a failover or
-// SCRIPT FLUSH emptied the script cache): those were not run.
+// send is one command of a batch: a decide call for the requests of one
+// slot, or another script call.
+type send struct {
+	calls  []*call
+	script *redis.Script // nil: decide
+	keys   []string
+	args   []any
+	form   form
+	target redis.UniversalClient
+	asking bool // an ASK redirection: ASKING goes first
+	cmd    *redis.Cmd
+}
+
+// form is how a command reaches Redis.
+type form uint8
+
+const (
+	formFunction form = iota // FCALL of the decide function
+	formSHA                  // EVALSHA
+	formEval                 // EVAL, which also caches the script
+)
+
+// exec sends a batch and gives every call its outcome.
 func (b *batcher) exec(batch []*call) {
 	ctx, cancel := context.WithDeadline(context.Background(), b.deadline(batch))
 	defer cancel()
-	cmds := make([]*redis.Cmd, len(batch))
-	pipe := b.server.Pipeline()
-	for i, c := range batch {
-		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+	sends := b.sends(batch)
+	b.perform(ctx, sends)
+	for _, s := range sends {
+		if s.script != nil {
+			s.calls[0].done <- outcome{cmd: s.cmd}
+			continue
+		}
+		vals, err := s.cmd.Int64Slice()
+		if err == nil && len(vals) != 4*len(s.keys) {
+			err = fmt.Errorf("%w: %d values for %d hits", errBadReply, len(vals), len(s.keys))
+		}
+		for _, c := range s.calls {
+			if err != nil {
+				c.done <- outcome{err: err}
+				continue
+			}
+			n := 4 * len(c.keys)
+			c.done <- outcome{vals: vals[:n:n]}
+			vals = vals[n:]
+		}
+	}
+}
+
+// sends turns a batch into commands: one decide per slot, holding the
+// slot's requests in queue order, and one per other script call.
+func (b *batcher) sends(batch []*call) []*send {
+	decideForm := formFunction
+	if b.scriptsOnly.Load() {
+		decideForm = formSHA
+	}
+	var sends []*send
+	slots := map[int]*send{}
+	for _, c := range batch {
+		if c.script != nil {
+			sends = append(sends, &send{calls: []*call{c}, script: c.script, keys: c.keys, args: c.args, form: formSHA, target: b.server})
+			continue
+		}
+		s := slots[c.slot]
+		if s == nil {
+			s = &send{form: decideForm, target: b.server}
+			slots[c.slot] = s
+			sends = append(sends, s)
+		}
+		s.calls = append(s.calls, c)
+		s.keys = append(s.keys, c.keys...)
+		s.args = append(s.args, c.args...)
+	}
+	return sends
+}
+
+// maxResends bounds the rounds of re-sending what Redis refused to run.
+const maxResends = 4
+
+// perform sends ss, grouped in one pipeline per target, and re-sends those
+// Redis refused without running them, in the form or to the node it asks
+// for.
+func (b *batcher) perform(ctx context.Context, ss []*send) {
+	for round := 0; len(ss) > 0; round++ {
+		byTarget := map[redis.UniversalClient][]*send{}
+		for _, s := range ss {
+			byTarget[s.target] = append(byTarget[s.target], s)
+		}
+		for target, group := range byTarget {
+			b.pipeline(ctx, target, group)
+		}
+		if round == maxResends {
+			return
+		}
+		var again []*send
+		for _, s := range ss {
+			if b.retry(ctx, s) {
+				again = append(again, s)
+			}
+		}
+		ss = again
+	}
+}
+
+// pipeline sends group to target in one pipeline.
+func (b *batcher) pipeline(ctx context.Context, target redis.UniversalClient, group []*send) {
+	pipe := target.Pipeline()
+	cmds := make([]*redis.Cmd, 0, len(group))
+	for _, s := range group {
+		if s.asking {
+			pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
+		}
+		switch {
+		case s.script == nil && s.form == formFunction:
+			s.cmd = pipe.FCall(ctx, lua.DecideFunction, s.keys, s.args...)
+		case s.form == formEval:
+			s.cmd = s.scriptOrDecide().Eval(ctx, pipe, s.keys, s.args...)
+		default:
+			s.cmd = s.scriptOrDecide().EvalSha(ctx, pipe, s.keys, s.args...)
+		}
+		cmds = append(cmds, s.cmd)
 	}
 	_, err := pipe.Exec(ctx)
 	failCommandsNotRun(cmds, err)
-	var again []int
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			again = append(again, i)
+}
+
+func (s *send) scriptOrDecide() *redis.Script {
+	if s.script != nil {
+		return s.script
+	}
+	return decideScript
+}
+
+// retry reports whether Redis refused s without running it in a way that a
+// re-send mends, and prepares that re-send.
+func (b *batcher) retry(ctx context.Context, s *send) bool {
+	err := s.cmd.Err()
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	msg := err.Error()
+	switch {
+	case strings.HasPrefix(msg, "NOSCRIPT"):
+		s.form = formEval
+	case s.form == formFunction && strings.Contains(msg, "Function not found"):
+		if err := loadLibrary(ctx, s.target); err != nil {
+			s.cmd.SetErr(err)
+			return false
 		}
-	}
-	if len(again) > 0 {
-		pipe := b.server.Pipeline()
-		for _, i := range again {
-			cmds[i] = batch[i].script.Eval(ctx, pipe, batch[i].keys, batch[i].args...)
+	case s.form == formFunction && strings.Contains(strings.ToLower(msg), "unknown command"):
+		b.scriptsOnly.Store(true)
+		s.form = formEval
+	case strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK "):
+		// "MOVED <slot> <addr>": the slot lives elsewhere now; "ASK
+		// <slot> <addr>": it is being moved there, and the keys this call
+		// needs are already there or not yet anywhere.
+		fields := strings.Fields(msg)
+		if len(fields) != 3 {
+			return false
 		}
-		_, err := pipe.Exec(ctx)
-		failCommandsNotRun(cmds, err)
+		node, err := b.node(fields[2], fields[0] == "MOVED")
+		if err != nil {
+			s.cmd.SetErr(fmt.Errorf("%s: %w", msg, err))
+			return false
+		}
+		s.target, s.asking = node, fields[0] == "ASK"
+	case strings.HasPrefix(msg, "TRYAGAIN"):
+		// A slot in migration holds some of the keys and not the others:
+		// wait a moment for the migration to move them.
+		select {
+		case <-time.After(time.Millisecond):
+		case <-ctx.Done():
+			return false
+		}
+	default:
+		return false
 	}
-	for i, c := range batch {
-		c.done <- cmds[i]
+	return true
+}
+
+// loadLibrary loads the decide function library on server. Another
+// instance may have loaded it first: the name carries the code's hash, so
+// the library there is this one.
+func loadLibrary(ctx context.Context, server redis.UniversalClient) error {
+	err := server.FunctionLoad(ctx, lua.Library).Err()
+	if err != nil && !strings.Contains(err.Error(), "already exists") {
+		return fmt.Errorf("FUNCTION LOAD: %w", err)
 	}
+	return nil
+}
+
+// prepare makes server ready for the batcher's calls: the decide code
+// loaded (a function library, or the script where Redis Functions are not
+// available) and a connection open per worker.
+func (b *batcher) prepare(ctx context.Context) error {
+	err := loadLibrary(ctx, b.server)
+	if err != nil && strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+		b.scriptsOnly.Store(true)
+		err = decideScript.Load(ctx, b.server).Err()
+	}
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, batchWorkers)
+	for i := range batchWorkers {
+		wg.Go(func() { errs[i] = b.server.Ping(ctx).Err() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // failCommandsNotRun gives the pipeline's error to the commands it left

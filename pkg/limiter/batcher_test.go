@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -125,16 +126,16 @@ func TestCallsWhoseCallerLeftAreNotSent(t *testing.T) {
 	m.SetTime(epoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
-	b := newBatcher(client, 5*time.Second)
+	b := newBatcher(client, 5*time.Second, singleRouter{client}.node)
 	defer b.close()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	c := &call{ctx: ctx, script: decideScript, done: make(chan *redis.Cmd, 1)}
-	if batch := b.add(nil, c); len(batch) != 0 {
+	c := &call{ctx: ctx, script: decideScript, done: make(chan outcome, 1)}
+	if batch, _ := b.add(nil, c, 0); len(batch) != 0 {
 		t.Fatal("a call whose caller left joined a batch")
 	}
-	if err := (<-c.done).Err(); err == nil {
-		t.Fatal("the dropped call got no error")
+	if err := (<-c.done).err; !errors.Is(err, ErrOverloaded) {
+		t.Fatalf("the dropped call got error %v, want ErrOverloaded", err)
 	}
 }
 

@@ -2,9 +2,17 @@
 // Envoy: it takes hits (a key, an algorithm, a limit, a window, a cost) and
 // answers, per hit, whether it fits, what is left and when the limit frees up.
 //
-// Every decision runs as one atomic Lua script (see scripts/lua) with Redis
-// TIME as the clock, sent with EVALSHA and transparently re-sent with EVAL
-// when Redis answers NOSCRIPT (after a restart, a failover or SCRIPT FLUSH).
+// Every request is decided atomically by Lua code (see scripts/lua) with
+// Redis TIME as the clock. Concurrent requests to one server are batched:
+// the requests of one hash slot that wait at the same moment are decided by
+// one call, in order (see batcher). The code runs as a Redis Functions
+// library where the server has them (FCALL, loaded by Prepare or on first
+// use) and as a script otherwise (EVALSHA, re-sent with EVAL after NOSCRIPT).
+//
+// A request's store work is bounded by its caller's deadline, less a margin
+// to answer in time, and by the limiter's timeout. A deadline that passes
+// while the request waits in the limiter is an overload (ErrOverloaded), not
+// a store failure (ErrStore).
 package limiter
 
 import (
@@ -23,10 +31,14 @@ import (
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
-// DefaultTimeout bounds a store call when Options do not say. It stays below
-// Envoy's default 20 ms rate limit filter timeout, so that the rule's
-// failure_mode answers a slow store rather than Envoy's own failure mode.
-const DefaultTimeout = 15 * time.Millisecond
+// DefaultTimeout bounds a request's store work when Options do not say. It
+// is an upper bound: the caller's own deadline (Envoy's rate limit filter
+// sends 20 ms by default) is what normally ends the wait.
+const DefaultTimeout = time.Second
+
+// maxAnswerMargin is the most of the caller's time kept back to send the
+// answer; a tenth of the time left when that is less.
+const maxAnswerMargin = 2 * time.Millisecond
 
 // Hit asks whether Cost more units fit Limit per Window on the counter Key.
 type Hit struct {
@@ -71,10 +83,13 @@ type Verdict struct {
 
 // Options configure a Limiter. A nil *Options means the defaults.
 type Options struct {
-	// Timeout bounds every store call; zero means DefaultTimeout.
+	// Timeout bounds a request's store work, queueing included, when the
+	// caller's deadline is later or absent; zero means DefaultTimeout.
 	Timeout time.Duration
 	// Observe, when set, is called after every store call with its
-	// duration and error (nil on success); see ErrorKind.
+	// duration and error (nil on success); see ErrorKind. A request whose
+	// deadline passed before it was sent is not a store call: Decide
+	// reports it with ErrOverloaded.
 	Observe func(d time.Duration, err error)
 	// DenyCache is how long at most a denial Redis gave may be repeated
 	// from memory for the same counter (see denyCache); zero means
@@ -121,7 +136,7 @@ var (
 func New(store redis.UniversalClient, opts *Options) *Limiter {
 	var r router = singleRouter{store}
 	if cc, ok := store.(*redis.ClusterClient); ok {
-		r = clusterRouter{cc}
+		r = newClusterRouter(cc)
 	}
 	return newWithRouter(r, opts)
 }
@@ -140,7 +155,7 @@ func newWithRouter(r router, opts *Options) *Limiter {
 	case opts.DenyCache > 0:
 		l.denied = newDenyCache(opts.DenyCache)
 	}
-	if _, ok := r.live(context.Background()); ok {
+	if _, ok := r.(*clusterRouter); ok {
 		l.swept.Go(l.sweepEvery)
 	}
 	return l
@@ -168,9 +183,9 @@ func (l *Limiter) sweepEvery() {
 func (l *Limiter) sweep(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 10*l.timeout)
 	defer cancel()
-	live, ok := l.router.live(ctx)
-	if !ok {
-		return
+	live, err := l.router.live(ctx)
+	if err != nil {
+		return // keep every batcher: better idle than gone
 	}
 	l.batchers.Range(func(server, b any) bool {
 		if !slices.Contains(live, server.(redis.UniversalClient)) && l.batchers.CompareAndDelete(server, b) {
@@ -180,22 +195,51 @@ func (l *Limiter) sweep(ctx context.Context) {
 	})
 }
 
+// Prepare makes every server in use ready for decisions: the decide code
+// loaded and a connection open per batcher worker, so that the first
+// requests pay no setup. A server may still lose them later (a restart, a
+// failover): calls load the code again as needed.
+func (l *Limiter) Prepare(ctx context.Context) error {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		return ErrClosed
+	}
+	servers, err := l.router.live(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: prepare: %w", ErrStore, err)
+	}
+	errs := make([]error, len(servers))
+	var wg sync.WaitGroup
+	for i, server := range servers {
+		wg.Go(func() { errs[i] = l.batcher(server).prepare(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: prepare: %w", ErrStore, err)
+	}
+	return nil
+}
+
 // ErrStore wraps every failure to get an answer from the store (unreachable,
 // timed out, or an unexpected reply).
 var ErrStore = errors.New("rate limit store")
 
 var errBadReply = errors.New("unexpected reply")
 
-// ErrorKind classifies a store error for metrics: "canceled" (the caller
-// gave up), "timeout" (the deadline passed), "redis" (Redis answered with an
-// error), "reply" (an answer of the wrong shape), "connection" (anything
-// else: refused, reset, closed); "" for nil.
+// ErrorKind classifies a store error for metrics: "overload" (the deadline
+// passed before the call was sent), "canceled" (the caller gave up),
+// "timeout" (the deadline passed), "redis" (Redis answered with an error),
+// "reply" (an answer of the wrong shape), "connection" (anything else:
+// refused, reset, closed); "" for nil.
 func ErrorKind(err error) string {
 	var redisErr redis.Error
 	var netErr net.Error
 	switch {
 	case err == nil:
 		return ""
+	case errors.Is(err, ErrOverloaded):
+		return "overload"
 	case errors.Is(err, context.Canceled):
 		return "canceled"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
@@ -219,7 +263,8 @@ const FailureRetry = time.Second
 // on the same Key are one demand on one counter: their costs add up against
 // the smallest of their limits, and each of them gets the merged verdict.
 //
-// When the store cannot answer, Decide returns an error wrapping ErrStore
+// When the store cannot answer, Decide returns an error wrapping ErrStore,
+// or ErrOverloaded when the deadline passed before the request was sent,
 // together with verdicts decided by each hit's FailureMode (FailureVerdict
 // set). Across Redis Cluster slots, a failure is per slot group: the other
 // groups' verdicts are real.
@@ -309,18 +354,18 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	if len(sent) == 0 {
 		return verdicts, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	ctx, cancel := l.withDeadline(ctx)
 	defer cancel()
 	tokens := make([]int64, len(hits))
-	groups := l.groups(hits, sent)
+	slots, groups := l.groups(hits, sent)
 	if len(groups) == 1 {
-		return verdicts, l.run(ctx, hits, groups[0], charge, verdicts, tokens)
+		return verdicts, l.run(ctx, hits, slots[0], groups[0], charge, verdicts, tokens)
 	}
 
 	errs := make([]error, len(groups))
 	var wg sync.WaitGroup
 	for g, group := range groups {
-		wg.Go(func() { errs[g] = l.run(ctx, hits, group, charge, verdicts, tokens) })
+		wg.Go(func() { errs[g] = l.run(ctx, hits, slots[g], group, charge, verdicts, tokens) })
 	}
 	wg.Wait()
 	if charge && deniedAny(hits, verdicts) {
@@ -329,10 +374,22 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	return verdicts, errors.Join(errs...)
 }
 
+// withDeadline bounds a request's store work: by its caller's deadline
+// less a margin to send the answer, and by the limiter's timeout.
+func (l *Limiter) withDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	now := time.Now()
+	deadline := now.Add(l.timeout)
+	if d, ok := ctx.Deadline(); ok {
+		d = d.Add(-min(maxAnswerMargin, d.Sub(now)/10))
+		if d.Before(deadline) {
+			deadline = d
+		}
+	}
+	return context.WithDeadline(ctx, deadline)
+}
+
 // groups splits the hits at indexes sent by hash slot, keeping their order.
-func (l *Limiter) groups(hits []Hit, sent []int) [][]int {
-	var groups [][]int
-	var slots []int
+func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 	for _, i := range sent {
 		slot := l.router.slot(hits[i].Key)
 		g := slices.Index(slots, slot)
@@ -343,43 +400,58 @@ func (l *Limiter) groups(hits []Hit, sent []int) [][]int {
 		}
 		groups[g] = append(groups[g], i)
 	}
-	return groups
+	return slots, groups
 }
 
-// run decides the hits at indexes group, which share a slot, with one
-// script, and writes their verdicts and refund tokens. On a store error the
+// run decides the hits at indexes group, which share slot, as one request
+// of a batch, and writes their verdicts and refund tokens. On an error the
 // verdicts follow each hit's failure mode.
-func (l *Limiter) run(ctx context.Context, hits []Hit, group []int, charge bool, verdicts []Verdict, tokens []int64) error {
+func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, charge bool, verdicts []Verdict, tokens []int64) error {
 	keys := make([]string, len(group))
-	args := make([]any, 1, 1+5*len(group))
-	args[0] = flag(charge)
+	args := make([]any, 1, 1+4*len(group))
+	args[0] = len(group)
+	if !charge {
+		args[0] = -len(group)
+	}
 	for j, i := range group {
 		h := hits[i]
 		keys[j] = h.Key
-		args = append(args, algorithmID(h.Algorithm), h.Limit, h.Window.Microseconds(), h.Cost, flag(h.Shadow))
+		code := algorithmID(h.Algorithm)
+		if h.Shadow {
+			code += 4
+		}
+		args = append(args, code, h.Limit, int64(h.Window/time.Second), h.Cost)
 	}
 	start := time.Now()
-	reply, err := l.script(ctx, decideScript, keys, args).Int64Slice()
-	if err == nil && len(reply) != 5*len(group) {
-		err = fmt.Errorf("%w: %d values, want %d", errBadReply, len(reply), 5*len(group))
+	server, err := l.router.server(ctx, keys[0])
+	var reply []int64
+	if err == nil {
+		reply, err = l.batcher(server).decide(ctx, slot, keys, args)
 	}
 	defer l.rememberDenials(hits, group, verdicts, start)
-	l.observe(time.Since(start), err)
 	if err != nil {
 		for _, i := range group {
 			verdicts[i] = failureVerdict(hits[i])
 		}
+		if errors.Is(err, ErrOverloaded) {
+			return fmt.Errorf("decide: %w", err)
+		}
+		l.observe(time.Since(start), err)
+		if ctx.Err() == nil {
+			l.router.failed(err)
+		}
 		return fmt.Errorf("%w: decide: %w", ErrStore, err)
 	}
+	l.observe(time.Since(start), nil)
 	for j, i := range group {
-		r := reply[5*j : 5*j+5]
+		r := reply[4*j : 4*j+4]
 		verdicts[i] = Verdict{
-			Admitted:   r[0] == 1,
-			Charged:    r[1] == 1,
-			Remaining:  uint64(max(r[2], 0)),
-			ResetAfter: time.Duration(r[3]) * time.Microsecond,
+			Admitted:   r[0] > 0,
+			Charged:    r[0] == 2,
+			Remaining:  uint64(max(r[1], 0)),
+			ResetAfter: time.Duration(r[2]) * time.Microsecond,
 		}
-		tokens[i] = r[4]
+		tokens[i] = r[3]
 	}
 	return nil
 }
@@ -418,7 +490,7 @@ func (l *Limiter) batcher(server redis.UniversalClient) *batcher {
 	if b, ok := l.batchers.Load(server); ok {
 		return b.(*batcher)
 	}
-	b := newBatcher(server, l.timeout)
+	b := newBatcher(server, l.timeout, l.router.node)
 	if prev, loaded := l.batchers.LoadOrStore(server, b); loaded {
 		b.close() // another call started one first
 		return prev.(*batcher)
@@ -447,6 +519,7 @@ func (l *Limiter) Close() {
 		l.batchers.Delete(server)
 		return true
 	})
+	l.router.close()
 }
 
 // refund takes back, in the background, the charges of a request that was

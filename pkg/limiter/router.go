@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -16,9 +17,13 @@ type router interface {
 	server(ctx context.Context, key string) (redis.UniversalClient, error)
 	// failed is told of every failed script call.
 	failed(err error)
-	// live lists the servers in use now, when the router has several that
-	// can come and go; ok is false otherwise.
-	live(ctx context.Context) (servers []redis.UniversalClient, ok bool)
+	// live lists the servers in use now.
+	live(ctx context.Context) ([]redis.UniversalClient, error)
+	// node returns the server at addr, which a MOVED (moved set) or ASK
+	// redirection named.
+	node(addr string, moved bool) (redis.UniversalClient, error)
+	// close releases what the router opened itself.
+	close()
 }
 
 // singleRouter sends everything to one server: standalone, Sentinel (the
@@ -33,25 +38,42 @@ func (r singleRouter) server(context.Context, string) (redis.UniversalClient, er
 
 func (singleRouter) failed(error) {}
 
-func (singleRouter) live(context.Context) ([]redis.UniversalClient, bool) { return nil, false }
+func (r singleRouter) live(context.Context) ([]redis.UniversalClient, error) {
+	return []redis.UniversalClient{r.client}, nil
+}
+
+func (singleRouter) node(addr string, _ bool) (redis.UniversalClient, error) {
+	return nil, fmt.Errorf("redirected to %s outside a cluster", addr)
+}
+
+func (singleRouter) close() {}
 
 // clusterRouter runs each slot's scripts on the client of the slot's master,
 // not through the cluster client's own routing: that one re-sends a command
-// after a lost reply, and the decide script is not idempotent. A failed call
-// (MOVED after a failover or a resharding, a dead node) makes it reload the
-// slot map in the background; that request is answered by failure mode and
-// the next ones go where the slots now are.
-type clusterRouter struct{ cluster *redis.ClusterClient }
+// after a lost reply, and the decide script is not idempotent. Redirections
+// are followed by the batcher (Redis answers MOVED and ASK before running
+// anything); a MOVED, or a failed call (a dead node), makes the router
+// reload the slot map in the background, so the next calls go where the
+// slots now are.
+type clusterRouter struct {
+	cluster *redis.ClusterClient
+	mu      sync.Mutex
+	others  map[string]*redis.Client // nodes the slot map did not list
+}
 
-func (clusterRouter) slot(key string) int { return keySlot(key) }
+func newClusterRouter(cc *redis.ClusterClient) *clusterRouter {
+	return &clusterRouter{cluster: cc, others: map[string]*redis.Client{}}
+}
 
-func (r clusterRouter) server(ctx context.Context, key string) (redis.UniversalClient, error) {
+func (*clusterRouter) slot(key string) int { return keySlot(key) }
+
+func (r *clusterRouter) server(ctx context.Context, key string) (redis.UniversalClient, error) {
 	return r.cluster.MasterForKey(ctx, key)
 }
 
-func (r clusterRouter) failed(error) { r.cluster.ReloadState(context.Background()) }
+func (r *clusterRouter) failed(error) { r.cluster.ReloadState(context.Background()) }
 
-func (r clusterRouter) live(ctx context.Context) ([]redis.UniversalClient, bool) {
+func (r *clusterRouter) live(ctx context.Context) ([]redis.UniversalClient, error) {
 	var mu sync.Mutex
 	var masters []redis.UniversalClient
 	err := r.cluster.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
@@ -60,5 +82,51 @@ func (r clusterRouter) live(ctx context.Context) ([]redis.UniversalClient, bool)
 		masters = append(masters, c)
 		return nil
 	})
-	return masters, err == nil // on error, keep every batcher: better idle than gone
+	return masters, err
+}
+
+// node finds the client of the node at addr among the cluster client's, or
+// opens one with the same options (a node that joined since the slot map
+// was loaded).
+func (r *clusterRouter) node(addr string, moved bool) (redis.UniversalClient, error) {
+	ctx := context.Background()
+	if moved {
+		r.cluster.ReloadState(ctx)
+	}
+	var found, any *redis.Client
+	var mu sync.Mutex
+	_ = r.cluster.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if c.Options().Addr == addr {
+			found = c
+		}
+		any = c
+		return nil
+	})
+	if found != nil {
+		return found, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.others[addr]; ok {
+		return c, nil
+	}
+	if any == nil {
+		return nil, fmt.Errorf("no cluster node known to reach %s", addr)
+	}
+	opts := *any.Options()
+	opts.Addr = addr
+	c := redis.NewClient(&opts)
+	r.others[addr] = c
+	return c, nil
+}
+
+func (r *clusterRouter) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for addr, c := range r.others {
+		c.Close()
+		delete(r.others, addr)
+	}
 }

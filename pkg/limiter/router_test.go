@@ -30,12 +30,18 @@ func (r splitRouter) server(ctx context.Context, key string) (redis.UniversalCli
 
 func (splitRouter) failed(error) {}
 
-func (r splitRouter) live(context.Context) ([]redis.UniversalClient, bool) {
+func (r splitRouter) live(context.Context) ([]redis.UniversalClient, error) {
 	if r.masters != nil {
-		return r.masters, true
+		return r.masters, nil
 	}
-	return r.servers, true
+	return r.servers, nil
 }
+
+func (splitRouter) node(addr string, _ bool) (redis.UniversalClient, error) {
+	return nil, fmt.Errorf("no node %s", addr)
+}
+
+func (splitRouter) close() {}
 
 // shards is a limiter over n miniredis servers with frozen clocks at t.
 type shards struct {

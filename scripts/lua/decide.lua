@@ -1,54 +1,84 @@
--- decide: one request's hits, decided atomically with Redis TIME as the clock.
+-- decide: a batch of requests, decided one after another in the order given,
+-- each atomically (all or nothing), with one Redis TIME as the clock.
 --
--- KEYS[i]   base key of hit i (it carries the hash tag)
--- ARGV[1]   '1' to charge admitted hits, '0' to only check
--- ARGV[2..] five values per hit i, at 2 + 5 * (i - 1):
---           algorithm (1 log, 2 counter, 3 fixed), limit, window in
---           microseconds, cost, shadow ('1' or '0')
+-- keys     the base keys of every hit of every request, request after
+--          request (each key carries its hash tag)
+-- args     per request: n, the number of its hits, negated to only check
+--          (never charge); then four values per hit: code (algorithm 1 log,
+--          2 counter, 3 fixed, plus 4 for a shadow hit), limit, window in
+--          seconds, cost
 --
--- All or nothing: when any enforced (non-shadow) hit does not fit, nothing is
--- charged. A shadow hit that does not fit neither denies the request nor is
--- charged, as if it were enforced.
+-- A request is charged only when every enforced (non-shadow) hit fits. A
+-- shadow hit that does not fit neither denies its request nor is charged.
+-- Requests later in the batch see the charges of earlier ones, so a burst at
+-- one key is decided in order, as if the requests had come one by one.
 --
--- Reply: five integers per hit: admitted (1/0), charged (1/0), remaining,
--- microseconds until reset (see each algorithm's result), and a refund
--- token: what refund.lua needs to undo the charge (the log's score, the
--- counters' window index).
+-- Reply: four integers per hit, in order: state (0 denied, 1 admitted and
+-- not charged, 2 admitted and charged), remaining, microseconds until reset
+-- (see each algorithm's result), and a refund token: what refund.lua needs
+-- to undo a charge (the log's score, the counters' window index).
 local algorithms = { sliding_window_log, sliding_window_counter, fixed_window }
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local charge = ARGV[1] == '1'
-local hits = {}
-for i, key in ipairs(KEYS) do
-  local a = 2 + 5 * (i - 1)
-  local hit = {
-    key = key,
-    alg = algorithms[tonumber(ARGV[a])],
-    limit = tonumber(ARGV[a + 1]),
-    window = tonumber(ARGV[a + 2]),
-    cost = tonumber(ARGV[a + 3]),
-    shadow = ARGV[a + 4] == '1',
-  }
-  hit.st = hit.alg.check(key, hit.limit, hit.window, hit.cost, now)
-  if not hit.st.admit and not hit.shadow then
-    charge = false
+local function decide(keys, args)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  seen = {}
+  -- denied[key] is the last denial of key in this batch: a later hit with the
+  -- same limit and cost is denied again without asking Redis, until a charge
+  -- of key changes its state.
+  local denied = {}
+  local reply = {}
+  local k, a = 1, 1
+  while a <= #args do
+    local n = tonumber(args[a])
+    local charge = n > 0
+    n = math.abs(n)
+    a = a + 1
+    local hits = {}
+    for i = 1, n do
+      local code = tonumber(args[a])
+      local hit = {
+        key = keys[k],
+        alg = algorithms[code % 4],
+        limit = tonumber(args[a + 1]),
+        window = tonumber(args[a + 2]) * 1000000,
+        cost = tonumber(args[a + 3]),
+        shadow = code >= 4,
+      }
+      local d = denied[hit.key]
+      if d and d.limit == hit.limit and d.cost == hit.cost then
+        hit.again = d
+        hit.st = { admit = false }
+      else
+        hit.st = hit.alg.check(hit.key, hit.limit, hit.window, hit.cost, now)
+      end
+      if not hit.st.admit and not hit.shadow then
+        charge = false
+      end
+      hits[i] = hit
+      a = a + 4
+      k = k + 1
+    end
+    for _, hit in ipairs(hits) do
+      local charged = charge and hit.st.admit and hit.cost > 0
+      local remaining, reset
+      if hit.again then
+        remaining, reset = hit.again.remaining, hit.again.reset
+      else
+        if charged then
+          hit.alg.commit(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
+          denied[hit.key] = nil
+        end
+        remaining, reset = hit.alg.result(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
+        if not hit.st.admit then
+          denied[hit.key] = { limit = hit.limit, cost = hit.cost, remaining = remaining, reset = reset }
+        end
+      end
+      reply[#reply + 1] = charged and 2 or (hit.st.admit and 1 or 0)
+      reply[#reply + 1] = math.floor(remaining)
+      reply[#reply + 1] = math.floor(reset)
+      reply[#reply + 1] = charged and hit.st.token or 0
+    end
   end
-  hits[i] = hit
+  return reply
 end
-
-local reply = {}
-for _, hit in ipairs(hits) do
-  local charged = charge and hit.st.admit and hit.cost > 0
-  if charged then
-    hit.alg.commit(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
-  end
-  local remaining, reset = hit.alg.result(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
-  reply[#reply + 1] = hit.st.admit and 1 or 0
-  reply[#reply + 1] = charged and 1 or 0
-  reply[#reply + 1] = math.floor(remaining)
-  reply[#reply + 1] = math.floor(reset)
-  reply[#reply + 1] = charged and hit.st.token or 0
-end
-return reply

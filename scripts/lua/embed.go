@@ -4,13 +4,18 @@
 //
 // Each algorithm lives in its own file and defines a local table with three
 // functions (check, commit, result); prelude.lua holds their shared helpers.
-// decide.lua runs them: it reads Redis TIME once, checks every hit of a
-// request, charges them only when no enforced hit is over its limit, and
-// reports per hit. Decide is the concatenation of the files, run as one
-// atomic script.
+// decide.lua runs them: it reads Redis TIME once and decides a batch of
+// requests in order, each all or nothing. The decide code reaches Redis in
+// one of two forms: Library, a Redis Functions library (Redis 7 and later:
+// loaded once, called with FCALL), or Decide, the same code as a script for
+// EVALSHA (older servers and the embedded store).
 package lua
 
-import _ "embed"
+import (
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+)
 
 var (
 	//go:embed prelude.lua
@@ -29,9 +34,31 @@ var (
 	refund string
 )
 
-// Decide is the script that decides a whole request atomically. Its calling
+// decideCode defines the local function decide(keys, args).
+var decideCode = prelude + slidingWindowLog + slidingWindowCounter + fixedWindow + decide
+
+// Decide is the script that decides a batch of requests. Its calling
 // convention is documented at the top of decide.lua.
-var Decide = prelude + slidingWindowLog + slidingWindowCounter + fixedWindow + decide
+var Decide = decideCode + "return decide(KEYS, ARGV)\n"
+
+// version names the decide code: instances running different code register
+// different functions, so a rolling update never runs one version's
+// arguments through the other's code.
+var version = func() string {
+	sum := sha1.Sum([]byte(decideCode))
+	return hex.EncodeToString(sum[:6])
+}()
+
+// DecideFunction is the name under which Library registers decide; FCALL
+// takes the same keys and arguments as Decide.
+var DecideFunction = "ratelimit_decide_" + version
+
+// Library is the Redis Functions library (FUNCTION LOAD) that registers
+// DecideFunction. It declares no flags: it writes, so Redis refuses it as a
+// whole, before it runs, when maxmemory is reached, and its keys share one
+// slot in a cluster.
+var Library = "#!lua name=ratelimit_" + version + "\n" + decideCode +
+	"redis.register_function('" + DecideFunction + "', decide)\n"
 
 // Reset is the script that deletes one counter, whatever its algorithm. Its
 // calling convention is documented at the top of reset.lua.

@@ -5,3 +5,7 @@
 local function fmt(n)
   return string.format('%.0f', n)
 end
+
+-- seen holds what one decide call learnt about its keys (set anew by every
+-- call: a function library's locals outlive the call).
+local seen = {}

@@ -17,9 +17,14 @@ function sliding_window_counter.check(key, limit, window, cost, now)
     elapsed = now - idx * window,
     curr_key = key .. ':' .. fmt(idx),
   }
-  local counts = redis.call('MGET', key .. ':' .. fmt(idx - 1), st.curr_key)
-  st.prev = tonumber(counts[1]) or 0
-  st.curr = tonumber(counts[2]) or 0
+  st.prior = seen[key] -- charged earlier in this call: counts and TTL known
+  if st.prior then
+    st.prev, st.curr = st.prior.prev, st.prior.curr
+  else
+    local counts = redis.call('MGET', key .. ':' .. fmt(idx - 1), st.curr_key)
+    st.prev = tonumber(counts[1]) or 0
+    st.curr = tonumber(counts[2]) or 0
+  end
   st.admit = sliding_window_counter.estimate(st, st.elapsed) + cost <= limit
   return st
 end
@@ -27,8 +32,11 @@ end
 function sliding_window_counter.commit(key, st, limit, window, cost, now)
   redis.call('INCRBY', st.curr_key, fmt(cost))
   -- The counter is read as "previous" through the whole next window.
-  redis.call('PEXPIRE', st.curr_key, fmt(math.ceil((2 * window - st.elapsed) / 1000)))
+  if not st.prior then
+    redis.call('PEXPIRE', st.curr_key, fmt(math.ceil((2 * window - st.elapsed) / 1000)))
+  end
   st.curr = st.curr + cost
+  seen[key] = { prev = st.prev, curr = st.curr }
 end
 
 -- first_fit returns the first whole microsecond of elapsed time at which the

@@ -6,11 +6,13 @@
 local sliding_window_log = {}
 
 -- check counts the hits inside the window without writing, so a denied
--- request leaves no trace in Redis.
+-- request leaves no trace in Redis. A key this call already charged is known
+-- from seen: same clock, so same window, and no other writer in between.
 function sliding_window_log.check(key, limit, window, cost, now)
   local oldest = fmt(now - window) -- members scored at or below it have left
-  local used = redis.call('ZCOUNT', key, '(' .. oldest, '+inf')
-  return { oldest = oldest, used = used, admit = used + cost <= limit }
+  local prior = seen[key]
+  local used = prior and prior.used or redis.call('ZCOUNT', key, '(' .. oldest, '+inf')
+  return { oldest = oldest, used = used, admit = used + cost <= limit, prior = prior }
 end
 
 -- commit prunes what left the window and records cost members, named
@@ -18,16 +20,21 @@ end
 -- is added as its microsecond, NX: scripts run one after another and each
 -- takes several microseconds, so the name is taken only if Redis's clock
 -- stepped back onto a recorded microsecond (a failover to a host with
--- another clock). Then, and for weighted hits, the score is the newest + 1
--- when TIME does not exceed it, which keeps every member unique without
--- asking the caller for a nonce.
+-- another clock). Then, for weighted hits, and for a key this call already
+-- charged (same microsecond), the score is the newest + 1 when TIME does not
+-- exceed it, which keeps every member unique without asking the caller for
+-- a nonce.
 function sliding_window_log.commit(key, st, limit, window, cost, now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', st.oldest)
-  local score, member = now, fmt(now)
-  if cost > 1 or redis.call('ZADD', key, 'NX', member, member) == 0 then
-    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if newest[2] and tonumber(newest[2]) >= score then
-      score = tonumber(newest[2]) + 1
+  local score, newest = now, st.prior and st.prior.newest
+  if not newest then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', st.oldest)
+  end
+  if newest or cost > 1 or redis.call('ZADD', key, 'NX', fmt(now), fmt(now)) == 0 then
+    if not newest then
+      newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+    end
+    if newest and newest >= score then
+      score = newest + 1
     end
     local s = fmt(score)
     local args = {}
@@ -54,6 +61,7 @@ function sliding_window_log.commit(key, st, limit, window, cost, now)
   st.used = st.used + cost
   st.token = score -- names the members, for a refund
   st.newest = score
+  seen[key] = { used = st.used, newest = score }
 end
 
 -- result returns what is left and, in microseconds, the honest wait: for an
