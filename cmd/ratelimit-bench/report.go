@@ -197,7 +197,11 @@ func floorRatio(m *Measurement, floors map[Scenario]*Measurement) string {
 	if m.Floor() || f == nil || f.redisPerDecision() == 0 || m.Decisions == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.1fx", float64(m.redisPerDecision())/float64(f.redisPerDecision()))
+	r := float64(m.redisPerDecision()) / float64(f.redisPerDecision())
+	if r < 1 {
+		return fmt.Sprintf("%.2fx", r)
+	}
+	return fmt.Sprintf("%.1fx", r)
 }
 
 // count renders a rate with thousands separators: 12,345.
