@@ -179,7 +179,7 @@ func (m *Measurement) summary() string {
 	return out + fmt.Sprintf(", redis %s/dec", us(m.redisPerDecision()))
 }
 
-// floorOf indexes the floor measurements by scenario.
+// floorsOf indexes the floor measurements by scenario.
 func floorsOf(ms []*Measurement) map[Scenario]*Measurement {
 	out := map[Scenario]*Measurement{}
 	for _, m := range ms {
