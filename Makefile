@@ -29,7 +29,8 @@ proto:
 tools:
 	.ci/tools.sh
 
-## bench: load-test the service on a real redis-server: 48 scenarios (~6 min);
+## bench: load-test the service at its shipped defaults on a real redis-server, with
+## Envoy's 20 ms deadline, against an INCRBY+EXPIRE floor: 42 scenarios (~5 min);
 ## BENCH_QUICK=1: a representative subset (< 1 min); BENCH_FLAGS: more flags (docs/bench.md)
 bench:
 	$(GO) run ./cmd/ratelimit-bench $(BENCH_FLAGS)

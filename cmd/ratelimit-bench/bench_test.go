@@ -1,12 +1,18 @@
 package main
 
 import (
+	"context"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/slidingwindow/ratelimit/pkg/config"
 )
@@ -60,33 +66,67 @@ func TestHistogramBuckets(t *testing.T) {
 
 func TestScenarios(t *testing.T) {
 	all := allScenarios()
-	if len(all) != 48 {
-		t.Fatalf("%d scenarios, want 48", len(all))
+	if want := len(shapes) * (1 + 2*len(algorithms)); len(all) != want {
+		t.Fatalf("%d scenarios, want %d", len(all), want)
 	}
 	names := map[string]bool{}
-	for _, s := range all {
+	for i, s := range all {
 		if names[s.Name()] {
 			t.Fatalf("duplicate %s", s.Name())
 		}
 		names[s.Name()] = true
+		// Each scenario's floor runs before it.
+		if !s.Floor() && !slices.Contains(all[:i], s.FloorOf()) {
+			t.Errorf("%s runs before its floor %s", s.Name(), s.FloorOf().Name())
+		}
 	}
-	for _, s := range quickScenarios() {
+	for _, alg := range algorithms {
+		for _, keys := range []string{"hot", "10k"} {
+			for _, mode := range []string{"allowed", "denied"} {
+				for _, c := range []string{"c50", "c200"} {
+					if name := alg.Name + "/" + keys + "/" + mode + "/1d/" + c; !names[name] {
+						t.Errorf("the full matrix lacks %s", name)
+					}
+				}
+			}
+		}
+	}
+	quick := quickScenarios()
+	for _, s := range quick {
 		if !names[s.Name()] {
 			t.Errorf("quick scenario %s is not in the full matrix", s.Name())
 		}
 	}
-	got, err := selectScenarios(false, "^log/hot/.*/c200$")
-	if err != nil || len(got) != 4 {
-		t.Fatalf("-run: %v, %v", got, err)
+	for _, alg := range algorithms {
+		if !slices.Contains(quick, Scenario{alg.Name, 1, false, 1, 200}) {
+			t.Errorf("-quick lacks %s", alg.Name)
+		}
 	}
-	if _, err := selectScenarios(true, "nothing"); err == nil {
+
+	got, err := selectScenarios(false, "^log/hot/.*/1d/c200$", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gotNames []string
+	for _, s := range got {
+		gotNames = append(gotNames, s.Name())
+	}
+	if want := "floor/hot/1d/c200 log/hot/allowed/1d/c200 log/hot/denied/1d/c200"; strings.Join(gotNames, " ") != want {
+		t.Errorf("-run with floors: %v, want %s", gotNames, want)
+	}
+	if got, err := selectScenarios(false, "/c50$", false); err != nil || len(got) != 2*2*len(algorithms) || slices.ContainsFunc(got, Scenario.Floor) {
+		t.Errorf("-run -floor=false: %v, %v", got, err)
+	}
+	if got, err := selectScenarios(true, "", false); err != nil || len(got) != len(quick)-2 {
+		t.Errorf("-quick -floor=false: %v, %v", got, err)
+	}
+	if _, err := selectScenarios(true, "nothing", true); err == nil {
 		t.Error("a -run matching nothing must fail")
 	}
 }
 
 func TestRequests(t *testing.T) {
-	g := Group{"log", keyspace10k, true}
-	reqs := requests(g, 3)
+	reqs := requests(Scenario{"log", keyspace10k, true, 3, 50})
 	if len(reqs) != keyspace10k {
 		t.Fatalf("%d requests", len(reqs))
 	}
@@ -100,33 +140,145 @@ func TestRequests(t *testing.T) {
 			seen[e.Value] = true
 		}
 	}
-	if hot := requests(Group{"fixed", 1, false}, 1); len(hot) != 1 || hot[0].Descriptors[0].Entries[0].Value != "0" {
+	if hot := requests(Scenario{"fixed", 1, false, 1, 50}); len(hot) != 1 || hot[0].Descriptors[0].Entries[0].Value != "0" {
 		t.Fatalf("hot key: %v", hot)
 	}
 }
 
-// TestBenchConfig checks that bench.yaml has the rule of every group, and
-// the script hit the ceiling sends for it.
+// TestBenchConfig checks that bench.yaml has both rules of every algorithm
+// the bench measures, with that algorithm: a far-away limit and one per
+// minute.
 func TestBenchConfig(t *testing.T) {
 	cfg, err := config.Load("../../bench/config/bench.yaml", config.Defaults{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range allScenarios() {
-		if _, err := hitOf(cfg, s.Group()); err != nil {
-			t.Fatal(err)
+	for _, alg := range algorithms {
+		for _, denied := range []bool{false, true} {
+			s := Scenario{Alg: alg.Name, Denied: denied}
+			rule := config.Match(cfg, domain, []*rlcommon.RateLimitDescriptor_Entry{{Key: s.RuleKey(), Value: "0"}})
+			if rule == nil || rule.Unlimited {
+				t.Fatalf("bench.yaml has no limited rule for %s", s.RuleKey())
+			}
+			if rule.Algorithm.String() != alg.Config {
+				t.Errorf("%s: algorithm %s, want %s", s.RuleKey(), rule.Algorithm, alg.Config)
+			}
+			if denied && rule.RequestsPerUnit != 1 || !denied && rule.RequestsPerUnit < 10_000 {
+				t.Errorf("%s: limit %d", s.RuleKey(), rule.RequestsPerUnit)
+			}
 		}
 	}
-	h, err := hitOf(cfg, Group{"log", keyspace10k, false})
-	if err != nil {
-		t.Fatal(err)
+}
+
+// TestRun drives a Run with calls that answer at once: what it counts, and
+// how a deadline is applied, enforced or not.
+func TestRun(t *testing.T) {
+	var n atomic.Int64
+	call := func(int) Call {
+		return func(ctx context.Context, _ *rand.Rand) (uint64, uint64, string) {
+			if _, ok := ctx.Deadline(); !ok {
+				return 0, 0, "NoDeadline"
+			}
+			if n.Add(1)%4 == 0 {
+				return 0, 0, "Unavailable"
+			}
+			return 2, 1, ""
+		}
 	}
-	if h.Key != "rl:{bench|log=__rand_int__}:log:1" || strings.Join(h.Args, " ") != "1 1 10000 1000000 1 0" {
-		t.Errorf("log hit %+v", h)
+	r := Start(3, Deadline{D: time.Hour, Enforce: true}, 0, call)
+	r.Measure()
+	for n0 := n.Load(); n.Load() < n0+100; {
+		time.Sleep(time.Millisecond)
 	}
-	h, _ = hitOf(cfg, Group{"fixed", 1, true})
-	if h.Key != "rl:{bench|fixed_denied=0}:fixed:60" || strings.Join(h.Args, " ") != "1 3 1 60000000 1 0" {
-		t.Errorf("fixed denied hit %+v", h)
+	res := r.Stop()
+	if res.Requests == 0 || res.Decisions != 2*res.Requests || res.OverLimit != res.Requests {
+		t.Errorf("counts: %+v", res)
+	}
+	if res.Errors["Unavailable"] == 0 || res.Errors["NoDeadline"] != 0 || res.Late != 0 {
+		t.Errorf("errors: %v, late %d", res.Errors, res.Late)
+	}
+	if res.Latency.Count() != res.Requests+res.ErrorCount() || res.OtherErrors() != res.Errors["Unavailable"] {
+		t.Errorf("every call's latency is recorded: %d of %d", res.Latency.Count(), res.Requests+res.ErrorCount())
+	}
+
+	// Not enforced: no deadline on the call, answers later than it are late.
+	plain := func(int) Call {
+		return func(ctx context.Context, _ *rand.Rand) (uint64, uint64, string) {
+			if _, ok := ctx.Deadline(); ok {
+				return 0, 0, deadlineExceeded
+			}
+			n.Add(1)
+			return 1, 0, ""
+		}
+	}
+	n.Store(0)
+	r = Start(2, Deadline{D: -1, Enforce: false}, 0, plain)
+	r.Measure()
+	for n0 := n.Load(); n.Load() < n0+100; {
+		time.Sleep(time.Millisecond)
+	}
+	res = r.Stop()
+	if res.ErrorCount() != 0 || res.Requests == 0 || res.Late != res.Requests || res.DeadlineMisses() != res.Late {
+		t.Errorf("unenforced deadline: %+v", res)
+	}
+
+	// A deadline that passes: DeadlineExceeded is a miss, not an "other" error.
+	expire := func(int) Call {
+		return func(ctx context.Context, _ *rand.Rand) (uint64, uint64, string) {
+			<-ctx.Done()
+			n.Add(1)
+			return 0, 0, deadlineExceeded
+		}
+	}
+	n.Store(0)
+	r = Start(2, Deadline{D: time.Microsecond, Enforce: true}, 0, expire)
+	r.Measure()
+	for n0 := n.Load(); n.Load() < n0+10; {
+		time.Sleep(time.Millisecond)
+	}
+	res = r.Stop()
+	if res.DeadlineMisses() == 0 || res.OtherErrors() != 0 || res.ErrorSummary() != "0" {
+		t.Errorf("missed deadlines: %+v, summary %q", res, res.ErrorSummary())
+	}
+}
+
+// TestFloorCaller checks the floor's Redis commands: INCRBY and EXPIRE of
+// one counter per descriptor, named after its window.
+func TestFloorCaller(t *testing.T) {
+	m := miniredis.RunT(t)
+	f := newFloorClient(m.Addr(), 2)
+	defer f.Close()
+	call := f.caller(Scenario{Alg: floorAlg, Keys: 1, Descriptors: 3, Concurrency: 1})(0)
+	for range 2 {
+		if d, over, code := call(context.Background(), rand.New(rand.NewPCG(1, 2))); d != 3 || over != 0 || code != "" {
+			t.Fatalf("call: %d %d %q", d, over, code)
+		}
+	}
+	keys := m.Keys()
+	if len(keys) != 3 {
+		t.Fatalf("keys %v, want one per descriptor", keys)
+	}
+	for _, k := range keys {
+		if !strings.HasPrefix(k, "floor_") {
+			t.Errorf("key %s", k)
+		}
+		if v, _ := m.Get(k); v != "2" {
+			t.Errorf("%s = %s, want 2", k, v)
+		}
+		if ttl := m.TTL(k); ttl != floorWindow {
+			t.Errorf("%s TTL %v", k, ttl)
+		}
+	}
+	m.Close()
+	if _, _, code := call(context.Background(), rand.New(rand.NewPCG(1, 2))); code != "RedisConnection" {
+		t.Errorf("Redis down: %q", code)
+	}
+}
+
+func TestServiceEnv(t *testing.T) {
+	got := serviceEnv([]string{"PATH=/bin", "RATELIMIT_STORE_TIMEOUT=1s", "GOGC=50", "GOMAXPROCS=1", "HOME=/h"}, []string{"GOGC=400"})
+	if want := "PATH=/bin HOME=/h GOGC=400"; strings.Join(got, " ") != want {
+		t.Errorf("serviceEnv: %v, want %s", got, want)
 	}
 }
 
@@ -136,29 +288,65 @@ func TestParsers(t *testing.T) {
 	if err != nil || d != 3*time.Second {
 		t.Errorf("parseStat: %v, %v", d, err)
 	}
-	rps, lat, err := parseBenchmarkCSV(`"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-"EVALSHA abc 1 k:{x|__rand_int__}","41841.00","0.838","0.144","0.591","2.359","4.511","30.831"
-`)
-	if err != nil || rps != 41841 || lat != [2]string{"0.591", "4.511"} {
-		t.Errorf("parseBenchmarkCSV: %v %v %v", rps, lat, err)
-	}
-	if _, _, err := parseBenchmarkCSV("ERROR\n"); err == nil {
-		t.Error("parseBenchmarkCSV accepted no result")
-	}
-	st := parseCommandStats("# Commandstats\r\ncmdstat_evalsha:calls=3,usec=120,usec_per_call=40.00,rejected_calls=0,failed_calls=1\r\ncmdstat_zadd:calls=2,usec=4,usec_per_call=2.00,rejected_calls=0,failed_calls=0\r\n")
-	if st["evalsha"] != (cmdStat{Calls: 3, Failed: 1, Usec: 120 * time.Microsecond}) || st["zadd"].Calls != 2 {
-		t.Errorf("parseCommandStats: %v", st)
-	}
-	storeErrors, shed, err := parseCounters(strings.NewReader(`# HELP ratelimit_store_errors_total x
+	got, err := parseCounters(strings.NewReader(`# HELP ratelimit_store_errors_total x
 ratelimit_store_errors_total{kind="timeout"} 3
 ratelimit_store_errors_total{kind="connection"} 2
 ratelimit_requests_shed_total 7
 ratelimit_decisions_total{domain="bench",rule="log",outcome="over_limit"} 1e+06
+ratelimit_decisions_total{domain="bench",rule="log",outcome="failure_allow"} 4
+ratelimit_decisions_total{domain="bench",rule="a \"quoted\" rule, {x}",outcome="failure_allow"} 1
+ratelimit_decisions_total{domain="bench",rule="fixed",outcome="failure_deny"} 2 1700000000000
+go_goroutines 12
 `))
-	if err != nil || storeErrors != 5 || shed != 7 {
-		t.Errorf("parseCounters: %v %v %v", storeErrors, shed, err)
+	want := map[string]float64{"store:timeout": 3, "store:connection": 2, "shed": 7, "failure_allow": 5, "failure_deny": 2}
+	if err != nil || !maps.Equal(got, want) {
+		t.Errorf("parseCounters: %v, %v, want %v", got, err, want)
+	}
+	if _, err := parseCounters(strings.NewReader("ratelimit_decisions_total{outcome=\"x} 1\n")); err == nil {
+		t.Error("parseCounters accepted an unterminated label")
 	}
 	if got := count(1234567.4); got != "1,234,567" {
 		t.Errorf("count: %s", got)
+	}
+}
+
+// TestReport checks that a scenario with failure-mode answers, errors or
+// missed deadlines is marked, and the ratio to the floor.
+func TestReport(t *testing.T) {
+	floor := &Measurement{Scenario: Scenario{Alg: floorAlg, Keys: 1, Descriptors: 1, Concurrency: 200},
+		Result: Result{Requests: 1000, Decisions: 1000, Errors: map[string]uint64{}}, Elapsed: time.Second,
+		RedisCPU: 5 * time.Millisecond}
+	clean := &Measurement{Scenario: Scenario{"log", 1, false, 1, 200},
+		Result: Result{Requests: 1000, Decisions: 1000, Errors: map[string]uint64{}}, Elapsed: time.Second,
+		RedisCPU: 10 * time.Millisecond, Counters: map[string]float64{}}
+	failing := &Measurement{Scenario: Scenario{"fixed", 1, true, 1, 200},
+		Result:  Result{Requests: 990, Decisions: 990, Errors: map[string]uint64{deadlineExceeded: 10, "Unavailable": 2}},
+		Elapsed: time.Second, RedisCPU: 15 * time.Millisecond,
+		Counters: map[string]float64{"failure_allow": 7, "store:timeout": 6, "store:canceled": 1}}
+	if clean.failed() || !failing.failed() || floor.failed() {
+		t.Errorf("failed: %v %v %v", clean.failed(), failing.failed(), floor.failed())
+	}
+	if got := failing.failureSummary(); got != "allow 7 (store: canceled 1, timeout 6)" {
+		t.Errorf("failureSummary %q", got)
+	}
+	if got := failing.misses(); got != "10 (1.0%)" {
+		t.Errorf("misses %q", got)
+	}
+	var b strings.Builder
+	writeMarkdown(&b, &Report{Options: options{timeout: 20 * time.Millisecond, conns: 4, floorConns: 10},
+		ServiceArgs: []string{"--config", "x"}, Measurements: []*Measurement{floor, clean, failing}})
+	out := b.String()
+	for _, want := range []string{
+		"|  | log/hot/allowed/1d/c200 |",
+		"| ! | fixed/hot/denied/1d/c200 |",
+		"| 2.0x |", "| 3.0x |",
+		"**1 of 3 scenarios (!) had failure-mode answers, store errors, gRPC errors or missed deadlines (20ms):** fixed/hot/denied/1d/c200.",
+		"| sliding_window_log | 2.0x | - |",
+		"| fixed_window | - | 3.0x |",
+		"| floor: Redis CPU / decision | 5.0 µs | 5.0 µs |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
 	}
 }

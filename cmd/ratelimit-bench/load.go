@@ -13,6 +13,7 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -86,9 +87,8 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	return bucketValue(histBuckets - 1)
 }
 
-// Load drives closed-loop traffic: workers each send ShouldRateLimit back to
-// back over a few shared HTTP/2 connections, as Envoy does (few connections,
-// many streams). Only calls that complete while measuring are recorded.
+// Load holds the gRPC connections of the service scenarios: few HTTP/2
+// connections carrying many streams, as Envoy does.
 type Load struct {
 	conns []*grpc.ClientConn
 	rls   []rlsv3.RateLimitServiceClient
@@ -126,6 +126,39 @@ func (l *Load) Close() {
 	}
 }
 
+// caller returns the call of worker w: ShouldRateLimit of a request drawn
+// uniformly from reqs, on connection w mod the connections. The context
+// carries the per-request deadline, which gRPC sends as grpc-timeout.
+func (l *Load) caller(reqs []*rlsv3.RateLimitRequest) func(w int) Call {
+	return func(w int) Call {
+		client := l.rls[w%len(l.rls)]
+		return func(ctx context.Context, rng *rand.Rand) (decisions, overLimit uint64, errCode string) {
+			req := reqs[0]
+			if len(reqs) > 1 {
+				req = reqs[rng.IntN(len(reqs))]
+			}
+			resp, err := client.ShouldRateLimit(ctx, req)
+			if err != nil {
+				return 0, 0, status.Code(err).String()
+			}
+			for _, st := range resp.Statuses {
+				if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+					overLimit++
+				}
+			}
+			return uint64(len(req.Descriptors)), overLimit, ""
+		}
+	}
+}
+
+// Call is one request of a worker: the decisions it got and how many of
+// them were denials, or the code of its error ("DeadlineExceeded" for a
+// missed deadline, as gRPC names codes.DeadlineExceeded).
+type Call func(ctx context.Context, rng *rand.Rand) (decisions, overLimit uint64, errCode string)
+
+// deadlineExceeded is the error code of a missed deadline.
+var deadlineExceeded = codes.DeadlineExceeded.String()
+
 // phases of a run.
 const (
 	warming int32 = iota
@@ -146,17 +179,28 @@ type worker struct {
 	requests  uint64
 	decisions uint64
 	overLimit uint64 // descriptors answered OVER_LIMIT
+	late      uint64 // answers that came after the deadline (not enforced)
 	errors    map[string]uint64
 	seed      uint64
 	_         [64]byte // keep workers' counters on their own cache lines
 }
 
-// Start launches concurrency workers drawing requests uniformly from reqs.
-// With rate > 0 the workers are paced to send rate requests per second in
-// all (each at most one in flight); a call's latency is then counted from
+// Deadline is the per-request deadline of a run. Enforced, each call's
+// context carries it (the service scenarios: gRPC sends it as grpc-timeout
+// and the call fails with DEADLINE_EXCEEDED past it); not enforced, calls
+// run without one and the answers later than it are counted as late (the
+// floor client: Redis knows no deadline).
+type Deadline struct {
+	D       time.Duration
+	Enforce bool
+}
+
+// Start launches concurrency workers, worker w sending newCall(w) back to
+// back. With rate > 0 the workers are paced to send rate requests per second
+// in all (each at most one in flight); a call's latency is then counted from
 // when it was due, not when it could be sent, so that a stalled server is
 // not hidden by the workers waiting for it (coordinated omission).
-func (l *Load) Start(reqs []*rlsv3.RateLimitRequest, concurrency int, timeout time.Duration, rate float64) *Run {
+func Start(concurrency int, deadline Deadline, rate float64, newCall func(w int) Call) *Run {
 	r := &Run{}
 	var interval time.Duration
 	if rate > 0 {
@@ -165,23 +209,19 @@ func (l *Load) Start(reqs []*rlsv3.RateLimitRequest, concurrency int, timeout ti
 	for i := range concurrency {
 		w := &worker{errors: map[string]uint64{}, seed: uint64(i)}
 		r.workers = append(r.workers, w)
-		client := l.rls[i%len(l.rls)]
-		r.wg.Go(func() { r.work(w, client, reqs, timeout, interval) })
+		call := newCall(i)
+		r.wg.Go(func() { r.work(w, call, deadline, interval) })
 	}
 	return r
 }
 
-func (r *Run) work(w *worker, client rlsv3.RateLimitServiceClient, reqs []*rlsv3.RateLimitRequest, timeout, interval time.Duration) {
+func (r *Run) work(w *worker, call Call, deadline Deadline, interval time.Duration) {
 	rng := rand.New(rand.NewPCG(w.seed, 0x5eed))
 	var due time.Time
 	if interval > 0 {
 		due = time.Now().Add(rand.N(interval)) // spread the workers over one interval
 	}
 	for {
-		req := reqs[0]
-		if len(reqs) > 1 {
-			req = reqs[rng.IntN(len(reqs))]
-		}
 		var start time.Time
 		if interval > 0 {
 			if wait := time.Until(due); wait > 0 {
@@ -189,11 +229,14 @@ func (r *Run) work(w *worker, client rlsv3.RateLimitServiceClient, reqs []*rlsv3
 			}
 			start, due = due, due.Add(interval)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if deadline.Enforce {
+			ctx, cancel = context.WithTimeout(ctx, deadline.D)
+		}
 		if interval == 0 {
 			start = time.Now()
 		}
-		resp, err := client.ShouldRateLimit(ctx, req)
+		decisions, overLimit, errCode := call(ctx, rng)
 		elapsed := time.Since(start)
 		cancel()
 		switch r.phase.Load() {
@@ -203,17 +246,16 @@ func (r *Run) work(w *worker, client rlsv3.RateLimitServiceClient, reqs []*rlsv3
 			return
 		}
 		w.hist.Record(elapsed)
-		if err != nil {
-			w.errors[status.Code(err).String()]++
+		if errCode != "" {
+			w.errors[errCode]++
 			continue
 		}
-		w.requests++
-		w.decisions += uint64(len(req.Descriptors))
-		for _, st := range resp.Statuses {
-			if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
-				w.overLimit++
-			}
+		if !deadline.Enforce && elapsed > deadline.D {
+			w.late++
 		}
+		w.requests++
+		w.decisions += decisions
+		w.overLimit += overLimit
 	}
 }
 
@@ -231,6 +273,7 @@ func (r *Run) Stop() Result {
 		res.Requests += w.requests
 		res.Decisions += w.decisions
 		res.OverLimit += w.overLimit
+		res.Late += w.late
 		for k, v := range w.errors {
 			res.Errors[k] += v
 		}
@@ -240,12 +283,20 @@ func (r *Run) Stop() Result {
 
 // Result is what the client saw during the measured interval.
 type Result struct {
-	Latency   Histogram // every call, failed ones included
-	Requests  uint64    // successful calls
-	Decisions uint64    // descriptors decided by successful calls
-	OverLimit uint64    // descriptors answered OVER_LIMIT
-	Errors    map[string]uint64
+	Latency   Histogram         // every call, failed ones included
+	Requests  uint64            // successful calls
+	Decisions uint64            // descriptors decided by successful calls
+	OverLimit uint64            // descriptors answered OVER_LIMIT
+	Late      uint64            // successful calls answered after the deadline, when it was not enforced
+	Errors    map[string]uint64 // failed calls by error code, DeadlineExceeded included
 }
+
+// DeadlineMisses is the calls that missed the deadline: failed with
+// DEADLINE_EXCEEDED, or answered late when the deadline was not enforced.
+func (r *Result) DeadlineMisses() uint64 { return r.Errors[deadlineExceeded] + r.Late }
+
+// OtherErrors is the failed calls whose error was not a missed deadline.
+func (r *Result) OtherErrors() uint64 { return r.ErrorCount() - r.Errors[deadlineExceeded] }
 
 func (r *Result) ErrorCount() uint64 {
 	var n uint64
@@ -255,14 +306,17 @@ func (r *Result) ErrorCount() uint64 {
 	return n
 }
 
-// ErrorSummary is e.g. "DeadlineExceeded 3, Unavailable 1", or "0".
+// ErrorSummary is the errors other than missed deadlines by code, e.g.
+// "Unavailable 3, ResourceExhausted 1", or "0".
 func (r *Result) ErrorSummary() string {
-	if len(r.Errors) == 0 {
-		return "0"
-	}
-	codes := make([]string, 0, len(r.Errors))
+	var codes []string
 	for k := range r.Errors {
-		codes = append(codes, k)
+		if k != deadlineExceeded {
+			codes = append(codes, k)
+		}
+	}
+	if len(codes) == 0 {
+		return "0"
 	}
 	slices.Sort(codes)
 	var parts []string

@@ -1,18 +1,22 @@
-// Command ratelimit-bench measures the service's throughput, latency and CPU
-// cost per decision under closed-loop gRPC load, against a real redis-server,
-// and compares it with what Redis alone does with the same decide script.
+// Command ratelimit-bench measures the service at its shipped defaults:
+// throughput, latency, failure-mode answers, missed deadlines and CPU per
+// decision (of the service and of Redis) under closed-loop gRPC load, against
+// a real redis-server, and compares Redis's CPU per decision with a floor: a
+// plain client sending INCRBY + EXPIRE per decision to the same Redis.
 //
 // It builds the service (go build, no -race), starts a redis-server and the
-// service on free loopback ports, then for each scenario drives N workers
-// sending ShouldRateLimit back to back over a few shared HTTP/2 connections
-// (as Envoy does), measures for a bounded time after a warm-up, and reads the
-// CPU time of the service and Redis processes from /proc. For each script hit
-// it also runs redis-benchmark with EVALSHA of the decide script (-c 50, -P 1
-// and -P 16): the Redis-side ceiling. The report is Markdown on stdout;
-// progress goes to stderr. docs/bench.md explains the columns.
+// service on free loopback ports (no flag beyond addresses, config and Redis
+// URL unless -service-arg says so), then for each scenario drives N workers
+// sending ShouldRateLimit back to back over a few shared HTTP/2 connections,
+// each call with Envoy's deadline (grpc-timeout, 20 ms by default), measures
+// for a bounded time after a warm-up, reads the CPU time of the service and
+// Redis processes from /proc and the service's failure counters from its
+// /metrics. It knows the service only through gRPC and /metrics. The report
+// is Markdown on stdout; progress goes to stderr. docs/bench.md explains the
+// columns.
 //
-//	ratelimit-bench [-quick] [-run REGEXP] [-duration 5s] [-warmup 1s] [-ceiling 2s]
-//	                [-conns 4] [-rate 0] [-cpuprofile DIR] [-list]
+//	ratelimit-bench [-quick] [-run REGEXP] [-duration 5s] [-warmup 1s] [-timeout 20ms]
+//	                [-conns 4] [-floor-conns 10] [-rate 0] [-cpuprofile DIR] [-list]
 package main
 
 import (
@@ -21,7 +25,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -32,10 +35,7 @@ import (
 	"syscall"
 	"time"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
-	"github.com/slidingwindow/ratelimit/pkg/config"
-	"github.com/slidingwindow/ratelimit/scripts/lua"
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
@@ -51,8 +51,9 @@ type options struct {
 	list       bool
 	duration   time.Duration
 	warmup     time.Duration
-	ceiling    time.Duration
+	floor      bool
 	conns      int
+	floorConns int
 	timeout    time.Duration
 	rate       float64
 	configPath string
@@ -79,9 +80,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.list, "list", false, "list the scenarios and exit")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per scenario (-quick: 3s)")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "load before measuring, per scenario (-quick: 500ms)")
-	fs.DurationVar(&o.ceiling, "ceiling", 2*time.Second, "length of each redis-benchmark run of the Redis ceiling (-quick: 1s); 0 skips the ceiling")
+	fs.BoolVar(&o.floor, "floor", true, "also run the floor (INCRBY + EXPIRE from the bench) of each selected scenario's keys, descriptors and streams")
 	fs.IntVar(&o.conns, "conns", 4, "gRPC (HTTP/2) connections the workers share")
-	fs.DurationVar(&o.timeout, "timeout", time.Second, "deadline of each ShouldRateLimit call (sent as grpc-timeout, as Envoy does)")
+	fs.IntVar(&o.floorConns, "floor-conns", 10, "Redis connections of the floor client (envoyproxy/ratelimit's REDIS_POOL_SIZE default)")
+	fs.DurationVar(&o.timeout, "timeout", 20*time.Millisecond, "deadline of each ShouldRateLimit call, sent as grpc-timeout (Envoy's rate limit filter default: 20ms)")
 	fs.Float64Var(&o.rate, "rate", 0, "pace the workers to this many requests/s in all (open loop; latency counted from when a request was due); 0: closed loop, back to back")
 	fs.StringVar(&o.configPath, "config", "", "the service's config (default bench/config/bench.yaml in the module)")
 	fs.StringVar(&o.binary, "binary", "", "a built service binary to run instead of building ./cmd/ratelimit")
@@ -104,19 +106,18 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if !set["warmup"] {
 			o.warmup = 500 * time.Millisecond
 		}
-		if !set["ceiling"] {
-			o.ceiling = time.Second
-		}
 	}
 	switch {
 	case o.duration < 100*time.Millisecond:
 		return o, errors.New("-duration must be at least 100ms")
-	case o.warmup < 0 || o.ceiling < 0:
-		return o, errors.New("-warmup and -ceiling must not be negative")
+	case o.warmup < 0:
+		return o, errors.New("-warmup must not be negative")
+	case o.timeout <= 0:
+		return o, errors.New("-timeout must be positive")
 	case o.rate < 0:
 		return o, errors.New("-rate must not be negative")
-	case o.conns < 1:
-		return o, errors.New("-conns must be at least 1")
+	case o.conns < 1 || o.floorConns < 1:
+		return o, errors.New("-conns and -floor-conns must be at least 1")
 	}
 	o.args = args
 	return o, nil
@@ -131,7 +132,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 2
 	}
-	scenarios, err := selectScenarios(o.quick, o.run)
+	scenarios, err := selectScenarios(o.quick, o.run, o.floor)
 	if err != nil {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 2
@@ -168,10 +169,7 @@ type Measurement struct {
 	Result
 	Elapsed                     time.Duration
 	SvcCPU, RedisCPU, ClientCPU time.Duration
-	StoreErrors, Shed           float64
-	EvalCalls                   uint64        // decide scripts Redis ran
-	ScriptTime                  time.Duration // their execution time, summed
-	Charged                     uint64        // hits charged (ZADD / INCRBY calls)
+	Counters                    map[string]float64 // the service's failure counters over the interval (parseCounters)
 	Profile                     string
 }
 
@@ -184,10 +182,8 @@ type Profile struct {
 type Report struct {
 	Machine      Machine
 	Options      options
+	ServiceArgs  []string // the service's command line, after its binary
 	Measurements []*Measurement
-	Ceilings     map[Group][]*Ceiling
-	Groups       []Group // in run order
-	CeilingNote  string
 	Profiles     []Profile
 	Began        time.Time
 	Took         time.Duration
@@ -202,14 +198,10 @@ func bench(ctx context.Context, o options, scenarios []Scenario, stdout, stderr 
 	if o.configPath == "" {
 		o.configPath = filepath.Join(root, "bench", "config", "bench.yaml")
 	}
-	cfg, err := config.Load(o.configPath, config.Defaults{})
-	if err != nil {
-		return err
-	}
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return errors.New("redis-server is not on PATH (Debian: apt-get install redis-server)")
 	}
-	rep := &Report{Options: o, Ceilings: map[Group][]*Ceiling{}, Began: began}
+	rep := &Report{Options: o, Began: began}
 	rep.Machine = describeMachine(root)
 	tick := clockTick()
 
@@ -232,65 +224,36 @@ func bench(ctx context.Context, o options, scenarios []Scenario, stdout, stderr 
 	}
 	defer redisProc.stop(time.Second)
 	defer rdb.Close()
-	sha, err := rdb.ScriptLoad(ctx, lua.Decide).Result()
-	if err != nil {
-		return fmt.Errorf("SCRIPT LOAD of the decide script: %w", err)
-	}
+	floor := newFloorClient(redisAddr, o.floorConns)
+	defer floor.Close()
 
-	svc, err := startService(bin, dir, o.configPath, redisAddr, o.svcArgs, o.svcEnv)
+	svc, svcArgs, err := startService(bin, dir, o.configPath, redisAddr, o.svcArgs, o.svcEnv, o.cpuprofile != "")
 	if err != nil {
 		return err
 	}
 	defer svc.stop(15 * time.Second)
+	rep.ServiceArgs = svcArgs
 	load, err := dial(ctx, svc.grpcAddr, o.conns)
 	if err != nil {
 		return err
 	}
 	defer load.Close()
-
-	host, port, _ := net.SplitHostPort(redisAddr)
-	cr := &ceilingRunner{host: host, port: port, redisPid: redisProc.pid(), tick: tick, client: rdb, sha: sha}
-	if o.ceiling > 0 {
-		if _, err := exec.LookPath("redis-benchmark"); err != nil {
-			o.ceiling = 0
-			rep.CeilingNote = "redis-benchmark is not on PATH: no Redis ceiling measured."
-		}
-	} else {
-		rep.CeilingNote = "Redis ceiling skipped (-ceiling 0)."
-	}
 	if o.cpuprofile != "" {
 		if err := os.MkdirAll(o.cpuprofile, 0o755); err != nil {
 			return err
 		}
 	}
 
-	reqCache := map[string][]*rlsv3.RateLimitRequest{}
 	for i, s := range scenarios {
-		g := s.Group()
-		if _, done := rep.Ceilings[g]; !done {
-			rep.Groups = append(rep.Groups, g)
-			rep.Ceilings[g] = nil
-			if o.ceiling > 0 {
-				h, err := hitOf(cfg, g)
-				if err != nil {
-					return err
-				}
-				for _, p := range []int{1, 16} {
-					fmt.Fprintf(stderr, "ceiling %s -P %d ...\n", g.Name(), p)
-					c, err := cr.run(ctx, g, h, p, o.ceiling)
-					if err != nil {
-						return fmt.Errorf("ceiling of %s: %w", g.Name(), err)
-					}
-					rep.Ceilings[g] = append(rep.Ceilings[g], c)
-				}
-			}
-		}
-		ck := fmt.Sprintf("%s/%d", g.Name(), s.Descriptors)
-		if reqCache[ck] == nil {
-			reqCache[ck] = requests(g, s.Descriptors)
-		}
 		fmt.Fprintf(stderr, "[%d/%d] %s ...\n", i+1, len(scenarios), s.Name())
-		m, err := measure(ctx, o, s, reqCache[ck], load, svc, cr, tick)
+		var newCall func(int) Call
+		deadline := Deadline{D: o.timeout, Enforce: true}
+		if s.Floor() {
+			newCall, deadline.Enforce = floor.caller(s), false
+		} else {
+			newCall = load.caller(requests(s))
+		}
+		m, err := measure(ctx, o, s, newCall, deadline, svc, redisProc.pid(), rdb, tick)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.Name(), err)
 		}
@@ -318,40 +281,37 @@ func bench(ctx context.Context, o options, scenarios []Scenario, stdout, stderr 
 }
 
 // measure runs one scenario: a fresh database, warm-up, then the measured
-// interval, with the processes' CPU time read at both ends.
-func measure(ctx context.Context, o options, s Scenario, reqs []*rlsv3.RateLimitRequest, load *Load,
-	svc *service, cr *ceilingRunner, tick float64) (*Measurement, error) {
-	if err := cr.client.FlushAll(ctx).Err(); err != nil {
+// interval, with the processes' CPU time and the service's counters read at
+// both ends.
+func measure(ctx context.Context, o options, s Scenario, newCall func(int) Call, deadline Deadline,
+	svc *service, redisPid int, rdb *redis.Client, tick float64) (*Measurement, error) {
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
 		return nil, err
 	}
-	r := load.Start(reqs, s.Concurrency, o.timeout, o.rate)
+	r := Start(s.Concurrency, deadline, o.rate, newCall)
 	stopped := false
 	defer func() {
 		if !stopped {
-			r.End()
-			r.Wait()
+			r.Stop()
 		}
 	}()
 	if err := sleep(ctx, o.warmup); err != nil {
 		return nil, err
 	}
 	m := &Measurement{Scenario: s}
-	storeErr0, shed0, err := svc.counters()
+	before, err := svc.counters()
 	if err != nil {
 		return nil, err
 	}
-	if err := cr.client.ConfigResetStat(ctx).Err(); err != nil {
-		return nil, err
-	}
 	var profile chan error
-	if o.cpuprofile != "" {
+	if o.cpuprofile != "" && !s.Floor() {
 		m.Profile = filepath.Join(o.cpuprofile, strings.ReplaceAll(s.Name(), "/", "_")+".pprof")
 		secs := max(1, int(o.duration.Round(time.Second)/time.Second))
 		profile = make(chan error, 1)
 		go func() { profile <- fetchProfile(svc.httpAddr, secs, m.Profile) }()
 	}
 	svc0, err1 := cpuTime(svc.pid(), tick)
-	redis0, err2 := cpuTime(cr.redisPid, tick)
+	redis0, err2 := cpuTime(redisPid, tick)
 	self0, err3 := cpuTime(0, tick)
 	t0 := time.Now()
 	r.Measure()
@@ -364,25 +324,24 @@ func measure(ctx context.Context, o options, s Scenario, reqs []*rlsv3.RateLimit
 	r.End()
 	m.Elapsed = time.Since(t0)
 	svc1, err1 := cpuTime(svc.pid(), tick)
-	redis1, err2 := cpuTime(cr.redisPid, tick)
+	redis1, err2 := cpuTime(redisPid, tick)
 	self1, err3 := cpuTime(0, tick)
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return nil, err
 	}
-	m.Result = r.Wait()
+	m.Result = r.Stop()
 	stopped = true
 	m.SvcCPU, m.RedisCPU, m.ClientCPU = svc1-svc0, redis1-redis0, self1-self0
-	stats, err := commandStats(ctx, cr.client)
+	after, err := svc.counters()
 	if err != nil {
 		return nil, err
 	}
-	m.EvalCalls, m.ScriptTime = stats["evalsha"].Calls+stats["eval"].Calls, stats["evalsha"].Usec+stats["eval"].Usec
-	m.Charged = stats[chargeCommand(s.Alg)].Calls
-	storeErr1, shed1, err := svc.counters()
-	if err != nil {
-		return nil, err
+	m.Counters = map[string]float64{}
+	for k, v := range after {
+		if d := v - before[k]; d != 0 {
+			m.Counters[k] = d
+		}
 	}
-	m.StoreErrors, m.Shed = storeErr1-storeErr0, shed1-shed0
 	if profile != nil {
 		if err := <-profile; err != nil {
 			return nil, err
@@ -391,10 +350,8 @@ func measure(ctx context.Context, o options, s Scenario, reqs []*rlsv3.RateLimit
 	return m, svc.alive()
 }
 
-// End stops recording; Wait then collects the workers.
+// End stops recording at once; Stop then collects the workers.
 func (r *Run) End() { r.phase.Store(stopped) }
-
-func (r *Run) Wait() Result { return r.Stop() }
 
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

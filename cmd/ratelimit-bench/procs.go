@@ -158,28 +158,35 @@ func buildService(root, dir string) (string, error) {
 	return bin, nil
 }
 
-func startService(bin, dir, configPath, redisAddr string, extra, env []string) (*service, error) {
+// startService runs the service at its shipped defaults: only the flags
+// that say where to listen and which config and Redis to use, then extra
+// (-service-arg, BENCH_FLAGS), and --pprof when profiling. Its environment
+// is the bench's without RATELIMIT_* (the service reads its flags from
+// them) and without the Go runtime's knobs (GOGC, GOMEMLIMIT, GOMAXPROCS,
+// GODEBUG), so that nothing set in the shell changes what is measured;
+// env (-service-env) is added after. It returns the service's arguments
+// for the report.
+func startService(bin, dir, configPath, redisAddr string, extra, env []string, pprof bool) (*service, []string, error) {
 	grpcAddr, err := freeAddr()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	httpAddr, err := freeAddr()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	args := append([]string{
+	args := []string{
 		"--config", configPath,
 		"--grpc-addr", grpcAddr, "--http-addr", httpAddr,
 		"--redis-url", "redis://" + redisAddr,
-		"--log-level", "error",
-		"--store-timeout", "100ms",
-		"--max-inflight", "1000000",
-		"--watch-config=false",
-		"--pprof",
-	}, extra...)
-	p, err := start("ratelimit", filepath.Join(dir, "ratelimit.log"), env, bin, args...)
+	}
+	if pprof {
+		args = append(args, "--pprof")
+	}
+	args = append(args, extra...)
+	p, err := start("ratelimit", filepath.Join(dir, "ratelimit.log"), serviceEnv(os.Environ(), env), bin, args...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s := &service{process: p, grpcAddr: grpcAddr, httpAddr: httpAddr}
 	err = waitFor(p, 20*time.Second, func() error {
@@ -195,45 +202,130 @@ func startService(bin, dir, configPath, redisAddr string, extra, env []string) (
 	})
 	if err != nil {
 		p.stop(time.Second)
-		return nil, err
+		return nil, nil, err
 	}
-	return s, nil
+	return s, args, nil
 }
 
-// counters reads the service's failure counters from /metrics: store
-// errors (answered by the failure mode, invisible to the client) and shed
-// requests.
-func (s *service) counters() (storeErrors, shed float64, err error) {
+// serviceEnv is the service's environment: base without the variables that
+// would change its defaults, then extra.
+func serviceEnv(base, extra []string) []string {
+	out := []string{}
+	for _, kv := range base {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(name, "RATELIMIT_"),
+			name == "GOGC", name == "GOMEMLIMIT", name == "GOMAXPROCS", name == "GODEBUG":
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, extra...)
+}
+
+// counters reads the service's failure counters from /metrics (see
+// parseCounters).
+func (s *service) counters() (map[string]float64, error) {
 	resp, err := http.Get("http://" + s.httpAddr + "/metrics")
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("/metrics: %s", resp.Status)
+	}
 	return parseCounters(resp.Body)
 }
 
-func parseCounters(r io.Reader) (storeErrors, shed float64, err error) {
+// Names of the counters parseCounters returns, beside the decision outcomes
+// whose name starts with failurePrefix.
+const (
+	failurePrefix  = "failure_" // ratelimit_decisions_total{outcome="failure_allow"}: the rule's failure mode answered
+	storeErrPrefix = "store:"   // store:<kind>: ratelimit_store_errors_total{kind="<kind>"}
+	shedCounter    = "shed"     // ratelimit_requests_shed_total: refused past --max-inflight
+)
+
+// parseCounters reads the service's Prometheus text and returns, summed
+// over the other labels, the decisions answered by a failure mode by
+// outcome (failure_allow, failure_deny: whatever outcome starts with
+// "failure_"), the store errors by kind (store:timeout, ...) and the shed
+// requests. Only what the service exports is read: a label
+// the service adds later is summed over, an outcome or kind it adds shows
+// up under its own name.
+func parseCounters(r io.Reader) (map[string]float64, error) {
+	out := map[string]float64{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	for sc.Scan() {
 		line := sc.Text()
-		var sum *float64
-		switch {
-		case strings.HasPrefix(line, "ratelimit_store_errors_total"):
-			sum = &storeErrors
-		case strings.HasPrefix(line, "ratelimit_requests_shed_total"):
-			sum = &shed
-		default:
+		if line == "" || line[0] == '#' {
 			continue
 		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		name, labels, value, err := parseSample(line)
 		if err != nil {
-			return 0, 0, fmt.Errorf("/metrics: %q: %w", line, err)
+			return nil, fmt.Errorf("/metrics: %q: %w", line, err)
 		}
-		*sum += v
+		switch name {
+		case "ratelimit_decisions_total":
+			if o := labels["outcome"]; strings.HasPrefix(o, failurePrefix) {
+				out[o] += value
+			}
+		case "ratelimit_store_errors_total":
+			out[storeErrPrefix+labels["kind"]] += value
+		case "ratelimit_requests_shed_total":
+			out[shedCounter] += value
+		}
 	}
-	return storeErrors, shed, sc.Err()
+	return out, sc.Err()
+}
+
+// parseSample splits a sample line of the Prometheus text format,
+// name{label="value",...} value [timestamp].
+func parseSample(line string) (name string, labels map[string]string, value float64, err error) {
+	labels = map[string]string{}
+	rest := line
+	if i := strings.IndexAny(line, "{ "); i >= 0 && line[i] == '{' {
+		name, rest = line[:i], line[i+1:]
+		for {
+			rest = strings.TrimLeft(rest, " ,")
+			if strings.HasPrefix(rest, "}") {
+				rest = rest[1:]
+				break
+			}
+			k, v, ok := strings.Cut(rest, "=\"")
+			if !ok {
+				return "", nil, 0, errors.New("bad labels")
+			}
+			var b strings.Builder
+			i := 0
+			for ; i < len(v) && v[i] != '"'; i++ {
+				if v[i] == '\\' && i+1 < len(v) {
+					i++
+					switch v[i] {
+					case 'n':
+						b.WriteByte('\n')
+					default:
+						b.WriteByte(v[i])
+					}
+					continue
+				}
+				b.WriteByte(v[i])
+			}
+			if i == len(v) {
+				return "", nil, 0, errors.New("unterminated label value")
+			}
+			labels[strings.TrimSpace(k)] = b.String()
+			rest = v[i+1:]
+		}
+	} else {
+		name, rest, _ = strings.Cut(line, " ")
+	}
+	f := strings.Fields(rest)
+	if len(f) == 0 {
+		return "", nil, 0, errors.New("no value")
+	}
+	value, err = strconv.ParseFloat(f[0], 64)
+	return name, labels, value, err
 }
 
 // cpuTime is a process's user + system CPU time so far, from

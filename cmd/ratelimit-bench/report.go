@@ -2,22 +2,16 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
 	"time"
-)
-
-// Targets of the performance issue, for the sliding window log.
-const (
-	targetSvcCPU   = 15 * time.Microsecond
-	targetRedisCPU = 8 * time.Microsecond
-	targetP99      = 5 * time.Millisecond
-	targetP99Conc  = 200
 )
 
 // Machine describes where the bench ran.
@@ -101,7 +95,6 @@ func perUnit(d time.Duration, n uint64) time.Duration {
 func (m *Measurement) svcPerDecision() time.Duration   { return perUnit(m.SvcCPU, m.Decisions) }
 func (m *Measurement) redisPerDecision() time.Duration { return perUnit(m.RedisCPU, m.Decisions) }
 func (m *Measurement) clientPerRequest() time.Duration { return perUnit(m.ClientCPU, m.Requests) }
-func (m *Measurement) scriptPerCall() time.Duration    { return perUnit(m.ScriptTime, m.EvalCalls) }
 
 func (m *Measurement) deniedShare() float64 {
 	if m.Decisions == 0 {
@@ -110,30 +103,105 @@ func (m *Measurement) deniedShare() float64 {
 	return float64(m.OverLimit) / float64(m.Decisions)
 }
 
-// summary is the progress line of a measurement.
-func (m *Measurement) summary() string {
-	return fmt.Sprintf("%s req/s, %s decisions/s, p50 %s, p99 %s, errors %s, svc %s/dec, redis %s/dec",
-		count(m.perSecond(m.Requests)), count(m.perSecond(m.Decisions)),
-		ms(m.Latency.Quantile(0.5)), ms(m.Latency.Quantile(0.99)), m.ErrorSummary(),
-		us(m.svcPerDecision()), us(m.redisPerDecision()))
+// calls is every call completed in the measured interval, failed ones
+// included.
+func (m *Measurement) calls() uint64 { return m.Requests + m.ErrorCount() }
+
+// failureAnswers is the decisions the rules' failure modes answered.
+func (m *Measurement) failureAnswers() float64 {
+	var n float64
+	for k, v := range m.Counters {
+		if strings.HasPrefix(k, failurePrefix) {
+			n += v
+		}
+	}
+	return n
 }
 
-// targets judges a sliding-log measurement against the issue's targets.
-func (m *Measurement) targets() string {
-	if m.Alg != "log" {
-		return ""
-	}
-	mark := func(ok bool) string {
-		if ok {
-			return "✓"
+// failed reports whether the scenario had a failure-mode answer, a store
+// error, a shed request, a gRPC error or a missed deadline: the "!" of the
+// report.
+func (m *Measurement) failed() bool {
+	return m.ErrorCount() > 0 || m.DeadlineMisses() > 0 || len(m.Counters) > 0
+}
+
+// failureSummary is the failure-mode answers by outcome, then in
+// parentheses the store errors by kind and the shed requests, e.g.
+// "allow 120 (store: timeout 118, canceled 2)"; "0" when there was none.
+func (m *Measurement) failureSummary() string {
+	var answers, store []string
+	var shed string
+	for _, k := range slices.Sorted(maps.Keys(m.Counters)) {
+		v := m.Counters[k]
+		switch {
+		case strings.HasPrefix(k, failurePrefix):
+			answers = append(answers, fmt.Sprintf("%s %.0f", strings.TrimPrefix(k, failurePrefix), v))
+		case strings.HasPrefix(k, storeErrPrefix):
+			store = append(store, fmt.Sprintf("%s %.0f", strings.TrimPrefix(k, storeErrPrefix), v))
+		case k == shedCounter:
+			shed = fmt.Sprintf("shed %.0f", v)
 		}
-		return "✗"
 	}
-	out := fmt.Sprintf("svc %s redis %s", mark(m.svcPerDecision() <= targetSvcCPU), mark(m.redisPerDecision() <= targetRedisCPU))
-	if m.Concurrency == targetP99Conc {
-		out += " p99 " + mark(m.Latency.Quantile(0.99) < targetP99 && m.ErrorCount() == 0)
+	out := "0"
+	if len(answers) > 0 {
+		out = strings.Join(answers, ", ")
+	}
+	var notes []string
+	if len(store) > 0 {
+		notes = append(notes, "store: "+strings.Join(store, ", "))
+	}
+	if shed != "" {
+		notes = append(notes, shed)
+	}
+	if len(notes) > 0 {
+		out += " (" + strings.Join(notes, "; ") + ")"
 	}
 	return out
+}
+
+// misses is the deadline misses with their share of the calls.
+func (m *Measurement) misses() string {
+	n := m.DeadlineMisses()
+	if n == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d (%s)", n, percent1(float64(n)/float64(max(1, m.calls()))))
+}
+
+// summary is the progress line of a measurement.
+func (m *Measurement) summary() string {
+	out := fmt.Sprintf("%s decisions/s, p50 %s, p99 %s, deadline misses %s, errors %s",
+		count(m.perSecond(m.Decisions)), ms(m.Latency.Quantile(0.5)), ms(m.Latency.Quantile(0.99)),
+		m.misses(), m.ErrorSummary())
+	if !m.Floor() {
+		out += fmt.Sprintf(", failure-mode answers %s, svc %s/dec", m.failureSummary(), us(m.svcPerDecision()))
+	}
+	return out + fmt.Sprintf(", redis %s/dec", us(m.redisPerDecision()))
+}
+
+// floorsOf indexes the floor measurements by scenario.
+func floorsOf(ms []*Measurement) map[Scenario]*Measurement {
+	out := map[Scenario]*Measurement{}
+	for _, m := range ms {
+		if m.Floor() {
+			out[m.Scenario] = m
+		}
+	}
+	return out
+}
+
+// floorRatio is m's Redis CPU per decision divided by its floor's, or "-"
+// when the floor was not measured (or measured nothing).
+func floorRatio(m *Measurement, floors map[Scenario]*Measurement) string {
+	f := floors[m.FloorOf()]
+	if m.Floor() || f == nil || f.redisPerDecision() == 0 || m.Decisions == 0 {
+		return "-"
+	}
+	r := float64(m.redisPerDecision()) / float64(f.redisPerDecision())
+	if r < 1 {
+		return fmt.Sprintf("%.2fx", r)
+	}
+	return fmt.Sprintf("%.1fx", r)
 }
 
 // count renders a rate with thousands separators: 12,345.
@@ -152,7 +220,8 @@ func count(v float64) string {
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
 func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond)) }
 
-func percent(v float64) string { return fmt.Sprintf("%.0f%%", 100*v) }
+func percent(v float64) string  { return fmt.Sprintf("%.0f%%", 100*v) }
+func percent1(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
 
 func writeMarkdown(w io.Writer, rep *Report) {
 	o, mc := rep.Options, rep.Machine
@@ -163,59 +232,124 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	if o.rate > 0 {
 		loop = fmt.Sprintf("open loop: %s requests/s in all, latency counted from when each request was due", count(o.rate))
 	}
-	fmt.Fprintf(w, "Command: `%s`: %s measured per scenario after %s of warm-up, %d gRPC connections, %s; took %s.\n\n",
-		commandLine(o), o.duration, o.warmup, o.conns, loop, rep.Took.Round(time.Second))
+	fmt.Fprintf(w, "Command: `%s`: %s measured per scenario after %s of warm-up, %s deadline per call (grpc-timeout), %d gRPC connections, floor on %d Redis connections, %s; took %s.\n",
+		commandLine(o), o.duration, o.warmup, o.timeout, o.conns, o.floorConns, loop, rep.Took.Round(time.Second))
+	fmt.Fprintf(w, "Service: `ratelimit %s`, every other flag at its default.\n\n", strings.Join(rep.ServiceArgs, " "))
 
-	fmt.Fprintln(w, "| scenario | req/s | decisions/s | p50 | p99 | errors | denied | service CPU / decision | Redis CPU / decision | script time / call | bench client CPU / req | of Redis ceiling -P 1 / -P 16 | log targets |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+	fmt.Fprintln(w, "| ! | scenario | req/s | decisions/s | p50 | p99 | deadline misses | errors | failure-mode answers | denied | service CPU / decision | Redis CPU / decision | Redis CPU vs floor | bench client CPU / req |")
+	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	floors := floorsOf(rep.Measurements)
+	var marked []string
 	for _, m := range rep.Measurements {
-		errs := m.ErrorSummary()
-		if m.StoreErrors > 0 || m.Shed > 0 {
-			errs += fmt.Sprintf(" (store errors %.0f, shed %.0f)", m.StoreErrors, m.Shed)
+		mark := ""
+		if m.failed() {
+			mark = "!"
+			marked = append(marked, m.Name())
 		}
-		ratio := "-"
-		if cs := rep.Ceilings[m.Group()]; len(cs) == 2 {
-			dps := m.perSecond(m.Decisions)
-			ratio = fmt.Sprintf("%s / %s", percent(dps/cs[0].PerSecond), percent(dps/cs[1].PerSecond))
+		failures, denied, svcCPU := m.failureSummary(), percent(m.deniedShare()), us(m.svcPerDecision())
+		if m.Floor() {
+			failures, denied, svcCPU = "-", "-", "-"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			m.Name(), count(m.perSecond(m.Requests)), count(m.perSecond(m.Decisions)),
-			ms(m.Latency.Quantile(0.5)), ms(m.Latency.Quantile(0.99)), errs, percent(m.deniedShare()),
-			us(m.svcPerDecision()), us(m.redisPerDecision()), us(m.scriptPerCall()), us(m.clientPerRequest()),
-			ratio, m.targets())
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			mark, m.Name(), count(m.perSecond(m.Requests)), count(m.perSecond(m.Decisions)),
+			ms(m.Latency.Quantile(0.5)), ms(m.Latency.Quantile(0.99)), m.misses(), m.ErrorSummary(), failures, denied,
+			svcCPU, us(m.redisPerDecision()), floorRatio(m, floors), us(m.clientPerRequest()))
 	}
-
 	fmt.Fprintln(w)
-	if rep.CeilingNote != "" {
-		fmt.Fprintln(w, rep.CeilingNote)
+	if len(marked) == 0 {
+		fmt.Fprintf(w, "No scenario had a failure-mode answer, a store error, a gRPC error or a missed deadline (%s).\n", o.timeout)
 	} else {
-		fmt.Fprintln(w, "Redis ceiling: `redis-benchmark -c 50 -P 1|16 EVALSHA <decide> 1 KEY ARGV...`, one hit per call, the same key schema and ARGV the service sends for the scenario's rule (`-r 10000` draws the 10k keys):")
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| script hit | -P 1 calls/s | p50 / p99 | Redis CPU / call | script time / call | admitted | -P 16 calls/s | p50 / p99 | Redis CPU / call | script time / call | admitted |")
-		fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-		for _, g := range rep.Groups {
-			cs := rep.Ceilings[g]
-			if len(cs) != 2 {
-				continue
-			}
-			fmt.Fprintf(w, "| %s |", g.Name())
-			for _, c := range cs {
-				fmt.Fprintf(w, " %s | %s / %s ms | %s | %s | %s |", count(c.PerSecond), c.P50, c.P99,
-					us(c.CPUPerCall()), us(c.ScriptTime), percent(c.Admitted))
-			}
-			fmt.Fprintln(w)
-		}
+		fmt.Fprintf(w, "**%d of %d scenarios (!) had failure-mode answers, store errors, gRPC errors or missed deadlines (%s):** %s.\n",
+			len(marked), len(rep.Measurements), o.timeout, strings.Join(marked, ", "))
 	}
-
-	fmt.Fprintln(w)
-	fmt.Fprintf(w, "Targets (sliding_window_log): at most %s of service CPU and %s of Redis CPU per decision, p99 under %s at %d concurrent streams. ",
-		us(targetSvcCPU), us(targetRedisCPU), ms(targetP99), targetP99Conc)
-	fmt.Fprintln(w, "Reference: envoyproxy/ratelimit does ~12-18k decisions/s at ~57 µs of service CPU + ~14 µs of Redis CPU per decision (fixed-window INCR) on this class of machine.")
+	writeFloorTable(w, rep.Measurements, floors)
 
 	for _, p := range rep.Profiles {
 		fmt.Fprintf(w, "\nService CPU profile of %s (`go tool pprof -top -nodecount=%d` of %s):\n\n```\n%s\n```\n",
 			p.Scenario, o.pprofTop, p.Path, strings.TrimSpace(p.Top))
 	}
+}
+
+// writeFloorTable writes, per algorithm, its Redis CPU per decision as a
+// multiple of the floor's measured in the same run, one column per keys,
+// descriptors, streams and mode measured; the last row is the floor's own
+// Redis CPU per decision.
+func writeFloorTable(w io.Writer, ms []*Measurement, floors map[Scenario]*Measurement) {
+	type column struct {
+		keys, descriptors, concurrency int
+		denied                         bool
+	}
+	colOf := func(m *Measurement) column { return column{m.Keys, m.Descriptors, m.Concurrency, m.Denied} }
+	var cols []column
+	cells := map[string]map[column]string{}
+	var algs []string
+	for _, m := range ms {
+		if m.Floor() || floors[m.FloorOf()] == nil {
+			continue
+		}
+		c := colOf(m)
+		if !slices.Contains(cols, c) {
+			cols = append(cols, c)
+		}
+		if cells[m.Alg] == nil {
+			cells[m.Alg] = map[column]string{}
+			algs = append(algs, m.Alg)
+		}
+		cells[m.Alg][c] = floorRatio(m, floors)
+	}
+	if len(cols) == 0 {
+		return
+	}
+	slices.SortStableFunc(cols, func(a, b column) int {
+		return cmp.Or(cmp.Compare(a.keys, b.keys), cmp.Compare(a.descriptors, b.descriptors),
+			cmp.Compare(a.concurrency, b.concurrency), cmpBool(a.denied, b.denied))
+	})
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Redis CPU per decision as a multiple of the floor's (INCRBY + EXPIRE per decision, pipelined per request, from the bench) with the same keys, descriptors and streams, in this run:")
+	fmt.Fprintln(w)
+	fmt.Fprint(w, "| algorithm |")
+	for _, c := range cols {
+		fmt.Fprintf(w, " %s %dd c%d %s |", keysName(c.keys), c.descriptors, c.concurrency, modeName(c.denied))
+	}
+	fmt.Fprint(w, "\n| --- |")
+	for range cols {
+		fmt.Fprint(w, " ---: |")
+	}
+	fmt.Fprintln(w)
+	for _, alg := range algs {
+		fmt.Fprintf(w, "| %s |", algName(alg))
+		for _, c := range cols {
+			fmt.Fprintf(w, " %s |", cmp.Or(cells[alg][c], "-"))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprint(w, "| floor: Redis CPU / decision |")
+	for _, c := range cols {
+		f := floors[Scenario{Alg: floorAlg, Keys: c.keys, Descriptors: c.descriptors, Concurrency: c.concurrency}]
+		fmt.Fprintf(w, " %s |", us(f.redisPerDecision()))
+	}
+	fmt.Fprintln(w)
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case !a:
+		return -1
+	default:
+		return 1
+	}
+}
+
+// algName is the config name of a short algorithm name.
+func algName(short string) string {
+	for _, a := range algorithms {
+		if a.Name == short {
+			return a.Config
+		}
+	}
+	return short
 }
 
 // commandLine is the bench's arguments, with -quick when BENCH_QUICK=1 set it.

@@ -15,105 +15,146 @@ const domain = "bench"
 // keyspace10k is the number of distinct values of the "10k keys" scenarios.
 const keyspace10k = 10_000
 
-// Scenario is one measured load: which rule, how many distinct keys, how many
-// descriptors per request, how many concurrent streams.
+// Algorithm is one algorithm the bench measures: Name is its short name in
+// scenario names and its rule keys in bench.yaml (Name and Name+"_denied"),
+// Config the algorithm those rules name.
+type Algorithm struct {
+	Name, Config string
+}
+
+// algorithms are the algorithms measured, in report order. To measure one
+// more, add it here and its two rules to bench/config/bench.yaml (a test
+// checks that they are there).
+var algorithms = []Algorithm{
+	{"log", "sliding_window_log"},
+	{"counter", "sliding_window_counter"},
+	{"fixed", "fixed_window"},
+}
+
+// floorAlg is the Alg of the floor scenarios: no service, the bench itself
+// sends INCRBY + EXPIRE per decision to the redis-server (see floor.go).
+const floorAlg = "floor"
+
+// Scenario is one measured load: which rule (or the floor client), how many
+// distinct keys, how many descriptors per request, how many concurrent
+// streams.
 type Scenario struct {
-	Alg         string // log, counter or fixed: the rule key in bench.yaml
+	Alg         string // an algorithms Name (the rule key in bench.yaml), or floorAlg
 	Keys        int    // 1 (one hot key) or keyspace10k
 	Denied      bool   // the *_denied rule (limit 1 per minute) instead of a limit far above the load
 	Descriptors int    // descriptors per request, each its own counter
 	Concurrency int    // workers, each with one request in flight
 }
 
-// Group is what the Redis ceiling depends on: the script hit, not how it is
-// driven.
-type Group struct {
-	Alg    string
-	Keys   int
-	Denied bool
+// Floor reports whether s is driven by the floor client instead of the
+// service.
+func (s Scenario) Floor() bool { return s.Alg == floorAlg }
+
+// FloorOf is the floor scenario s is compared with: the same keys,
+// descriptors and streams.
+func (s Scenario) FloorOf() Scenario {
+	return Scenario{Alg: floorAlg, Keys: s.Keys, Descriptors: s.Descriptors, Concurrency: s.Concurrency}
 }
 
-func (s Scenario) Group() Group { return Group{s.Alg, s.Keys, s.Denied} }
+func keysName(keys int) string {
+	if keys > 1 {
+		return strconv.Itoa(keys/1000) + "k"
+	}
+	return "hot"
+}
+
+func modeName(denied bool) string {
+	if denied {
+		return "denied"
+	}
+	return "allowed"
+}
 
 // Name is the scenario's name in tables and in -run: alg/keys/mode/desc/conc,
-// e.g. log/hot/allowed/1d/c200.
+// e.g. log/hot/allowed/1d/c200; a floor has no mode: floor/hot/1d/c200.
 func (s Scenario) Name() string {
-	return fmt.Sprintf("%s/%dd/c%d", s.Group().Name(), s.Descriptors, s.Concurrency)
-}
-
-func (g Group) Name() string {
-	keys := "hot"
-	if g.Keys > 1 {
-		keys = strconv.Itoa(g.Keys/1000) + "k"
+	if s.Floor() {
+		return fmt.Sprintf("%s/%s/%dd/c%d", s.Alg, keysName(s.Keys), s.Descriptors, s.Concurrency)
 	}
-	mode := "allowed"
-	if g.Denied {
-		mode = "denied"
-	}
-	return g.Alg + "/" + keys + "/" + mode
+	return fmt.Sprintf("%s/%s/%s/%dd/c%d", s.Alg, keysName(s.Keys), modeName(s.Denied), s.Descriptors, s.Concurrency)
 }
 
 // RuleKey is the descriptor entry key that selects the scenario's rule.
-func (g Group) RuleKey() string {
-	if g.Denied {
-		return g.Alg + "_denied"
+func (s Scenario) RuleKey() string {
+	if s.Denied {
+		return s.Alg + "_denied"
 	}
-	return g.Alg
+	return s.Alg
 }
 
-var algorithms = []string{"log", "counter", "fixed"}
+// shapes are the (keys, descriptors, streams) combinations of the full
+// matrix: every algorithm and mode at 1 descriptor per request with 50 and
+// 200 streams, and at 3 descriptors (decided in one request) with 200.
+var shapes = []struct{ keys, descriptors, concurrency int }{
+	{1, 1, 50}, {1, 1, 200}, {1, 3, 200},
+	{keyspace10k, 1, 50}, {keyspace10k, 1, 200}, {keyspace10k, 3, 200},
+}
 
-// allScenarios is the full matrix: 3 algorithms x hot/10k keys x
-// allowed/denied x 1/3 descriptors x 50/200 streams = 48, grouped so that
-// the scenarios sharing a Redis ceiling run one after the other.
+// allScenarios is the full matrix. Each shape's floor runs just before the
+// algorithms it is compared with, so that a ratio to the floor compares
+// figures measured close in time.
 func allScenarios() []Scenario {
 	var out []Scenario
-	for _, alg := range algorithms {
-		for _, keys := range []int{1, keyspace10k} {
+	for _, sh := range shapes {
+		out = append(out, Scenario{Alg: floorAlg, Keys: sh.keys, Descriptors: sh.descriptors, Concurrency: sh.concurrency})
+		for _, alg := range algorithms {
 			for _, denied := range []bool{false, true} {
-				for _, desc := range []int{1, 3} {
-					for _, conc := range []int{50, 200} {
-						out = append(out, Scenario{alg, keys, denied, desc, conc})
-					}
-				}
+				out = append(out, Scenario{alg.Name, sh.keys, denied, sh.descriptors, sh.concurrency})
 			}
 		}
 	}
 	return out
 }
 
-// quickScenarios is the representative subset of -quick: the target scenario
-// (the sliding log on a hot key at 200 streams) and one variation along each
-// axis.
+// quickScenarios is the representative subset of -quick, at 200 streams and
+// one descriptor: every algorithm admitting on a hot key, the first one also
+// denying and on 10k keys, and the floors they are compared with.
 func quickScenarios() []Scenario {
-	return []Scenario{
-		{"log", 1, false, 1, 200},
-		{"log", 1, false, 1, 50},
-		{"log", keyspace10k, false, 3, 200},
-		{"log", 1, true, 1, 200},
-		{"counter", keyspace10k, false, 1, 200},
-		{"fixed", 1, false, 1, 200},
+	first := algorithms[0].Name
+	out := []Scenario{{Alg: floorAlg, Keys: 1, Descriptors: 1, Concurrency: 200}}
+	for _, alg := range algorithms {
+		out = append(out, Scenario{alg.Name, 1, false, 1, 200})
 	}
+	return append(out,
+		Scenario{first, 1, true, 1, 200},
+		Scenario{Alg: floorAlg, Keys: keyspace10k, Descriptors: 1, Concurrency: 200},
+		Scenario{first, keyspace10k, false, 1, 200},
+	)
 }
 
 // selectScenarios returns the scenarios whose name matches run (all when run
-// is empty), from the quick subset or the full matrix.
-func selectScenarios(quick bool, run string) ([]Scenario, error) {
+// is empty), from the quick subset or the full matrix. With floors, the
+// floor of each selected scenario is added before it when run left it out.
+func selectScenarios(quick bool, run string, floors bool) ([]Scenario, error) {
 	list := allScenarios()
 	if quick {
 		list = quickScenarios()
 	}
-	if run == "" {
-		return list, nil
-	}
-	re, err := regexp.Compile(run)
-	if err != nil {
-		return nil, fmt.Errorf("-run: %w", err)
+	var re *regexp.Regexp
+	if run != "" {
+		var err error
+		if re, err = regexp.Compile(run); err != nil {
+			return nil, fmt.Errorf("-run: %w", err)
+		}
 	}
 	var out []Scenario
+	have := map[Scenario]bool{}
 	for _, s := range list {
-		if re.MatchString(s.Name()) {
+		if re != nil && !re.MatchString(s.Name()) || !floors && s.Floor() {
+			continue
+		}
+		if f := s.FloorOf(); floors && !have[f] {
+			out = append(out, f)
+			have[f] = true
+		}
+		if !have[s] {
 			out = append(out, s)
+			have[s] = true
 		}
 	}
 	if len(out) == 0 {
@@ -122,21 +163,29 @@ func selectScenarios(quick bool, run string) ([]Scenario, error) {
 	return out, nil
 }
 
-// requests builds the requests of a workload, shared read-only by all
-// workers: one per key of the keyspace. Request i asks for the values i,
-// i+3333, i+6666 (mod the keyspace): distinct counters, each drawn
-// uniformly. The hot key is value 0 (and 3333, 6666 for its other
-// descriptors).
-func requests(g Group, descriptors int) []*rlsv3.RateLimitRequest {
-	ruleKey := g.RuleKey()
+// values are the descriptor values of request i of a workload with the
+// given descriptors: i, i+3333, i+6666 (mod the 10k keyspace), distinct
+// counters, each drawn uniformly. The hot key is value 0 (and 3333, 6666
+// for its other descriptors).
+func values(i, descriptors int) []string {
 	step := keyspace10k / 3
-	out := make([]*rlsv3.RateLimitRequest, g.Keys)
+	out := make([]string, descriptors)
+	for d := range out {
+		out[d] = strconv.Itoa((i + d*step) % keyspace10k)
+	}
+	return out
+}
+
+// requests builds the requests of a service scenario, shared read-only by
+// all workers: one per key of the keyspace.
+func requests(s Scenario) []*rlsv3.RateLimitRequest {
+	ruleKey := s.RuleKey()
+	out := make([]*rlsv3.RateLimitRequest, s.Keys)
 	for i := range out {
 		req := &rlsv3.RateLimitRequest{Domain: domain}
-		for d := range descriptors {
-			v := (i + d*step) % keyspace10k
+		for _, v := range values(i, s.Descriptors) {
 			req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
-				Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: ruleKey, Value: strconv.Itoa(v)}},
+				Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: ruleKey, Value: v}},
 			})
 		}
 		out[i] = req
