@@ -150,7 +150,7 @@ func startServerWith(t *testing.T, r *redisServer, configYAML string, creds cred
 		exited:    make(chan error, 1),
 	}
 	args := []string{"--config", dir, "--grpc-addr", s.grpcAddr, "--http-addr", s.httpAddr,
-		"--store-timeout", "2s", "--log-level", "debug"}
+		"--log-level", "debug"}
 	if r != nil {
 		args = append(args, "--redis-url", "redis://"+r.addr)
 	}
