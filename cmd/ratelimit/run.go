@@ -245,9 +245,10 @@ func serve(ctx context.Context, s *settings) error {
 		denyCache = -1 // the flag's 0 means off; the option's 0 means its default
 	}
 	lim := limiter.New(store.Client, &limiter.Options{
-		Timeout:   s.storeTimeout,
-		DenyCache: denyCache,
-		Observe:   func(d time.Duration, err error) { m.StoreCall(d, limiter.ErrorKind(err)) },
+		Timeout:    s.storeTimeout,
+		DenyCache:  denyCache,
+		Observe:    func(d time.Duration, err error) { m.StoreCall(d, limiter.ErrorKind(err)) },
+		Overloaded: m.Overloaded,
 	})
 	defer lim.Close()
 	// Connections open and the decide code loaded before the service says

@@ -91,6 +91,9 @@ type Options struct {
 	// deadline passed before it was sent is not a store call: Decide
 	// reports it with ErrOverloaded.
 	Observe func(d time.Duration, err error)
+	// Overloaded, when set, is called for every request whose deadline
+	// passed before its store call was sent (Decide returns ErrOverloaded).
+	Overloaded func()
 	// DenyCache is how long at most a denial Redis gave may be repeated
 	// from memory for the same counter (see denyCache); zero means
 	// DefaultDenyCache, a negative value turns the cache off. It reads the
@@ -103,10 +106,11 @@ const DefaultDenyCache = time.Second
 
 // Limiter decides hits against a Redis store. It is safe for concurrent use.
 type Limiter struct {
-	router  router
-	timeout time.Duration
-	observe func(time.Duration, error)
-	denied  *denyCache // nil: off
+	router     router
+	timeout    time.Duration
+	observe    func(time.Duration, error)
+	overloaded func()
+	denied     *denyCache // nil: off
 
 	batchers sync.Map       // redis.UniversalClient to its *batcher
 	refunds  sync.WaitGroup // refunds still running after their answers
@@ -142,12 +146,15 @@ func New(store redis.UniversalClient, opts *Options) *Limiter {
 }
 
 func newWithRouter(r router, opts *Options) *Limiter {
-	l := &Limiter{router: r, timeout: DefaultTimeout, observe: func(time.Duration, error) {}, stop: make(chan struct{})}
+	l := &Limiter{router: r, timeout: DefaultTimeout, observe: func(time.Duration, error) {}, overloaded: func() {}, stop: make(chan struct{})}
 	if opts != nil && opts.Timeout > 0 {
 		l.timeout = opts.Timeout
 	}
 	if opts != nil && opts.Observe != nil {
 		l.observe = opts.Observe
+	}
+	if opts != nil && opts.Overloaded != nil {
+		l.overloaded = opts.Overloaded
 	}
 	switch {
 	case opts == nil || opts.DenyCache == 0:
@@ -434,6 +441,7 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 			verdicts[i] = failureVerdict(hits[i])
 		}
 		if errors.Is(err, ErrOverloaded) {
+			l.overloaded()
 			return fmt.Errorf("decide: %w", err)
 		}
 		l.observe(time.Since(start), err)

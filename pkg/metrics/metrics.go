@@ -39,6 +39,7 @@ type Metrics struct {
 	storeErrors      *prometheus.CounterVec
 	invalidRequests  *prometheus.CounterVec
 	shed             prometheus.Counter
+	overloaded       prometheus.Counter
 	configReloads    *prometheus.CounterVec
 	configGeneration prometheus.Gauge
 	configInfo       *prometheus.GaugeVec
@@ -68,6 +69,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "ratelimit_requests_shed_total",
 			Help: "Requests refused with RESOURCE_EXHAUSTED because --max-inflight requests were in flight.",
 		}),
+		overloaded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_overloaded_total",
+			Help: "Requests whose deadline passed while they waited in the service for their store call, before it was sent: the service was overloaded, the store was not at fault.",
+		}),
 		configReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_config_reloads_total",
 			Help: "Config reloads by outcome: success, unchanged or failure.",
@@ -81,7 +86,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "1 for the hash of the config in force.",
 		}, []string{"hash"}),
 	}
-	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests, m.shed,
+	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests, m.shed, m.overloaded,
 		m.configReloads, m.configGeneration, m.configInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -116,6 +121,14 @@ func (m *Metrics) InvalidRequest(reason string) {
 func (m *Metrics) Shed() {
 	if m != nil {
 		m.shed.Inc()
+	}
+}
+
+// Overloaded counts a request whose deadline passed before its store call
+// was sent.
+func (m *Metrics) Overloaded() {
+	if m != nil {
+		m.overloaded.Inc()
 	}
 }
 
