@@ -1,0 +1,115 @@
+package limiter
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/pkg/config"
+)
+
+// request is one request of a decide call, in decide.lua's argument form.
+type request struct {
+	hits   []Hit
+	charge bool
+}
+
+func decideCall(t *testing.T, client *redis.Client, reqs ...request) [][4]int64 {
+	t.Helper()
+	var keys []string
+	var args []any
+	for _, r := range reqs {
+		n := len(r.hits)
+		if !r.charge {
+			n = -n
+		}
+		args = append(args, n)
+		for _, h := range r.hits {
+			code := algorithmID(h.Algorithm)
+			if h.Shadow {
+				code += 4
+			}
+			keys = append(keys, h.Key)
+			args = append(args, code, h.Limit, int64(h.Window/time.Second), h.Cost)
+		}
+	}
+	vals, err := decideScript.Run(context.Background(), client, keys, args...).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([][4]int64, len(vals)/4)
+	for i := range out {
+		copy(out[i][:], vals[4*i:])
+	}
+	return out
+}
+
+// TestOneCallDecidesRequestsInOrder: a batch holding a burst at one key is
+// decided as if the requests had come one by one, each all or nothing.
+func TestOneCallDecidesRequestsInOrder(t *testing.T) {
+	const (
+		denied  = 0
+		checked = 1 // admitted, not charged
+		charged = 2
+	)
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			m := miniredis.RunT(t)
+			m.SetTime(epoch.Add(time.Second))
+			client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			defer client.Close()
+			hot := hit(a, "hot", 3, time.Minute, 1)
+			other := hit(a, "other", 10, time.Minute, 1)
+			heavy := hit(a, "hot", 3, time.Minute, 2)
+			got := decideCall(t, client,
+				request{hits: []Hit{hot}, charge: true},        // 1 used
+				request{hits: []Hit{hot, other}, charge: true}, // 2 used
+				request{hits: []Hit{heavy}, charge: true},      // 2 more do not fit
+				request{hits: []Hit{hot}, charge: false},       // fits, a check only
+				request{hits: []Hit{hot}, charge: true},        // 3 used
+				request{hits: []Hit{other, hot}, charge: true}, // denied: other not charged
+				request{hits: []Hit{hot}, charge: true},        // denied again (from the call's memory)
+			)
+			states := []int64{charged, charged, charged, denied, checked, charged, checked, denied, denied}
+			remaining := []int64{2, 1, 9, 1, 1, 0, 9, 0, 0}
+			for i := range states {
+				if got[i][0] != states[i] || got[i][1] != remaining[i] {
+					t.Errorf("hit %d: state %d remaining %d, want %d and %d", i, got[i][0], got[i][1], states[i], remaining[i])
+				}
+			}
+			if got[7][2] <= 0 || got[8][2] != got[7][2] {
+				t.Errorf("waits of the two denials of hot: %d and %d µs, want the same, positive", got[7][2], got[8][2])
+			}
+			// What the call left in Redis: 3 on hot, 1 on other.
+			after := decideCall(t, client, request{hits: []Hit{hit(a, "hot", 3, time.Minute, 0), hit(a, "other", 10, time.Minute, 0)}})
+			if after[0][1] != 0 || after[1][1] != 9 {
+				t.Fatalf("after the call: %d left on hot, %d on other; want 0 and 9", after[0][1], after[1][1])
+			}
+		})
+	}
+}
+
+// TestLogMembersOfOneCallStayDistinct: the log records every unit charged
+// by one call at one TIME under its own member.
+func TestLogMembersOfOneCallStayDistinct(t *testing.T) {
+	m := miniredis.RunT(t)
+	m.SetTime(epoch)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+	h := hit(config.SlidingWindowLog, "same", 10, time.Minute, 1)
+	w := hit(config.SlidingWindowLog, "same", 10, time.Minute, 3)
+	decideCall(t, client, request{hits: []Hit{h}, charge: true}, request{hits: []Hit{w}, charge: true}, request{hits: []Hit{h}, charge: true})
+	if n := m.Exists(h.Key); !n {
+		t.Fatal("no log key")
+	}
+	members, err := m.ZMembers(h.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(members) != 5 {
+		t.Fatalf("%d members %v, want 5", len(members), members)
+	}
+}
