@@ -59,7 +59,6 @@ type settings struct {
 	defaultFailureMode string
 	maxDescriptors     int
 	maxEntries         int
-	maxBytes           int
 	maxRequestBytes    int
 	rateLimitHeaders   bool
 	shadowMode         bool
@@ -97,8 +96,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.defaultFailureMode, "default-failure-mode", config.FailureAllow.String(), "answer when the store cannot be reached, for rules that do not say: allow or deny")
 	fs.IntVar(&s.maxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&s.maxEntries, "max-entries", service.DefaultMaxEntries, "most entries in one descriptor")
-	fs.IntVar(&s.maxBytes, "max-bytes", service.DefaultMaxBytes, "longest domain, entry key or entry value, in bytes")
-	fs.IntVar(&s.maxRequestBytes, "max-request-bytes", service.DefaultMaxRequestBytes, "most bytes of domain, entry keys and values in one request, together")
+	fs.IntVar(&s.maxRequestBytes, "max-request-bytes", service.DefaultMaxRequestBytes, "largest request, in bytes: a gRPC message past it is refused with RESOURCE_EXHAUSTED, a POST /json body with 413")
 	fs.BoolVar(&s.rateLimitHeaders, "ratelimit-headers", false, "add x-ratelimit-limit, -remaining and -reset to every answer")
 	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "put every rule in shadow mode: always answer OK, count as usual, log and count would-be denials")
 	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit in use from which an admitted decision counts as near_limit in metrics")
@@ -215,6 +213,9 @@ func serve(ctx context.Context, s *settings) error {
 	}
 	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
 
+	if s.maxRequestBytes <= 0 {
+		return fmt.Errorf("--max-request-bytes: %d is not a positive number of bytes", s.maxRequestBytes)
+	}
 	cfg, err := loadConfig(s)
 	if err != nil {
 		return err
@@ -263,7 +264,6 @@ func serve(ctx context.Context, s *settings) error {
 	svc := service.New(cfg, lim, &service.Options{
 		MaxDescriptors:   s.maxDescriptors,
 		MaxEntries:       s.maxEntries,
-		MaxBytes:         s.maxBytes,
 		MaxRequestBytes:  s.maxRequestBytes,
 		RateLimitHeaders: s.rateLimitHeaders,
 		ShadowMode:       s.shadowMode,
@@ -308,14 +308,25 @@ func serve(ctx context.Context, s *settings) error {
 	shedder := service.NewShedder(s.maxInFlight, m)
 	// WaitForHandlers: a stop waits for handlers to return, so the limiter
 	// is closed only after the calls that use it.
-	grpcServer := grpc.NewServer(append(grpcOpts, grpc.WaitForHandlers(true), grpc.ChainUnaryInterceptor(shedder.UnaryInterceptor()))...)
+	// The codec decodes rate limit requests whatever bytes their values
+	// hold; the tap refuses calls past --max-inflight before reading them.
+	grpcServer := grpc.NewServer(append(grpcOpts, grpc.WaitForHandlers(true),
+		grpc.ForceServerCodecV2(svc.Codec()), grpc.MaxRecvMsgSize(s.maxRequestBytes), grpc.InTapHandle(shedder.TapHandle()))...)
 	rlsv3.RegisterRateLimitServiceServer(grpcServer, svc)
 	healthServer := health.NewServer()
 	healthpb.RegisterHealthServer(grpcServer, healthServer)
 	reflection.Register(grpcServer)
 
 	var draining atomic.Bool
-	httpServer := &http.Server{Handler: httpHandler(&draining, svc, shedder, registry, s.pprof), ReadHeaderTimeout: 5 * time.Second}
+	// A client gets 5 s for its headers and 10 s for the whole request, so
+	// that a body sent slowly, or never, cannot hold a --max-inflight place
+	// for long; idle keep-alive connections close after a minute.
+	httpServer := &http.Server{
+		Handler:           httpHandler(&draining, svc, shedder, registry, s.pprof),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		IdleTimeout:       time.Minute,
+	}
 
 	errc := make(chan error, 3)
 	go func() { errc <- grpcServer.Serve(grpcLn) }()

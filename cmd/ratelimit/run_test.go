@@ -45,6 +45,7 @@ func TestRunRefusesBadSettings(t *testing.T) {
 		{[]string{"validate", "--config", example, "--default-algorithm", "token_bucket"}, "--default-algorithm"},
 		{[]string{"--config", example, "--default-failure-mode", "maybe"}, "--default-failure-mode"},
 		{[]string{"--config", example, "--log-level", "loud"}, "--log-level"},
+		{[]string{"--config", example, "--max-request-bytes", "0"}, "--max-request-bytes"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"validate", "--config", example, "extra"}, `unexpected argument "extra"`},
 	}

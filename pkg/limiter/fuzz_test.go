@@ -1,6 +1,8 @@
 package limiter_test
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"strconv"
 	"strings"
 	"testing"
@@ -53,7 +55,9 @@ var fuzzAlgorithms = []config.Algorithm{config.SlidingWindowLog, config.SlidingW
 
 // reader takes length-prefixed strings off the fuzzer's bytes: one byte n,
 // then n%16 bytes (fewer at the end of the data). Any byte can appear in a
-// string, separators included.
+// string, separators included. With n's top bit set, those bytes are
+// repeated to 56 + 2*(n>>4&7) bytes (56 to 70): around MaxKeyComponent,
+// where a component is written as its digest.
 type reader struct{ data []byte }
 
 func (r *reader) byte() byte {
@@ -66,9 +70,14 @@ func (r *reader) byte() byte {
 }
 
 func (r *reader) string() string {
-	n := min(int(r.byte())%16, len(r.data))
+	head := r.byte()
+	n := min(int(head)%16, len(r.data))
 	s := string(r.data[:n])
 	r.data = r.data[n:]
+	if head&0x80 != 0 && s != "" {
+		long := 56 + 2*int(head>>4&7)
+		s = strings.Repeat(s, long/len(s)+1)[:long]
+	}
 	return s
 }
 
@@ -127,8 +136,10 @@ func resplit(a fuzzDesc, data []byte) fuzzDesc {
 }
 
 // FuzzKeyInjective checks that two descriptors share a key exactly when they
-// are equal, and that every key is rl:{IDENTITY}:ALG:SECONDS with exactly one
-// hash tag, which holds the whole identity (it decodes back to the input).
+// are equal (components longer than MaxKeyComponent are compared by their
+// SHA-256, whose collisions are out of a fuzzer's reach), and that every key
+// is rl:{IDENTITY}:ALG:SECONDS with exactly one hash tag, which holds the
+// whole identity (it decodes back to the input, or to its digest).
 func FuzzKeyInjective(f *testing.F) {
 	f.Add(uint8(0), []byte("\x00\x03api\x04path\x06/login"), []byte("\x00\x03api\x04path\x06/login"), uint8(0), uint8(0), uint32(59), uint32(59))
 	f.Add(uint8(1), []byte("\x05\x03api\x04path\x06/api/*\x04user\x05alice"), []byte{}, uint8(1), uint8(2), uint32(0), uint32(3599))
@@ -136,6 +147,8 @@ func FuzzKeyInjective(f *testing.F) {
 	f.Add(uint8(0), []byte("\x00\x01a\x01=\x01*"), []byte("\x04\x01a\x01=\x00"), uint8(0), uint8(0), uint32(0), uint32(0))
 	f.Add(uint8(0), []byte("\x00\x03a:b\x02{}\x03%2A"), []byte("\x00\x03a:b\x02{}\x01*"), uint8(1), uint8(1), uint32(1), uint32(1))
 	f.Add(uint8(2), []byte("\x1e\x02\x00\xff\x01|\x01=\x01}\x01{\x01:\x01%"), []byte("\x1a\x00\x02\x02\x02\x02\x02\x02"), uint8(0), uint8(0), uint32(86399), uint32(0))
+	f.Add(uint8(0), []byte("\x00\x03api\x01k\xf1a"), []byte("\x00\x03api\x01k\xf1b"), uint8(0), uint8(0), uint32(59), uint32(59))
+	f.Add(uint8(2), []byte("\x00\x03api\xf2#Y\xf1\xff"), []byte("\x00\x0f\x0f\x0f"), uint8(1), uint8(1), uint32(1), uint32(1))
 	f.Fuzz(func(t *testing.T, mode uint8, a, b []byte, algA, algB uint8, winA, winB uint32) {
 		da := decodeDesc(a, algA, winA)
 		var db fuzzDesc
@@ -180,19 +193,34 @@ func checkKeyForm(t *testing.T, d fuzzDesc, key string) {
 	if len(parts) != 1+len(d.entries) {
 		t.Fatalf("key %q: %d components in the tag, want %d", key, len(parts), 1+len(d.entries))
 	}
-	if got := unescape(t, key, parts[0]); got != d.domain {
-		t.Fatalf("key %q: domain decodes to %q, want %q", key, got, d.domain)
-	}
+	checkComponent(t, key, parts[0], d.domain)
 	for i, p := range parts[1:] {
 		k, v, ok := strings.Cut(p, "=")
 		if !ok {
 			t.Fatalf("key %q: entry %d has no '='", key, i)
 		}
-		shared := strings.HasPrefix(v, "*")
-		got := fuzzEntry{key: unescape(t, key, k), value: unescape(t, key, strings.TrimPrefix(v, "*")), shared: shared}
-		if got != d.entries[i] {
-			t.Fatalf("key %q: entry %d decodes to %+v, want %+v", key, i, got, d.entries[i])
+		want := d.entries[i]
+		if shared := strings.HasPrefix(v, "*"); shared != want.shared {
+			t.Fatalf("key %q: entry %d shared %v, want %v", key, i, shared, want.shared)
 		}
+		checkComponent(t, key, k, want.key)
+		checkComponent(t, key, strings.TrimPrefix(v, "*"), want.value)
+	}
+}
+
+// checkComponent checks that s, a component of key, is want: percent-encoded
+// up to MaxKeyComponent bytes, else '#' and its base64url SHA-256.
+func checkComponent(t *testing.T, key, s, want string) {
+	t.Helper()
+	if len(want) > limiter.MaxKeyComponent {
+		sum := sha256.Sum256([]byte(want))
+		if s != "#"+base64.RawURLEncoding.EncodeToString(sum[:]) {
+			t.Fatalf("key %q: component %q, want the digest of the %d bytes %q", key, s, len(want), want)
+		}
+		return
+	}
+	if got := unescape(t, key, s); got != want {
+		t.Fatalf("key %q: component %q decodes to %q, want %q", key, s, got, want)
 	}
 }
 

@@ -1,6 +1,8 @@
 package limiter
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"strconv"
 	"time"
 
@@ -13,13 +15,22 @@ import (
 //
 // one `|<key>=<value>` per descriptor entry in request order, and
 // `|<key>=*<pattern>` for an entry matched by a share_threshold wildcard
-// (all its values share one counter). Domain, keys, values and patterns are
-// percent-encoded: every byte outside [A-Za-z0-9-._~/] becomes %XX, so the
-// separators | = * { } : never appear inside a component and no two distinct
-// (domain, entries, algorithm, window) share a key, whatever bytes the values
-// hold. The braces are a Redis Cluster hash tag around the whole identity:
-// every key a decision touches for it lands in one slot. The counter
-// algorithms append :<window index> inside the script.
+// (all its values share one counter). Each component (domain, key, value,
+// pattern) is written one of two ways:
+//
+//   - up to MaxKeyComponent bytes: percent-encoded, every byte outside
+//     [A-Za-z0-9-._~/] becoming %XX;
+//   - longer: '#' and the unpadded base64url SHA-256 of its bytes (44 bytes
+//     in all), so that a client's 100 KiB header value makes a short key.
+//
+// Percent-encoding writes '#' as %23, so the two forms never meet, and
+// neither holds a separator | = * { } :. Hence no two distinct (domain,
+// entries, algorithm, window) share a key, whatever bytes the values hold
+// (valid UTF-8 or not), except two long components with one SHA-256: a
+// collision nobody knows how to find. A key is at most about 200 bytes per
+// component. The braces are a Redis Cluster hash tag around the whole
+// identity: every key a decision touches for it lands in one slot. The
+// counter algorithms append :<window index> inside the script.
 //
 // The zero value is ready to use; reusing a builder reuses its buffer.
 type KeyBuilder struct {
@@ -68,9 +79,21 @@ func algorithmCode(a config.Algorithm) string {
 	}
 }
 
+// MaxKeyComponent is the longest domain, key, value or pattern written into
+// a store key as it is (percent-encoded); a longer one is written as its
+// digest.
+const MaxKeyComponent = 64
+
 const hexDigits = "0123456789ABCDEF"
 
+// appendEscaped appends one component: percent-encoded up to
+// MaxKeyComponent bytes, else '#' and its digest.
 func appendEscaped(dst []byte, s string) []byte {
+	if len(s) > MaxKeyComponent {
+		sum := sha256.Sum256([]byte(s))
+		dst = append(dst, '#')
+		return base64.RawURLEncoding.AppendEncode(dst, sum[:])
+	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if unreserved(c) {

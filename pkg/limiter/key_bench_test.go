@@ -47,3 +47,17 @@ func BenchmarkKeyBuilderRemoteAddress(b *testing.B) {
 		_ = kb.Key(config.SlidingWindowLog, time.Second)
 	}
 }
+
+// BenchmarkKeyBuilderLongValue builds a key whose value is longer than
+// MaxKeyComponent (a 1 KiB header copied into a descriptor): it is written
+// as its SHA-256.
+func BenchmarkKeyBuilderLongValue(b *testing.B) {
+	var kb KeyBuilder
+	long := string(make([]byte, 1024))
+	b.ReportAllocs()
+	for b.Loop() {
+		kb.Reset("edge")
+		kb.Add("user_agent", long)
+		_ = kb.Key(config.SlidingWindowCounter, time.Minute)
+	}
+}

@@ -43,6 +43,21 @@ func TestKeySchema(t *testing.T) {
 			"rl:{api|path=*/api/%2A}:fixed:1"},
 		{"a:b", []entry{{"k|{x}", "v=1 ü\x00", false}}, config.FixedWindow, time.Second,
 			"rl:{a%3Ab|k%7C%7Bx%7D=v%3D1%20%C3%BC%00}:fixed:1"},
+		// MaxKeyComponent bytes: escaped as it is; one more: its digest
+		// (sha256sum | base64url, computed outside Go), in any component.
+		{"api", []entry{{"k", strings.Repeat("a", 64), false}}, config.FixedWindow, time.Second,
+			"rl:{api|k=" + strings.Repeat("a", 64) + "}:fixed:1"},
+		{"api", []entry{{"k", strings.Repeat("a", 65), false}}, config.FixedWindow, time.Second,
+			"rl:{api|k=#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA}:fixed:1"},
+		{strings.Repeat("a", 65), []entry{{strings.Repeat("a", 65), "v", false}, {"p", strings.Repeat("a", 65), true}}, config.SlidingWindowLog, time.Minute,
+			"rl:{#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA|#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA=v|p=*#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA}:log:60"},
+		// Bytes that are not UTF-8, short and long.
+		{"api", []entry{{"k", "\xff\xfe", false}}, config.FixedWindow, time.Second, "rl:{api|k=%FF%FE}:fixed:1"},
+		{"api", []entry{{"k", strings.Repeat("\xff", 100), false}}, config.FixedWindow, time.Second,
+			"rl:{api|k=#2m8UlwzjVs4BpbNAKR6diyZS62P7-PMoymqHpyf95Nk}:fixed:1"},
+		// A short value that escapes to '#' never looks like a digest.
+		{"api", []entry{{"k", "#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA", false}}, config.FixedWindow, time.Second,
+			"rl:{api|k=%23Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA}:fixed:1"},
 	}
 	for _, tc := range cases {
 		if got := buildKey(tc.domain, tc.entries, tc.a, tc.w); got != tc.want {
@@ -57,10 +72,16 @@ func TestKeySchema(t *testing.T) {
 func TestKeysAreInjective(t *testing.T) {
 	alphabet := []byte("a:_|{}=*%\x00 /")
 	rng := rand.New(rand.NewPCG(1, 2))
+	// Mostly 0-3 bytes; one in 8 is 60-67 bytes of two letters, around
+	// MaxKeyComponent, where long ones are written as digests.
 	str := func() string {
-		b := make([]byte, rng.IntN(4))
+		n, alpha := rng.IntN(4), alphabet
+		if rng.IntN(8) == 0 {
+			n, alpha = 60+rng.IntN(8), alphabet[:2]
+		}
+		b := make([]byte, n)
 		for i := range b {
-			b[i] = alphabet[rng.IntN(len(alphabet))]
+			b[i] = alpha[rng.IntN(len(alpha))]
 		}
 		return string(b)
 	}
@@ -85,6 +106,9 @@ func TestKeysAreInjective(t *testing.T) {
 			t.Fatalf("key %q built from two inputs:\n%q\n%q", key, prev, id)
 		}
 		seen[key] = id
+		if len(key) > 4*(3*MaxKeyComponent+2)+len("rl:{}:counter:2") {
+			t.Fatalf("key %q: %d bytes, longer than its components allow", key, len(key))
+		}
 		// The hash tag spans the whole identity.
 		if open, end := strings.IndexByte(key, '{'), strings.IndexByte(key, '}'); open != 3 || end != strings.LastIndexByte(key, '}') {
 			t.Fatalf("key %q: hash tag does not span the identity", key)

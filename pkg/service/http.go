@@ -2,6 +2,7 @@ package service
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"time"
@@ -12,15 +13,12 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// maxJSONBody bounds a POST /json body; the gRPC server's default message
-// bound is 4 MiB, and a JSON request is larger than its protobuf form.
-const maxJSONBody = 8 << 20
-
 // JSONHandler serves POST /json: a RateLimitRequest in protojson, answered
 // with the RateLimitResponse in protojson, status 200, or 429 when over the
 // limit (with the answer's headers, retry-after among them, as HTTP headers),
 // as envoyproxy/ratelimit offers to callers that are not Envoy. A refused
-// request is a 400 with the reason.
+// request is a 400 with the reason; a body over Options.MaxRequestBytes a
+// 413. JSON is UTF-8: a value of other bytes is a gRPC-only request.
 func (s *Service) JSONHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -28,9 +26,13 @@ func (s *Service) JSONHandler() http.Handler {
 			http.Error(w, "POST a RateLimitRequest in JSON", http.StatusMethodNotAllowed)
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.opts.MaxRequestBytes)))
 		if err != nil {
-			http.Error(w, "reading the body: "+err.Error(), http.StatusRequestEntityTooLarge)
+			code := http.StatusBadRequest // a body cut short, or read past the server's timeout
+			if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+				code = http.StatusRequestEntityTooLarge
+			}
+			http.Error(w, "reading the body: "+err.Error(), code)
 			return
 		}
 		var req rlsv3.RateLimitRequest

@@ -7,9 +7,10 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"google.golang.org/grpc"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/slidingwindow/ratelimit/pkg/metrics"
 )
@@ -49,19 +50,23 @@ func (s *Shedder) acquire() bool {
 
 func (s *Shedder) release() { s.inFlight.Add(-1) }
 
-// UnaryInterceptor refuses unary calls past the bound with
-// RESOURCE_EXHAUSTED. Health checks are never refused: a busy server is not
-// a dead one.
-func (s *Shedder) UnaryInterceptor() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if strings.HasPrefix(info.FullMethod, "/grpc.health.v1.Health/") {
-			return handler(ctx, req)
+// TapHandle (for grpc.InTapHandle) refuses a rate limit call past the bound
+// with RESOURCE_EXHAUSTED as soon as its headers arrive, before its message
+// is read: a refused call costs no message buffer. Its place is given back
+// when its stream ends, however it ends (its context is canceled then).
+// Other services, health checks among them, are never refused: a busy
+// server is not a dead one.
+func (s *Shedder) TapHandle() tap.ServerInHandle {
+	prefix := "/" + rlsv3.RateLimitService_ServiceDesc.ServiceName + "/"
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if !strings.HasPrefix(info.FullMethodName, prefix) {
+			return ctx, nil
 		}
 		if !s.acquire() {
 			return nil, status.Errorf(codes.ResourceExhausted, "overloaded: more than %d requests in flight", s.max)
 		}
-		defer s.release()
-		return handler(ctx, req)
+		context.AfterFunc(ctx, s.release)
+		return ctx, nil
 	}
 }
 

@@ -4,48 +4,58 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
+	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 )
 
-func TestShedInterceptorRefusesPastTheBound(t *testing.T) {
+func TestShedTapRefusesPastTheBound(t *testing.T) {
 	shedder := NewShedder(2, nil)
-	shed := shedder.UnaryInterceptor()
-	release := make(chan struct{})
-	var entered sync.WaitGroup
-	entered.Add(2)
-	block := func(context.Context, any) (any, error) {
-		entered.Done()
-		<-release
-		return "done", nil
-	}
-	rls := &grpc.UnaryServerInfo{FullMethod: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"}
-	var wg sync.WaitGroup
+	shed := shedder.TapHandle()
+	rls := &tap.Info{FullMethodName: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"}
+	// Two streams in flight: their contexts live until they end.
+	var ends []context.CancelFunc
 	for i := 0; i < 2; i++ {
-		wg.Go(func() {
-			if _, err := shed(context.Background(), nil, rls, block); err != nil {
-				t.Errorf("within the bound: %v", err)
-			}
-		})
+		ctx, end := context.WithCancel(context.Background())
+		ends = append(ends, end)
+		if _, err := shed(ctx, rls); err != nil {
+			t.Fatalf("within the bound: %v", err)
+		}
 	}
-	entered.Wait()
-
-	_, err := shed(context.Background(), nil, rls, block)
-	if status.Code(err) != codes.ResourceExhausted {
+	if _, err := shed(context.Background(), rls); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("third call in flight: %v, want RESOURCE_EXHAUSTED", err)
 	}
-	health := &grpc.UnaryServerInfo{FullMethod: "/grpc.health.v1.Health/Check"}
-	if _, err := shed(context.Background(), nil, health, func(context.Context, any) (any, error) { return "ok", nil }); err != nil {
-		t.Fatalf("a health check was shed: %v", err)
+	for _, method := range []string{"/grpc.health.v1.Health/Check", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"} {
+		if _, err := shed(context.Background(), &tap.Info{FullMethodName: method}); err != nil {
+			t.Fatalf("%s was shed: %v", method, err)
+		}
 	}
-	close(release)
-	wg.Wait()
-	if _, err := shed(context.Background(), nil, rls, func(context.Context, any) (any, error) { return "ok", nil }); err != nil {
-		t.Fatalf("after the load passed: %v", err)
+	// A stream's end, however it comes, gives its place back.
+	ends[0]()
+	waitInFlight(t, shedder, 1)
+	ctx, end := context.WithCancel(context.Background())
+	defer end()
+	if _, err := shed(ctx, rls); err != nil {
+		t.Fatalf("after a stream ended: %v", err)
+	}
+	ends[1]()
+	end()
+	waitInFlight(t, shedder, 0)
+}
+
+// waitInFlight waits for the places to be given back: context.AfterFunc
+// runs in its own goroutine.
+func waitInFlight(t *testing.T, s *Shedder, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.inFlight.Load() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d in flight, want %d", s.inFlight.Load(), want)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -60,8 +70,8 @@ func TestShedderBoundsJSONToo(t *testing.T) {
 	go slow.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/json", nil))
 	<-entered
 	// The gRPC side shares the bound.
-	rls := &grpc.UnaryServerInfo{FullMethod: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"}
-	if _, err := shedder.UnaryInterceptor()(context.Background(), nil, rls, func(context.Context, any) (any, error) { return nil, nil }); status.Code(err) != codes.ResourceExhausted {
+	rls := &tap.Info{FullMethodName: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"}
+	if _, err := shedder.TapHandle()(context.Background(), rls); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("gRPC call while /json holds the only place: %v", err)
 	}
 	rec := httptest.NewRecorder()

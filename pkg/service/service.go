@@ -34,12 +34,13 @@ import (
 const (
 	DefaultMaxDescriptors = 64
 	DefaultMaxEntries     = 32
-	DefaultMaxBytes       = 4096
-	// DefaultMaxRequestBytes bounds the domain and all entry keys and
-	// values of a request together: each part within its bound, a request
-	// could still carry megabytes of keys, too many for Redis to decide
-	// within the store deadline, and its failure mode would then answer.
-	DefaultMaxRequestBytes = 64 << 10
+	// DefaultMaxRequestBytes bounds a request message (gRPC) or body
+	// (POST /json). Envoy's requests carry header values, and Envoy takes
+	// 60 KiB of headers by default (max_request_headers_kb): this holds
+	// several descriptors that copy one maximal header, while a flood of
+	// maximal requests at --max-inflight stays within the memory bound the
+	// README states.
+	DefaultMaxRequestBytes = 256 << 10
 )
 
 // Decider decides a request's hits; *limiter.Limiter is the implementation.
@@ -53,10 +54,8 @@ type Options struct {
 	MaxDescriptors int
 	// MaxEntries bounds the entries of one descriptor.
 	MaxEntries int
-	// MaxBytes bounds the domain and every entry key and value, in bytes.
-	MaxBytes int
-	// MaxRequestBytes bounds the domain and all entry keys and values of
-	// one request together, in bytes.
+	// MaxRequestBytes bounds the body of POST /json; the gRPC server is
+	// given the same bound with grpc.MaxRecvMsgSize.
 	MaxRequestBytes int
 	// RateLimitHeaders adds x-ratelimit-limit, -remaining and -reset to
 	// every answer, taken from the most restrictive descriptor.
@@ -111,9 +110,6 @@ func New(cfg *config.Config, decider Decider, opts *Options) *Service {
 	}
 	if s.opts.MaxEntries <= 0 {
 		s.opts.MaxEntries = DefaultMaxEntries
-	}
-	if s.opts.MaxBytes <= 0 {
-		s.opts.MaxBytes = DefaultMaxBytes
 	}
 	if s.opts.MaxRequestBytes <= 0 {
 		s.opts.MaxRequestBytes = DefaultMaxRequestBytes
@@ -243,42 +239,34 @@ func invalid(reason, format string, args ...any) *invalidRequest {
 	return &invalidRequest{reason: reason, msg: fmt.Sprintf(format, args...)}
 }
 
-// validate checks req against the bounds; its errors are *invalidRequest.
+// validate checks req against the bounds the operator controls (the
+// descriptors and entries of Envoy's rate limit actions) and the fields
+// Envoy always sets; its errors are *invalidRequest. What a client controls,
+// the values, never fails a request: any length (within the message bound)
+// and any bytes are limited like others.
 func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 	switch {
 	case req.Domain == "":
 		return invalid("empty_domain", "domain is empty")
-	case len(req.Domain) > s.opts.MaxBytes:
-		return invalid("domain_too_long", "domain is %d bytes, more than the limit of %d", len(req.Domain), s.opts.MaxBytes)
 	case len(req.Descriptors) == 0:
 		return invalid("no_descriptors", "request has no descriptors")
 	case len(req.Descriptors) > s.opts.MaxDescriptors:
-		return invalid("too_many_descriptors", "request has %d descriptors, more than the limit of %d", len(req.Descriptors), s.opts.MaxDescriptors)
+		// The codec stops decoding at one past the bound: the count is not
+		// known.
+		return invalid("too_many_descriptors", "request has more than the limit of %d descriptors", s.opts.MaxDescriptors)
 	}
-	total := len(req.Domain)
 	for i, d := range req.Descriptors {
 		switch {
-		case len(d.Entries) == 0:
-			return invalid("empty_descriptor", "descriptor %d has no entries", i)
 		case len(d.Entries) > s.opts.MaxEntries:
-			return invalid("too_many_entries", "descriptor %d has %d entries, more than the limit of %d", i, len(d.Entries), s.opts.MaxEntries)
+			return invalid("too_many_entries", "descriptor %d has more than the limit of %d entries", i, s.opts.MaxEntries)
 		case d.IsNegativeHits:
 			return invalid("negative_hits", "descriptor %d: is_negative_hits is not supported", i)
 		}
 		for j, e := range d.Entries {
-			switch {
-			case e.Key == "":
+			if e.Key == "" {
 				return invalid("empty_key", "descriptor %d entry %d has an empty key", i, j)
-			case len(e.Key) > s.opts.MaxBytes:
-				return invalid("key_too_long", "descriptor %d entry %d: key is %d bytes, more than the limit of %d", i, j, len(e.Key), s.opts.MaxBytes)
-			case len(e.Value) > s.opts.MaxBytes:
-				return invalid("value_too_long", "descriptor %d entry %d: value is %d bytes, more than the limit of %d", i, j, len(e.Value), s.opts.MaxBytes)
 			}
-			total += len(e.Key) + len(e.Value)
 		}
-	}
-	if total > s.opts.MaxRequestBytes {
-		return invalid("request_too_large", "the domain and entries total %d bytes, more than the limit of %d", total, s.opts.MaxRequestBytes)
 	}
 	return nil
 }
@@ -286,8 +274,12 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 // resolve finds the limit for a descriptor: the matching rule, replaced in
 // its numbers by the descriptor's own limit override when it has one (as
 // envoyproxy/ratelimit does, an override applies in any known domain and is
-// never in shadow mode). It returns nil when no limit applies.
+// never in shadow mode). It returns nil when no limit applies, as for a
+// descriptor without entries, which the reference answers OK too.
 func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor) (*limit, error) {
+	if len(d.Entries) == 0 {
+		return nil, nil
+	}
 	rule := config.Match(cfg, domain, d.Entries)
 	override := d.Limit
 	if rule == nil && (override == nil || !cfg.HasDomain(domain)) {

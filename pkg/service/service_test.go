@@ -230,21 +230,29 @@ descriptors:
 	}
 }
 
-func TestRequestBytesAreBoundedTogether(t *testing.T) {
-	s, m := newTestService(t, &Options{MaxBytes: 100, MaxRequestBytes: 250})
-	big := strings.Repeat("v", 95) // each entry within MaxBytes
-	ok := &rlsv3.RateLimitRequest{Domain: "svc", Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", big), desc("tenant", big)}}
-	if _, err := s.ShouldRateLimit(context.Background(), ok); err != nil {
-		t.Fatalf("3+2*(6+95)=205 bytes under a 250-byte bound: %v", err)
+// TestHostileValuesAreLimited: a value of any length or bytes is limited on
+// its own counter like any other, and a descriptor without entries is
+// answered OK without a limit; neither fails the request or changes what
+// the other descriptors get.
+func TestHostileValuesAreLimited(t *testing.T) {
+	s, m := newTestService(t, nil)
+	for _, v := range []string{strings.Repeat("v", 100<<10), "\xff\xfe\x80", strings.Repeat("\xc3", 70)} {
+		for i := 0; i < 3; i++ {
+			resp := ask(t, s, desc("tenant", "plain-"+v[:1]), desc("tenant", v), &rlcommon.RateLimitDescriptor{})
+			want := rlsv3.RateLimitResponse_OK
+			if i == 2 { // both limits are 2 a minute
+				want = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+			if len(resp.Statuses) != 3 || resp.Statuses[0].Code != want || resp.Statuses[1].Code != want ||
+				resp.Statuses[1].CurrentLimit == nil || resp.Statuses[2].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[2].CurrentLimit != nil {
+				t.Fatalf("%d-byte value, hit %d: %v", len(v), i, resp)
+			}
+		}
 	}
-	keys := len(m.Keys())
-	tooBig := &rlsv3.RateLimitRequest{Domain: "svc", Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", big), desc("tenant", big), desc("tenant", big)}}
-	_, err := s.ShouldRateLimit(context.Background(), tooBig)
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "total 306 bytes, more than the limit of 250") {
-		t.Fatalf("306 bytes: %v, want InvalidArgument naming the total", err)
-	}
-	if len(m.Keys()) != keys {
-		t.Fatal("a refused request wrote to the store")
+	for _, k := range m.Keys() {
+		if len(k) > 128 {
+			t.Fatalf("key of %d bytes: %q", len(k), k)
+		}
 	}
 }
 
