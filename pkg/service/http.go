@@ -20,7 +20,9 @@ const maxJSONBody = 8 << 20
 // with the RateLimitResponse in protojson, status 200, or 429 when over the
 // limit (with the answer's headers, retry-after among them, as HTTP headers),
 // as envoyproxy/ratelimit offers to callers that are not Envoy. A refused
-// request is a 400 with the reason.
+// request is a 400 with the reason; one the store could not decide, for a
+// rule without failure_mode, is a 503 (gRPC's UNAVAILABLE): the caller's
+// own failure policy decides.
 func (s *Service) JSONHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -41,8 +43,11 @@ func (s *Service) JSONHandler() http.Handler {
 		resp, err := s.ShouldRateLimit(r.Context(), &req)
 		if err != nil {
 			code := http.StatusInternalServerError
-			if status.Code(err) == codes.InvalidArgument {
+			switch status.Code(err) {
+			case codes.InvalidArgument:
 				code = http.StatusBadRequest
+			case codes.Unavailable:
+				code = http.StatusServiceUnavailable
 			}
 			http.Error(w, status.Convert(err).Message(), code)
 			return
