@@ -27,6 +27,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -616,10 +618,12 @@ func (x *rig) send(t *testing.T, r request) outcome {
 		Domain:      x.edge.filter.GetDomain(),
 		Descriptors: out.descriptors,
 	})
-	if err != nil {
+	// UNAVAILABLE is the service's answer when the store cannot decide a
+	// rule without failure_mode: Envoy's failure_mode_deny then decides.
+	if err != nil && status.Code(err) != codes.Unavailable {
 		t.Fatalf("%v: ShouldRateLimit: %v", r, err)
 	}
-	out.resp, out.reply = resp, x.edge.reply(r, resp, nil)
+	out.resp, out.reply = resp, x.edge.reply(r, resp, err)
 	return out
 }
 
@@ -1001,8 +1005,9 @@ func (s stderrLogger) Printf(_ context.Context, format string, v ...any) {
 var defaultRedisLogger = stderrLogger{log.New(os.Stderr, "redis: ", log.LstdFlags|log.Lshortfile)}
 
 // TestEnvoyFailures checks the two failure paths: Redis down (the service
-// answers each rule by its failure_mode) and the service unreachable (Envoy's
-// failure_mode_deny).
+// answers each rule by its failure_mode, and fails the call with UNAVAILABLE
+// when the rules matched name none, so that Envoy's failure_mode_deny
+// decides) and the service unreachable (Envoy's failure_mode_deny).
 func TestEnvoyFailures(t *testing.T) {
 	b, _ := loadBootstrap(t)
 	e := newEdge(t, b)
@@ -1012,17 +1017,21 @@ func TestEnvoyFailures(t *testing.T) {
 	redis.SetLogger(quietLogger{}) // the client would log every refused dial
 	t.Cleanup(func() { redis.SetLogger(defaultRedisLogger) })
 	for _, tt := range []struct {
-		req    request
-		status int // 0: admitted
+		req      request
+		status   int  // 0: admitted
+		deferred bool // the service answered UNAVAILABLE, Envoy's failure_mode_deny decided
 	}{
-		{request{"POST", "/login", map[string]string{"x-user-id": "alice"}, "203.0.113.10"}, 429}, // login_per_user fails closed
-		{request{"POST", "/login", nil, "203.0.113.10"}, 0},
-		{request{"POST", "/api/items", map[string]string{"x-user-id": "carol"}, "198.51.100.1"}, 0},
-		{request{"GET", "/", nil, "198.51.100.1"}, 0},
+		{request{"POST", "/login", map[string]string{"x-user-id": "alice"}, "203.0.113.10"}, 429, false}, // login_per_user fails closed
+		{request{"POST", "/login", nil, "203.0.113.10"}, 0, true},
+		{request{"POST", "/api/items", map[string]string{"x-user-id": "carol"}, "198.51.100.1"}, 0, true},
+		{request{"GET", "/", nil, "198.51.100.1"}, 0, true},
 	} {
 		out := x.send(t, tt.req)
 		if got := out.reply.status; out.reply.upstream != (tt.status == 0) || got != tt.status {
 			t.Errorf("Redis down, %v: %+v, want status %d", tt.req, out.reply, tt.status)
+		}
+		if deferred := out.resp == nil; deferred != tt.deferred {
+			t.Errorf("Redis down, %v: answer %v, want deferred to Envoy: %v", tt.req, out.resp, tt.deferred)
 		}
 		if tt.status != 0 && out.reply.headers["retry-after"] != "1" {
 			t.Errorf("Redis down, %v: retry-after %q, want 1", tt.req, out.reply.headers["retry-after"])

@@ -563,6 +563,11 @@ func (b *bundle) problems(t *testing.T) []string {
 					add("%s: %s limit %s below request %s", where, r, lim.String(), req.String())
 				}
 			}
+			if imageName(c.Image) == "redis" {
+				for _, p := range redisProblems(c) {
+					add("%s: %s", where, p)
+				}
+			}
 			for _, p := range c.Ports {
 				if errs := validation.IsValidPortName(p.Name); len(errs) > 0 {
 					add("%s: port name %q: %s", where, p.Name, strings.Join(errs, "; "))
@@ -708,6 +713,48 @@ func (b *bundle) problems(t *testing.T) []string {
 		}
 	}
 	return ps
+}
+
+// redisProblems checks a Redis container's memory settings. An evicted
+// counter admits again within its window, so Redis must refuse writes
+// (noeviction: the service's failure modes answer) rather than evict, and
+// maxmemory must leave the container room for what it does not count
+// (fragmentation, client buffers, Lua), or the kernel kills Redis first.
+func redisProblems(c *corev1.Container) []string {
+	var ps []string
+	f := flags(c.Args)
+	if got := f["maxmemory-policy"]; got != "noeviction" {
+		ps = append(ps, fmt.Sprintf("--maxmemory-policy %q: want noeviction (an evicted counter admits again)", got))
+	}
+	maxmemory, err := redisBytes(f["maxmemory"])
+	limit, okLimit := c.Resources.Limits[corev1.ResourceMemory]
+	switch {
+	case err != nil || maxmemory == 0:
+		ps = append(ps, fmt.Sprintf("--maxmemory %q: want a size below the memory limit (%v)", f["maxmemory"], err))
+	case !okLimit:
+		ps = append(ps, "no memory limit to size --maxmemory against")
+	case maxmemory*4 > limit.Value()*3:
+		ps = append(ps, fmt.Sprintf("--maxmemory %s is more than 3/4 of the memory limit %s", f["maxmemory"], limit.String()))
+	}
+	return ps
+}
+
+// redisBytes parses a Redis memory size: a number of bytes, or with k, kb,
+// m, mb, g, gb (k = 1000, kb = 1024, as redis.conf says).
+func redisBytes(v string) (int64, error) {
+	v = strings.ToLower(v)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"gb", 1 << 30}, {"mb", 1 << 20}, {"kb", 1 << 10}, {"g", 1e9}, {"m", 1e6}, {"k", 1e3}} {
+		if strings.HasSuffix(v, u.suffix) {
+			v, mult = strings.TrimSuffix(v, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	return n * mult, err
 }
 
 // ratelimitProblems checks a container running this service against its
@@ -1168,6 +1215,19 @@ func TestKustomizeChecksCatchMistakes(t *testing.T) {
 		{"redis url host", "sidecar", func(b *bundle) {
 			container(b, "app", "ratelimit").Env[0].Value = "redis://redis-master:6379/0"
 		}, "is not a Service of the build"},
+		{"redis evicts", "central", func(b *bundle) {
+			c := redisContainer(b)
+			c.Args[slices.Index(c.Args, "--maxmemory-policy")+1] = "volatile-ttl"
+		}, `--maxmemory-policy "volatile-ttl": want noeviction`},
+		{"redis maxmemory at the limit", "central", func(b *bundle) {
+			c := redisContainer(b)
+			c.Args[slices.Index(c.Args, "--maxmemory")+1] = "256mb"
+		}, "--maxmemory 256mb is more than 3/4 of the memory limit"},
+		{"redis without maxmemory", "central", func(b *bundle) {
+			c := redisContainer(b)
+			i := slices.Index(c.Args, "--maxmemory")
+			c.Args = slices.Delete(c.Args, i, i+2)
+		}, `--maxmemory "": want a size`},
 		{"unpinned image", "sidecar", func(b *bundle) {
 			container(b, "app", "envoy").Image = "envoyproxy/envoy:latest"
 		}, "is not pinned"},
@@ -1204,6 +1264,10 @@ func TestKustomizeChecksCatchMistakes(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func redisContainer(b *bundle) *corev1.Container {
+	return &b.object("apps/v1/StatefulSet", "redis").obj.(*appsv1.StatefulSet).Spec.Template.Spec.Containers[0]
+}
 
 func volumeNamed(w workload, name string) *corev1.Volume {
 	for i := range w.template.Spec.Volumes {

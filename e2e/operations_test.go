@@ -22,6 +22,18 @@ func httpGet(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
+// httpPost posts a JSON body and returns the status and the body of the answer.
+func httpPost(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(out)
+}
+
 // metric returns the value of the sample whose line starts with series.
 func metric(t *testing.T, s *server, series string) string {
 	t.Helper()

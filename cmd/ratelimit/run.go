@@ -86,14 +86,14 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.redisURL, "redis-url", "", "redis:// or rediss:// URL of a standalone Redis; with no Redis flag, an embedded in-process store runs (one replica, not shared, not persistent)")
 	fs.StringVar(&s.redisClusterURL, "redis-cluster-url", "", "Redis Cluster seed nodes: redis://[user:password@]host:port?addr=host2:port&addr=host3:port (or rediss://)")
 	fs.StringVar(&s.redisSentinelURL, "redis-sentinel-url", "", "Redis Sentinel: redis://[sentinel-user:sentinel-password@]host:port?master_name=NAME&addr=host2:port[&username=U&password=P] (or rediss://)")
-	fs.DurationVar(&s.storeTimeout, "store-timeout", limiter.DefaultTimeout, "upper bound of a request's store work, queueing included (the caller's deadline, less a margin to answer, normally ends it first); past it the rule's failure_mode answers")
+	fs.DurationVar(&s.storeTimeout, "store-timeout", limiter.DefaultTimeout, "upper bound of a request's store work, queueing included (the caller's deadline, less a margin to answer, normally ends it first); past it the rule's failure_mode answers (none: UNAVAILABLE, for Envoy to decide)")
 	fs.DurationVar(&s.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, how long to keep serving while reporting NOT_SERVING, so load balancers and Envoy move away first")
 	fs.DurationVar(&s.denyCache, "deny-cache", limiter.DefaultDenyCache, "how long at most a denial Redis gave is repeated from memory for the same counter, limit and cost (never past Redis's own wait); 0 turns it off")
 	fs.DurationVar(&s.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, after the shutdown delay, how long in-flight requests may take before the server stops")
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&s.logFormat, "log-format", "json", "json or console")
 	fs.StringVar(&s.defaultAlgorithm, "default-algorithm", config.SlidingWindowCounter.String(), "algorithm of rules that do not name one: sliding_window_log, sliding_window_counter or fixed_window")
-	fs.StringVar(&s.defaultFailureMode, "default-failure-mode", config.FailureAllow.String(), "answer when the store cannot be reached, for rules that do not say: allow or deny")
+	fs.StringVar(&s.defaultFailureMode, "default-failure-mode", "", "answer when the store cannot decide, for rules that do not say: allow or deny; empty: the request fails with UNAVAILABLE and Envoy's failure_mode_deny decides")
 	fs.IntVar(&s.maxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&s.maxEntries, "max-entries", service.DefaultMaxEntries, "most entries in one descriptor")
 	fs.IntVar(&s.maxRequestBytes, "max-request-bytes", service.DefaultMaxRequestBytes, "largest request, in bytes: a gRPC message past it is refused with RESOURCE_EXHAUSTED, a POST /json body with 413")
@@ -166,9 +166,11 @@ func loadConfig(s *settings) (*config.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--default-algorithm: %w", err)
 	}
-	fm, err := config.ParseFailureMode(s.defaultFailureMode)
-	if err != nil {
-		return nil, fmt.Errorf("--default-failure-mode: %w", err)
+	fm := config.FailureDefer
+	if s.defaultFailureMode != "" {
+		if fm, err = config.ParseFailureMode(s.defaultFailureMode); err != nil {
+			return nil, fmt.Errorf("--default-failure-mode: %w, or empty to defer to Envoy", err)
+		}
 	}
 	return config.Load(s.configPath, config.Defaults{Algorithm: alg, FailureMode: fm})
 }

@@ -28,7 +28,7 @@ const MaxWindow = 100 * 365 * 24 * time.Hour
 const MaxLogLimit = 10_000
 
 // Defaults are the values used where a rule does not say. The zero value means
-// SlidingWindowCounter and FailureAllow.
+// SlidingWindowCounter and FailureDefer.
 type Defaults struct {
 	Algorithm   Algorithm
 	FailureMode FailureMode
@@ -206,9 +206,6 @@ type domain struct {
 func newBuilder(d Defaults) *builder {
 	if d.Algorithm == 0 {
 		d.Algorithm = SlidingWindowCounter
-	}
-	if d.FailureMode == 0 {
-		d.FailureMode = FailureAllow
 	}
 	return &builder{defaults: d, domains: make(map[string]*domain), hash: sha256.New()}
 }

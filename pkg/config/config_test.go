@@ -55,17 +55,17 @@ func TestLoadValid(t *testing.T) {
 		rules []string
 	}{
 		{"envoy.yaml", []string{
-			"envoy: remote_address | 10/SECOND*1 sliding_window_counter allow name=per_ip @envoy.yaml:5",
-			"envoy: remote_address=50.0.0.5 | 1000/MINUTE*1 sliding_window_counter allow @envoy.yaml:11",
-			"envoy: message_type=marketing / to_number | 5/DAY*1 sliding_window_counter allow @envoy.yaml:21",
-			"envoy: message_type=marketing / to_number / from_number | 2/HOUR*1 sliding_window_counter allow @envoy.yaml:26",
-			"envoy: path=/foo/* | 20/MINUTE*1 sliding_window_counter allow wildcard share_threshold @envoy.yaml:32",
-			"envoy: client_id=internal | unlimited sliding_window_counter allow @envoy.yaml:39",
-			"envoy: client_id | 100/HOUR*1 sliding_window_counter allow name=per_client replaces=[per_ip] shadow detailed_metric @envoy.yaml:44",
-			"envoy: category | 3/WEEK*1 sliding_window_counter allow value_to_metric @envoy.yaml:54",
+			"envoy: remote_address | 10/SECOND*1 sliding_window_counter defer name=per_ip @envoy.yaml:5",
+			"envoy: remote_address=50.0.0.5 | 1000/MINUTE*1 sliding_window_counter defer @envoy.yaml:11",
+			"envoy: message_type=marketing / to_number | 5/DAY*1 sliding_window_counter defer @envoy.yaml:21",
+			"envoy: message_type=marketing / to_number / from_number | 2/HOUR*1 sliding_window_counter defer @envoy.yaml:26",
+			"envoy: path=/foo/* | 20/MINUTE*1 sliding_window_counter defer wildcard share_threshold @envoy.yaml:32",
+			"envoy: client_id=internal | unlimited sliding_window_counter defer @envoy.yaml:39",
+			"envoy: client_id | 100/HOUR*1 sliding_window_counter defer name=per_client replaces=[per_ip] shadow detailed_metric @envoy.yaml:44",
+			"envoy: category | 3/WEEK*1 sliding_window_counter defer value_to_metric @envoy.yaml:54",
 		}},
 		{"extensions.yaml", []string{
-			"api: tenant | 100/SECOND*1 sliding_window_counter allow @extensions.yaml:4",
+			"api: tenant | 100/SECOND*1 sliding_window_counter defer @extensions.yaml:4",
 			"api: tenant / user | 1000/MINUTE*15 sliding_window_log deny @extensions.yaml:9",
 			"api: tenant / bulk | 10/DAY*1 fixed_window allow @extensions.yaml:16",
 		}},
@@ -182,7 +182,7 @@ func TestParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := summaries(c.Rules()); !slices.Equal(got, []string{"d: k | 1/SECOND*1 sliding_window_counter allow @inline.yaml:3"}) {
+	if got := summaries(c.Rules()); !slices.Equal(got, []string{"d: k | 1/SECOND*1 sliding_window_counter defer @inline.yaml:3"}) {
 		t.Errorf("rules = %q", got)
 	}
 	if got := c.Files(); !slices.Equal(got, []string{"inline.yaml"}) {
@@ -210,11 +210,13 @@ descriptors:
 		want     []string // algorithm and failure mode of plain, own and free
 	}{
 		{"zero", Defaults{}, []string{
-			"sliding_window_counter allow", "sliding_window_log allow", "sliding_window_counter allow"}},
+			"sliding_window_counter defer", "sliding_window_log allow", "sliding_window_counter defer"}},
 		{"set", Defaults{Algorithm: FixedWindow, FailureMode: FailureDeny}, []string{
 			"fixed_window deny", "sliding_window_log allow", "fixed_window deny"}},
 		{"algorithm only", Defaults{Algorithm: SlidingWindowLog}, []string{
-			"sliding_window_log allow", "sliding_window_log allow", "sliding_window_log allow"}},
+			"sliding_window_log defer", "sliding_window_log allow", "sliding_window_log defer"}},
+		{"failure mode only", Defaults{FailureMode: FailureAllow}, []string{
+			"sliding_window_counter allow", "sliding_window_log allow", "sliding_window_counter allow"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := Parse("d.yaml", []byte(yaml), tt.defaults)

@@ -31,13 +31,18 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 // String returns the name ParseAlgorithm accepts.
 func (a Algorithm) String() string { return enumString("Algorithm", a, algorithmNames) }
 
-// FailureMode is the answer when the store cannot be reached.
+// FailureMode is the answer when the store cannot decide a hit.
 type FailureMode uint8
 
-// The failure modes a rule can ask for with rate_limit.failure_mode.
+// The failure modes. A rule asks for allow or deny with
+// rate_limit.failure_mode; one that names none defers to Envoy.
 const (
-	FailureAllow FailureMode = iota + 1 // "allow": let the request through
-	FailureDeny                         // "deny": answer OVER_LIMIT
+	// FailureDefer, the zero value, is a rule without failure_mode: the
+	// request fails with gRPC UNAVAILABLE, so Envoy's own failure_mode_deny
+	// decides, as with envoyproxy/ratelimit. Not accepted in the YAML.
+	FailureDefer FailureMode = iota
+	FailureAllow             // "allow": let the request through
+	FailureDeny              // "deny": answer OVER_LIMIT
 )
 
 var failureModeNames = []string{
@@ -51,8 +56,14 @@ func ParseFailureMode(s string) (FailureMode, error) {
 	return parseEnum[FailureMode]("failure_mode", s, failureModeNames, equal)
 }
 
-// String returns the name ParseFailureMode accepts.
-func (f FailureMode) String() string { return enumString("FailureMode", f, failureModeNames) }
+// String returns the name ParseFailureMode accepts, or "defer" for
+// FailureDefer.
+func (f FailureMode) String() string {
+	if f == FailureDefer {
+		return "defer"
+	}
+	return enumString("FailureMode", f, failureModeNames)
+}
 
 // Unit is a rate limit time unit.
 type Unit uint8

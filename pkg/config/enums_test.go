@@ -40,8 +40,15 @@ func TestParseFailureMode(t *testing.T) {
 			t.Errorf("ParseFailureMode(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}
 	}
-	if _, err := ParseFailureMode("Deny"); err == nil || !strings.Contains(err.Error(), "allow, deny") {
-		t.Errorf(`ParseFailureMode("Deny") error = %v, want one naming the choices`, err)
+	// Deferring to Envoy is what a rule without failure_mode does; the
+	// YAML cannot spell it.
+	for _, in := range []string{"Deny", "defer", ""} {
+		if _, err := ParseFailureMode(in); err == nil || !strings.Contains(err.Error(), "allow, deny") {
+			t.Errorf("ParseFailureMode(%q) error = %v, want one naming the choices", in, err)
+		}
+	}
+	if got := FailureDefer.String(); got != "defer" || FailureDefer != 0 {
+		t.Errorf("FailureDefer = %d %q, want the zero value, shown as defer", FailureDefer, got)
 	}
 }
 

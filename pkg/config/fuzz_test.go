@@ -211,7 +211,7 @@ func checkRule(t *testing.T, c *config.Config, r *config.Rule, maxLine int) {
 	if r.Algorithm.String() != "sliding_window_log" && r.Algorithm.String() != "sliding_window_counter" && r.Algorithm.String() != "fixed_window" {
 		fail("unknown algorithm %v", r.Algorithm)
 	}
-	if r.FailureMode.String() != "allow" && r.FailureMode.String() != "deny" {
+	if fm := r.FailureMode.String(); fm != "allow" && fm != "deny" && fm != "defer" {
 		fail("unknown failure mode %v", r.FailureMode)
 	}
 	if r.UnitMultiplier < 1 {

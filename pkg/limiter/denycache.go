@@ -1,72 +1,172 @@
 package limiter
 
 import (
+	"hash/maphash"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
 // denyCache remembers, briefly, the hits Redis denied, so that a client
 // hammering a full counter is answered without a store call. It only ever
-// denies, and only what Redis would deny: a hit on the same key with the
-// same limit and at least the denied cost, before the wait Redis announced.
+// denies, and only what Redis just denied: a hit on the same key with the
+// same limit and the same cost, before the wait Redis announced. A lighter
+// cost might fit and a heavier one waits longer, so both go to Redis.
 // Capacity freed in ways this instance cannot see (a refund across cluster
 // slots, an admin Reset on another instance) could make a cached denial
 // wrong, so entries live at most maxAge: the error is bounded, and towards
 // denying.
+//
+// Memory is bounded in bytes, not entries: each entry is accounted as its
+// key's length plus denyEntryOverhead, and the cache holds at most maxBytes
+// of them. Entries live in two generations per shard, each at most maxAge
+// long: a shard's older generation, all of whose entries have expired, is
+// dropped whole, map and all (Go maps never shrink, so deleting entry by
+// entry would keep a burst's memory), when the shard is next used. A shard
+// that is full drops its older generation early, and then its newer one: the
+// cache only answers less. No goroutine is involved.
 type denyCache struct {
-	maxAge     time.Duration
-	maxEntries int64
-	entries    sync.Map // key to denial
-	size       atomic.Int64
+	maxAge time.Duration
+	base   time.Time // times are kept as nanoseconds since base: 8 bytes, not 24
+	seed   maphash.Seed
+	shards [denyShards]denyShard
 }
 
-// denial is a verdict Redis gave.
+// denyShards spreads the keys over locks; a hot key still takes one.
+const denyShards = 16
+
+// DefaultDenyCacheBytes bounds the memory of the deny cache.
+const DefaultDenyCacheBytes = 16 << 20
+
+// denyEntryOverhead is what an entry costs beyond its key's bytes: the map
+// slot (key header and denial, 56 bytes), the map's spare slots, the key's
+// allocation rounded up to its size class. TestDenyCacheRetainedBytes
+// measures the real figure and fails if it exceeds this accounting: 102-144
+// bytes beyond the key for 40- and 200-byte keys, with the maps just below
+// and just past a growth (Go 1.26, amd64). 16 MiB thus hold about 65,000
+// denials of 60-byte keys.
+const denyEntryOverhead = 192
+
+type denyShard struct {
+	mu         sync.Mutex
+	cur, prev  map[string]denial
+	curBytes   int
+	prevBytes  int
+	curStarted int64 // when cur became the newer generation, since base
+	maxBytes   int
+}
+
+// denial is a verdict Redis gave. Times are nanoseconds since the cache's base.
 type denial struct {
 	limit     uint32
 	cost      uint64
 	remaining uint64
-	fitsAt    time.Time // when the cost fits again, by Redis's own wait
-	expires   time.Time // when the entry stops answering: fitsAt or maxAge
+	fitsAt    int64 // when the cost fits again, by Redis's own wait
+	expires   int64 // when the entry stops answering: fitsAt or maxAge
 }
 
 func newDenyCache(maxAge time.Duration) *denyCache {
-	return &denyCache{maxAge: maxAge, maxEntries: 100_000}
+	return newDenyCacheSized(maxAge, DefaultDenyCacheBytes)
 }
 
-// lookup answers h from the cache, if it holds a denial that covers it.
+func newDenyCacheSized(maxAge time.Duration, maxBytes int) *denyCache {
+	c := &denyCache{maxAge: maxAge, base: time.Now(), seed: maphash.MakeSeed()}
+	for i := range c.shards {
+		c.shards[i].maxBytes = maxBytes / denyShards
+	}
+	return c
+}
+
+func (c *denyCache) since(t time.Time) int64 { return int64(t.Sub(c.base)) }
+
+func (c *denyCache) shard(key string) *denyShard {
+	return &c.shards[maphash.String(c.seed, key)%denyShards]
+}
+
+// lookup answers h from the cache, if it holds a denial of exactly h.
 func (c *denyCache) lookup(h Hit, now time.Time) (Verdict, bool) {
-	e, ok := c.entries.Load(h.Key)
+	at := c.since(now)
+	s := c.shard(h.Key)
+	s.mu.Lock()
+	s.age(at, int64(c.maxAge))
+	d, ok := s.cur[h.Key]
 	if !ok {
+		d, ok = s.prev[h.Key]
+	}
+	s.mu.Unlock()
+	if !ok || at >= d.expires || d.limit != h.Limit || d.cost != h.Cost {
 		return Verdict{}, false
 	}
-	d := e.(denial)
-	if !now.Before(d.expires) || d.limit != h.Limit || h.Cost < d.cost {
-		return Verdict{}, false
-	}
-	return Verdict{Remaining: d.remaining, ResetAfter: d.fitsAt.Sub(now)}, true
+	return Verdict{Remaining: d.remaining, ResetAfter: time.Duration(d.fitsAt - at)}, true
 }
 
 // remember keeps a denial decided for a call sent at sent: measuring the
 // wait from before Redis ran it, never after, keeps the entry on the safe
 // side of Redis's clock.
 func (c *denyCache) remember(h Hit, v Verdict, sent time.Time) {
-	fitsAt := sent.Add(v.ResetAfter)
-	expires := sent.Add(c.maxAge)
-	if fitsAt.Before(expires) {
-		expires = fitsAt
+	at := c.since(sent)
+	fitsAt := at + int64(v.ResetAfter)
+	d := denial{limit: h.Limit, cost: h.Cost, remaining: v.Remaining, fitsAt: fitsAt, expires: min(fitsAt, at+int64(c.maxAge))}
+	size := len(h.Key) + denyEntryOverhead
+	s := c.shard(h.Key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.age(at, int64(c.maxAge))
+	s.drop(h.Key)
+	if size > s.maxBytes {
+		return
 	}
-	d := denial{limit: h.Limit, cost: h.Cost, remaining: v.Remaining, fitsAt: fitsAt, expires: expires}
-	if _, loaded := c.entries.Swap(h.Key, d); !loaded && c.size.Add(1) > c.maxEntries {
-		// A bound, not an eviction policy: past it, start over.
-		c.entries.Clear()
-		c.size.Store(0)
+	if s.curBytes+s.prevBytes+size > s.maxBytes {
+		s.rotate(at) // full: the older generation goes first
+	}
+	if s.curBytes+s.prevBytes+size > s.maxBytes {
+		s.prev, s.prevBytes = nil, 0
+	}
+	if s.cur == nil {
+		s.cur = make(map[string]denial)
+	}
+	s.cur[h.Key] = d
+	s.curBytes += size
+}
+
+// forget drops what the cache knows of key, so that the next hit on it asks
+// Redis: after a Reset, or a refund that freed capacity.
+func (c *denyCache) forget(key string) {
+	s := c.shard(key)
+	s.mu.Lock()
+	s.drop(key)
+	s.mu.Unlock()
+}
+
+// age turns the generations over once cur is maxAge old. Every entry of a
+// generation expires within maxAge of the generation's start (its call was
+// sent before it was inserted, and the insert came after this check), so a
+// generation dropped maxAge after it stopped being the newer one holds only
+// expired entries.
+func (s *denyShard) age(at, maxAge int64) {
+	switch {
+	case at-s.curStarted >= 2*maxAge:
+		s.cur, s.curBytes, s.prev, s.prevBytes = nil, 0, nil, 0
+		s.curStarted = at
+	case at-s.curStarted >= maxAge:
+		s.rotate(at)
 	}
 }
 
-// forget drops what the cache knows of key (after a Reset).
-func (c *denyCache) forget(key string) {
-	if _, loaded := c.entries.LoadAndDelete(key); loaded {
-		c.size.Add(-1)
+func (s *denyShard) rotate(at int64) {
+	s.prev, s.prevBytes = s.cur, s.curBytes
+	s.cur, s.curBytes = nil, 0
+	s.curStarted = at
+}
+
+// drop deletes key from both generations.
+func (s *denyShard) drop(key string) {
+	size := len(key) + denyEntryOverhead
+	if _, ok := s.cur[key]; ok {
+		delete(s.cur, key)
+		s.curBytes -= size
+	}
+	if _, ok := s.prev[key]; ok {
+		delete(s.prev, key)
+		s.prevBytes -= size
 	}
 }

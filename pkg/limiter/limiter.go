@@ -56,7 +56,9 @@ type Hit struct {
 	// Shadow marks a hit that is evaluated and accounted as usual, but whose
 	// denial does not deny the request.
 	Shadow bool
-	// FailureMode answers the hit when the store cannot; zero means allow.
+	// FailureMode answers the hit when the store cannot. Deny gives a
+	// denial; allow and FailureDefer (zero) give an admission that charged
+	// nothing, and the caller tells those two apart.
 	FailureMode config.FailureMode
 }
 
@@ -577,7 +579,10 @@ func deniedAny(hits []Hit, verdicts []Verdict) bool {
 
 // failureVerdict answers an admissible hit by its failure mode. An allowed
 // hit reports its whole limit as remaining: the store could not say, and 0
-// would tell clients to back off for nothing.
+// would tell clients to back off for nothing. A hit that defers to Envoy
+// (FailureDefer) is answered as allowed here, so that across cluster slots
+// the charges of the other slots stay (errors go towards denying); the
+// caller turns it into an error for Envoy's own failure mode.
 func failureVerdict(h Hit) Verdict {
 	if h.FailureMode == config.FailureDeny {
 		return Verdict{FailureVerdict: true, ResetAfter: FailureRetry}

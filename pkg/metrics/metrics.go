@@ -27,6 +27,10 @@ const (
 	FailureAllow Outcome = "failure_allow"
 	// FailureDeny: the store could not answer; the rule's failure_mode denied.
 	FailureDeny Outcome = "failure_deny"
+	// FailureDefer: the store could not answer and the rule has no
+	// failure_mode: the request fails with UNAVAILABLE for Envoy to decide,
+	// unless the rule is in shadow mode or another descriptor denies it.
+	FailureDefer Outcome = "failure_defer"
 	// Unlimited: an unlimited rule matched.
 	Unlimited Outcome = "unlimited"
 )

@@ -103,8 +103,8 @@ func TestAdminInspectDoesNotConsume(t *testing.T) {
 		// The frozen clock gives the log's three hits the scores now, now+1 µs
 		// and now+2 µs: the newest leaves the window a minute after it.
 		{"log", "sliding_window_log", "MINUTE", "deny", "by_log", 1, 3, "rl:{adm|log=a}:log:60", time.Minute + 2*time.Microsecond},
-		{"counter", "sliding_window_counter", "MINUTE", "allow", "", 1, 5, "rl:{adm|counter=a}:counter:60", 2*time.Minute - 10*time.Second},
-		{"fixed", "fixed_window", "SECOND", "allow", "", 60, 7, "rl:{adm|fixed=a}:fixed:60", time.Minute - 10*time.Second},
+		{"counter", "sliding_window_counter", "MINUTE", "defer", "", 1, 5, "rl:{adm|counter=a}:counter:60", 2*time.Minute - 10*time.Second},
+		{"fixed", "fixed_window", "SECOND", "defer", "", 60, 7, "rl:{adm|fixed=a}:fixed:60", time.Minute - 10*time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.algorithm, func(t *testing.T) {

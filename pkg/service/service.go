@@ -223,7 +223,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			s.log.Warn("store unavailable: applying failure modes", zap.String("domain", req.Domain), zap.Error(err))
 		}
 	}
-	return s.respond(req.Domain, limits, hits, verdicts), nil
+	resp, deferred := s.respond(req.Domain, limits, hits, verdicts)
+	if deferred != nil {
+		// No answer to give: Envoy's failure_mode_deny decides, as it does
+		// for envoyproxy/ratelimit when its Redis is down.
+		return nil, status.Errorf(codes.Unavailable, "rate limit store unavailable, and rule %s has no failure_mode", deferred)
+	}
+	return resp, nil
 }
 
 // invalidRequest is a refused request: reason labels the metric, msg tells
@@ -382,8 +388,13 @@ func storeKey(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLim
 	return kb.Key(l.algorithm, l.window())
 }
 
-func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) *rlsv3.RateLimitResponse {
-	resp := &rlsv3.RateLimitResponse{
+// respond turns the verdicts into Envoy's answer. When the store could not
+// decide an enforced limit whose failure mode defers to Envoy, and no
+// enforced limit denies the request, there is no answer to give: respond
+// returns that limit as deferred, and the caller fails the request. A denial
+// wins over deferring: the request is refused whatever the store would say.
+func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) (resp *rlsv3.RateLimitResponse, deferred *limit) {
+	resp = &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(limits)),
 	}
@@ -409,6 +420,9 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 			s.log.Warn("cost exceeds the limit: denied without a store call",
 				zap.String("domain", domain), zap.Stringer("rule", l), zap.Uint64("cost", hits[l.hit].Cost))
 		}
+		if v.FailureVerdict && l.failureMode == config.FailureDefer && !l.shadow && deferred == nil {
+			deferred = l
+		}
 		if !v.Admitted {
 			if l.shadow {
 				s.log.Info("shadow mode: would deny", zap.String("domain", domain), zap.Stringer("rule", l))
@@ -430,16 +444,21 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 	if s.opts.RateLimitHeaders && tightest >= 0 {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(limits[tightest], resp.Statuses[tightest])...)
 	}
-	return resp
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		deferred = nil
+	}
+	return resp, deferred
 }
 
 // outcome classifies a decision for metrics.
 func (s *Service) outcome(l *limit, v limiter.Verdict) metrics.Outcome {
 	switch {
-	case v.FailureVerdict && v.Admitted:
-		return metrics.FailureAllow
-	case v.FailureVerdict:
+	case v.FailureVerdict && !v.Admitted:
 		return metrics.FailureDeny
+	case v.FailureVerdict && l.failureMode == config.FailureDefer:
+		return metrics.FailureDefer
+	case v.FailureVerdict:
+		return metrics.FailureAllow
 	case !v.Admitted && l.shadow:
 		return metrics.ShadowWouldDeny
 	case !v.Admitted:

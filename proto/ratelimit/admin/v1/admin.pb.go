@@ -203,7 +203,9 @@ type InspectResponse struct {
 	Rule    *Rule `protobuf:"bytes,2,opt,name=rule,proto3" json:"rule,omitempty"`
 	// The rule's settings, spelled as in the config file: algorithm
 	// "sliding_window_log", "sliding_window_counter" or "fixed_window";
-	// unit "SECOND" ... "YEAR"; failure_mode "allow" or "deny".
+	// unit "SECOND" ... "YEAR"; failure_mode "allow" or "deny", or
+	// "defer" for a rule that names none (its requests fail with
+	// UNAVAILABLE when the store cannot decide, for Envoy to decide).
 	Algorithm       string `protobuf:"bytes,3,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
 	RequestsPerUnit uint32 `protobuf:"varint,4,opt,name=requests_per_unit,json=requestsPerUnit,proto3" json:"requests_per_unit,omitempty"`
 	Unit            string `protobuf:"bytes,5,opt,name=unit,proto3" json:"unit,omitempty"`
