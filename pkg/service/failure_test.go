@@ -276,3 +276,32 @@ func TestLimiterStoreDownDefers(t *testing.T) {
 		t.Errorf("deny and unset, store gone: %v %v, want OVER_LIMIT", resp, err)
 	}
 }
+
+// overloaded is a Decider that never got to ask the store in time.
+type overloaded struct{}
+
+func (overloaded) Decide(_ context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+	verdicts := make([]limiter.Verdict, len(hits))
+	for i, h := range hits {
+		verdicts[i] = limiter.Verdict{FailureVerdict: true, Admitted: h.FailureMode != config.FailureDeny}
+	}
+	return verdicts, fmt.Errorf("decide: %w: context deadline exceeded", limiter.ErrOverloaded)
+}
+
+// TestOverloadIsNotAStoreFailure: a request whose deadline passed before
+// the store was asked fails, for a rule without failure_mode, with
+// RESOURCE_EXHAUSTED (this instance was too slow), not UNAVAILABLE (the
+// store was); a deny rule still denies.
+func TestOverloadIsNotAStoreFailure(t *testing.T) {
+	s, _ := newFailureService(t, overloaded{}, nil)
+	_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "fm",
+		Descriptors: []*rlcommon.RateLimitDescriptor{desc("unset", "x")}})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("overloaded, rule without failure_mode: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	resp, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "fm",
+		Descriptors: []*rlcommon.RateLimitDescriptor{desc("unset", "x"), desc("deny", "x")}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("overloaded, deny and unset: %v %v, want OVER_LIMIT", resp, err)
+	}
+}

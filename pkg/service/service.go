@@ -8,6 +8,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -215,21 +216,32 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 
 	var verdicts []limiter.Verdict
+	var err error
 	if len(hits) > 0 {
-		var err error
 		// On a store error the verdicts follow each rule's failure mode; a
 		// caller that gave up is no news of the store.
-		if verdicts, err = s.decider.Decide(ctx, hits); err != nil && ctx.Err() == nil {
+		verdicts, err = s.decider.Decide(ctx, hits)
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case errors.Is(err, limiter.ErrOverloaded):
+			s.log.Warn("overloaded: the deadline passed before the store was asked; applying failure modes",
+				zap.String("domain", req.Domain))
+		default:
 			s.log.Warn("store unavailable: applying failure modes", zap.String("domain", req.Domain), zap.Error(err))
 		}
 	}
 	resp, deferred := s.respond(req.Domain, limits, hits, verdicts)
-	if deferred != nil {
-		// No answer to give: Envoy's failure_mode_deny decides, as it does
-		// for envoyproxy/ratelimit when its Redis is down.
-		return nil, status.Errorf(codes.Unavailable, "rate limit store unavailable, and rule %s has no failure_mode", deferred)
+	switch {
+	case deferred == nil:
+		return resp, nil
+	case errors.Is(err, limiter.ErrOverloaded):
+		// This instance, not the store, was too slow: the code Envoy gets
+		// for an instance that sheds load, for its failure_mode_deny.
+		return nil, status.Errorf(codes.ResourceExhausted, "overloaded: the deadline passed before the store was asked, and rule %s has no failure_mode", deferred)
 	}
-	return resp, nil
+	// No answer to give: Envoy's failure_mode_deny decides, as it does for
+	// envoyproxy/ratelimit when its Redis is down.
+	return nil, status.Errorf(codes.Unavailable, "rate limit store unavailable, and rule %s has no failure_mode", deferred)
 }
 
 // invalidRequest is a refused request: reason labels the metric, msg tells
