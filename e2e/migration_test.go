@@ -394,9 +394,11 @@ func TestClusterSlotMigration(t *testing.T) {
 	tryAgain := redirections(t, src, "TRYAGAIN") + redirections(t, dst, "TRYAGAIN")
 	t.Logf("metrics: %v failure-mode decisions, %v store errors; Redis refused %d calls with ASK, %d with MOVED, %d with TRYAGAIN",
 		failures, storeErrors, ask, moved, tryAgain)
-	// The redirections were met, and followed.
-	if ask == 0 || moved == 0 || tryAgain == 0 {
-		t.Errorf("the migration sent %d ASK, %d MOVED and %d TRYAGAIN: some case was not met", ask, moved, tryAgain)
+	// The redirections were met, and followed. MOVED is not asserted: the
+	// cluster client reloads a slot map older than 10 s on its own, which
+	// may happen between SETSLOT NODE and the last phase.
+	if ask == 0 || tryAgain == 0 {
+		t.Errorf("the migration sent %d ASK and %d TRYAGAIN: some case was not met", ask, tryAgain)
 	}
 	if failures != 0 || storeErrors != 0 {
 		t.Errorf("%v failure-mode decisions and %v store errors, want none", failures, storeErrors)
