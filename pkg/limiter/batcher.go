@@ -201,7 +201,9 @@ type send struct {
 	form   form
 	target redis.UniversalClient
 	asking bool // an ASK redirection: ASKING goes first
-	cmd    *redis.Cmd
+	// resends counts the re-sends for other reasons than TRYAGAIN.
+	resends int
+	cmd     *redis.Cmd
 }
 
 // form is how a command reaches Redis.
@@ -217,8 +219,7 @@ const (
 func (b *batcher) exec(batch []*call) {
 	ctx, cancel := context.WithDeadline(context.Background(), b.deadline(batch))
 	defer cancel()
-	sends := b.sends(batch)
-	b.perform(ctx, sends)
+	sends := b.perform(ctx, b.sends(batch))
 	for _, s := range sends {
 		if s.script != nil {
 			s.calls[0].done <- outcome{cmd: s.cmd}
@@ -267,14 +268,23 @@ func (b *batcher) sends(batch []*call) []*send {
 	return sends
 }
 
-// maxResends bounds the rounds of re-sending what Redis refused to run.
+// maxResends bounds the times one command is re-sent for NOSCRIPT, a
+// missing function library, MOVED or ASK. TRYAGAIN is bounded by the
+// deadline only: it lasts as long as the migration of a slot's keys.
 const maxResends = 4
+
+// maxTryAgainWait caps the pause before a re-send after TRYAGAIN; the pause
+// starts at 1 ms and doubles.
+const maxTryAgainWait = 16 * time.Millisecond
 
 // perform sends ss, grouped in one pipeline per target, and re-sends those
 // Redis refused without running them, in the form or to the node it asks
-// for.
-func (b *batcher) perform(ctx context.Context, ss []*send) {
-	for round := 0; len(ss) > 0; round++ {
+// for. It returns the commands as they were last sent: a decide call
+// refused with TRYAGAIN is split into one per request.
+func (b *batcher) perform(ctx context.Context, ss []*send) []*send {
+	var last []*send
+	wait := time.Millisecond
+	for len(ss) > 0 {
 		byTarget := map[redis.UniversalClient][]*send{}
 		for _, s := range ss {
 			byTarget[s.target] = append(byTarget[s.target], s)
@@ -282,17 +292,51 @@ func (b *batcher) perform(ctx context.Context, ss []*send) {
 		for target, group := range byTarget {
 			b.pipeline(ctx, target, group)
 		}
-		if round == maxResends {
-			return
-		}
 		var again []*send
+		tryAgain := false
 		for _, s := range ss {
-			if b.retry(ctx, s) {
+			switch b.retry(ctx, s) {
+			case resend:
 				again = append(again, s)
+			case resendLater:
+				tryAgain = true
+				again = append(again, s.split(ctx)...)
+			default:
+				last = append(last, s)
+			}
+		}
+		if tryAgain {
+			// A slot in migration holds some of a call's keys and not
+			// the others: wait a moment for the migration to move them.
+			select {
+			case <-time.After(wait):
+				wait = min(2*wait, maxTryAgainWait)
+			case <-ctx.Done():
+				for _, s := range again {
+					s.cmd.SetErr(fmt.Errorf("%w: %w", s.cmd.Err(), ctx.Err()))
+				}
+				return append(last, again...)
 			}
 		}
 		ss = again
 	}
+	return last
+}
+
+// split turns a decide call of several requests, which Redis refused with
+// TRYAGAIN, into one call per request: a request whose keys are all on one
+// node of a slot in migration runs there (ASK names the node), whatever
+// the other requests' keys. The requests keep their queue order, in one
+// pipeline to one node, so the calls of one key still run in order.
+func (s *send) split(ctx context.Context) []*send {
+	if s.script != nil || len(s.calls) == 1 {
+		return []*send{s}
+	}
+	parts := make([]*send, len(s.calls))
+	for i, c := range s.calls {
+		parts[i] = &send{calls: []*call{c}, keys: c.keys, args: c.args, form: s.form, target: s.target, asking: s.asking, resends: s.resends, cmd: errCmd(ctx, s.cmd.Err())}
+	}
+	return parts
 }
 
 // pipeline sends group to target in one pipeline.
@@ -324,21 +368,37 @@ func (s *send) scriptOrDecide() *redis.Script {
 	return decideScript
 }
 
+// resending is what retry says of a command.
+type resending uint8
+
+const (
+	settled     resending = iota // ran, or failed for good
+	resend                       // re-send now (s prepared for it)
+	resendLater                  // TRYAGAIN: re-send after a pause
+)
+
 // retry reports whether Redis refused s without running it in a way that a
 // re-send mends, and prepares that re-send.
-func (b *batcher) retry(ctx context.Context, s *send) bool {
+func (b *batcher) retry(ctx context.Context, s *send) resending {
 	err := s.cmd.Err()
 	if err == nil || ctx.Err() != nil {
-		return false
+		return settled
 	}
 	msg := err.Error()
+	if strings.HasPrefix(msg, "TRYAGAIN") {
+		return resendLater
+	}
+	if s.resends == maxResends {
+		return settled
+	}
+	s.resends++
 	switch {
 	case strings.HasPrefix(msg, "NOSCRIPT"):
 		s.form = formEval
 	case s.form == formFunction && strings.Contains(msg, "Function not found"):
 		if err := loadLibrary(ctx, s.target); err != nil {
 			s.cmd.SetErr(err)
-			return false
+			return settled
 		}
 	case s.form == formFunction && strings.Contains(strings.ToLower(msg), "unknown command"):
 		b.scriptsOnly.Store(true)
@@ -349,26 +409,18 @@ func (b *batcher) retry(ctx context.Context, s *send) bool {
 		// needs are already there or not yet anywhere.
 		fields := strings.Fields(msg)
 		if len(fields) != 3 {
-			return false
+			return settled
 		}
 		node, err := b.node(fields[2], fields[0] == "MOVED")
 		if err != nil {
 			s.cmd.SetErr(fmt.Errorf("%s: %w", msg, err))
-			return false
+			return settled
 		}
 		s.target, s.asking = node, fields[0] == "ASK"
-	case strings.HasPrefix(msg, "TRYAGAIN"):
-		// A slot in migration holds some of the keys and not the others:
-		// wait a moment for the migration to move them.
-		select {
-		case <-time.After(time.Millisecond):
-		case <-ctx.Done():
-			return false
-		}
 	default:
-		return false
+		return settled
 	}
-	return true
+	return resend
 }
 
 // loadLibrary loads the decide function library on server. Another
