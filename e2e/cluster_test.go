@@ -78,8 +78,8 @@ func avoidMidnight(t *testing.T, margin time.Duration) {
 }
 
 // usage reads the units a counter holds directly on the master that serves
-// its slot: the log's members (ZCARD), or the sum of the window-index keys
-// of the counter and the fixed window.
+// its slot: the log's members (ZCARD), or the current window's count of the
+// counter and the fixed window.
 func (c *redisCluster) usage(t *testing.T, base string) int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -91,19 +91,7 @@ func (c *redisCluster) usage(t *testing.T, base string) int64 {
 		}
 		return n
 	}
-	var total int64
-	iter := master.client.Scan(ctx, 0, base+":*", 100).Iterator()
-	for iter.Next(ctx) {
-		n, err := master.client.Get(ctx, iter.Val()).Int64()
-		if err != nil {
-			t.Fatal(err)
-		}
-		total += n
-	}
-	if err := iter.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return total
+	return windowCount(t, master.client, base)
 }
 
 // startClusterServers starts n instances of the service on cluster c.

@@ -25,6 +25,8 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/pkg/limiter"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -410,20 +412,7 @@ func countIn(calls []faultCall, kinds []faultKind, from, to time.Time) (n, of in
 // of units charged (the sum covers a day edge crossed mid-test).
 func fixedCount(t *testing.T, r *redisServer, rule, value string) int64 {
 	t.Helper()
-	ctx := context.Background()
-	keys, err := r.client.Keys(ctx, "rl:{faults|"+rule+"="+value+"}:fixed:*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum int64
-	for _, k := range keys {
-		n, err := r.client.Get(ctx, k).Int64()
-		if err != nil {
-			t.Fatal(err)
-		}
-		sum += n
-	}
-	return sum
+	return windowCount(t, r.client, "rl:{faults|"+rule+"="+value+"}:fixed:86400")
 }
 
 // hitKept asks the kept rule (5 per hour, exact) n times for value, which
@@ -528,7 +517,7 @@ func TestFaultRedisKilledAndRestarted(t *testing.T) {
 func TestFaultFlushAndClientKill(t *testing.T) {
 	f := watchFreezes(t)
 	r := faultStartRedis(t)
-	s := startServer(t, r, faultConfig) // --store-timeout 2s: no failure mode from a slow call
+	s := startServer(t, r, faultConfig) // the default --store-timeout (1s): no failure mode from a slow call
 	admin := redis.NewClient(&redis.Options{Addr: r.addr, ClientName: faultAdminName, PoolSize: 1})
 	defer admin.Close()
 	ctx := context.Background()
@@ -557,7 +546,7 @@ func TestFaultFlushAndClientKill(t *testing.T) {
 	}
 	calls := load.stop()
 
-	kinds, slowest := checkCalls(t, f, calls, classifyClosed, 2*time.Second+faultMargin)
+	kinds, slowest := checkCalls(t, f, calls, classifyClosed, limiter.DefaultTimeout+faultMargin)
 	var admitted, failures int
 	for _, k := range kinds {
 		switch k {
@@ -699,7 +688,8 @@ func TestFaultOverload(t *testing.T) {
 		maxRSS      = 300 << 20
 	)
 	r := faultStartRedis(t, "--enable-debug-command", "yes")
-	s := startServer(t, r, faultConfig, "--max-inflight", strconv.Itoa(maxInFlight)) // --store-timeout 2s > the stall
+	// --store-timeout above the stall: the requests in flight wait it out.
+	s := startServer(t, r, faultConfig, "--max-inflight", strconv.Itoa(maxInFlight), "--store-timeout", "3s")
 	admin := redis.NewClient(&redis.Options{Addr: r.addr, ClientName: faultAdminName, ReadTimeout: 5 * time.Second})
 	defer admin.Close()
 	ctx := context.Background()
@@ -832,14 +822,15 @@ func TestFaultOverload(t *testing.T) {
 		"ratelimit_requests_shed_total %s; %d health checks, %d not SERVING, slowest %v; VmRSS %d MiB before, at most %d MiB during; longest host freeze %v",
 		clients, len(calls), refused, pct(50), pct(90), pct(99), slowestRefusal, answered, held, shed, checks.Load(), notServing.Load(),
 		time.Duration(slowestCheck.Load()), rssBefore>>20, rssMax.Load()>>20, f.longest())
-	// A refusal does not wait for the requests in flight: on an idle
-	// machine each takes about a millisecond; 100 ms is far from the stall
-	// a queued request would wait out.
-	switch {
-	case refused == 0:
+	// A refusal does not wait for the requests in flight. How fast it is
+	// depends on how busy the machine is: logged here, measured by make
+	// bench; what is asserted is that refusals came while the stall held
+	// the admitted requests.
+	if refused == 0 {
 		t.Error("nothing refused with 300 clients and --max-inflight 8")
-	case slowestRefusal >= 100*time.Millisecond:
-		t.Errorf("a refusal took %v (less host freezes), want < 100ms", slowestRefusal)
+	}
+	if slowestRefusal >= stall {
+		t.Errorf("a refusal took %v (less host freezes): it waited for the stall", slowestRefusal)
 	}
 	if shed != strconv.Itoa(refused) {
 		t.Errorf("ratelimit_requests_shed_total %s, want the %d refusals", shed, refused)

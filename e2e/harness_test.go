@@ -284,3 +284,25 @@ func codeLoads(t *testing.T, c *redis.Client) int {
 	}
 	return total
 }
+
+// windowCount is the count of the current window that the counter or fixed
+// window at key holds: its value is "<window index>:<count>[:<previous>]".
+func windowCount(t *testing.T, c *redis.Client, key string) int64 {
+	t.Helper()
+	v, err := c.Get(context.Background(), key).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Split(v, ":")
+	if len(fields) < 2 {
+		t.Fatalf("%s holds %q, not a window counter", key, v)
+	}
+	n, err := strconv.ParseInt(fields[1], 10, 64)
+	if err != nil {
+		t.Fatalf("%s holds %q: %v", key, v, err)
+	}
+	return n
+}

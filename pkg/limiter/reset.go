@@ -15,9 +15,7 @@ var resetScript = redis.NewScript(lua.Reset)
 
 // Reset deletes the counter of h, so that its whole limit is available again
 // at once, and returns how many store keys it deleted (0 when the counter was
-// empty). Only h.Key and h.Window are read: the sliding window log's sorted
-// set at Key, and for the counter algorithms the current and the previous
-// window's counts, Key:<window index> by Redis TIME.
+// empty). Only h.Key is read: every algorithm keeps its whole state there.
 //
 // Like Decide it runs one atomic script (EVALSHA, re-sent with EVAL on
 // NOSCRIPT) within the limiter's timeout, and is observed like every store
@@ -31,16 +29,13 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	if h.Key == "" {
 		return 0, errors.New("reset: empty key")
 	}
-	if h.Window <= 0 {
-		return 0, fmt.Errorf("reset %s: window %v is not positive", h.Key, h.Window)
-	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	start := time.Now()
 	if l.denied != nil {
 		l.denied.forget(h.Key)
 	}
-	n, err := l.script(ctx, resetScript, []string{h.Key}, []any{h.Window.Microseconds()}).Int64()
+	n, err := l.script(ctx, resetScript, []string{h.Key}, nil).Int64()
 	l.observe(time.Since(start), err)
 	if err != nil {
 		return 0, fmt.Errorf("%w: reset: %w", ErrStore, err)

@@ -104,7 +104,7 @@ func TestShareThresholdSharesOneCounter(t *testing.T) {
 			t.Fatalf("%s: %v", path, resp.Statuses[0])
 		}
 	}
-	if !m.Exists("rl:{svc|path=*/files/%2A}:fixed:60:28333440") {
+	if !m.Exists("rl:{svc|path=*/files/%2A}:fixed:60") {
 		t.Fatalf("shared key missing; keys: %q", m.Keys())
 	}
 }

@@ -62,7 +62,7 @@ var Library = "#!lua name=ratelimit_" + version + "\n" + decideCode +
 
 // Reset is the script that deletes one counter, whatever its algorithm. Its
 // calling convention is documented at the top of reset.lua.
-var Reset = prelude + reset
+var Reset = reset
 
 // Refund is the script that undoes charges made by Decide, for a request
 // denied across Redis Cluster slots. Its calling convention is documented at

@@ -1,23 +1,30 @@
--- Fixed window: envoyproxy/ratelimit's epoch-aligned counter, KEY:<window
--- index>, for users who want exactly its windows. Unlike the reference, a
--- denied hit is not counted, so hammering a limit does not extend a lockout.
+-- Fixed window: envoyproxy/ratelimit's epoch-aligned counter, for users who
+-- want exactly its windows. Unlike the reference, a denied hit is not
+-- counted, so hammering a limit does not extend a lockout.
+--
+-- The counter is the string "<window index>:<count>" at KEY itself: the one
+-- key a call names is the one it touches, which Redis Cluster needs to
+-- route it right while a slot migrates, and one SET with its expiry records
+-- a charge. A value of another window counts as empty.
 local fixed_window = {}
 
 function fixed_window.check(key, limit, window, cost, now)
   local idx = math.floor(now / window)
-  local st = { token = idx, elapsed = now - idx * window, curr_key = key .. ':' .. fmt(idx) }
-  st.prior = seen[key] -- charged earlier in this call: count and TTL known
-  st.used = st.prior and st.prior.used or tonumber(redis.call('GET', st.curr_key) or 0)
+  local st = { token = idx, elapsed = now - idx * window }
+  st.prior = seen[key] -- charged earlier in this call: count known
+  if st.prior then
+    st.used = st.prior.used
+  else
+    local stored, count = parse_windows(redis.call('GET', key))
+    st.used = (stored == idx) and count or 0
+  end
   st.admit = st.used + cost <= limit
   return st
 end
 
 function fixed_window.commit(key, st, limit, window, cost, now)
-  redis.call('INCRBY', st.curr_key, fmt(cost))
-  if not st.prior then
-    redis.call('PEXPIRE', st.curr_key, fmt(math.ceil((window - st.elapsed) / 1000)))
-  end
   st.used = st.used + cost
+  redis.call('SET', key, fmt(st.token) .. ':' .. fmt(st.used), 'PX', fmt(math.ceil((window - st.elapsed) / 1000)))
   seen[key] = { used = st.used }
 end
 

@@ -6,6 +6,17 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
+-- parse_windows reads a window counter's string (see fixed_window.lua and
+-- sliding_window_counter.lua), "<index>:<count>[:<previous count>]"; nil reads as
+-- nothing counted.
+local function parse_windows(v)
+  if not v then
+    return nil, 0, 0
+  end
+  local idx, curr, prev = string.match(v, '^(%d+):(%d+):?(%d*)$')
+  return tonumber(idx), tonumber(curr) or 0, tonumber(prev) or 0
+end
+
 -- seen holds what one decide call learnt about its keys (set anew by every
 -- call: a function library's locals outlive the call).
 local seen = {}

@@ -6,8 +6,9 @@
 --           2 counter, 3 fixed), the refund token decide.lua returned, cost
 --
 -- The log removes exactly the members the charge added; the counters take
--- the cost back from the window the charge went to, deleting a counter that
--- falls to zero. Reply: the number of units refunded.
+-- the cost back from the window the charge went to (for the sliding counter,
+-- that window may have become "previous" since), never from another one.
+-- Reply: the number of units refunded.
 local refunded = 0
 for i, key in ipairs(KEYS) do
   local a = 1 + 3 * (i - 1)
@@ -26,13 +27,21 @@ for i, key in ipairs(KEYS) do
       refunded = refunded + redis.call('ZREM', key, unpack(members))
     end
   else
-    local counter = key .. ':' .. fmt(token)
-    local held = tonumber(redis.call('GET', counter) or 0)
-    local back = math.min(held, cost)
-    if back >= held then
-      redis.call('DEL', counter)
-    elseif back > 0 then
-      redis.call('DECRBY', counter, fmt(back))
+    local stored, curr, prev = parse_windows(redis.call('GET', key))
+    local back = 0
+    if stored == token then
+      back = math.min(curr, cost)
+      curr = curr - back
+    elseif alg == 2 and stored == token + 1 then
+      back = math.min(prev, cost)
+      prev = prev - back
+    end
+    if back > 0 then
+      local value = fmt(stored) .. ':' .. fmt(curr)
+      if alg == 2 then
+        value = value .. ':' .. fmt(prev)
+      end
+      redis.call('SET', key, value, 'KEEPTTL')
     end
     refunded = refunded + back
   end

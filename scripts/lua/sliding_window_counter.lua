@@ -1,8 +1,10 @@
 -- Sliding window counter: two epoch-aligned fixed-window counters, the
 -- previous one weighted by how much of it the sliding window still covers:
 --   estimate = previous * (window - elapsed) / window + current
--- Constant memory per key whatever the limit. Both counters are named
--- KEY:<window index>; KEY carries the hash tag, so they share a slot.
+-- Constant memory per key whatever the limit. Both counts live in one string
+-- at KEY, "<window index>:<count>:<previous window's count>" (see
+-- parse_windows): one key named and touched per call, one GET
+-- to read, one SET with its expiry to charge.
 local sliding_window_counter = {}
 
 function sliding_window_counter.estimate(st, elapsed)
@@ -11,31 +13,29 @@ end
 
 function sliding_window_counter.check(key, limit, window, cost, now)
   local idx = math.floor(now / window)
-  local st = {
-    token = idx,
-    window = window,
-    elapsed = now - idx * window,
-    curr_key = key .. ':' .. fmt(idx),
-  }
-  st.prior = seen[key] -- charged earlier in this call: counts and TTL known
+  local st = { token = idx, window = window, elapsed = now - idx * window }
+  st.prior = seen[key] -- charged earlier in this call: counts known
   if st.prior then
     st.prev, st.curr = st.prior.prev, st.prior.curr
   else
-    local counts = redis.call('MGET', key .. ':' .. fmt(idx - 1), st.curr_key)
-    st.prev = tonumber(counts[1]) or 0
-    st.curr = tonumber(counts[2]) or 0
+    local stored, curr, prev = parse_windows(redis.call('GET', key))
+    if stored == idx then
+      st.curr, st.prev = curr, prev
+    elseif stored == idx - 1 then
+      st.curr, st.prev = 0, curr
+    else
+      st.curr, st.prev = 0, 0
+    end
   end
   st.admit = sliding_window_counter.estimate(st, st.elapsed) + cost <= limit
   return st
 end
 
 function sliding_window_counter.commit(key, st, limit, window, cost, now)
-  redis.call('INCRBY', st.curr_key, fmt(cost))
-  -- The counter is read as "previous" through the whole next window.
-  if not st.prior then
-    redis.call('PEXPIRE', st.curr_key, fmt(math.ceil((2 * window - st.elapsed) / 1000)))
-  end
   st.curr = st.curr + cost
+  -- This window's count is read as "previous" through the whole next window.
+  redis.call('SET', key, fmt(st.token) .. ':' .. fmt(st.curr) .. ':' .. fmt(st.prev),
+    'PX', fmt(math.ceil((2 * window - st.elapsed) / 1000)))
   seen[key] = { prev = st.prev, curr = st.curr }
 end
 
