@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -103,14 +105,17 @@ func TestBurstAtOneKeyAdmitsExactlyTheLimit(t *testing.T) {
 }
 
 // TestBurstWithEnvoyDeadlines: the same burst with Envoy's default 20 ms
-// deadline. An error or a missed deadline is a request Envoy lets through;
-// with the race detector's slow binary on a shared machine some deadlines
-// are missed, which is measured by make bench, not asserted here. What the
+// deadline, on the service built without the race detector (whose slowdown
+// would miss every deadline). An error or a missed deadline is a request
+// Envoy lets through; on a shared machine some deadlines are missed, which
+// is measured by make bench, not asserted here. What the
 // service guarantees holds at any speed: never more than the limit answered
-// OK, and every error a deadline or an overload.
+// OK (the rules name no failure_mode, so a request the service could not
+// decide in time is an error, never an OK), and every error a missed
+// deadline, an overload refusal, or a store call that outlived its deadline.
 func TestBurstWithEnvoyDeadlines(t *testing.T) {
 	r := startRedis(t)
-	s := startServer(t, r, burstConfig)
+	s := withBinary(plainBinary(t), func() *server { return startServer(t, r, burstConfig) })
 	avoidHourEdge(t, 30*time.Second)
 	for _, key := range []string{"log", "counter", "fixed"} {
 		t.Run(key, func(t *testing.T) {
@@ -120,8 +125,10 @@ func TestBurstWithEnvoyDeadlines(t *testing.T) {
 				t.Fatalf("%s: more than the limit of 3 answered OK", res)
 			}
 			res.errors.Range(func(code, _ any) bool {
-				if c := code.(codes.Code); c != codes.DeadlineExceeded && c != codes.ResourceExhausted {
-					t.Errorf("%s: an error %v; want only missed deadlines and overload refusals", res, c)
+				switch c := code.(codes.Code); c {
+				case codes.DeadlineExceeded, codes.ResourceExhausted, codes.Unavailable:
+				default:
+					t.Errorf("%s: an error %v; want only missed deadlines, overload refusals and late store calls", res, c)
 				}
 				return true
 			})
@@ -137,4 +144,35 @@ func avoidHourEdge(t *testing.T, margin time.Duration) {
 		t.Logf("waiting %v for the hour to pass", untilEdge+time.Second)
 		time.Sleep(untilEdge + time.Second)
 	}
+}
+
+var (
+	plainOnce  sync.Once
+	plainPath  string
+	plainError error
+)
+
+// plainBinary is the service built without the race detector, once, for
+// the tests whose figures the detector's slowdown or memory would distort.
+func plainBinary(t *testing.T) string {
+	t.Helper()
+	plainOnce.Do(func() {
+		plainPath = filepath.Join(filepath.Dir(binary), "ratelimit-plain")
+		out, err := exec.Command("go", "build", "-o", plainPath, "../cmd/ratelimit").CombinedOutput()
+		if err != nil {
+			plainError = fmt.Errorf("building the service without -race: %v\n%s", err, out)
+		}
+	})
+	if plainError != nil {
+		t.Fatal(plainError)
+	}
+	return plainPath
+}
+
+// withBinary runs start with the tests' service binary set to path.
+func withBinary(path string, start func() *server) *server {
+	raced := binary
+	binary = path
+	defer func() { binary = raced }()
+	return start()
 }
