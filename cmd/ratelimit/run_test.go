@@ -46,6 +46,7 @@ func TestRunRefusesBadSettings(t *testing.T) {
 		{[]string{"--config", example, "--default-failure-mode", "maybe"}, "--default-failure-mode"},
 		{[]string{"--config", example, "--log-level", "loud"}, "--log-level"},
 		{[]string{"--config", example, "--max-request-bytes", "0"}, "--max-request-bytes"},
+		{[]string{"--config", example, "--memory-limit", "200MB"}, "memory-limit"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"validate", "--config", example, "extra"}, `unexpected argument "extra"`},
 	}
