@@ -37,24 +37,43 @@ const floodPeakBound = 240 << 20
 // floodPeakBound, and every call is answered, refused as overloaded, or
 // past its deadline: never an error of another kind.
 func TestFloodOfMaximalRequests(t *testing.T) {
+	// --log-level info undoes the harness's debug: every flag at its
+	// default.
+	peak, byCode, other := flood(t, "", "--log-level", "info")
+	if other != nil {
+		t.Fatalf("a call failed: %v", other)
+	}
+	if byCode[codes.OK] == 0 {
+		t.Fatal("no request answered")
+	}
+	if peak > floodPeakBound {
+		t.Fatalf("peak RSS %d MiB, want at most %d MiB", peak>>20, floodPeakBound>>20)
+	}
+}
+
+// flood runs the flood of TestFloodOfMaximalRequests against a service
+// built without the race detector, with GOGC unset, GOMEMLIMIT as given
+// and the harness's flags and args. It returns the service's peak RSS, the
+// calls' count by code, and a call's error of another code than OK,
+// RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED or UNAVAILABLE, if any.
+func flood(t *testing.T, gomemlimit string, args ...string) (peak int64, byCode map[codes.Code]int, other error) {
+	t.Helper()
 	plain := filepath.Join(t.TempDir(), "ratelimit")
 	build := exec.Command("go", "build", "-o", plain, "../cmd/ratelimit")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		t.Fatal(err)
 	}
-	// startServer runs the package's binary; this test is not parallel.
+	// startServer runs the package's binary; no flood runs in parallel.
 	raced := binary
 	binary = plain
-	t.Cleanup(func() { binary = raced })
+	defer func() { binary = raced }()
 	// Empty is unset to the runtime and to the service alike.
 	t.Setenv("GOGC", "")
-	t.Setenv("GOMEMLIMIT", "")
+	t.Setenv("GOMEMLIMIT", gomemlimit)
 
 	r := startRedis(t)
-	// --log-level info undoes the harness's debug: every flag at its
-	// default.
-	s := startServer(t, r, hostileConfig, "--log-level", "info")
+	s := startServer(t, r, hostileConfig, args...)
 	pid := s.cmd.Process.Pid
 
 	const (
@@ -86,8 +105,7 @@ func TestFloodOfMaximalRequests(t *testing.T) {
 	}
 
 	var mu sync.Mutex
-	byCode := map[codes.Code]int{}
-	var other error
+	byCode = map[codes.Code]int{}
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for c := range clients {
@@ -119,17 +137,9 @@ func TestFloodOfMaximalRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d clients x %d requests of %d KiB on %d connections: answers by code %v; peak RSS %d MiB (bound %d MiB)",
-		clients, rounds, proto.Size(maximal(0, 0))>>10, conns, byCode, peak>>20, floodPeakBound>>20)
-	if other != nil {
-		t.Fatalf("a call failed: %v", other)
-	}
-	if byCode[codes.OK] == 0 {
-		t.Fatal("no request answered")
-	}
-	if peak > floodPeakBound {
-		t.Fatalf("peak RSS %d MiB, want at most %d MiB", peak>>20, floodPeakBound>>20)
-	}
+	t.Logf("%d clients x %d requests of %d KiB on %d connections, GOMEMLIMIT=%q, flags %q: answers by code %v; peak RSS %d MiB (bound %d MiB)",
+		clients, rounds, proto.Size(maximal(0, 0))>>10, conns, gomemlimit, args, byCode, peak>>20, floodPeakBound>>20)
+	return peak, byCode, other
 }
 
 // procStatus reads a size field, such as VmRSS or VmHWM (the peak RSS),
