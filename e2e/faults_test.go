@@ -683,7 +683,7 @@ func TestFaultOverload(t *testing.T) {
 		maxRSS      = 300 << 20
 	)
 	r := faultStartRedis(t, "--enable-debug-command", "yes")
-	s := startServer(t, r, faultConfig, "--max-inflight", strconv.Itoa(maxInFlight)) // --store-timeout 2s > the stall
+	s := startServer(t, r, faultConfig, "--max-inflight", strconv.Itoa(maxInFlight), "--store-timeout", "2s") // > the stall
 	admin := redis.NewClient(&redis.Options{Addr: r.addr, ClientName: faultAdminName, ReadTimeout: 5 * time.Second})
 	defer admin.Close()
 	ctx := context.Background()
