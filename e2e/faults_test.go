@@ -664,19 +664,7 @@ func TestFaultServiceRestart(t *testing.T) {
 }
 
 // vmRSS reads a process's resident set size in bytes.
-func vmRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmRSS:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
-}
+func vmRSS(pid int) (int64, error) { return procStatus(pid, "VmRSS") }
 
 // TestFaultOverload: 300 clients at once against --max-inflight 8, while
 // Redis stalls so that the 8 admitted requests hold their places.

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
-	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -66,6 +65,7 @@ type settings struct {
 	watchConfig        bool
 	adminAddr          string
 	maxInFlight        int
+	memoryLimit        byteSize
 	pprof              bool
 
 	// TLS, see tls.go.
@@ -102,6 +102,8 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit in use from which an admitted decision counts as near_limit in metrics")
 	fs.StringVar(&s.adminAddr, "admin-addr", "", "gRPC listen address of the admin API (ratelimit.admin.v1.Admin: Inspect, Reset; with reflection); empty: off. Keep it private: Reset lifts limits")
 	fs.IntVar(&s.maxInFlight, "max-inflight", service.DefaultMaxInFlight, "most rate limit requests worked on at once; past it requests are refused at once with RESOURCE_EXHAUSTED")
+	s.memoryLimit = defaultMemoryLimit
+	fs.Var(&s.memoryLimit, "memory-limit", "soft limit of the Go heap, as GOMEMLIMIT (which wins when set): near it the GC collects harder, so a flood of large requests does not grow memory past it; 0: none")
 	fs.BoolVar(&s.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
 	fs.BoolVar(&s.watchConfig, "watch-config", true, "reload the config when its files change (a bad new config is refused, the old one stays)")
 	tlsFlags(fs, s)
@@ -207,12 +209,6 @@ func serve(ctx context.Context, s *settings) error {
 	if err != nil {
 		return err
 	}
-	// The heap is a few MB and nearly all garbage is per request: a GC
-	// target of 400% instead of 100% trades a few MB for about a fifth less
-	// CPU per decision (make bench, docs/bench.md). GOGC still wins.
-	if _, set := os.LookupEnv("GOGC"); !set {
-		debug.SetGCPercent(400)
-	}
 	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
 
 	if s.maxRequestBytes <= 0 {
@@ -222,6 +218,7 @@ func serve(ctx context.Context, s *settings) error {
 	if err != nil {
 		return err
 	}
+	log.Info("memory", zap.Int64("soft_limit_bytes", setRuntimeDefaults(int64(s.memoryLimit))))
 	log.Info("config loaded", zap.String("path", s.configPath), zap.Int("rules", len(cfg.Rules())), zap.Strings("files", cfg.Files()))
 
 	grpcOpts, redisTLS, err := tlsSettings(s, log)

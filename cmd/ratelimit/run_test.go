@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -46,6 +48,7 @@ func TestRunRefusesBadSettings(t *testing.T) {
 		{[]string{"--config", example, "--default-failure-mode", "maybe"}, "--default-failure-mode"},
 		{[]string{"--config", example, "--log-level", "loud"}, "--log-level"},
 		{[]string{"--config", example, "--max-request-bytes", "0"}, "--max-request-bytes"},
+		{[]string{"--config", example, "--memory-limit", "200MB"}, "memory-limit"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"validate", "--config", example, "extra"}, `unexpected argument "extra"`},
 	}
@@ -64,5 +67,44 @@ func TestValidateExampleConfig(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "5 rules in 1 files: ok") {
 		t.Fatalf("output %q", out.String())
+	}
+}
+
+// TestREADMEFlagTable: the README's flag table has a row for every flag,
+// with its default.
+func TestREADMEFlagTable(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(b), "| flag | default | what it does |\n| --- | --- | --- |\n")
+	if !ok {
+		t.Fatal("README has no flag table")
+	}
+	table, _, _ = strings.Cut(table, "\n\n")
+	defaults := map[string]string{} // flag name: default column
+	for _, row := range strings.Split(table, "\n") {
+		cols := strings.Split(row, " | ")
+		if len(cols) < 3 {
+			t.Fatalf("README flag table row %q", row)
+		}
+		for _, name := range strings.Split(strings.TrimPrefix(cols[0], "| "), ", ") {
+			defaults[strings.Trim(name, "`-")] = strings.Trim(cols[1], "`")
+		}
+	}
+	var s settings
+	newFlagSet("test", &s, &bytes.Buffer{}).VisitAll(func(f *flag.Flag) {
+		got, ok := defaults[f.Name]
+		switch {
+		case !ok:
+			t.Errorf("--%s has no row in README's flag table", f.Name)
+		case f.DefValue == "" && (got == "(empty)" || got == "(required)"):
+		case got != f.DefValue:
+			t.Errorf("--%s: README's default %q, the flag's %q", f.Name, got, f.DefValue)
+		}
+		delete(defaults, f.Name)
+	})
+	for name := range defaults {
+		t.Errorf("README's flag table has --%s, which is no flag", name)
 	}
 }

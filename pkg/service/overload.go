@@ -18,7 +18,10 @@ import (
 // DefaultMaxInFlight bounds the requests a server works on at once, where
 // options leave it zero. Past it a request is refused at once: queueing
 // without bound would only answer after Envoy's timeout, with memory growing.
-const DefaultMaxInFlight = 4096
+// At Envoy's 20 ms deadline, 512 in flight is about 25,000 requests a
+// second, more than one instance decides; and 512 requests of the largest
+// size (--max-request-bytes) fit in the central manifest's memory limit.
+const DefaultMaxInFlight = 512
 
 // Shedder bounds the rate limit requests worked on at once, over gRPC and
 // POST /json together, so an overloaded server answers quickly and its

@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/slidingwindow/ratelimit/pkg/service"
+)
+
+// floodPeakBound is the most peak RSS TestFloodOfMaximalRequests accepts:
+// the README's bound for a flood of maximal requests at the default flags
+// is the central manifest's 256 MiB container limit; this keeps a margin
+// below it.
+const floodPeakBound = 240 << 20
+
+// TestFloodOfMaximalRequests: 1.5 times --max-inflight clients at once, so
+// that the shedder refuses some, each sending requests of just under
+// --max-request-bytes (64 descriptors of one long value each, distinct
+// across requests), against the service at its default flags and runtime
+// settings (GOGC and GOMEMLIMIT unset), built without the race detector,
+// which multiplies memory. The service's peak RSS (VmHWM) stays under
+// floodPeakBound, and every call is answered, refused as overloaded, or
+// past its deadline: never an error of another kind.
+func TestFloodOfMaximalRequests(t *testing.T) {
+	// --log-level info undoes the harness's debug: every flag at its
+	// default.
+	peak, byCode, other := flood(t, "", "--log-level", "info")
+	if other != nil {
+		t.Fatalf("a call failed: %v", other)
+	}
+	if byCode[codes.OK] == 0 {
+		t.Fatal("no request answered")
+	}
+	if peak > floodPeakBound {
+		t.Fatalf("peak RSS %d MiB, want at most %d MiB", peak>>20, floodPeakBound>>20)
+	}
+}
+
+// flood runs the flood of TestFloodOfMaximalRequests against a service
+// built without the race detector, with GOGC unset, GOMEMLIMIT as given
+// and the harness's flags and args. It returns the service's peak RSS, the
+// calls' count by code, and a call's error of another code than OK,
+// RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED or UNAVAILABLE, if any.
+func flood(t *testing.T, gomemlimit string, args ...string) (peak int64, byCode map[codes.Code]int, other error) {
+	t.Helper()
+	plain := filepath.Join(t.TempDir(), "ratelimit")
+	build := exec.Command("go", "build", "-o", plain, "../cmd/ratelimit")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatal(err)
+	}
+	// startServer runs the package's binary; no flood runs in parallel.
+	raced := binary
+	binary = plain
+	defer func() { binary = raced }()
+	// Empty is unset to the runtime and to the service alike.
+	t.Setenv("GOGC", "")
+	t.Setenv("GOMEMLIMIT", gomemlimit)
+
+	r := startRedis(t)
+	s := startServer(t, r, hostileConfig, args...)
+	pid := s.cmd.Process.Pid
+
+	const (
+		clients = service.DefaultMaxInFlight * 3 / 2
+		conns   = 16 // as many Envoy workers' connections
+		rounds  = 2
+		values  = 64
+	)
+	valueLen := (service.DefaultMaxRequestBytes - values*32) / values
+	maximal := func(client, round int) *rlsv3.RateLimitRequest {
+		req := request("hostile")
+		for i := range values {
+			prefix := fmt.Sprintf("%d-%d-%d-", client, round, i)
+			req.Descriptors = append(req.Descriptors, descriptor("user_agent", prefix+strings.Repeat("v", valueLen-len(prefix))))
+		}
+		return req
+	}
+	if size := proto.Size(maximal(clients, rounds)); size > service.DefaultMaxRequestBytes || size < service.DefaultMaxRequestBytes*9/10 {
+		t.Fatalf("a maximal request is %d bytes, want just under %d", size, service.DefaultMaxRequestBytes)
+	}
+	var ccs []*grpc.ClientConn
+	for range conns {
+		cc, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		ccs = append(ccs, cc)
+	}
+
+	var mu sync.Mutex
+	byCode = map[codes.Code]int{}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			rls := rlsv3.NewRateLimitServiceClient(ccs[c%conns])
+			<-start
+			for round := range rounds {
+				req := maximal(c, round)
+				// Generous: the test asserts memory and codes, not time.
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				_, err := rls.ShouldRateLimit(ctx, req)
+				cancel()
+				code := status.Code(err)
+				mu.Lock()
+				byCode[code]++
+				switch code {
+				case codes.OK, codes.ResourceExhausted, codes.DeadlineExceeded, codes.Unavailable:
+				default:
+					other = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	peak, err := procStatus(pid, "VmHWM")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d clients x %d requests of %d KiB on %d connections, GOMEMLIMIT=%q, flags %q: answers by code %v; peak RSS %d MiB (bound %d MiB)",
+		clients, rounds, proto.Size(maximal(0, 0))>>10, conns, gomemlimit, args, byCode, peak>>20, floodPeakBound>>20)
+	return peak, byCode, other
+}
+
+// procStatus reads a size field, such as VmRSS or VmHWM (the peak RSS),
+// from /proc/<pid>/status, in bytes.
+func procStatus(pid int, name string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == name+":" && f[2] == "kB" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/status", name, pid)
+}
