@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,22 +56,12 @@ func TestFloodOfMaximalRequests(t *testing.T) {
 // RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED or UNAVAILABLE, if any.
 func flood(t *testing.T, gomemlimit string, args ...string) (peak int64, byCode map[codes.Code]int, other error) {
 	t.Helper()
-	plain := filepath.Join(t.TempDir(), "ratelimit")
-	build := exec.Command("go", "build", "-o", plain, "../cmd/ratelimit")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatal(err)
-	}
-	// startServer runs the package's binary; no flood runs in parallel.
-	raced := binary
-	binary = plain
-	defer func() { binary = raced }()
 	// Empty is unset to the runtime and to the service alike.
 	t.Setenv("GOGC", "")
 	t.Setenv("GOMEMLIMIT", gomemlimit)
 
 	r := startRedis(t)
-	s := startServer(t, r, hostileConfig, args...)
+	s := withBinary(plainBinary(t), func() *server { return startServer(t, r, hostileConfig, args...) })
 	pid := s.cmd.Process.Pid
 
 	const (
