@@ -765,7 +765,7 @@ func (b *bundle) ratelimitProblems(t *testing.T, w workload, c *corev1.Container
 	where := fmt.Sprintf("%s container %s", w, c.Name)
 	add := func(format string, args ...any) { ps = append(ps, where+": "+fmt.Sprintf(format, args...)) }
 	f := flags(c.Args)
-	for _, name := range []string{"config", "grpc-addr", "http-addr", "store-timeout", "drain-timeout"} {
+	for _, name := range []string{"config", "grpc-addr", "http-addr", "drain-timeout"} {
 		if f[name] == "" {
 			add("--%s is not passed explicitly", name)
 		}
@@ -831,8 +831,11 @@ func (b *bundle) ratelimitProblems(t *testing.T, w workload, c *corev1.Container
 	if c.ReadinessProbe != nil && c.ReadinessProbe.GRPC != nil && ptrValue(c.ReadinessProbe.GRPC.Service) != healthServices[1] {
 		add("readiness probe should ask for %s", healthServices[1])
 	}
-	if d, err := time.ParseDuration(f["store-timeout"]); err != nil || d <= 0 {
-		add("--store-timeout %q", f["store-timeout"])
+	if _, set := f["store-timeout"]; set {
+		// The service takes its deadline from Envoy's; a --store-timeout
+		// below it would cut a burst's queueing short and answer by
+		// failure mode what the deadline still had time for.
+		add("--store-timeout is set: leave it at its default, Envoy's filter timeout governs")
 	}
 
 	// Stopping: the grace period covers the preStop sleeps and the drain.
@@ -1075,9 +1078,6 @@ func TestKustomizeSidecar(t *testing.T) {
 	if host, port := endpoint(e.vhost.GetRoutes()[0].GetRoute().GetCluster()); appListen != net.JoinHostPort(host, strconv.Itoa(int(port))) || host != "127.0.0.1" {
 		t.Errorf("Envoy's app cluster is %s:%d, the app listens on %q (want loopback, the same address)", host, port, appListen)
 	}
-	if ef := e.filter.GetTimeout().AsDuration(); !storeTimeoutBelow(t, rl, ef) {
-		t.Errorf("the sidecar's --store-timeout is not below Envoy's filter timeout %v", ef)
-	}
 
 	// The readiness probe is not rate limited: it reaches the app through
 	// Envoy on a route without rate_limits.
@@ -1140,10 +1140,6 @@ func TestKustomizeCentral(t *testing.T) {
 	} else if n, _ := containerPort(rl, hs.Spec.Ports[0].TargetPort); n != 8081 || hs.Spec.PublishNotReadyAddresses {
 		t.Errorf("Service %s should reach only ready pods' gRPC port", hs.Name)
 	}
-	bs, _ := loadBootstrap(t)
-	if ef := newEdge(t, bs).filter.GetTimeout().AsDuration(); !storeTimeoutBelow(t, rl, ef) {
-		t.Errorf("--store-timeout is not below Envoy's filter timeout %v", ef)
-	}
 }
 
 // TestKustomizeChecksCatchMistakes breaks the builds in typical ways and
@@ -1178,6 +1174,10 @@ func TestKustomizeChecksCatchMistakes(t *testing.T) {
 			c := container(b, "app", "ratelimit")
 			c.Args = slices.DeleteFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--drain-timeout") })
 		}, "--drain-timeout is not passed explicitly"},
+		{"store timeout set", "central", func(b *bundle) {
+			c := container(b, "ratelimit", "ratelimit")
+			c.Args = append(c.Args, "--store-timeout=15ms")
+		}, "--store-timeout is set"},
 		{"config volume typo", "sidecar", func(b *bundle) {
 			deployment(b, "app").Spec.Template.Spec.Volumes[0].ConfigMap.Name = "ratelimit-conf"
 		}, `ConfigMap "ratelimit-conf" is not in the build`},
@@ -1276,14 +1276,6 @@ func volumeNamed(w workload, name string) *corev1.Volume {
 		}
 	}
 	return nil
-}
-
-// storeTimeoutBelow reports whether the container's --store-timeout leaves
-// at least 5ms before Envoy's filter timeout.
-func storeTimeoutBelow(t *testing.T, c *corev1.Container, envoyTimeout time.Duration) bool {
-	t.Helper()
-	d, err := time.ParseDuration(flags(c.Args)["store-timeout"])
-	return err == nil && d+5*time.Millisecond <= envoyTimeout
 }
 
 // envoyAPIVersion returns "vMAJOR.MINOR" of the go-control-plane/envoy module
