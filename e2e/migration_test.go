@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/slidingwindow/ratelimit/pkg/limiter"
 )
 
-// migrationConfig: a small limit, and a limit never reached
+// migrationConfig: per algorithm, a small limit, and a limit never reached
 // for the background load (failure mode allow: an OK with all of it
 // remaining is the failure mode's). Day windows: a test that runs across no
 // midnight sees one window per counter.
@@ -23,8 +24,16 @@ domain: e2e
 descriptors:
   - key: mig_log
     rate_limit: {unit: day, requests_per_unit: 13, algorithm: sliding_window_log, failure_mode: allow}
-  - key: mig_load
+  - key: mig_counter
+    rate_limit: {unit: day, requests_per_unit: 13, algorithm: sliding_window_counter, failure_mode: allow}
+  - key: mig_fixed
+    rate_limit: {unit: day, requests_per_unit: 13, algorithm: fixed_window, failure_mode: allow}
+  - key: mig_load_log
     rate_limit: {unit: day, requests_per_unit: 10000, algorithm: sliding_window_log, failure_mode: allow}
+  - key: mig_load_counter
+    rate_limit: {unit: day, requests_per_unit: 10000, algorithm: sliding_window_counter, failure_mode: allow}
+  - key: mig_load_fixed
+    rate_limit: {unit: day, requests_per_unit: 10000, algorithm: fixed_window, failure_mode: allow}
 `
 
 // hashSlot is the Redis Cluster hash slot of key (CRC16/XMODEM of its hash
@@ -146,19 +155,33 @@ func redirections(t *testing.T, n *redisProc, kind string) int {
 	return v
 }
 
-// TestClusterSlotMigration: the slot of a key with a small limit, for each
-// algorithm, moves from one master to another (IMPORTING, MIGRATING,
-// MIGRATE in steps, SETSLOT NODE) while a background load runs on the same
-// slot; the service runs at its default store timeout. Every request of
-// every phase is decided by the store, exactly the limit is admitted over
-// the whole run, and the background load's counter holds exactly what was
-// admitted: MOVED and ASK are followed, TRYAGAIN waited out, nothing
-// charged twice or lost.
+// TestClusterSlotMigration: for each algorithm, the slot of keys with a
+// small limit moves from one master to another (IMPORTING, MIGRATING,
+// MIGRATE in steps, SETSLOT NODE) while a background load of the same
+// algorithm runs on the same slot; the service runs at its default store
+// timeout. Every request of every phase is decided by the store, exactly the
+// limit is admitted over the whole run, and the background load's counter
+// holds exactly what was admitted: MOVED and ASK are followed, TRYAGAIN
+// waited out, nothing charged twice or lost. The algorithms share one
+// cluster and one service, each migrating a slot of its own.
 func TestClusterSlotMigration(t *testing.T) {
 	c := startCluster(t)
 	s := startServer(t, nil, migrationConfig, "--redis-cluster-url", c.url(), "--store-timeout", limiter.DefaultTimeout.String())
-	avoidMidnight(t, 60*time.Second)
+	// The whole run (well under a minute) inside one day window; a
+	// denial's wait is then over a minute even for the fixed window.
+	avoidMidnight(t, 2*time.Minute)
+	slots := map[int]string{}
+	for _, alg := range []string{"log", "counter", "fixed"} {
+		t.Run(alg, func(t *testing.T) { migrateSlot(t, c, s, alg, slots) })
+	}
+}
+
+// migrateSlot is TestClusterSlotMigration for the algorithm with key code
+// alg (rules mig_<alg> and mig_load_<alg>), on a slot none of slots (the
+// algorithms run before) has used.
+func migrateSlot(t *testing.T, c *redisCluster, s *server, alg string, slots map[int]string) {
 	ctx := context.Background()
+	rule, loadRule := "mig_"+alg, "mig_load_"+alg
 
 	const limit, perPhase = 13, 3
 	// Counters with a small limit in one slot, and a background load on
@@ -166,20 +189,27 @@ func TestClusterSlotMigration(t *testing.T) {
 	// third is first asked for once every key has moved: its key exists
 	// nowhere yet.
 	type counter struct {
-		rule, alg, value string
-		from             int // the first phase that asks for it
+		value string
+		from  int // the first phase that asks for it
 	}
-	rules := []counter{{"mig_log", "log", "v0", 0}, {"mig_log", "log", "", 0}, {"mig_log", "log", "", 3}}
-	slot := hashSlot(dayKey("mig_log", "v0", "log"))
-	rules[1].value = valueInSlot(t, "a", "mig_log", "log", slot)
-	rules[2].value = valueInSlot(t, "b", "mig_log", "log", slot)
-	loadValue := valueInSlot(t, "l", "mig_load", "log", slot)
-	for _, r := range rules {
-		if got := c.keySlot(t, dayKey(r.rule, r.value, r.alg)); got != slot {
-			t.Fatalf("%s=%s: slot %d, want %d", r.rule, r.value, got, slot)
+	var first string
+	for i := 0; first == ""; i++ {
+		if v := "v" + strconv.Itoa(i); slots[hashSlot(dayKey(rule, v, alg))] == "" {
+			first = v
 		}
 	}
-	srcAddr := c.masterOf(t, dayKey("mig_log", "v0", "log"))
+	key := func(value string) string { return dayKey(rule, value, alg) }
+	slot := hashSlot(key(first))
+	slots[slot] = alg
+	rules := []counter{{first, 0}, {valueInSlot(t, "a", rule, alg, slot), 0}, {valueInSlot(t, "b", rule, alg, slot), 3}}
+	loadValue := valueInSlot(t, "l", loadRule, alg, slot)
+	loadKey := dayKey(loadRule, loadValue, alg)
+	for _, k := range []string{key(rules[0].value), key(rules[1].value), key(rules[2].value), loadKey} {
+		if got := c.keySlot(t, k); got != slot {
+			t.Fatalf("%s: slot %d, want %d", k, got, slot)
+		}
+	}
+	srcAddr := c.masterOf(t, key(rules[0].value))
 	var dstAddr string
 	for _, m := range c.masters(t) {
 		if m != srcAddr {
@@ -189,11 +219,20 @@ func TestClusterSlotMigration(t *testing.T) {
 	}
 	src, dst := c.node(t, srcAddr), c.node(t, dstAddr)
 	srcID, dstID := nodeID(t, src), nodeID(t, dst)
-	t.Logf("slot %d moves from %s to %s: mig_log=%s, %s and %s, load mig_load=%s",
-		slot, srcAddr, dstAddr, rules[0].value, rules[1].value, rules[2].value, loadValue)
+	// Redis's error counts, and the service's metrics, of this algorithm's
+	// run only.
+	for _, n := range []*redisProc{src, dst} {
+		if err := n.client.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failuresBefore := metricSum(t, s, "ratelimit_decisions_total", `outcome="failure_`)
+	storeErrorsBefore := metricSum(t, s, "ratelimit_store_errors_total")
+	t.Logf("slot %d moves from %s to %s: %s=%s, %s and %s, load %s=%s",
+		slot, srcAddr, dstAddr, rule, rules[0].value, rules[1].value, rules[2].value, loadRule, loadValue)
 
-	// The background load: clients asking for mig_load on the slot without
-	// a pause between requests.
+	// The background load: clients asking for the load rule on the slot
+	// without a pause between requests.
 	var loadReal, loadFailure, loadErrors atomic.Int64
 	stopLoad := make(chan struct{})
 	var load sync.WaitGroup
@@ -206,7 +245,7 @@ func TestClusterSlotMigration(t *testing.T) {
 					return
 				default:
 				}
-				resp, err := s.rls.ShouldRateLimit(ctx, request("e2e", descriptor("mig_load", loadValue)))
+				resp, err := s.rls.ShouldRateLimit(ctx, request("e2e", descriptor(loadRule, loadValue)))
 				switch {
 				case err != nil:
 					loadErrors.Add(1)
@@ -231,8 +270,8 @@ func TestClusterSlotMigration(t *testing.T) {
 	// phase sends perPhase requests per counter at once (they share
 	// decide calls; paired, each request holds the first two counters) and
 	// checks each answer is the store's: an admission with less than the
-	// limit remaining, or a denial with a wait of hours (not failure mode's
-	// OK with all of the limit).
+	// limit remaining, or a denial with a wait of over a minute (not
+	// failure mode's OK with all of the limit).
 	admitted := make([]int, len(rules))
 	phases := 0
 	phase := func(name string, paired bool, during func()) {
@@ -258,12 +297,11 @@ func TestClusterSlotMigration(t *testing.T) {
 		answers := make(chan answer, len(asks)*perPhase)
 		var wg sync.WaitGroup
 		for _, ask := range asks {
-			var req *rlsv3.RateLimitRequest
-			if len(ask) == 2 {
-				req = request("e2e", descriptor(rules[0].rule, rules[0].value), descriptor(rules[1].rule, rules[1].value))
-			} else {
-				req = request("e2e", descriptor(rules[ask[0]].rule, rules[ask[0]].value))
+			var ds []*rlcommon.RateLimitDescriptor
+			for _, i := range ask {
+				ds = append(ds, descriptor(rule, rules[i].value))
 			}
+			req := request("e2e", ds...)
 			for range perPhase {
 				wg.Go(func() {
 					resp, err := s.rls.ShouldRateLimit(ctx, req)
@@ -283,13 +321,13 @@ func TestClusterSlotMigration(t *testing.T) {
 				continue
 			}
 			for j, i := range a.rules {
-				r, st := rules[i], a.resp.Statuses[j]
+				st := a.resp.Statuses[j]
 				switch {
 				case st.Code == ok && st.LimitRemaining < limit:
 					got[i]++
-				case st.Code == over && st.DurationUntilReset.AsDuration() > time.Hour:
+				case st.Code == over && st.DurationUntilReset.AsDuration() > time.Minute:
 				default:
-					t.Errorf("%s: %s=%s answered by failure mode: %v", name, r.rule, r.value, a.resp)
+					t.Errorf("%s: %s=%s answered by failure mode: %v", name, rule, rules[i].value, a.resp)
 				}
 			}
 		}
@@ -299,9 +337,9 @@ func TestClusterSlotMigration(t *testing.T) {
 			}
 			want := min(perPhase, limit-admitted[i])
 			admitted[i] += got[i]
-			t.Logf("%s: %s=%s admitted %d of %d (want %d)", name, r.rule, r.value, got[i], perPhase, want)
+			t.Logf("%s: %s=%s admitted %d of %d (want %d)", name, rule, r.value, got[i], perPhase, want)
 			if got[i] != want {
-				t.Errorf("%s: %s=%s admitted %d, want %d: %d admitted so far of a limit of %d", name, r.rule, r.value, got[i], want, admitted[i], limit)
+				t.Errorf("%s: %s=%s admitted %d, want %d: %d admitted so far of a limit of %d", name, rule, r.value, got[i], want, admitted[i], limit)
 			}
 		}
 	}
@@ -329,16 +367,16 @@ func TestClusterSlotMigration(t *testing.T) {
 	// TRYAGAIN until the second step, taken while the requests wait, moves
 	// the rest.
 	keys := keysInSlot(t, src, slot)
-	var first, rest []string
+	var moveFirst, rest []string
 	for _, k := range keys {
-		if k == dayKey("mig_log", rules[0].value, "log") || k == dayKey("mig_load", loadValue, "log") {
-			first = append(first, k)
+		if k == key(rules[0].value) || k == loadKey {
+			moveFirst = append(moveFirst, k)
 		} else {
 			rest = append(rest, k)
 		}
 	}
-	t.Logf("keys in slot %d on the source: %v; moving %v first", slot, keys, first)
-	migrateKeys(t, src, dst, first)
+	t.Logf("keys in slot %d on the source: %v; moving %v first", slot, keys, moveFirst)
+	migrateKeys(t, src, dst, moveFirst)
 	phase("keys partly moved", true, func() {
 		time.Sleep(100 * time.Millisecond)
 		migrateKeys(t, src, dst, rest)
@@ -371,16 +409,15 @@ func TestClusterSlotMigration(t *testing.T) {
 
 	for i, r := range rules {
 		want := min(limit, perPhase*(phases-r.from))
-		key := dayKey(r.rule, r.value, r.alg)
+		k := key(r.value)
 		if admitted[i] != want {
-			t.Errorf("%s=%s: %d admitted over the run, want exactly %d", r.rule, r.value, admitted[i], want)
+			t.Errorf("%s=%s: %d admitted over the run, want exactly %d", rule, r.value, admitted[i], want)
 		}
 		// The counter lives on the target, whole.
-		if c.masterOf(t, key) != dstAddr || c.usage(t, key) != int64(want) {
-			t.Errorf("%s on %s holds %d, want %d on %s", key, c.masterOf(t, key), c.usage(t, key), want, dstAddr)
+		if c.masterOf(t, k) != dstAddr || c.usage(t, k) != int64(want) {
+			t.Errorf("%s on %s holds %d, want %d on %s", k, c.masterOf(t, k), c.usage(t, k), want, dstAddr)
 		}
 	}
-	loadKey := dayKey("mig_load", loadValue, "log")
 	stored := c.usage(t, loadKey)
 	t.Logf("background load: %d real answers, %d by failure mode, %d gRPC errors; %d stored on %s",
 		loadReal.Load(), loadFailure.Load(), loadErrors.Load(), stored, c.masterOf(t, loadKey))
@@ -388,8 +425,8 @@ func TestClusterSlotMigration(t *testing.T) {
 		t.Errorf("background load: %d failure-mode answers, %d errors, %d stored for %d admitted: want none, none, and equal",
 			loadFailure.Load(), loadErrors.Load(), stored, loadReal.Load())
 	}
-	failures := metricSum(t, s, "ratelimit_decisions_total", `outcome="failure_`)
-	storeErrors := metricSum(t, s, "ratelimit_store_errors_total")
+	failures := metricSum(t, s, "ratelimit_decisions_total", `outcome="failure_`) - failuresBefore
+	storeErrors := metricSum(t, s, "ratelimit_store_errors_total") - storeErrorsBefore
 	ask, moved := redirections(t, src, "ASK"), redirections(t, src, "MOVED")
 	tryAgain := redirections(t, src, "TRYAGAIN") + redirections(t, dst, "TRYAGAIN")
 	t.Logf("metrics: %v failure-mode decisions, %v store errors; Redis refused %d calls with ASK, %d with MOVED, %d with TRYAGAIN",
