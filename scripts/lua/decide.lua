@@ -22,7 +22,7 @@ local algorithms = { sliding_window_log, sliding_window_counter, fixed_window }
 local function decide(keys, args)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  seen = {}
+  seen, unwritten = {}, {}
   -- denied[key] is the last denial of key in this batch: a later hit with the
   -- same limit and cost is denied again without asking Redis, until a charge
   -- of key changes its state.
@@ -80,5 +80,6 @@ local function decide(keys, args)
       reply[#reply + 1] = charged and hit.st.token or 0
     end
   end
+  write_all()
   return reply
 end

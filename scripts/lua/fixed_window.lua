@@ -5,7 +5,7 @@
 -- The counter is the string "<window index>:<count>" at KEY itself: the one
 -- key a call names is the one it touches, which Redis Cluster needs to
 -- route it right while a slot migrates, and one SET with its expiry records
--- a charge. A value of another window counts as empty.
+-- the charges of a call. A value of another window counts as empty.
 local fixed_window = {}
 
 function fixed_window.check(key, limit, window, cost, now)
@@ -24,7 +24,7 @@ end
 
 function fixed_window.commit(key, st, limit, window, cost, now)
   st.used = st.used + cost
-  redis.call('SET', key, fmt(st.token) .. ':' .. fmt(st.used), 'PX', fmt(math.ceil((window - st.elapsed) / 1000)))
+  write_later(key, fmt(st.token) .. ':' .. fmt(st.used), fmt(math.ceil((window - st.elapsed) / 1000)))
   seen[key] = { used = st.used }
 end
 

@@ -17,6 +17,21 @@ local function parse_windows(v)
   return tonumber(idx), tonumber(curr) or 0, tonumber(prev) or 0
 end
 
--- seen holds what one decide call learnt about its keys (set anew by every
--- call: a function library's locals outlive the call).
+-- seen holds what one decide call learnt about its keys, and unwritten the
+-- window counters it charged, each written once when the call ends (both set
+-- anew by every call: a function library's locals outlive the call).
 local seen = {}
+local unwritten = {}
+
+-- write_later records a window counter's new value, for write_all. Within
+-- one call its state is read from seen, never from Redis, so a hot key
+-- charged by many requests of the call costs one SET.
+local function write_later(key, value, ttl)
+  unwritten[key] = { value, ttl }
+end
+
+local function write_all()
+  for key, w in pairs(unwritten) do
+    redis.call('SET', key, w[1], 'PX', w[2])
+  end
+end

@@ -4,7 +4,7 @@
 -- Constant memory per key whatever the limit. Both counts live in one string
 -- at KEY, "<window index>:<count>:<previous window's count>" (see
 -- parse_windows): one key named and touched per call, one GET
--- to read, one SET with its expiry to charge.
+-- to read, one SET with its expiry per call that charges it.
 local sliding_window_counter = {}
 
 function sliding_window_counter.estimate(st, elapsed)
@@ -34,8 +34,8 @@ end
 function sliding_window_counter.commit(key, st, limit, window, cost, now)
   st.curr = st.curr + cost
   -- This window's count is read as "previous" through the whole next window.
-  redis.call('SET', key, fmt(st.token) .. ':' .. fmt(st.curr) .. ':' .. fmt(st.prev),
-    'PX', fmt(math.ceil((2 * window - st.elapsed) / 1000)))
+  write_later(key, fmt(st.token) .. ':' .. fmt(st.curr) .. ':' .. fmt(st.prev),
+    fmt(math.ceil((2 * window - st.elapsed) / 1000)))
   seen[key] = { prev = st.prev, curr = st.curr }
 end
 
