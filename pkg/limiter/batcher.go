@@ -68,7 +68,7 @@ type outcome struct {
 }
 
 const (
-	batchWorkers = 4
+	batchWorkers = 2
 	// maxBatchHits bounds the hits a worker takes at once, which bounds
 	// how long Redis is kept busy by one decide call.
 	maxBatchHits = 512
