@@ -58,12 +58,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"domain", "rule", "outcome"}),
 		storeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ratelimit_store_call_duration_seconds",
-			Help:    "Duration of store calls, failed ones included: a decide script per request (per slot group on a cluster), refunds, admin calls.",
+			Help:    "Duration of a request's store work (per slot group on a cluster), queueing in its batch included, failed ones included; refunds, admin calls.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .015, .025, .05, .1},
 		}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_store_errors_total",
-			Help: "Store calls that failed, by kind: timeout, canceled, connection, redis or reply.",
+			Help: "Store calls that failed, by kind: timeout, canceled, connection, redis or reply (not overload: see ratelimit_overloaded_total).",
 		}, []string{"kind"}),
 		invalidRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_invalid_requests_total",
