@@ -58,8 +58,10 @@ const (
 	faultStoreTimeout = 200 * time.Millisecond
 	// faultMargin is what an answer may take beyond the store deadline: a
 	// gRPC round trip and the response, in race-detector builds of both
-	// the service and the test, on a loaded machine.
-	faultMargin = 300 * time.Millisecond
+	// the service and the test, on a busy CI machine. Generous on purpose:
+	// what is asserted is that answers are bounded (an unbounded one waits
+	// out the whole 2 s stall or outage), not how fast they are.
+	faultMargin = time.Second
 	// faultWorkers clients send requests concurrently, each pausing
 	// faultPause between requests (a few thousand requests a second).
 	faultWorkers = 8
@@ -368,9 +370,15 @@ func checkCalls(t *testing.T, f *freezes, calls []faultCall, classify func(*rlsv
 }
 
 // recovery checks the calls around the return of a working store at back:
-// the first decided answer ending after it comes within a second (plus any
-// host freeze meanwhile), and every call starting a second after it is
-// decided. It returns that first answer's delay after back.
+// the first decided answer ending after it comes within recoveryBound (plus
+// any host freeze meanwhile), and every call starting recoveryBound after
+// it is decided. It returns that first answer's delay after back, which the
+// tests log: how fast recovery is depends on how busy the machine is; that
+// it comes without a restart does not.
+// recoveryBound is how soon after the store's return decisions must be back:
+// the client reconnects at once, so seconds are a margin for a busy machine.
+const recoveryBound = 5 * time.Second
+
 func recovery(t *testing.T, f *freezes, calls []faultCall, kinds []faultKind, back time.Time) time.Duration {
 	t.Helper()
 	first := time.Duration(-1)
@@ -379,18 +387,18 @@ func recovery(t *testing.T, f *freezes, calls []faultCall, kinds []faultKind, ba
 		if first < 0 && kinds[i] == decided && c.end.After(back) {
 			first = c.end.Sub(back)
 		}
-		if c.start.After(back.Add(time.Second)) && kinds[i] != decided {
+		if c.start.After(back.Add(recoveryBound)) && kinds[i] != decided {
 			late++
 		}
 	}
 	switch {
 	case first < 0:
 		t.Fatal("no decided answer after the store came back")
-	case first >= time.Second+f.during(back, back.Add(first)):
-		t.Errorf("first decided answer %v after the store came back, want < 1s", first)
+	case first >= recoveryBound+f.during(back, back.Add(first)):
+		t.Errorf("first decided answer %v after the store came back, want < %v", first, recoveryBound)
 	}
 	if late > 0 {
-		t.Errorf("%d answers started more than 1s after the store came back were not decided", late)
+		t.Errorf("%d answers started more than %v after the store came back were not decided", late, recoveryBound)
 	}
 	return first
 }
