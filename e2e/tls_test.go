@@ -250,6 +250,9 @@ func TestRedisACL(t *testing.T) {
 	r := startRedisArgs(t, "127.0.0.1:"+strconv.Itoa(port), &redis.Options{Username: "alice", Password: "secret"},
 		"--port", strconv.Itoa(port),
 		"--user", "alice", "on", ">secret", "~*", "&*", "+@all",
+		// bob may run scripts but not Redis Functions, as some ACLs and
+		// managed services allow: the service falls back to scripts.
+		"--user", "bob", "on", ">secret", "~*", "&*", "+@all", "-function", "-fcall",
 		"--user", "default", "off")
 
 	// The default user is off: no credentials, no access.
@@ -263,6 +266,12 @@ func TestRedisACL(t *testing.T) {
 	tripsAfterThree(t, s, "acl")
 	if keys := storeKeys(t, r); len(keys) == 0 {
 		t.Fatal("no key in Redis after decisions as alice")
+	}
+
+	bob := startServer(t, nil, tlsTestConfig, "--redis-url", "redis://bob:secret@"+r.addr)
+	tripsAfterThree(t, bob, "acl-scripts")
+	if strings.Contains(bob.logs.String(), "store unavailable") {
+		t.Fatal("a user without FUNCTION/FCALL got failure-mode answers: no fallback to scripts")
 	}
 
 	wrong := startServer(t, nil, tlsTestConfig, "--redis-url", "redis://alice:wrong@"+r.addr)

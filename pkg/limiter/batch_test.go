@@ -2,6 +2,8 @@ package limiter
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,5 +113,30 @@ func TestLogMembersOfOneCallStayDistinct(t *testing.T) {
 	}
 	if len(members) != 5 {
 		t.Fatalf("%d members %v, want 5", len(members), members)
+	}
+}
+
+// TestWindowCountersSurviveAClockStepBack: after a failover to a host whose
+// clock is behind, a counter written in a later window keeps its counts
+// (reading it as empty would admit a full window again) and its index.
+func TestWindowCountersSurviveAClockStepBack(t *testing.T) {
+	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.FixedWindow} {
+		t.Run(a.String(), func(t *testing.T) {
+			m := miniredis.RunT(t)
+			client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			defer client.Close()
+			h := hit(a, "step", 3, time.Minute, 1)
+			m.SetTime(epoch.Add(time.Minute + time.Second)) // window 1
+			decideCall(t, client, request{hits: []Hit{h, hit(a, "other", 3, time.Minute, 1)}, charge: true}, request{hits: []Hit{h}, charge: true})
+			m.SetTime(epoch.Add(59 * time.Second)) // back into window 0
+			got := decideCall(t, client, request{hits: []Hit{h}, charge: true}, request{hits: []Hit{h}, charge: true})
+			if got[0][0] != 2 || got[0][1] != 0 || got[1][0] != 0 {
+				t.Fatalf("after the step back: %v, want the third unit charged and the fourth denied", got)
+			}
+			v, err := client.Get(context.Background(), h.Key).Result()
+			if err != nil || v[:strings.IndexByte(v, ':')] != fmt.Sprint(epoch.Add(time.Minute).Unix()/60) {
+				t.Fatalf("stored %q (%v), want the later window's index kept", v, err)
+			}
+		})
 	}
 }

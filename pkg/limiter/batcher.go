@@ -37,7 +37,7 @@ type batcher struct {
 	calls   chan *call
 	timeout time.Duration
 	// node returns the client of a node a redirection names.
-	node func(addr string, moved bool) (redis.UniversalClient, error)
+	node func(ctx context.Context, addr string, moved bool) (redis.UniversalClient, error)
 	// scriptsOnly is set once the server turned out not to have Redis
 	// Functions (before Redis 7, the embedded store).
 	scriptsOnly atomic.Bool
@@ -79,7 +79,7 @@ const (
 // service, before it was sent: the service, not the store, was too slow.
 var ErrOverloaded = errors.New("rate limit store queue: the deadline passed before the call was sent")
 
-func newBatcher(server redis.UniversalClient, timeout time.Duration, node func(string, bool) (redis.UniversalClient, error)) *batcher {
+func newBatcher(server redis.UniversalClient, timeout time.Duration, node func(context.Context, string, bool) (redis.UniversalClient, error)) *batcher {
 	b := &batcher{
 		server:  server,
 		calls:   make(chan *call, queueLength),
@@ -116,17 +116,35 @@ func (b *batcher) enqueue(c *call) outcome {
 	case b.calls <- c:
 	case <-c.ctx.Done():
 		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, c.ctx.Err())}
+	case <-b.stop:
+		return outcome{err: errBatcherStopped}
 	}
 	select {
 	case o := <-c.done:
 		return o
 	case <-c.ctx.Done():
+		select {
+		case o := <-c.done: // decided (and maybe charged) just in time
+			return o
+		default:
+		}
 		if c.sent.Load() {
 			return outcome{err: c.ctx.Err()} // the store was too slow
 		}
 		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, c.ctx.Err())}
+	case <-b.stop:
+		select {
+		case o := <-c.done:
+			return o
+		default:
+		}
+		return outcome{err: errBatcherStopped}
 	}
 }
+
+// errBatcherStopped answers the calls a batcher stopped before sending:
+// its server left the cluster (see Limiter.sweep) or the limiter closed.
+var errBatcherStopped = errors.New("the server's batcher stopped: it left the cluster, or the limiter closed")
 
 func (b *batcher) close() {
 	close(b.stop)
@@ -396,11 +414,14 @@ func (b *batcher) retry(ctx context.Context, s *send) resending {
 	case strings.HasPrefix(msg, "NOSCRIPT"):
 		s.form = formEval
 	case s.form == formFunction && strings.Contains(msg, "Function not found"):
-		if err := loadLibrary(ctx, s.target); err != nil {
+		if err := loadLibrary(ctx, s.target); functionsRefused(err) {
+			b.scriptsOnly.Store(true)
+			s.form = formEval
+		} else if err != nil {
 			s.cmd.SetErr(err)
 			return settled
 		}
-	case s.form == formFunction && strings.Contains(strings.ToLower(msg), "unknown command"):
+	case s.form == formFunction && functionsRefused(err):
 		b.scriptsOnly.Store(true)
 		s.form = formEval
 	case strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK "):
@@ -411,7 +432,7 @@ func (b *batcher) retry(ctx context.Context, s *send) resending {
 		if len(fields) != 3 {
 			return settled
 		}
-		node, err := b.node(fields[2], fields[0] == "MOVED")
+		node, err := b.node(ctx, fields[2], fields[0] == "MOVED")
 		if err != nil {
 			s.cmd.SetErr(fmt.Errorf("%s: %w", msg, err))
 			return settled
@@ -421,6 +442,18 @@ func (b *batcher) retry(ctx context.Context, s *send) resending {
 		return settled
 	}
 	return resend
+}
+
+// functionsRefused reports an error saying that the server runs no Redis
+// Functions for this client: a server before Redis 7 or the embedded store
+// (unknown command), or an ACL or a managed service that does not let it
+// (NOPERM); scripts then do the work.
+func functionsRefused(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(strings.ToLower(msg), "unknown command") || strings.Contains(msg, "NOPERM")
 }
 
 // loadLibrary loads the decide function library on server. Another
@@ -439,7 +472,7 @@ func loadLibrary(ctx context.Context, server redis.UniversalClient) error {
 // available) and a connection open per worker.
 func (b *batcher) prepare(ctx context.Context) error {
 	err := loadLibrary(ctx, b.server)
-	if err != nil && strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+	if functionsRefused(err) {
 		b.scriptsOnly.Store(true)
 		err = decideScript.Load(ctx, b.server).Err()
 	}

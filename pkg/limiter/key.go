@@ -29,8 +29,7 @@ import (
 // (valid UTF-8 or not), except two long components with one SHA-256: a
 // collision nobody knows how to find. A key is at most about 200 bytes per
 // component. The braces are a Redis Cluster hash tag around the whole
-// identity: every key a decision touches for it lands in one slot. The
-// counter algorithms append :<window index> inside the script.
+// identity, and every algorithm keeps its whole state at the key itself.
 //
 // The zero value is ready to use; reusing a builder reuses its buffer.
 type KeyBuilder struct {

@@ -21,7 +21,7 @@ type router interface {
 	live(ctx context.Context) ([]redis.UniversalClient, error)
 	// node returns the server at addr, which a MOVED (moved set) or ASK
 	// redirection named.
-	node(addr string, moved bool) (redis.UniversalClient, error)
+	node(ctx context.Context, addr string, moved bool) (redis.UniversalClient, error)
 	// close releases what the router opened itself.
 	close()
 }
@@ -42,7 +42,7 @@ func (r singleRouter) live(context.Context) ([]redis.UniversalClient, error) {
 	return []redis.UniversalClient{r.client}, nil
 }
 
-func (singleRouter) node(addr string, _ bool) (redis.UniversalClient, error) {
+func (singleRouter) node(_ context.Context, addr string, _ bool) (redis.UniversalClient, error) {
 	return nil, fmt.Errorf("redirected to %s outside a cluster", addr)
 }
 
@@ -58,11 +58,12 @@ func (singleRouter) close() {}
 type clusterRouter struct {
 	cluster *redis.ClusterClient
 	mu      sync.Mutex
-	others  map[string]*redis.Client // nodes the slot map did not list
+	nodes   map[string]*redis.Client // redirection targets seen, by address
+	opened  []*redis.Client          // those of them this router opened
 }
 
 func newClusterRouter(cc *redis.ClusterClient) *clusterRouter {
-	return &clusterRouter{cluster: cc, others: map[string]*redis.Client{}}
+	return &clusterRouter{cluster: cc, nodes: map[string]*redis.Client{}}
 }
 
 func (*clusterRouter) slot(key string) int { return keySlot(key) }
@@ -85,48 +86,56 @@ func (r *clusterRouter) live(ctx context.Context) ([]redis.UniversalClient, erro
 	return masters, err
 }
 
-// node finds the client of the node at addr among the cluster client's, or
-// opens one with the same options (a node that joined since the slot map
-// was loaded).
-func (r *clusterRouter) node(addr string, moved bool) (redis.UniversalClient, error) {
-	ctx := context.Background()
+// node returns the client of the node at addr: one seen before, else the
+// cluster client's own for that address, else one opened with the same
+// options (a node that joined since the slot map was loaded). Looking up
+// the cluster client's nodes reloads the slot map, so it happens once per
+// address, within ctx. A MOVED also asks for a reload in the background.
+func (r *clusterRouter) node(ctx context.Context, addr string, moved bool) (redis.UniversalClient, error) {
 	if moved {
-		r.cluster.ReloadState(ctx)
+		r.cluster.ReloadState(context.Background())
 	}
-	var found, any *redis.Client
+	r.mu.Lock()
+	c, ok := r.nodes[addr]
+	r.mu.Unlock()
+	if ok {
+		return c, nil
+	}
+	var found, known *redis.Client
 	var mu sync.Mutex
-	_ = r.cluster.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+	err := r.cluster.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if c.Options().Addr == addr {
 			found = c
 		}
-		any = c
+		known = c
 		return nil
 	})
-	if found != nil {
-		return found, nil
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if c, ok := r.others[addr]; ok {
-		return c, nil
+	if c, ok := r.nodes[addr]; ok {
+		return c, nil // another call got there first
 	}
-	if any == nil {
-		return nil, fmt.Errorf("no cluster node known to reach %s", addr)
+	switch {
+	case found != nil:
+		r.nodes[addr] = found
+		return found, nil
+	case known == nil:
+		return nil, fmt.Errorf("no cluster node known to reach %s: %w", addr, err)
 	}
-	opts := *any.Options()
+	opts := *known.Options()
 	opts.Addr = addr
-	c := redis.NewClient(&opts)
-	r.others[addr] = c
+	c = redis.NewClient(&opts)
+	r.nodes[addr], r.opened = c, append(r.opened, c)
 	return c, nil
 }
 
 func (r *clusterRouter) close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for addr, c := range r.others {
+	for _, c := range r.opened {
 		c.Close()
-		delete(r.others, addr)
 	}
+	r.opened, r.nodes = nil, map[string]*redis.Client{}
 }

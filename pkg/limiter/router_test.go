@@ -37,7 +37,7 @@ func (r splitRouter) live(context.Context) ([]redis.UniversalClient, error) {
 	return r.servers, nil
 }
 
-func (splitRouter) node(addr string, _ bool) (redis.UniversalClient, error) {
+func (splitRouter) node(_ context.Context, addr string, _ bool) (redis.UniversalClient, error) {
 	return nil, fmt.Errorf("no node %s", addr)
 }
 

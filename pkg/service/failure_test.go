@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -303,5 +304,27 @@ func TestOverloadIsNotAStoreFailure(t *testing.T) {
 		Descriptors: []*rlcommon.RateLimitDescriptor{desc("unset", "x"), desc("deny", "x")}})
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("overloaded, deny and unset: %v %v, want OVER_LIMIT", resp, err)
+	}
+}
+
+// mixedFailure is a Decider whose request spans two slot groups: one was
+// overloaded, the other met a store failure.
+type mixedFailure struct{}
+
+func (mixedFailure) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+	verdicts, _ := overloaded{}.Decide(ctx, hits)
+	return verdicts, errors.Join(
+		fmt.Errorf("decide: %w: context deadline exceeded", limiter.ErrOverloaded),
+		fmt.Errorf("%w: decide: dial tcp: connection refused", limiter.ErrStore))
+}
+
+// TestAStoreFailureBesideAnOverloadIsUnavailable: when any slot group met a
+// store failure, the store is at fault, whatever the other groups met.
+func TestAStoreFailureBesideAnOverloadIsUnavailable(t *testing.T) {
+	s, _ := newFailureService(t, mixedFailure{}, nil)
+	_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "fm",
+		Descriptors: []*rlcommon.RateLimitDescriptor{desc("unset", "x")}})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("overload in one group, store failure in another: %v, want UNAVAILABLE", err)
 	}
 }

@@ -223,7 +223,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		verdicts, err = s.decider.Decide(ctx, hits)
 		switch {
 		case err == nil || ctx.Err() != nil:
-		case errors.Is(err, limiter.ErrOverloaded):
+		case overloadOnly(err):
 			s.log.Warn("overloaded: the deadline passed before the store was asked; applying failure modes",
 				zap.String("domain", req.Domain))
 		default:
@@ -234,7 +234,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	switch {
 	case deferred == nil:
 		return resp, nil
-	case errors.Is(err, limiter.ErrOverloaded):
+	case overloadOnly(err):
 		// This instance, not the store, was too slow: the code Envoy gets
 		// for an instance that sheds load, for its failure_mode_deny.
 		return nil, status.Errorf(codes.ResourceExhausted, "overloaded: the deadline passed before the store was asked, and rule %s has no failure_mode", deferred)
@@ -242,6 +242,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// No answer to give: Envoy's failure_mode_deny decides, as it does for
 	// envoyproxy/ratelimit when its Redis is down.
 	return nil, status.Errorf(codes.Unavailable, "rate limit store unavailable, and rule %s has no failure_mode", deferred)
+}
+
+// overloadOnly reports a Decide error that is an overload alone: across
+// Redis Cluster slots one group may have been overloaded and another met a
+// store failure, and then the store is at fault.
+func overloadOnly(err error) bool {
+	return errors.Is(err, limiter.ErrOverloaded) && !errors.Is(err, limiter.ErrStore)
 }
 
 // invalidRequest is a refused request: reason labels the metric, msg tells

@@ -13,10 +13,15 @@ function fixed_window.check(key, limit, window, cost, now)
   local st = { token = idx, elapsed = now - idx * window }
   st.prior = seen[key] -- charged earlier in this call: count known
   if st.prior then
-    st.used = st.prior.used
+    st.used, st.token = st.prior.used, st.prior.token
   else
     local stored, count = parse_windows(redis.call('GET', key))
-    st.used = (stored == idx) and count or 0
+    st.used = 0
+    if stored and stored >= idx then
+      -- This window; or a later one, after Redis's clock stepped back (a
+      -- failover): its count still stands, and a charge keeps its index.
+      st.used, st.token = count, stored
+    end
   end
   st.admit = st.used + cost <= limit
   return st
@@ -25,7 +30,7 @@ end
 function fixed_window.commit(key, st, limit, window, cost, now)
   st.used = st.used + cost
   write_later(key, fmt(st.token) .. ':' .. fmt(st.used), fmt(math.ceil((window - st.elapsed) / 1000)))
-  seen[key] = { used = st.used }
+  seen[key] = { used = st.used, token = st.token }
 end
 
 -- result: the counter resets when the window ends; an empty one is whole now.

@@ -16,11 +16,13 @@ function sliding_window_counter.check(key, limit, window, cost, now)
   local st = { token = idx, window = window, elapsed = now - idx * window }
   st.prior = seen[key] -- charged earlier in this call: counts known
   if st.prior then
-    st.prev, st.curr = st.prior.prev, st.prior.curr
+    st.prev, st.curr, st.token = st.prior.prev, st.prior.curr, st.prior.token
   else
     local stored, curr, prev = parse_windows(redis.call('GET', key))
-    if stored == idx then
-      st.curr, st.prev = curr, prev
+    if stored and stored >= idx then
+      -- This window; or a later one, after Redis's clock stepped back (a
+      -- failover): its counts still stand, and a charge keeps its index.
+      st.curr, st.prev, st.token = curr, prev, stored
     elseif stored == idx - 1 then
       st.curr, st.prev = 0, curr
     else
@@ -36,7 +38,7 @@ function sliding_window_counter.commit(key, st, limit, window, cost, now)
   -- This window's count is read as "previous" through the whole next window.
   write_later(key, fmt(st.token) .. ':' .. fmt(st.curr) .. ':' .. fmt(st.prev),
     fmt(math.ceil((2 * window - st.elapsed) / 1000)))
-  seen[key] = { prev = st.prev, curr = st.curr }
+  seen[key] = { prev = st.prev, curr = st.curr, token = st.token }
 end
 
 -- first_fit returns the first whole microsecond of elapsed time at which the
