@@ -129,7 +129,7 @@ func (c *denyCache) remember(h Hit, v Verdict, sent time.Time) {
 }
 
 // forget drops what the cache knows of key, so that the next hit on it asks
-// Redis: after a Reset, or a refund that freed capacity.
+// Redis: after a Reset.
 func (c *denyCache) forget(key string) {
 	s := c.shard(key)
 	s.mu.Lock()

@@ -232,20 +232,22 @@ func TestDefaultFailureModeApplies(t *testing.T) {
 // TestJSONStoreDown: POST /json answers 503 where gRPC answers UNAVAILABLE,
 // 429 for a failure_mode deny, 200 for allow.
 func TestJSONStoreDown(t *testing.T) {
-	s, _ := newFailureService(t, storeDown{}, nil)
 	for _, tt := range []struct {
-		rule string
-		want int
+		decider Decider
+		rule    string
+		want    int
 	}{
-		{"unset", http.StatusServiceUnavailable},
-		{"deny", http.StatusTooManyRequests},
-		{"allow", http.StatusOK},
+		{storeDown{}, "unset", http.StatusServiceUnavailable},
+		{storeDown{}, "deny", http.StatusTooManyRequests},
+		{storeDown{}, "allow", http.StatusOK},
+		{overloaded{}, "unset", http.StatusServiceUnavailable},
 	} {
+		s, _ := newFailureService(t, tt.decider, nil)
 		body := `{"domain":"fm","descriptors":[{"entries":[{"key":"` + tt.rule + `","value":"x"}]}]}`
 		rec := httptest.NewRecorder()
 		s.JSONHandler().ServeHTTP(rec, httptest.NewRequest("POST", "/json", strings.NewReader(body)))
 		if rec.Code != tt.want {
-			t.Errorf("%s: HTTP %d %q, want %d", tt.rule, rec.Code, rec.Body.String(), tt.want)
+			t.Errorf("%T %s: HTTP %d %q, want %d", tt.decider, tt.rule, rec.Code, rec.Body.String(), tt.want)
 		}
 	}
 }

@@ -18,8 +18,9 @@ import (
 // limit (with the answer's headers, retry-after among them, as HTTP headers),
 // as envoyproxy/ratelimit offers to callers that are not Envoy. A refused
 // request is a 400 with the reason; a body over Options.MaxRequestBytes a
-// 413; one the store could not decide, for a rule without failure_mode, a
-// 503 (gRPC's UNAVAILABLE): the caller's own failure policy decides. JSON is
+// 413; one the store could not decide, or an overloaded instance could not
+// ask it in time, for a rule without failure_mode, a 503 (gRPC's UNAVAILABLE
+// or RESOURCE_EXHAUSTED): the caller's own failure policy decides. JSON is
 // UTF-8: a value of other bytes is a gRPC-only request.
 func (s *Service) JSONHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -48,7 +49,7 @@ func (s *Service) JSONHandler() http.Handler {
 			switch status.Code(err) {
 			case codes.InvalidArgument:
 				code = http.StatusBadRequest
-			case codes.Unavailable:
+			case codes.Unavailable, codes.ResourceExhausted:
 				code = http.StatusServiceUnavailable
 			}
 			http.Error(w, status.Convert(err).Message(), code)
