@@ -608,10 +608,3 @@ func algorithmID(a config.Algorithm) int {
 		return 2
 	}
 }
-
-func flag(b bool) string {
-	if b {
-		return "1"
-	}
-	return "0"
-}
