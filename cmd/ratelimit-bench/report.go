@@ -107,17 +107,6 @@ func (m *Measurement) deniedShare() float64 {
 // included.
 func (m *Measurement) calls() uint64 { return m.Requests + m.ErrorCount() }
 
-// failureAnswers is the decisions the rules' failure modes answered.
-func (m *Measurement) failureAnswers() float64 {
-	var n float64
-	for k, v := range m.Counters {
-		if strings.HasPrefix(k, failurePrefix) {
-			n += v
-		}
-	}
-	return n
-}
-
 // failed reports whether the scenario had a failure-mode answer, a store
 // error, a shed request, a gRPC error or a missed deadline: the "!" of the
 // report.

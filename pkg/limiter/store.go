@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -163,11 +162,6 @@ func openEmbedded() (*Store, error) {
 		m.Close()
 	}
 	return &Store{Client: client, Mode: "embedded", stop: stop}, nil
-}
-
-// Ping checks that the store answers.
-func (s *Store) Ping(ctx context.Context) error {
-	return s.Client.Ping(ctx).Err()
 }
 
 // Close closes the client and stops an embedded server.
