@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -120,8 +121,12 @@ func TestScenarios(t *testing.T) {
 	if got, err := selectScenarios(true, "", false); err != nil || len(got) != len(quick)-2 {
 		t.Errorf("-quick -floor=false: %v, %v", got, err)
 	}
-	if _, err := selectScenarios(true, "nothing", true); err == nil {
-		t.Error("a -run matching nothing must fail")
+	if got, err := selectScenarios(true, "nothing", true); err != nil || len(got) != 0 {
+		t.Errorf("-run matching nothing: %v, %v; want none (run checks that bursts match instead)", got, err)
+	}
+	var stderr strings.Builder
+	if code := run(context.Background(), []string{"-run", "nothing"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "matches no scenario and no burst") {
+		t.Errorf("-run matching nothing: exit %d, %q", code, stderr.String())
 	}
 }
 
@@ -348,5 +353,39 @@ func TestReport(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestBurstReport checks what a burst lets through (OK plus errors), the
+// bound it is held to, and that a burst past the bound is marked.
+func TestBurstReport(t *testing.T) {
+	within := &BurstResult{Alg: "log", Round: 1, Admitted: 1, Denied: 1979, Errors: map[string]int{"DeadlineExceeded": 20}}
+	over := &BurstResult{Alg: "fixed", Round: 2, Admitted: 1, Denied: 1978, Errors: map[string]int{"DeadlineExceeded": 20, "Unavailable": 1}}
+	for _, tc := range []struct {
+		b        *BurstResult
+		through  int
+		overMark bool
+	}{{within, 21, false}, {over, 22, true}} {
+		if got := tc.b.LetThrough(); got != tc.through || tc.b.Over() != tc.overMark {
+			t.Errorf("%s burst %d: let through %d, over %v; want %d, %v", tc.b.Alg, tc.b.Round, got, tc.b.Over(), tc.through, tc.overMark)
+		}
+	}
+	var b strings.Builder
+	writeBursts(&b, options{timeout: 20 * time.Millisecond}, []*BurstResult{within, over})
+	out := b.String()
+	for _, want := range []string{
+		"|  | log | 1 | 1 | 1979 | DeadlineExceeded 20 | 21 |",
+		"| ! | fixed | 2 | 1 | 1978 | DeadlineExceeded 20, Unavailable 1 | 22 |",
+		"**1 of 2 bursts (!) let more than 21 through:** fixed burst 2.",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if algs, err := selectBursts(3, "burst/(log|fixed)"); err != nil || len(algs) != 2 {
+		t.Errorf("selectBursts: %v, %v", algs, err)
+	}
+	if algs, _ := selectBursts(0, ""); len(algs) != 0 {
+		t.Errorf("selectBursts with 0 rounds: %v", algs)
 	}
 }

@@ -62,6 +62,7 @@ type options struct {
 	pprofTop   int
 	svcArgs    listFlag
 	svcEnv     listFlag
+	bursts     int
 	args       []string
 }
 
@@ -91,6 +92,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.pprofTop, "pprof-top", 25, "lines of `go tool pprof -top` printed per profile")
 	fs.Var(&o.svcArgs, "service-arg", "an extra flag for the service, e.g. -service-arg=--ratelimit-headers (repeatable; after the bench's own, so it wins)")
 	fs.Var(&o.svcEnv, "service-env", "an environment variable for the service only, e.g. -service-env GOGC=400 (repeatable)")
+	fs.IntVar(&o.bursts, "bursts", 3, "bursts per algorithm at one key, on a service started for them (see burst.go; -quick: 1); 0: none")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -106,6 +108,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if !set["warmup"] {
 			o.warmup = 500 * time.Millisecond
 		}
+		if !set["bursts"] {
+			o.bursts = 1
+		}
 	}
 	switch {
 	case o.duration < 100*time.Millisecond:
@@ -116,6 +121,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-timeout must be positive")
 	case o.rate < 0:
 		return o, errors.New("-rate must not be negative")
+	case o.bursts < 0:
+		return o, errors.New("-bursts must not be negative")
 	case o.conns < 1 || o.floorConns < 1:
 		return o, errors.New("-conns and -floor-conns must be at least 1")
 	}
@@ -137,13 +144,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 2
 	}
+	bursts, err := selectBursts(o.bursts, o.run)
+	if err != nil {
+		fmt.Fprintln(stderr, "ratelimit-bench:", err)
+		return 2
+	}
+	if len(scenarios) == 0 && len(bursts) == 0 {
+		fmt.Fprintf(stderr, "ratelimit-bench: -run %q matches no scenario and no burst (see -list)\n", o.run)
+		return 2
+	}
 	if o.list {
 		for _, s := range scenarios {
 			fmt.Fprintln(stdout, s.Name())
 		}
+		for _, a := range bursts {
+			fmt.Fprintln(stdout, burstName(a))
+		}
 		return 0
 	}
-	if err := bench(ctx, o, scenarios, stdout, stderr); err != nil {
+	if err := bench(ctx, o, scenarios, bursts, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 1
 	}
@@ -184,12 +203,13 @@ type Report struct {
 	Options      options
 	ServiceArgs  []string // the service's command line, after its binary
 	Measurements []*Measurement
+	Bursts       []*BurstResult
 	Profiles     []Profile
 	Began        time.Time
 	Took         time.Duration
 }
 
-func bench(ctx context.Context, o options, scenarios []Scenario, stdout, stderr io.Writer) error {
+func bench(ctx context.Context, o options, scenarios []Scenario, bursts []Algorithm, stdout, stderr io.Writer) error {
 	began := time.Now()
 	root, err := moduleRoot()
 	if err != nil {
@@ -262,6 +282,17 @@ func bench(ctx context.Context, o options, scenarios []Scenario, stdout, stderr 
 	}
 	if err := svc.alive(); err != nil {
 		return err
+	}
+	for _, alg := range bursts {
+		fmt.Fprintf(stderr, "%s ...\n", burstName(alg))
+		results, err := burstAlgorithm(ctx, o, bin, dir, redisAddr, alg)
+		if err != nil {
+			return fmt.Errorf("%s: %w", burstName(alg), err)
+		}
+		for _, b := range results {
+			fmt.Fprintf(stderr, "        burst %d: %d OK, %d OVER_LIMIT, errors %s: %d let through in %s\n", b.Round, b.Admitted, b.Denied, b.errorSummary(), b.LetThrough(), ms(b.Took))
+		}
+		rep.Bursts = append(rep.Bursts, results...)
 	}
 	for _, m := range rep.Measurements {
 		if m.Profile == "" {

@@ -225,6 +225,10 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		commandLine(o), o.duration, o.warmup, o.timeout, o.conns, o.floorConns, loop, rep.Took.Round(time.Second))
 	fmt.Fprintf(w, "Service: `ratelimit %s`, every other flag at its default.\n\n", strings.Join(rep.ServiceArgs, " "))
 
+	if len(rep.Measurements) == 0 {
+		writeBursts(w, o, rep.Bursts)
+		return
+	}
 	fmt.Fprintln(w, "| ! | scenario | req/s | decisions/s | p50 | p99 | deadline misses | errors | failure-mode answers | denied | service CPU / decision | Redis CPU / decision | Redis CPU vs floor | bench client CPU / req |")
 	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	floors := floorsOf(rep.Measurements)
@@ -252,6 +256,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 			len(marked), len(rep.Measurements), o.timeout, strings.Join(marked, ", "))
 	}
 	writeFloorTable(w, rep.Measurements, floors)
+	writeBursts(w, o, rep.Bursts)
 
 	for _, p := range rep.Profiles {
 		fmt.Fprintf(w, "\nService CPU profile of %s (`go tool pprof -top -nodecount=%d` of %s):\n\n```\n%s\n```\n",
