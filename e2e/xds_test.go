@@ -8,7 +8,9 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/slidingwindow/ratelimit/pkg/tlsconfig"
 	"github.com/slidingwindow/ratelimit/pkg/tlsconfig/tlsconfigtest"
@@ -97,7 +99,8 @@ func TestXDSConfig(t *testing.T) {
 
 // TestXDSConfigMutualTLSForceStart runs the service as Envoy Gateway does:
 // mutual TLS to the control plane, and FORCE_START_WITHOUT_INITIAL_CONFIG,
-// so it serves at once, with no limits, until the first config arrives.
+// so it serves at once and fails rate limit calls until the first config
+// arrives.
 func TestXDSConfigMutualTLSForceStart(t *testing.T) {
 	dir := t.TempDir()
 	ca := tlsconfigtest.NewCA(t, "eg-ca")
@@ -112,11 +115,14 @@ func TestXDSConfigMutualTLSForceStart(t *testing.T) {
 
 	s := startServer(t, startRedis(t), "", xdsFlags(srv, "--force-start-without-initial-config",
 		"--xds-tls", "--xds-tls-cert", clientCert, "--xds-tls-key", clientKey, "--xds-tls-ca", caFile, "--xds-tls-san", "localhost")...)
-	if got := admitted(t, s, "api", "user", "erin", 3); got != 4 {
-		t.Errorf("before any config: erin admitted %d of 4, want all (no limits)", got)
+	// Serving (startServer waited for SERVING), but with no config yet:
+	// rate limit calls fail, for Envoy's failure_mode_deny to decide.
+	_, err = s.rls.ShouldRateLimit(t.Context(), request("api", descriptor("user", "erin")))
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("before any config: error %v, want UNAVAILABLE", err)
 	}
-	// The first request waited on the node's snapshot: the subscription is
-	// open over mutual TLS.
+	// The subscription is open over mutual TLS, waiting for the node's
+	// snapshot.
 	srv.WaitRequest(t, 10*time.Second, "a subscription", func(r xdsconfigtest.Request) bool { return r.Node.GetId() == xdsNode })
 
 	srv.Set(t, xdsNode, "1", xdsconfigtest.Config("api", "api", "user", 3, rlsconfv3.RateLimitUnit_MINUTE))

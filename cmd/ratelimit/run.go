@@ -238,6 +238,7 @@ func serve(ctx context.Context, s *settings) error {
 	if err != nil {
 		return err
 	}
+	grpcOpts = append(grpcOpts, xds.serverOptions()...)
 	store, err := limiter.OpenStore(limiter.StoreConfig{
 		URL: s.redisURL, ClusterURL: s.redisClusterURL, SentinelURL: s.redisSentinelURL, TLS: redisTLS,
 	})

@@ -7,14 +7,18 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/slidingwindow/ratelimit/pkg/config"
@@ -58,7 +62,7 @@ func xdsFlags(fs *flag.FlagSet, x *xdsSettings) {
 	fs.DurationVar(&x.backoffMax, "xds-backoff-max", xdsconfig.DefaultBackoffMax, "longest wait between xDS stream attempts (XDS_CLIENT_BACKOFF_MAX_INTERVAL)")
 	fs.BoolVar(&x.backoffJitter, "xds-backoff-jitter", true, "draw each xDS backoff wait at random from its upper half (XDS_CLIENT_BACKOFF_JITTER)")
 	fs.IntVar(&x.maxMsgSize, "xds-max-msg-size", 0, "largest xDS response accepted, in bytes; 0: gRPC's default, 4 MiB (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES)")
-	fs.BoolVar(&x.forceStart, "force-start-without-initial-config", false, "with GRPC_XDS_SOTW, serve at once with an empty config (no limits) instead of waiting for the first config before listening (FORCE_START_WITHOUT_INITIAL_CONFIG)")
+	fs.BoolVar(&x.forceStart, "force-start-without-initial-config", false, "with GRPC_XDS_SOTW, listen at once instead of once the first config has arrived; until it does, rate limit calls fail with UNAVAILABLE (FORCE_START_WITHOUT_INITIAL_CONFIG)")
 }
 
 // xdsSource is the config over xDS: a client that runs from start to
@@ -71,6 +75,8 @@ type xdsSource struct {
 	conn     *grpc.ClientConn
 	stop     context.CancelFunc
 	done     chan struct{}
+	// configured turns true at the first config accepted.
+	configured atomic.Bool
 
 	mu     sync.Mutex
 	svc    *service.Service
@@ -222,13 +228,30 @@ func (x *xdsSource) first(ctx context.Context) (*config.Config, error) {
 	defer x.mu.Unlock()
 	x.given = x.latest
 	if x.given == nil {
-		x.log.Warn("no config over xDS yet: serving with an empty config, no limits, until one arrives")
+		x.log.Warn("no config over xDS yet: rate limit calls fail with UNAVAILABLE until one arrives")
 		var err error
 		if x.given, err = config.ParseDocuments(nil, x.defaults); err != nil {
 			return nil, err
 		}
 	}
 	return x.given, nil
+}
+
+// serverOptions make ShouldRateLimit fail with UNAVAILABLE while no config
+// has arrived, which only a --force-start-without-initial-config service
+// serves through: the reference answers an error then too, so that Envoy's
+// failure_mode_deny decides, rather than admitting everything. Nil-safe.
+func (x *xdsSource) serverOptions() []grpc.ServerOption {
+	if x == nil {
+		return nil
+	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			if info.FullMethod == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName && !x.configured.Load() {
+				return nil, status.Error(codes.Unavailable, "no rate limit config received over xDS yet")
+			}
+			return handler(ctx, req)
+		})}
 }
 
 // attach hands every later config to svc, and the one accepted since first
@@ -248,6 +271,7 @@ func (x *xdsSource) attach(svc *service.Service) {
 func (x *xdsSource) accepted(c *config.Config) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.configured.Store(true)
 	if x.svc != nil {
 		x.svc.Reload(c)
 		return
