@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,7 @@ type xdsSettings struct {
 	tls                            bool
 	tlsCert, tlsKey, tlsCA, tlsSAN string
 	backoffInitial, backoffMax     time.Duration
+	backoffFactor                  float64
 	backoffJitter                  bool
 	maxMsgSize                     int
 	forceStart                     bool
@@ -58,8 +60,9 @@ func xdsFlags(fs *flag.FlagSet, x *xdsSettings) {
 	fs.StringVar(&x.tlsKey, "xds-tls-key", "", "PEM private key of --xds-tls-cert (CONFIG_GRPC_XDS_CLIENT_TLS_KEY). Reloaded when the file changes")
 	fs.StringVar(&x.tlsCA, "xds-tls-ca", "", "PEM CA certificates for the xDS server's certificate, instead of the system roots (CONFIG_GRPC_XDS_SERVER_TLS_CACERT)")
 	fs.StringVar(&x.tlsSAN, "xds-tls-san", "", "name the xDS server's certificate must hold, when not the --xds-server-url host (CONFIG_GRPC_XDS_SERVER_TLS_SAN)")
-	fs.DurationVar(&x.backoffInitial, "xds-backoff-initial", xdsconfig.DefaultBackoffInitial, "wait before opening a new xDS stream after one ends; doubles with each failure (XDS_CLIENT_BACKOFF_INITIAL_INTERVAL)")
+	fs.DurationVar(&x.backoffInitial, "xds-backoff-initial", xdsconfig.DefaultBackoffInitial, "wait before opening a new xDS stream after one ends; grows by --xds-backoff-factor with each failure (XDS_CLIENT_BACKOFF_INITIAL_INTERVAL)")
 	fs.DurationVar(&x.backoffMax, "xds-backoff-max", xdsconfig.DefaultBackoffMax, "longest wait between xDS stream attempts (XDS_CLIENT_BACKOFF_MAX_INTERVAL)")
+	fs.Float64Var(&x.backoffFactor, "xds-backoff-factor", 2, "multiplier of the xDS backoff wait at each failed attempt; below 1 the wait stays at --xds-backoff-initial (XDS_CLIENT_BACKOFF_RANDOM_FACTOR, whose default there, 0.5, does that)")
 	fs.BoolVar(&x.backoffJitter, "xds-backoff-jitter", true, "draw each xDS backoff wait at random from its upper half (XDS_CLIENT_BACKOFF_JITTER)")
 	fs.IntVar(&x.maxMsgSize, "xds-max-msg-size", 0, "largest xDS response accepted, in bytes; 0: gRPC's default, 4 MiB (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES)")
 	fs.BoolVar(&x.forceStart, "force-start-without-initial-config", false, "with GRPC_XDS_SOTW, listen at once instead of once the first config has arrived; until it does, rate limit calls fail with UNAVAILABLE (FORCE_START_WITHOUT_INITIAL_CONFIG)")
@@ -114,6 +117,9 @@ func startXDS(ctx context.Context, s *settings, log *zap.Logger) (*xdsSource, er
 	if x.backoffInitial <= 0 || x.backoffMax < x.backoffInitial {
 		return nil, fmt.Errorf("--xds-backoff-initial (%v) must be positive and --xds-backoff-max (%v) at least as long", x.backoffInitial, x.backoffMax)
 	}
+	if !(x.backoffFactor > 0) || math.IsInf(x.backoffFactor, 0) {
+		return nil, fmt.Errorf("--xds-backoff-factor: %v is not a positive number", x.backoffFactor)
+	}
 	if x.maxMsgSize < 0 {
 		return nil, fmt.Errorf("--xds-max-msg-size: %d is not a number of bytes", x.maxMsgSize)
 	}
@@ -159,6 +165,7 @@ func startXDS(ctx context.Context, s *settings, log *zap.Logger) (*xdsSource, er
 		OnReject:       src.rejected,
 		BackoffInitial: x.backoffInitial,
 		BackoffMax:     x.backoffMax,
+		BackoffFactor:  x.backoffFactor,
 		Jitter:         x.backoffJitter,
 		Logger:         log,
 	})

@@ -32,6 +32,8 @@ func TestXDSSettingsRefused(t *testing.T) {
 		{append(xds, "--xds-backoff-initial", "0s"), "--xds-backoff-initial (0s) must be positive"},
 		{append(xds, "--xds-backoff-max", "1s"), "--xds-backoff-max (1s) at least as long"},
 		{append(xds, "--xds-max-msg-size", "-1"), "--xds-max-msg-size"},
+		{append(xds, "--xds-backoff-factor", "0"), "--xds-backoff-factor: 0 is not a positive number"},
+		{append(xds, "--xds-backoff-factor", "NaN"), "--xds-backoff-factor: NaN is not a positive number"},
 		{append(xds, "--xds-node-id", ""), "--xds-node-id is empty"},
 		{append(xds, "--default-algorithm", "token_bucket"), "--default-algorithm"},
 	}

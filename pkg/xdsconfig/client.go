@@ -14,6 +14,7 @@ package xdsconfig
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -52,10 +53,13 @@ type Options struct {
 	// is refused; may be nil.
 	OnReject func(error)
 	// BackoffInitial is the wait before the first new stream after one
-	// ends; each failed attempt doubles it up to BackoffMax. A stream that
-	// delivered a response starts the doubling over. Zero means the
-	// defaults.
+	// ends; each failed attempt multiplies it by BackoffFactor, up to
+	// BackoffMax. A stream that delivered a response starts over. Zero
+	// means the defaults.
 	BackoffInitial, BackoffMax time.Duration
+	// BackoffFactor multiplies the wait at each failed attempt; zero means
+	// 2. Below 1 the wait stays at BackoffInitial.
+	BackoffFactor float64
 	// Jitter draws each wait at random from its upper half, so that
 	// replicas cut off together do not come back together.
 	Jitter bool
@@ -87,6 +91,9 @@ func New(conn grpc.ClientConnInterface, opts Options) *Client {
 		opts.BackoffMax = DefaultBackoffMax
 	}
 	opts.BackoffMax = max(opts.BackoffMax, opts.BackoffInitial)
+	if opts.BackoffFactor <= 0 {
+		opts.BackoffFactor = 2
+	}
 	if opts.OnReject == nil {
 		opts.OnReject = func(error) {}
 	}
@@ -126,8 +133,8 @@ func (c *Client) Run(ctx context.Context) {
 // backoff returns the wait before attempt (0 for the first retry).
 func (c *Client) backoff(attempt int) time.Duration {
 	d := c.opts.BackoffMax
-	if attempt < 32 {
-		d = min(c.opts.BackoffInitial<<attempt, c.opts.BackoffMax)
+	if f := float64(c.opts.BackoffInitial) * math.Pow(c.opts.BackoffFactor, float64(attempt)); f < float64(d) {
+		d = max(time.Duration(f), c.opts.BackoffInitial)
 	}
 	if c.opts.Jitter {
 		d = d/2 + rand.N(d/2+1)

@@ -323,7 +323,23 @@ func TestBackoff(t *testing.T) {
 			t.Fatalf("attempt %d with jitter: %v, want within [%v, %v]", a, d, want/2, want)
 		}
 	}
-	if d := New(nil, Options{}); d.opts.BackoffInitial != DefaultBackoffInitial || d.opts.BackoffMax != DefaultBackoffMax {
-		t.Errorf("defaults %v %v", d.opts.BackoffInitial, d.opts.BackoffMax)
+	if d := New(nil, Options{}); d.opts.BackoffInitial != DefaultBackoffInitial || d.opts.BackoffMax != DefaultBackoffMax || d.opts.BackoffFactor != 2 {
+		t.Errorf("defaults %v %v %v", d.opts.BackoffInitial, d.opts.BackoffMax, d.opts.BackoffFactor)
+	}
+	// The reference's XDS_CLIENT_BACKOFF_RANDOM_FACTOR default, 0.5, keeps
+	// every wait at the initial one; 3 triples it.
+	for _, tc := range []struct {
+		factor float64
+		want   []time.Duration
+	}{
+		{0.5, []time.Duration{time.Second, time.Second, time.Second}},
+		{3, []time.Duration{time.Second, 3 * time.Second, 5 * time.Second}},
+	} {
+		c := New(nil, Options{BackoffInitial: time.Second, BackoffMax: 5 * time.Second, BackoffFactor: tc.factor})
+		for a, want := range tc.want {
+			if d := c.backoff(a); d != want {
+				t.Errorf("factor %v, attempt %d: %v, want %v", tc.factor, a, d, want)
+			}
+		}
 	}
 }
