@@ -27,6 +27,9 @@ func xdsFlags(srv *xdsconfigtest.Server, extra ...string) []string {
 		"--xds-backoff-initial", "50ms", "--xds-backoff-max", "500ms"}, extra...)
 }
 
+// The rules are per hour, so that no window boundary falls within a test
+// but once in a long while.
+
 // admitted asks for value under key in domain until the first OVER_LIMIT,
 // at most limit+1 times, and returns how many were admitted.
 func admitted(t *testing.T, s *server, domain, key, value string, limit int) int {
@@ -45,7 +48,7 @@ func admitted(t *testing.T, s *server, domain, key, value string, limit int) int
 // plane with a change made while it was away.
 func TestXDSConfig(t *testing.T) {
 	srv := xdsconfigtest.Start(t)
-	srv.Set(t, xdsNode, "1", xdsconfigtest.Config("api", "api", "user", 3, rlsconfv3.RateLimitUnit_MINUTE))
+	srv.Set(t, xdsNode, "1", xdsconfigtest.Config("api", "api", "user", 3, rlsconfv3.RateLimitUnit_HOUR))
 	// --config is set, as Envoy Gateway sets RUNTIME_ROOT: it is not read.
 	s := startServer(t, startRedis(t), "this is not read", xdsFlags(srv)...)
 
@@ -58,7 +61,7 @@ func TestXDSConfig(t *testing.T) {
 	}
 
 	// A change applies.
-	srv.Set(t, xdsNode, "2", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_MINUTE))
+	srv.Set(t, xdsNode, "2", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_HOUR))
 	srv.WaitRequest(t, 10*time.Second, "ACK of version 2", func(r xdsconfigtest.Request) bool { return r.IsACK("2") })
 	if got := admitted(t, s, "api", "user", "bob", 5); got != 5 {
 		t.Errorf("version 2: bob admitted %d times, want 5", got)
@@ -85,7 +88,7 @@ func TestXDSConfig(t *testing.T) {
 	// The control plane restarts; a change made while it was away arrives
 	// over the stream the service opens again.
 	srv.Stop()
-	srv.Set(t, xdsNode, "4", xdsconfigtest.Config("api", "api", "user", 2, rlsconfv3.RateLimitUnit_MINUTE))
+	srv.Set(t, xdsNode, "4", xdsconfigtest.Config("api", "api", "user", 2, rlsconfv3.RateLimitUnit_HOUR))
 	if got := admitted(t, s, "api", "user", "dan", 5); got != 5 {
 		t.Errorf("control plane away: dan admitted %d times, want 5 (the config in force stays)", got)
 	}
@@ -125,7 +128,7 @@ func TestXDSConfigMutualTLSForceStart(t *testing.T) {
 	// snapshot.
 	srv.WaitRequest(t, 10*time.Second, "a subscription", func(r xdsconfigtest.Request) bool { return r.Node.GetId() == xdsNode })
 
-	srv.Set(t, xdsNode, "1", xdsconfigtest.Config("api", "api", "user", 3, rlsconfv3.RateLimitUnit_MINUTE))
+	srv.Set(t, xdsNode, "1", xdsconfigtest.Config("api", "api", "user", 3, rlsconfv3.RateLimitUnit_HOUR))
 	srv.WaitRequest(t, 10*time.Second, "ACK of version 1", func(r xdsconfigtest.Request) bool { return r.IsACK("1") })
 	if got := admitted(t, s, "api", "user", "frank", 3); got != 3 {
 		t.Errorf("version 1: frank admitted %d times, want 3", got)
