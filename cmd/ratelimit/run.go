@@ -68,6 +68,9 @@ type settings struct {
 	memoryLimit        byteSize
 	pprof              bool
 
+	// Config over xDS, see xds.go.
+	xds xdsSettings
+
 	// TLS, see tls.go.
 	grpcTLSCert, grpcTLSKey, grpcTLSClientCA                  string
 	redisTLSCA, redisTLSCert, redisTLSKey, redisTLSServerName string
@@ -80,7 +83,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 		fmt.Fprint(out, usage)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&s.configPath, "config", "", "config file, or directory of *.yaml / *.yml files (required)")
+	fs.StringVar(&s.configPath, "config", "", "config file, or directory of *.yaml / *.yml files (required, unless --config-type GRPC_XDS_SOTW)")
 	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (rate limit service, health, reflection)")
 	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address: /healthz, /readyz, /metrics, /rlconfig, POST /json")
 	fs.StringVar(&s.redisURL, "redis-url", "", "redis:// or rediss:// URL of a standalone Redis; with no Redis flag, an embedded in-process store runs (one replica, not shared, not persistent)")
@@ -107,6 +110,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&s.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
 	fs.BoolVar(&s.watchConfig, "watch-config", true, "reload the config when its files change (a bad new config is refused, the old one stays)")
 	tlsFlags(fs, s)
+	xdsFlags(fs, &s.xds)
 	return fs
 }
 
@@ -164,17 +168,26 @@ func loadConfig(s *settings) (*config.Config, error) {
 	if s.configPath == "" {
 		return nil, errors.New("--config is required")
 	}
+	d, err := configDefaults(s)
+	if err != nil {
+		return nil, err
+	}
+	return config.Load(s.configPath, d)
+}
+
+// configDefaults are the parser's defaults the flags set.
+func configDefaults(s *settings) (config.Defaults, error) {
 	alg, err := config.ParseAlgorithm(s.defaultAlgorithm)
 	if err != nil {
-		return nil, fmt.Errorf("--default-algorithm: %w", err)
+		return config.Defaults{}, fmt.Errorf("--default-algorithm: %w", err)
 	}
 	fm := config.FailureDefer
 	if s.defaultFailureMode != "" {
 		if fm, err = config.ParseFailureMode(s.defaultFailureMode); err != nil {
-			return nil, fmt.Errorf("--default-failure-mode: %w, or empty to defer to Envoy", err)
+			return config.Defaults{}, fmt.Errorf("--default-failure-mode: %w, or empty to defer to Envoy", err)
 		}
 	}
-	return config.Load(s.configPath, config.Defaults{Algorithm: alg, FailureMode: fm})
+	return config.Defaults{Algorithm: alg, FailureMode: fm}, nil
 }
 
 func newLogger(s *settings) (*zap.Logger, error) {
@@ -214,17 +227,18 @@ func serve(ctx context.Context, s *settings) error {
 	if s.maxRequestBytes <= 0 {
 		return fmt.Errorf("--max-request-bytes: %d is not a positive number of bytes", s.maxRequestBytes)
 	}
-	cfg, err := loadConfig(s)
+	cfg, xds, err := startConfig(ctx, s, log) // see xds.go: cfg is nil over xDS until xds.first
 	if err != nil {
 		return err
 	}
+	defer xds.close()
 	log.Info("memory", zap.Int64("soft_limit_bytes", setRuntimeDefaults(int64(s.memoryLimit))))
-	log.Info("config loaded", zap.String("path", s.configPath), zap.Int("rules", len(cfg.Rules())), zap.Strings("files", cfg.Files()))
 
 	grpcOpts, redisTLS, err := tlsSettings(s, log)
 	if err != nil {
 		return err
 	}
+	grpcOpts = append(grpcOpts, xds.serverOptions()...)
 	store, err := limiter.OpenStore(limiter.StoreConfig{
 		URL: s.redisURL, ClusterURL: s.redisClusterURL, SentinelURL: s.redisSentinelURL, TLS: redisTLS,
 	})
@@ -260,6 +274,11 @@ func serve(ctx context.Context, s *settings) error {
 		log.Warn("store not ready: rules answer by their failure_mode until it is", zap.Error(err))
 	}
 	cancel()
+	if xds != nil {
+		if cfg, err = xds.first(ctx); cfg == nil {
+			return err // nil when ctx ended first: a stop before the start
+		}
+	}
 	svc := service.New(cfg, lim, &service.Options{
 		MaxDescriptors:   s.maxDescriptors,
 		MaxEntries:       s.maxEntries,
@@ -273,7 +292,9 @@ func serve(ctx context.Context, s *settings) error {
 	if s.shadowMode {
 		log.Warn("global shadow mode: every answer is OK; would-be denials are logged and counted")
 	}
-	if s.watchConfig {
+	if xds != nil {
+		xds.attach(svc)
+	} else if s.watchConfig {
 		watchCtx, stopWatch := context.WithCancel(ctx)
 		defer stopWatch()
 		defaults := cfg.Defaults()

@@ -132,6 +132,26 @@ func Parse(name string, data []byte, d Defaults) (*Config, error) {
 	return b.config(), nil
 }
 
+// Document is one config held in memory rather than in a file, e.g. a
+// resource received over xDS.
+type Document struct {
+	Name string // stands for the file name: in messages, Files and rule sources
+	Data []byte // the YAML a config file would hold
+}
+
+// ParseDocuments reads docs, in the order given, into one Config, exactly as
+// Load reads the files of a directory. No documents make an empty Config,
+// which limits nothing.
+func ParseDocuments(docs []Document, d Defaults) (*Config, error) {
+	b := newBuilder(d)
+	for _, doc := range docs {
+		if err := b.add(doc.Name, doc.Data); err != nil {
+			return nil, err
+		}
+	}
+	return b.config(), nil
+}
+
 // HasDomain reports whether domain is configured.
 func (c *Config) HasDomain(domain string) bool {
 	_, ok := c.domains[domain]

@@ -193,6 +193,35 @@ func TestParse(t *testing.T) {
 	}
 }
 
+func TestParseDocuments(t *testing.T) {
+	a := Document{Name: "xds/a", Data: []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")}
+	b := Document{Name: "xds/b", Data: []byte("domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n")}
+	c, err := ParseDocuments([]Document{a, b}, Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a: k | 1/SECOND*1 sliding_window_counter defer @a:3", "b: k | 2/MINUTE*1 sliding_window_counter defer @b:3"} // base names
+	if got := summaries(c.Rules()); !slices.Equal(got, want) {
+		t.Errorf("rules = %q", got)
+	}
+	if got := c.Files(); !slices.Equal(got, []string{"xds/a", "xds/b"}) {
+		t.Errorf("Files() = %q", got)
+	}
+	if same, _ := ParseDocuments([]Document{a, b}, Defaults{}); same.Hash() != c.Hash() {
+		t.Error("the same documents gave another hash")
+	}
+
+	empty, err := ParseDocuments(nil, Defaults{})
+	if err != nil || len(empty.Rules()) != 0 || empty.HasDomain("a") || empty.Hash() == c.Hash() {
+		t.Errorf("no documents: %v, %d rules, hash %q", err, len(empty.Rules()), empty.Hash())
+	}
+
+	dup := Document{Name: "xds/c", Data: a.Data}
+	if _, err := ParseDocuments([]Document{a, dup}, Defaults{}); err == nil || !strings.Contains(err.Error(), `xds/c:1: domain "a" already defined in xds/a:1`) {
+		t.Errorf("duplicate domain: error %v", err)
+	}
+}
+
 func TestDefaults(t *testing.T) {
 	const yaml = `
 domain: d

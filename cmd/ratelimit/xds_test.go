@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/slidingwindow/ratelimit/pkg/service"
+	"github.com/slidingwindow/ratelimit/pkg/xdsconfig/xdsconfigtest"
+)
+
+func TestXDSSettingsRefused(t *testing.T) {
+	xds := []string{"--config-type", "GRPC_XDS_SOTW"}
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config-type", "YAML"}, `--config-type: "YAML" is not FILE or GRPC_XDS_SOTW`},
+		{append(xds, "--xds-tls-ca", "ca.pem"), "--xds-tls-* flags need --xds-tls"},
+		{append(xds, "--xds-tls", "--xds-tls-cert", "c.pem"), "--xds-tls-cert and --xds-tls-key go together"},
+		{append(xds, "--xds-tls", "--xds-tls-ca", "/nonexistent/ca.pem"), "--xds-tls-*"},
+		{append(xds, "--xds-node-metadata", "zone"), `--xds-node-metadata: "zone" is not key=value`},
+		{append(xds, "--xds-headers", "=x"), `--xds-headers: "=x" is not key:value`},
+		{append(xds, "--xds-backoff-initial", "0s"), "--xds-backoff-initial (0s) must be positive"},
+		{append(xds, "--xds-backoff-max", "1s"), "--xds-backoff-max (1s) at least as long"},
+		{append(xds, "--xds-max-msg-size", "-1"), "--xds-max-msg-size"},
+		{append(xds, "--xds-backoff-factor", "0"), "--xds-backoff-factor: 0 is not a positive number"},
+		{append(xds, "--xds-backoff-factor", "NaN"), "--xds-backoff-factor: NaN is not a positive number"},
+		{append(xds, "--xds-node-id", ""), "--xds-node-id is empty"},
+		{append(xds, "--default-algorithm", "token_bucket"), "--default-algorithm"},
+	}
+	for _, tc := range cases {
+		args := append([]string{"--log-level", "error"}, tc.args...)
+		err := run(context.Background(), args, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run %q: error %v, want one containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestKeyValues(t *testing.T) {
+	for _, tc := range []struct {
+		in, sep string
+		want    map[string]string
+	}{
+		{"", "=", map[string]string{}},
+		{"a=1", "=", map[string]string{"a": "1"}},
+		{"a=1, b = x=y ,c=", "=", map[string]string{"a": "1", "b": "x=y", "c": ""}},
+		{"authorization:Bearer t:k", ":", map[string]string{"authorization": "Bearer t:k"}},
+	} {
+		got, err := keyValues("--f", tc.in, tc.sep)
+		if err != nil || len(got) != len(tc.want) {
+			t.Errorf("%q: %v, %v", tc.in, got, err)
+			continue
+		}
+		for k, v := range tc.want {
+			if got[k] != v {
+				t.Errorf("%q: %q = %q, want %q", tc.in, k, got[k], v)
+			}
+		}
+	}
+}
+
+// rlconfig is the part of GET /rlconfig the tests read.
+type rlconfig struct {
+	Generation uint64   `json:"generation"`
+	Files      []string `json:"files"`
+	Rules      []struct {
+		Domain          string `json:"domain"`
+		RequestsPerUnit uint32 `json:"requests_per_unit"`
+	} `json:"rules"`
+}
+
+func configOf(t *testing.T, svc *service.Service) rlconfig {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	svc.ConfigHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/rlconfig", nil))
+	var c rlconfig
+	if err := json.Unmarshal(rec.Body.Bytes(), &c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// startSource starts the xDS config source as serve does.
+func startSource(t *testing.T, addr string, extra ...string) *xdsSource {
+	t.Helper()
+	var s settings
+	args := append([]string{"--config-type", "GRPC_XDS_SOTW", "--xds-server-url", addr, "--xds-node-id", "envoy-ratelimit",
+		"--xds-backoff-initial", "20ms", "--xds-backoff-max", "100ms", "--config", "/data/ratelimit"}, extra...)
+	if err := parse(newFlagSet("test", &s, &bytes.Buffer{}), args); err != nil {
+		t.Fatal(err)
+	}
+	_, x, err := startConfig(context.Background(), &s, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(x.close)
+	return x
+}
+
+// TestXDSSourceWaitsForTheFirstConfig: without
+// --force-start-without-initial-config, the service starts with the first
+// config the server sends, then follows its changes. --config is ignored,
+// as Envoy Gateway sets RUNTIME_ROOT beside CONFIG_TYPE.
+func TestXDSSourceWaitsForTheFirstConfig(t *testing.T) {
+	noLeaks(t)
+	srv := xdsconfigtest.Start(t)
+	x := startSource(t, srv.Addr)
+
+	// Nothing served: first keeps waiting until its context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if cfg, err := x.first(ctx); cfg != nil || err != nil {
+		t.Fatalf("first with nothing served: %v, %v; want nil, nil when the context ends", cfg, err)
+	}
+
+	srv.Set(t, "envoy-ratelimit", "1", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_MINUTE))
+	cfg, err := x.first(context.Background())
+	if err != nil || cfg == nil || !cfg.HasDomain("api") {
+		t.Fatalf("first: %v, %v", cfg, err)
+	}
+	svc := service.New(cfg, nil, nil)
+	x.attach(svc)
+
+	srv.Set(t, "envoy-ratelimit", "2", xdsconfigtest.Config("api", "api", "user", 8, rlsconfv3.RateLimitUnit_MINUTE))
+	waitConfig(t, svc, func(c rlconfig) bool { return c.Generation == 2 && c.Rules[0].RequestsPerUnit == 8 })
+	if c := configOf(t, svc); len(c.Files) != 1 || c.Files[0] != "xds/api" {
+		t.Errorf("files %q", c.Files)
+	}
+}
+
+// TestXDSSourceForceStart: with --force-start-without-initial-config the
+// service starts at once on an empty config, and takes the first one the
+// server sends when it comes.
+func TestXDSSourceForceStart(t *testing.T) {
+	noLeaks(t)
+	srv := xdsconfigtest.Start(t)
+	x := startSource(t, srv.Addr, "--force-start-without-initial-config")
+	cfg, err := x.first(context.Background())
+	if err != nil || cfg == nil || len(cfg.Rules()) != 0 {
+		t.Fatalf("first: %v, %v; want an empty config at once", cfg, err)
+	}
+	svc := service.New(cfg, nil, nil)
+	x.attach(svc)
+	srv.Set(t, "envoy-ratelimit", "1", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_MINUTE))
+	waitConfig(t, svc, func(c rlconfig) bool { return c.Generation == 2 && len(c.Rules) == 1 })
+}
+
+// noLeaks fails t if it leaves a goroutine behind once its cleanups ran.
+func noLeaks(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) }) // the first cleanup runs last
+}
+
+func waitConfig(t *testing.T, svc *service.Service, ok func(rlconfig) bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c := configOf(t, svc)
+		if ok(c) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("config in force: %+v", c)
+		}
+	}
+}

@@ -1,0 +1,13 @@
+package xdsconfig
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package when a test leaves a goroutine behind: a
+// client stream, connection or xDS server that was not closed.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
