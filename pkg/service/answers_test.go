@@ -305,3 +305,17 @@ func protojsonString(t *testing.T, s string) string {
 	}
 	return string(b)
 }
+
+// TestDynamicMetadataOfAnyBytes: values that are not UTF-8 still make an
+// answer that encodes.
+func TestDynamicMetadataOfAnyBytes(t *testing.T) {
+	s, _, _ := newAnswersService(t, &Options{ResponseDynamicMetadata: true})
+	resp := ask(t, s, desc("user", "\xff\xfe"), desc("\xc3", "x"))
+	if _, err := proto.Marshal(resp); err != nil {
+		t.Fatalf("answer does not encode: %v", err)
+	}
+	entries := resp.DynamicMetadata.Fields["descriptors"].GetListValue().Values[0].GetStructValue().Fields["entries"].GetListValue().Values
+	if got := entries[0].GetStringValue(); got != "user=\uFFFD" {
+		t.Errorf("entry %q", got)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -345,8 +346,9 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 // its numbers by the descriptor's own limit override when it has one (as
 // envoyproxy/ratelimit does, an override applies in any known domain, and
 // keeps none of the rule's name, replaces, shadow or quota mode; it keeps
-// this service's extensions: algorithm, failure mode, shared counters). It returns nil when no limit applies, as for a
-// descriptor without entries, which the reference answers OK too.
+// this service's extensions: algorithm, failure mode, shared counters). It
+// returns nil when no limit applies, as for a descriptor without entries,
+// which the reference answers OK too.
 func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor) (*limit, error) {
 	if len(d.Entries) == 0 {
 		return nil, nil
@@ -652,13 +654,15 @@ func (s *Service) rateLimitHeaders(l *limit, st *rlsv3.RateLimitResponse_Descrip
 // and hits_addend, the request's hits_addend, and under "metadata" the
 // metadata of the rules of the descriptors answered OK (not unlimited, not
 // replaced), merged in request order: a nested mapping merges, and
-// otherwise the first descriptor to set a field wins.
+// otherwise the first descriptor to set a field wins. Keys and values are
+// any bytes, and a protobuf string must be UTF-8: invalid bytes become
+// U+FFFD, so that what a client sends never fails the answer.
 func dynamicMetadata(req *rlsv3.RateLimitRequest, limits []*limit, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) *structpb.Struct {
 	descriptors := make([]*structpb.Value, len(req.Descriptors))
 	for i, d := range req.Descriptors {
 		entries := make([]*structpb.Value, len(d.Entries))
 		for j, e := range d.Entries {
-			entries[j] = structpb.NewStringValue(e.Key + "=" + e.Value)
+			entries[j] = structpb.NewStringValue(strings.ToValidUTF8(e.Key+"="+e.Value, "\uFFFD"))
 		}
 		fields := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
 		if d.Limit != nil {
@@ -670,7 +674,7 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, limits []*limit, statuses []*r
 		descriptors[i] = structpb.NewStructValue(&structpb.Struct{Fields: fields})
 	}
 	fields := map[string]*structpb.Value{
-		"domain":      structpb.NewStringValue(req.Domain),
+		"domain":      structpb.NewStringValue(strings.ToValidUTF8(req.Domain, "\uFFFD")),
 		"descriptors": structpb.NewListValue(&structpb.ListValue{Values: descriptors}),
 	}
 	if req.HitsAddend != 0 {
