@@ -81,8 +81,9 @@ func TestLoadValid(t *testing.T) {
 			"b: k | 2/MINUTE*1 sliding_window_counter defer @documents.yaml:13",
 		}},
 		{"zero.yaml", []string{
-			"zero: blocked | 0/SECOND*1 sliding_window_counter defer @zero.yaml:5",
-			"zero: free | unlimited sliding_window_counter defer @zero.yaml:9",
+			"zero: blocked | 0/SECOND*1 sliding_window_counter defer @zero.yaml:6",
+			"zero: free | unlimited sliding_window_counter defer @zero.yaml:10",
+			"zero: free_too | unlimited sliding_window_counter defer @zero.yaml:12",
 		}},
 	} {
 		t.Run(tt.file, func(t *testing.T) {
@@ -140,6 +141,7 @@ func TestLoadValidDirectory(t *testing.T) {
 		"envoy: category",
 		"zero: blocked",
 		"zero: free",
+		"zero: free_too",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("rules:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

@@ -449,14 +449,17 @@ func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
 }
 
 // unlimited refuses the fields that make no sense for an unlimited rule.
-// requests_per_unit is not one of them: the reference ignores it there.
+// requests_per_unit is not one of them: the reference ignores it there. Nor
+// is a unit that names none, "" or UNKNOWN: the RateLimitConfig proto's
+// zero value, which the reference accepts beside unlimited.
 func (p *parser) unlimited(rl *rawRateLimit) error {
+	noUnit := rl.Unit.V == "" || strings.EqualFold(rl.Unit.V, "UNKNOWN")
 	for _, f := range []struct {
 		name string
 		set  bool
 		line int
 	}{
-		{"unit", rl.Unit.Set, rl.Unit.Line},
+		{"unit", rl.Unit.Set && !noUnit, rl.Unit.Line},
 		{"unit_multiplier", rl.UnitMultiplier.Set, rl.UnitMultiplier.Line},
 		{"algorithm", rl.Algorithm.Set, rl.Algorithm.Line},
 		{"failure_mode", rl.FailureMode.Set, rl.FailureMode.Line},
