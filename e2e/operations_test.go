@@ -102,7 +102,7 @@ func TestHotReloadKeepsCounters(t *testing.T) {
 	}
 
 	// A bad write is refused: the old config keeps serving, the error is shown and counted.
-	writeFile(t, file, "domain: e2e\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 0}\n")
+	writeFile(t, file, "domain: e2e\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1.5}\n")
 	waitFor(t, 5*time.Second, func() error {
 		if v := rlconfig(t, s); v.LastReloadError == nil {
 			return errNotYet

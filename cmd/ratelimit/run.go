@@ -61,12 +61,20 @@ type settings struct {
 	maxRequestBytes    int
 	rateLimitHeaders   bool
 	shadowMode         bool
-	nearLimitRatio     float64
-	watchConfig        bool
-	adminAddr          string
-	maxInFlight        int
-	memoryLimit        byteSize
-	pprof              bool
+
+	// The reference's config and answer switches (see README, Migration).
+	mergeDomainConfig       bool
+	responseDynamicMetadata bool
+	quotaMode               bool
+	limitHeader             string
+	remainingHeader         string
+	resetHeader             string
+	nearLimitRatio          float64
+	watchConfig             bool
+	adminAddr               string
+	maxInFlight             int
+	memoryLimit             byteSize
+	pprof                   bool
 
 	// Config over xDS, see xds.go.
 	xds xdsSettings
@@ -100,7 +108,13 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&s.maxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&s.maxEntries, "max-entries", service.DefaultMaxEntries, "most entries in one descriptor")
 	fs.IntVar(&s.maxRequestBytes, "max-request-bytes", service.DefaultMaxRequestBytes, "largest request, in bytes: a gRPC message past it is refused with RESOURCE_EXHAUSTED, a POST /json body with 413")
-	fs.BoolVar(&s.rateLimitHeaders, "ratelimit-headers", false, "add x-ratelimit-limit, -remaining and -reset to every answer")
+	fs.BoolVar(&s.rateLimitHeaders, "ratelimit-headers", false, "add the limit, remaining and reset headers to answers (off: Envoy's enable_x_ratelimit_headers builds its own)")
+	fs.StringVar(&s.limitHeader, "ratelimit-limit-header", service.DefaultLimitHeader, "name of the limit header of --ratelimit-headers")
+	fs.StringVar(&s.remainingHeader, "ratelimit-remaining-header", service.DefaultRemainingHeader, "name of the remaining header of --ratelimit-headers")
+	fs.StringVar(&s.resetHeader, "ratelimit-reset-header", service.DefaultResetHeader, "name of the reset header of --ratelimit-headers")
+	fs.BoolVar(&s.mergeDomainConfig, "merge-domain-config", false, "merge config files (or documents) of one domain instead of refusing the second")
+	fs.BoolVar(&s.responseDynamicMetadata, "response-dynamic-metadata", false, "fill answers' dynamic_metadata: domain, descriptors, and the metadata of the admitted descriptors' rules")
+	fs.BoolVar(&s.quotaMode, "quota-mode", false, "every descriptor in quota mode: a request is denied only when all its descriptors are over their limits")
 	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "put every rule in shadow mode: always answer OK, count as usual, log and count would-be denials")
 	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit in use from which an admitted decision counts as near_limit in metrics")
 	fs.StringVar(&s.adminAddr, "admin-addr", "", "gRPC listen address of the admin API (ratelimit.admin.v1.Admin: Inspect, Reset; with reflection); empty: off. Keep it private: Reset lifts limits")
@@ -158,6 +172,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		if err != nil {
 			return err
 		}
+		for _, w := range cfg.Warnings() {
+			fmt.Fprintf(out, "warning: %s\n", w)
+		}
 		fmt.Fprintf(out, "%s: %d rules in %d files: ok\n", s.configPath, len(cfg.Rules()), len(cfg.Files()))
 		return nil
 	}
@@ -187,7 +204,14 @@ func configDefaults(s *settings) (config.Defaults, error) {
 			return config.Defaults{}, fmt.Errorf("--default-failure-mode: %w, or empty to defer to Envoy", err)
 		}
 	}
-	return config.Defaults{Algorithm: alg, FailureMode: fm}, nil
+	return config.Defaults{Algorithm: alg, FailureMode: fm, MergeDomains: s.mergeDomainConfig}, nil
+}
+
+// logWarnings logs what a config holds that loads but has no effect.
+func logWarnings(log *zap.Logger, cfg *config.Config) {
+	for _, w := range cfg.Warnings() {
+		log.Warn("config: "+w, zap.String("hash", cfg.Hash()))
+	}
 }
 
 func newLogger(s *settings) (*zap.Logger, error) {
@@ -288,6 +312,12 @@ func serve(ctx context.Context, s *settings) error {
 		NearLimitRatio:   s.nearLimitRatio,
 		Logger:           log,
 		Metrics:          m,
+
+		LimitHeader:             s.limitHeader,
+		RemainingHeader:         s.remainingHeader,
+		ResetHeader:             s.resetHeader,
+		QuotaMode:               s.quotaMode,
+		ResponseDynamicMetadata: s.responseDynamicMetadata,
 	})
 	if s.shadowMode {
 		log.Warn("global shadow mode: every answer is OK; would-be denials are logged and counted")
@@ -300,7 +330,11 @@ func serve(ctx context.Context, s *settings) error {
 		defaults := cfg.Defaults()
 		go func() {
 			err := config.Watch(watchCtx, s.configPath, defaults, config.DefaultDebounce,
-				func(c *config.Config) { svc.Reload(c) }, svc.ReloadFailed)
+				func(c *config.Config) {
+					if svc.Reload(c) {
+						logWarnings(log, c)
+					}
+				}, svc.ReloadFailed)
 			if err != nil {
 				log.Error("config watch stopped: reloads need a restart", zap.Error(err))
 			}

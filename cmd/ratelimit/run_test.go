@@ -70,6 +70,32 @@ func TestValidateExampleConfig(t *testing.T) {
 	}
 }
 
+// TestValidateMergeAndWarnings: --merge-domain-config joins two files of one
+// domain, and validate prints what loads but has no effect.
+func TestValidateMergeAndWarnings(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{
+		"a.yaml": "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: typo}]}\n",
+		"b.yaml": "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 0}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"validate", "--config", dir}, &out); err == nil || !strings.Contains(err.Error(), `domain "d" already defined`) {
+		t.Fatalf("without --merge-domain-config: %v", err)
+	}
+	if err := run(context.Background(), []string{"validate", "--config", dir, "--merge-domain-config"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	want := "warning: " + filepath.Join(dir, "a.yaml") + `:4: replaces "typo", but no rule of domain "d" has that name` + "\n" +
+		dir + ": 2 rules in 2 files: ok\n"
+	if out.String() != want {
+		t.Fatalf("output\n%s\nwant\n%s", out.String(), want)
+	}
+}
+
 // TestREADMEFlagTable: the README's flag table has a row for every flag,
 // with its default.
 func TestREADMEFlagTable(t *testing.T) {

@@ -100,6 +100,7 @@ func startConfig(ctx context.Context, s *settings, log *zap.Logger) (*config.Con
 			return nil, nil, err
 		}
 		log.Info("config loaded", zap.String("path", s.configPath), zap.Int("rules", len(cfg.Rules())), zap.Strings("files", cfg.Files()))
+		logWarnings(log, cfg)
 		return cfg, nil, nil
 	case configTypeXDS:
 		x, err := startXDS(ctx, s, log)
@@ -279,6 +280,7 @@ func (x *xdsSource) accepted(c *config.Config) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.configured.Store(true)
+	logWarnings(x.log, c)
 	if x.svc != nil {
 		x.svc.Reload(c)
 		return

@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // MaxWindow bounds a window. The store computes in microseconds of Unix
@@ -27,11 +29,16 @@ const MaxWindow = 100 * 365 * 24 * time.Hour
 // sliding_window_counter keeps constant memory.
 const MaxLogLimit = 10_000
 
-// Defaults are the values used where a rule does not say. The zero value means
-// SlidingWindowCounter and FailureDefer.
+// Defaults are the values used where a rule does not say, and how files
+// combine. The zero value means SlidingWindowCounter, FailureDefer, and a
+// domain defined twice is an error.
 type Defaults struct {
 	Algorithm   Algorithm
 	FailureMode FailureMode
+	// MergeDomains merges the documents that define one domain, as the
+	// reference's MERGE_DOMAIN_CONFIG: their top-level descriptors join,
+	// and one (key, value) defined twice at the top is still an error.
+	MergeDomains bool
 }
 
 // Level describes one step of the path from a domain's root to a rule.
@@ -55,12 +62,19 @@ type Rule struct {
 	FailureMode     FailureMode // the rule's, or Defaults.FailureMode
 	Unlimited       bool
 	ShadowMode      bool
-	Replaces        []string // names of rules this one replaces
-	DetailedMetric  bool     // accepted for compatibility (metrics only)
-	ValueToMetric   bool     // accepted for compatibility (metrics only)
-	Source          string   // "path/to/file.yaml:LINE" of the descriptor's key
+	// QuotaMode: the rule's denial denies its request only when every
+	// quota-mode descriptor of the request is denied (quota_mode).
+	QuotaMode      bool
+	Replaces       []string // names of rules this one replaces
+	DetailedMetric bool     // accepted for compatibility (metrics only)
+	ValueToMetric  bool     // accepted for compatibility (metrics only)
+	// Metadata is the descriptor's metadata, for answers' dynamic_metadata;
+	// nil when none. Shared by every answer: never modify it.
+	Metadata *structpb.Struct
+	Source   string // "path/to/file.yaml:LINE" of the descriptor's key
 
-	path string
+	path       string
+	replacesAt []string // FILE:LINE of each Replaces entry
 }
 
 // Window returns the length of the rule's window: zero when Unlimited.
@@ -99,6 +113,7 @@ type Config struct {
 	files    []string
 	defaults Defaults
 	hash     string
+	warnings []string
 }
 
 // Load reads path: a file, or a directory whose *.yaml and *.yml files (not
@@ -172,6 +187,11 @@ func (c *Config) Rules() []*Rule { return slices.Clone(c.rules) }
 // Files returns the files loaded, in load order.
 func (c *Config) Files() []string { return slices.Clone(c.files) }
 
+// Warnings returns "FILE:LINE: message" for each thing the config holds
+// that the reference accepts, and so does Load, but that has no effect: a
+// replaces entry naming no rule of its domain, metadata without rate_limit.
+func (c *Config) Warnings() []string { return slices.Clone(c.warnings) }
+
 // configFiles lists the files Load reads for path.
 func configFiles(path string) ([]string, error) {
 	info, err := os.Stat(path)
@@ -213,13 +233,15 @@ type builder struct {
 	domains  map[string]*domain
 	files    []string
 	hash     hash.Hash // of every file name and content added
+	warnings []string
 }
 
-// domain is one file's content while building.
+// domain is one domain's content while building.
 type domain struct {
 	name   string
-	source string // FILE:LINE of the domain field, for duplicate messages
+	source string // FILE:LINE of the first domain field, for duplicate messages
 	root   level
+	top    map[[2]string]site // the (key, value) pairs of root, for duplicates across merged files
 	rules  []*Rule
 }
 
@@ -236,11 +258,35 @@ func (b *builder) config() *Config {
 		files:    b.files,
 		defaults: b.defaults,
 		hash:     hex.EncodeToString(b.hash.Sum(nil)[:8]),
+		warnings: b.warnings,
 	}
 	for _, name := range slices.Sorted(maps.Keys(b.domains)) {
 		d := b.domains[name]
 		c.domains[name] = d.root
 		c.rules = append(c.rules, d.rules...)
+		c.warnings = append(c.warnings, unknownReplaces(d)...)
 	}
 	return c
+}
+
+// unknownReplaces warns of each replaces entry that names no rule of d:
+// replaces only ever drops a rule of the same domain, matched in the same
+// request, so such an entry is a typo or a leftover. The reference loads
+// it without a word; so does Load, but it says so.
+func unknownReplaces(d *domain) []string {
+	names := map[string]bool{}
+	for _, r := range d.rules {
+		if r.Name != "" {
+			names[r.Name] = true
+		}
+	}
+	var warnings []string
+	for _, r := range d.rules {
+		for i, name := range r.Replaces {
+			if !names[name] {
+				warnings = append(warnings, fmt.Sprintf("%s: replaces %q, but no rule of domain %q has that name", r.replacesAt[i], name, d.name))
+			}
+		}
+	}
+	return warnings
 }

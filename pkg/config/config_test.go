@@ -2,6 +2,7 @@ package config
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,6 +29,7 @@ func summary(r *Rule) string {
 		{r.Name != "", "name=" + r.Name},
 		{len(r.Replaces) > 0, fmt.Sprint("replaces=", r.Replaces)},
 		{r.ShadowMode, "shadow"},
+		{r.QuotaMode, "quota"},
 		{r.DetailedMetric, "detailed_metric"},
 		{r.ValueToMetric, "value_to_metric"},
 		{last.Wildcard, "wildcard"},
@@ -36,6 +38,10 @@ func summary(r *Rule) string {
 		if f.on {
 			b.WriteString(" " + f.text)
 		}
+	}
+	if r.Metadata != nil {
+		js, _ := json.Marshal(r.Metadata.AsMap()) // sorted keys, unlike protojson
+		fmt.Fprintf(&b, " metadata=%s", js)
 	}
 	fmt.Fprintf(&b, " @%s", filepath.Base(r.Source))
 	return b.String()
@@ -70,6 +76,15 @@ func TestLoadValid(t *testing.T) {
 			"api: tenant / bulk | 10/DAY*1 fixed_window allow @extensions.yaml:16",
 		}},
 		{"minimal.yaml", nil},
+		{"documents.yaml", []string{
+			"a: k | 1/SECOND*1 sliding_window_counter defer @documents.yaml:6",
+			"b: k | 2/MINUTE*1 sliding_window_counter defer @documents.yaml:13",
+		}},
+		{"zero.yaml", []string{
+			"zero: blocked | 0/SECOND*1 sliding_window_counter defer @zero.yaml:6",
+			"zero: free | unlimited sliding_window_counter defer @zero.yaml:10",
+			"zero: free_too | unlimited sliding_window_counter defer @zero.yaml:12",
+		}},
 	} {
 		t.Run(tt.file, func(t *testing.T) {
 			path := filepath.Join("testdata", "valid", tt.file)
@@ -97,7 +112,7 @@ func TestLoadValidDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"api", "envoy", "minimal"} {
+	for _, d := range []string{"a", "api", "b", "envoy", "minimal", "zero"} {
 		if !c.HasDomain(d) {
 			t.Errorf("HasDomain(%q) = false", d)
 		}
@@ -111,9 +126,11 @@ func TestLoadValidDirectory(t *testing.T) {
 		got = append(got, r.String())
 	}
 	want := []string{
+		"a: k",
 		"api: tenant",
 		"api: tenant / user",
 		"api: tenant / bulk",
+		"b: k",
 		"envoy: remote_address",
 		"envoy: remote_address=50.0.0.5",
 		"envoy: message_type=marketing / to_number",
@@ -122,6 +139,9 @@ func TestLoadValidDirectory(t *testing.T) {
 		"envoy: client_id=internal",
 		"envoy: client_id",
 		"envoy: category",
+		"zero: blocked",
+		"zero: free",
+		"zero: free_too",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("rules:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

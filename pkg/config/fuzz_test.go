@@ -222,15 +222,15 @@ func checkRule(t *testing.T, c *config.Config, r *config.Rule, maxLine int) {
 			fail("replaces %q", r.Replaces)
 		}
 	}
+	if r.Metadata != nil && len(r.Metadata.Fields) == 0 {
+		fail("empty metadata is not nil")
+	}
 	if r.Unlimited {
 		if r.Unit != 0 || r.RequestsPerUnit != 0 || r.UnitMultiplier != 1 || r.Window() != 0 {
 			fail("unlimited with unit %v, requests %d, multiplier %d, window %v",
 				r.Unit, r.RequestsPerUnit, r.UnitMultiplier, r.Window())
 		}
 	} else {
-		if r.RequestsPerUnit == 0 {
-			fail("requests_per_unit 0 without unlimited")
-		}
 		if _, err := config.ParseUnit(r.Unit.String()); err != nil || r.Unit.Duration() <= 0 {
 			fail("unknown unit %v", r.Unit)
 		}

@@ -21,6 +21,9 @@ type (
 	rawFile struct {
 		Domain      scalar[string]  `yaml:"domain"`
 		Descriptors []rawDescriptor `yaml:"descriptors"`
+		// The RateLimitConfig resource's name, which Envoy Gateway renders
+		// beside the domain; the reference accepts it and so do we.
+		Name scalar[string] `yaml:"name"`
 	}
 	rawDescriptor struct {
 		Key            scalar[string]  `yaml:"key"`
@@ -31,6 +34,8 @@ type (
 		DetailedMetric scalar[bool]    `yaml:"detailed_metric"`
 		ValueToMetric  scalar[bool]    `yaml:"value_to_metric"`
 		ShareThreshold scalar[bool]    `yaml:"share_threshold"`
+		QuotaMode      scalar[bool]    `yaml:"quota_mode"`
+		Metadata       yaml.Node       `yaml:"metadata"` // any mapping: see metadataStruct
 	}
 	rawRateLimit struct {
 		Unit            scalar[string] `yaml:"unit"`
@@ -69,7 +74,10 @@ type scalar[T any] struct {
 
 // UnmarshalYAML implements yaml.Unmarshaler.
 func (s *scalar[T]) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode || n.Decode(&s.V) != nil {
+	_, integer := any(s.V).(uint32)
+	// yaml.v3 truncates a float into an integer field (1.5 would be 1), as
+	// yaml.v2 does in the reference: an integer field takes integers only.
+	if n.Kind != yaml.ScalarNode || integer && n.ShortTag() != "!!int" || n.Decode(&s.V) != nil {
 		return &scalarError{line: n.Line, column: n.Column, got: describe(n), want: describeType(s.V)}
 	}
 	s.Line, s.Set = n.Line, true
@@ -117,60 +125,93 @@ func describeType(v any) string {
 	return "a string"
 }
 
-// add parses one file and adds its domain.
+// add parses one file and adds its domains: one per YAML document, as Envoy
+// Gateway renders several RateLimitConfig resources into one file (the
+// reference reads only a file's first document and ignores the others).
 func (b *builder) add(file string, data []byte) error {
-	root, err := document(file, data)
+	roots, err := documents(file, data)
 	if err != nil {
 		return err
 	}
-	var raw rawFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&raw); err != nil {
-		return decodeError(file, root, err)
+	for _, root := range roots {
+		var raw rawFile
+		// The decoder sees the same documents, empty ones included.
+		if err := dec.Decode(&raw); err != nil {
+			return decodeError(file, root, err)
+		}
+		if root.ShortTag() == "!!null" {
+			continue // an empty document, e.g. after a trailing "---"
+		}
+		if err := b.addDomain(file, root, &raw); err != nil {
+			return err
+		}
 	}
-	p := &parser{file: file, defaults: b.defaults}
-	if err := p.required(raw.Domain, "domain", root.Line); err != nil {
-		return err
-	}
-	name := raw.Domain.V
-	if prev := b.domains[name]; prev != nil {
-		return p.errorf(raw.Domain.Line, "domain %q already defined in %s", name, prev.source)
-	}
-	p.domain = &domain{name: name, source: fmt.Sprintf("%s:%d", file, raw.Domain.Line), root: level{}}
-	if err := p.descriptors(raw.Descriptors, p.domain.root, nil, root.Line); err != nil {
-		return err
-	}
-	b.domains[name] = p.domain
 	b.files = append(b.files, file)
 	fmt.Fprintf(b.hash, "%d:%s%d:", len(file), file, len(data))
 	b.hash.Write(data)
 	return nil
 }
 
-// document returns the top-level mapping of data, which must hold exactly one
-// YAML document. Parsing into nodes first also gives decodeError the
-// positions of the keys.
-func document(file string, data []byte) (*yaml.Node, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc, next yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errorAt(file, 1, "empty file, want a mapping with domain and descriptors")
+// addDomain adds one document's domain, or merges it into the domain of
+// that name when Defaults.MergeDomains is set (as the reference's
+// MERGE_DOMAIN_CONFIG: the document's top-level descriptors join the
+// domain's, and one that is already there is a duplicate).
+func (b *builder) addDomain(file string, root *yaml.Node, raw *rawFile) error {
+	p := &parser{file: file, defaults: b.defaults, warnings: &b.warnings}
+	if err := p.required(raw.Domain, "domain", root.Line); err != nil {
+		return err
+	}
+	name := raw.Domain.V
+	p.domain = b.domains[name]
+	switch {
+	case p.domain != nil && !b.defaults.MergeDomains:
+		return p.errorf(raw.Domain.Line, "domain %q already defined in %s (merging one domain's files is off)", name, p.domain.source)
+	case p.domain == nil:
+		p.domain = &domain{
+			name:   name,
+			source: fmt.Sprintf("%s:%d", file, raw.Domain.Line),
+			root:   level{},
+			top:    map[[2]string]site{},
 		}
-		return nil, yamlError(file, err.Error())
 	}
-	switch err := dec.Decode(&next); {
-	case err == nil:
-		return nil, errorAt(file, next.Line, "more than one YAML document, want one domain per file")
-	case !errors.Is(err, io.EOF):
-		return nil, yamlError(file, err.Error())
+	if err := p.descriptors(raw.Descriptors, p.domain.root, nil, root.Line, p.domain.top); err != nil {
+		return err
 	}
-	root := doc.Content[0]
-	if root.Kind != yaml.MappingNode {
-		return nil, errorAt(file, root.Line, "top level must be a mapping with domain and descriptors, got %s", describe(root))
+	b.domains[name] = p.domain
+	return nil
+}
+
+// documents returns the top-level node of each YAML document of data: a
+// mapping, or a null node for an empty document. Parsing into nodes first
+// also gives decodeError the positions of the keys.
+func documents(file string, data []byte) ([]*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var roots []*yaml.Node
+	empty := true
+	for {
+		var doc yaml.Node
+		if err := dec.Decode(&doc); err != nil {
+			if !errors.Is(err, io.EOF) {
+				return nil, yamlError(file, err.Error())
+			}
+			break
+		}
+		root := doc.Content[0]
+		switch {
+		case root.ShortTag() == "!!null": // empty: skipped
+		case root.Kind != yaml.MappingNode:
+			return nil, errorAt(file, root.Line, "top level must be a mapping with domain and descriptors, got %s", describe(root))
+		default:
+			empty = false
+		}
+		roots = append(roots, root)
 	}
-	return root, nil
+	if empty {
+		return nil, errorAt(file, 1, "empty file, want a mapping with domain and descriptors")
+	}
+	return roots, nil
 }
 
 // decodeError rewrites an error of the strict decoding into our form; root is
@@ -232,15 +273,22 @@ func errorAt(file string, line int, format string, args ...any) error {
 	return fmt.Errorf("%s:%d: %s", file, line, fmt.Sprintf(format, args...))
 }
 
-// parser validates and indexes one file's raw content.
+// parser validates and indexes one document's raw content.
 type parser struct {
 	file     string
 	defaults Defaults
 	domain   *domain
+	warnings *[]string // the builder's
 }
 
 func (p *parser) errorf(line int, format string, args ...any) error {
 	return errorAt(p.file, line, format, args...)
+}
+
+// warnf records something the reference accepts and so do we, but that is
+// most likely a mistake.
+func (p *parser) warnf(line int, format string, args ...any) {
+	*p.warnings = append(*p.warnings, fmt.Sprintf("%s:%d: %s", p.file, line, fmt.Sprintf(format, args...)))
 }
 
 // required checks a string field that must be present and non-empty; line is
@@ -255,11 +303,17 @@ func (p *parser) required(s scalar[string], what string, line int) error {
 	return nil
 }
 
+// site is where something is defined, for duplicate messages.
+type site struct {
+	file string
+	line int
+}
+
 // descriptors validates one level of descriptors and adds them to lvl. path
 // leads to the level; line is its parent's, reported for a descriptor without
-// a line of its own.
-func (p *parser) descriptors(raws []rawDescriptor, lvl level, path []Level, line int) error {
-	first := make(map[[2]string]int, len(raws)) // key and value → line, for duplicates
+// a line of its own. seen holds the (key, value) pairs already at this level:
+// the domain's top level carries them over from the files merged before.
+func (p *parser) descriptors(raws []rawDescriptor, lvl level, path []Level, line int, seen map[[2]string]site) error {
 	for i := range raws {
 		rd := &raws[i]
 		if err := p.required(rd.Key, "descriptor key", rd.Value.lineOr(line)); err != nil {
@@ -275,14 +329,22 @@ func (p *parser) descriptors(raws []rawDescriptor, lvl level, path []Level, line
 			return p.errorf(rd.ShareThreshold.Line, "share_threshold needs a wildcard value (with '*'), got %q", l.Value)
 		}
 		id := [2]string{l.Key, l.Value}
-		if at, dup := first[id]; dup {
-			if l.Value == "" {
-				return p.errorf(rd.Key.Line, "duplicate descriptor key %q (first at line %d)", l.Key, at)
+		if at, dup := seen[id]; dup {
+			first := fmt.Sprintf("line %d", at.line)
+			if at.file != p.file {
+				first = fmt.Sprintf("%s:%d", at.file, at.line)
 			}
-			return p.errorf(rd.Key.Line, "duplicate descriptor key %q value %q (first at line %d)", l.Key, l.Value, at)
+			if l.Value == "" {
+				return p.errorf(rd.Key.Line, "duplicate descriptor key %q (first at %s)", l.Key, first)
+			}
+			return p.errorf(rd.Key.Line, "duplicate descriptor key %q value %q (first at %s)", l.Key, l.Value, first)
 		}
-		first[id] = rd.Key.Line
+		seen[id] = site{p.file, rd.Key.Line}
 
+		metadata, err := p.metadata(&rd.Metadata)
+		if err != nil {
+			return err
+		}
 		n := &node{}
 		lvl.add(l, n)
 		here := append(path[:len(path):len(path)], l) // a copy: each rule owns its Levels
@@ -291,12 +353,17 @@ func (p *parser) descriptors(raws []rawDescriptor, lvl level, path []Level, line
 			if err != nil {
 				return err
 			}
+			r.Metadata = metadata
 			n.rule = r
 			p.domain.rules = append(p.domain.rules, r)
+		} else if metadata != nil {
+			// The reference ignores it too: only a matched rate_limit's
+			// metadata reaches an answer.
+			p.warnf(rd.Metadata.Line, "metadata on a descriptor without rate_limit has no effect")
 		}
 		if len(rd.Descriptors) > 0 {
 			n.children = level{}
-			if err := p.descriptors(rd.Descriptors, n.children, here, rd.Key.Line); err != nil {
+			if err := p.descriptors(rd.Descriptors, n.children, here, rd.Key.Line, make(map[[2]string]site, len(rd.Descriptors))); err != nil {
 				return err
 			}
 		}
@@ -318,6 +385,7 @@ func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
 		FailureMode:     p.defaults.FailureMode,
 		Unlimited:       rl.Unlimited.V,
 		ShadowMode:      rd.ShadowMode.V,
+		QuotaMode:       rd.QuotaMode.V,
 		DetailedMetric:  rd.DetailedMetric.V,
 		ValueToMetric:   rd.ValueToMetric.V,
 		Source:          fmt.Sprintf("%s:%d", p.file, line),
@@ -331,11 +399,14 @@ func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
 			return nil, p.errorf(rp.Name.Line, "replaces names this rule itself (%q)", r.Name)
 		}
 		r.Replaces = append(r.Replaces, rp.Name.V)
+		r.replacesAt = append(r.replacesAt, fmt.Sprintf("%s:%d", p.file, rp.Name.Line))
 	}
 	if r.Unlimited {
 		if err := p.unlimited(rl); err != nil {
 			return nil, err
 		}
+		// The reference ignores requests_per_unit beside unlimited: true.
+		r.RequestsPerUnit = 0
 		return r, nil
 	}
 
@@ -346,8 +417,10 @@ func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
 	if r.Unit, err = ParseUnit(rl.Unit.V); err != nil {
 		return nil, p.errorf(rl.Unit.Line, "%v", err)
 	}
-	if r.RequestsPerUnit == 0 {
-		return nil, p.errorf(rl.RequestsPerUnit.lineOr(line), "requests_per_unit must be greater than 0, or use unlimited: true")
+	if !rl.RequestsPerUnit.Set {
+		// The reference reads a missing one as 0, which denies every
+		// request: that must be written, not forgotten.
+		return nil, p.errorf(line, "rate_limit requests_per_unit is missing (0 denies every request, unlimited: true admits all)")
 	}
 	if rl.UnitMultiplier.Set {
 		if r.UnitMultiplier = rl.UnitMultiplier.V; r.UnitMultiplier == 0 {
@@ -376,14 +449,17 @@ func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
 }
 
 // unlimited refuses the fields that make no sense for an unlimited rule.
+// requests_per_unit is not one of them: the reference ignores it there. Nor
+// is a unit that names none, "" or UNKNOWN: the RateLimitConfig proto's
+// zero value, which the reference accepts beside unlimited.
 func (p *parser) unlimited(rl *rawRateLimit) error {
+	noUnit := rl.Unit.V == "" || strings.EqualFold(rl.Unit.V, "UNKNOWN")
 	for _, f := range []struct {
 		name string
 		set  bool
 		line int
 	}{
-		{"unit", rl.Unit.Set, rl.Unit.Line},
-		{"requests_per_unit", rl.RequestsPerUnit.V > 0, rl.RequestsPerUnit.Line},
+		{"unit", rl.Unit.Set && !noUnit, rl.Unit.Line},
 		{"unit_multiplier", rl.UnitMultiplier.Set, rl.UnitMultiplier.Line},
 		{"algorithm", rl.Algorithm.Set, rl.Algorithm.Line},
 		{"failure_mode", rl.FailureMode.Set, rl.FailureMode.Line},

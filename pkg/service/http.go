@@ -98,6 +98,7 @@ type ruleView struct {
 	Algorithm       string   `json:"algorithm,omitempty"`
 	FailureMode     string   `json:"failure_mode,omitempty"`
 	ShadowMode      bool     `json:"shadow_mode,omitempty"`
+	QuotaMode       bool     `json:"quota_mode,omitempty"`
 	Replaces        []string `json:"replaces,omitempty"`
 }
 
@@ -122,7 +123,7 @@ func (s *Service) ConfigHandler() http.Handler {
 		for _, r := range snap.config.Rules() {
 			rv := ruleView{
 				Domain: r.Domain, Rule: r.Path(), Name: r.Name, Source: r.Source,
-				Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, Replaces: r.Replaces,
+				Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, QuotaMode: r.QuotaMode, Replaces: r.Replaces,
 			}
 			if !r.Unlimited {
 				rv.RequestsPerUnit, rv.Unit, rv.UnitMultiplier = r.RequestsPerUnit, r.Unit.String(), r.UnitMultiplier

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +24,9 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/pkg/config"
@@ -42,6 +45,11 @@ const (
 	// maximal requests at --max-inflight stays within the memory bound the
 	// README states.
 	DefaultMaxRequestBytes = 256 << 10
+
+	// The reference's header names (LIMIT_LIMIT_HEADER and others).
+	DefaultLimitHeader     = "RateLimit-Limit"
+	DefaultRemainingHeader = "RateLimit-Remaining"
+	DefaultResetHeader     = "RateLimit-Reset"
 )
 
 // Decider decides a request's hits; *limiter.Limiter is the implementation.
@@ -58,9 +66,20 @@ type Options struct {
 	// MaxRequestBytes bounds the body of POST /json; the gRPC server is
 	// given the same bound with grpc.MaxRecvMsgSize.
 	MaxRequestBytes int
-	// RateLimitHeaders adds x-ratelimit-limit, -remaining and -reset to
-	// every answer, taken from the most restrictive descriptor.
+	// RateLimitHeaders adds the limit, remaining and reset headers (named
+	// below) to every answer with a limited descriptor: the denying one
+	// when the request is denied, else the one with the least remaining.
 	RateLimitHeaders bool
+	// LimitHeader, RemainingHeader and ResetHeader name those headers;
+	// empty means the reference's names, DefaultLimitHeader and others.
+	LimitHeader, RemainingHeader, ResetHeader string
+	// QuotaMode puts every descriptor in quota mode (the reference's
+	// QUOTA_MODE): a request is denied only when all are over their limit.
+	QuotaMode bool
+	// ResponseDynamicMetadata fills every answer's dynamic_metadata as the
+	// reference's RESPONSE_DYNAMIC_METADATA does: the domain, the
+	// descriptors, and the metadata of the admitted descriptors' rules.
+	ResponseDynamicMetadata bool
 	// ShadowMode puts every rule in shadow mode: answers are always OK,
 	// counting goes on as usual, would-be denials are logged and counted.
 	ShadowMode bool
@@ -118,6 +137,18 @@ func New(cfg *config.Config, decider Decider, opts *Options) *Service {
 	if s.opts.NearLimitRatio <= 0 {
 		s.opts.NearLimitRatio = 0.8
 	}
+	for _, h := range []struct {
+		name *string
+		def  string
+	}{
+		{&s.opts.LimitHeader, DefaultLimitHeader},
+		{&s.opts.RemainingHeader, DefaultRemainingHeader},
+		{&s.opts.ResetHeader, DefaultResetHeader},
+	} {
+		if *h.name == "" {
+			*h.name = h.def
+		}
+	}
 	s.log = s.opts.Logger
 	if s.log == nil {
 		s.log = zap.NewNop()
@@ -171,8 +202,11 @@ type limit struct {
 	algorithm       config.Algorithm
 	failureMode     config.FailureMode
 	shadow          bool
+	quota           bool // quota_mode: denies only with every quota descriptor of the request
 	unlimited       bool
-	hit             int // index into the request's hits, or -1
+	replaces        []string         // names of the limits this one drops
+	metadata        *structpb.Struct // for dynamic_metadata; shared, never modified
+	hit             int              // index into the request's hits, or -1
 }
 
 // ShouldRateLimit answers one Envoy rate limit request.
@@ -192,6 +226,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		if l != nil && s.opts.ShadowMode {
 			l.shadow = true
 		}
+		if l != nil && s.opts.QuotaMode {
+			l.quota = true
+		}
 		limits[i] = l
 	}
 	dropReplaced(limits)
@@ -210,6 +247,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		cost := requestCost
 		if d.HitsAddend != nil {
 			cost = d.HitsAddend.Value
+		}
+		if l.requestsPerUnit == 0 {
+			// A zero limit admits nothing, not even a check of cost 0:
+			// the limiter denies a cost above the limit without a store
+			// call, and charges no other descriptor of the request.
+			cost = max(cost, 1)
 		}
 		l.hit = len(hits)
 		hits = append(hits, l.storeHit(&kb, req.Domain, d.Entries, cost))
@@ -231,6 +274,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 	resp, deferred := s.respond(req.Domain, limits, hits, verdicts)
+	if s.opts.ResponseDynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, limits, resp.Statuses)
+	}
 	switch {
 	case deferred == nil:
 		return resp, nil
@@ -298,9 +344,11 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 
 // resolve finds the limit for a descriptor: the matching rule, replaced in
 // its numbers by the descriptor's own limit override when it has one (as
-// envoyproxy/ratelimit does, an override applies in any known domain and is
-// never in shadow mode). It returns nil when no limit applies, as for a
-// descriptor without entries, which the reference answers OK too.
+// envoyproxy/ratelimit does, an override applies in any known domain, and
+// keeps none of the rule's name, replaces, shadow or quota mode; it keeps
+// this service's extensions: algorithm, failure mode, shared counters). It
+// returns nil when no limit applies, as for a descriptor without entries,
+// which the reference answers OK too.
 func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor) (*limit, error) {
 	if len(d.Entries) == 0 {
 		return nil, nil
@@ -321,7 +369,10 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 			algorithm:       rule.Algorithm,
 			failureMode:     rule.FailureMode,
 			shadow:          rule.ShadowMode,
+			quota:           rule.QuotaMode,
 			unlimited:       rule.Unlimited,
+			replaces:        rule.Replaces,
+			metadata:        rule.Metadata,
 			hit:             -1,
 		}
 	} else {
@@ -346,6 +397,9 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 	if l.algorithm == config.SlidingWindowLog && l.requestsPerUnit > config.MaxLogLimit {
 		return nil, fmt.Errorf("limit override of %d is above the sliding_window_log maximum of %d", l.requestsPerUnit, config.MaxLogLimit)
 	}
+	// As the reference, an override is a limit of its own: not the rule's
+	// name, replaces, quota_mode, metadata, shadow_mode or unlimited.
+	l.name, l.replaces, l.quota, l.metadata = "", nil, false, nil
 	l.shadow, l.unlimited = false, false
 	return l, nil
 }
@@ -359,13 +413,13 @@ func (l *limit) window() time.Duration {
 func dropReplaced(limits []*limit) {
 	var replaced map[string]bool
 	for _, l := range limits {
-		if l == nil || l.rule == nil || len(l.rule.Replaces) == 0 {
+		if l == nil || len(l.replaces) == 0 {
 			continue
 		}
 		if replaced == nil {
 			replaced = map[string]bool{}
 		}
-		for _, name := range l.rule.Replaces {
+		for _, name := range l.replaces {
 			replaced[name] = true
 		}
 	}
@@ -382,12 +436,14 @@ func dropReplaced(limits []*limit) {
 // storeHit is the limiter's hit for a descriptor under this limit.
 func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, cost uint64) limiter.Hit {
 	return limiter.Hit{
-		Key:         storeKey(kb, domain, entries, l),
-		Algorithm:   l.algorithm,
-		Limit:       l.requestsPerUnit,
-		Window:      l.window(),
-		Cost:        cost,
-		Shadow:      l.shadow,
+		Key:       storeKey(kb, domain, entries, l),
+		Algorithm: l.algorithm,
+		Limit:     l.requestsPerUnit,
+		Window:    l.window(),
+		Cost:      cost,
+		// A quota hit's denial alone does not deny its request, so it must
+		// not keep the other hits from being charged, as a shadow hit's.
+		Shadow:      l.shadow || l.quota,
 		FailureMode: l.failureMode,
 	}
 }
@@ -407,23 +463,31 @@ func storeKey(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLim
 	return kb.Key(l.algorithm, l.window())
 }
 
-// respond turns the verdicts into Envoy's answer. When the store could not
-// decide an enforced limit whose failure mode defers to Envoy, and no
-// enforced limit denies the request, there is no answer to give: respond
-// returns that limit as deferred, and the caller fails the request. A denial
-// wins over deferring: the request is refused whatever the store would say.
+// respond turns the verdicts into Envoy's answer. As the reference, the
+// request is denied when any ordinary descriptor is over its limit, or when
+// every quota-mode descriptor is (each keeps its own OVER_LIMIT status
+// either way). When the store could not decide an enforced limit whose
+// failure mode defers to Envoy, and the request is not denied, there is no
+// answer to give: respond returns that limit as deferred, and the caller
+// fails the request. A denial wins over deferring: the request is refused
+// whatever the store would say.
 func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) (resp *rlsv3.RateLimitResponse, deferred *limit) {
 	resp = &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(limits)),
 	}
 	var retryAfter time.Duration
+	var q quotas
 	tightest := -1 // the limited descriptor with the least remaining
+	denying := -1  // the last ordinary descriptor over its limit
 	for i, l := range limits {
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
 		switch {
 		case l == nil:
+			// Under the global quota mode, a descriptor without a limit is
+			// a quota descriptor that passes, as in the reference.
+			q.count(i, s.opts.QuotaMode, true, 0)
 			continue
 		case l.unlimited:
 			st.LimitRemaining = math.MaxUint32
@@ -435,7 +499,7 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 		st.CurrentLimit = l.currentLimit()
 		st.LimitRemaining = uint32(min(v.Remaining, math.MaxUint32))
 		st.DurationUntilReset = durationpb.New(v.ResetAfter)
-		if v.CostExceedsLimit {
+		if v.CostExceedsLimit && l.requestsPerUnit > 0 {
 			s.log.Warn("cost exceeds the limit: denied without a store call",
 				zap.String("domain", domain), zap.Stringer("rule", l), zap.Uint64("cost", hits[l.hit].Cost))
 		}
@@ -443,31 +507,76 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 			deferred = l
 		}
 		if !v.Admitted {
-			if l.shadow {
+			// The remaining of a denial is 0, as the reference answers,
+			// even when fewer units than the cost are left.
+			st.LimitRemaining = 0
+			switch {
+			case l.shadow:
 				s.log.Info("shadow mode: would deny", zap.String("domain", domain), zap.Stringer("rule", l))
-			} else {
+			case l.quota:
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			default:
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 				retryAfter = max(retryAfter, v.ResetAfter)
+				denying = i
 			}
 		}
+		q.count(i, l.quota, st.Code == rlsv3.RateLimitResponse_OK, v.ResetAfter)
 		// Shadow rules never limit, so they never are the tightest.
 		if !l.shadow && (tightest < 0 || st.LimitRemaining < resp.Statuses[tightest].LimitRemaining) {
 			tightest = i
 		}
 	}
+	if q.allOver() {
+		// Waiting for the first quota to free up is enough for them.
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		retryAfter = max(retryAfter, q.firstFree)
+	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			header("retry-after", strconv.FormatInt(ceilSeconds(retryAfter), 10)))
 	}
+	switch {
+	case denying >= 0:
+		tightest = denying // the reference's rule: the headers tell why the request was denied
+	case q.allOver():
+		tightest = q.firstFreeAt
+	}
 	if s.opts.RateLimitHeaders && tightest >= 0 {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(limits[tightest], resp.Statuses[tightest])...)
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, s.rateLimitHeaders(limits[tightest], resp.Statuses[tightest])...)
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		deferred = nil
 	}
 	return resp, deferred
 }
+
+// quotas tallies a request's quota-mode descriptors.
+type quotas struct {
+	total, over int
+	firstFree   time.Duration // the shortest wait among those over
+	firstFreeAt int           // the descriptor it is of
+}
+
+// count adds descriptor i if it is in quota mode; passed reports its
+// status OK, wait its time until it would fit again.
+func (q *quotas) count(i int, quota, passed bool, wait time.Duration) {
+	switch {
+	case !quota:
+	case passed:
+		q.total++
+	default:
+		if q.over == 0 || wait < q.firstFree {
+			q.firstFree, q.firstFreeAt = wait, i
+		}
+		q.total++
+		q.over++
+	}
+}
+
+// allOver reports a request with quota descriptors, all over their limit.
+func (q *quotas) allOver() bool { return q.total > 0 && q.over == q.total }
 
 // outcome classifies a decision for metrics.
 func (s *Service) outcome(l *limit, v limiter.Verdict) metrics.Outcome {
@@ -526,21 +635,75 @@ func ceilSeconds(d time.Duration) int64 {
 	return max(1, int64((d+time.Second-1)/time.Second))
 }
 
-// rateLimitHeaders renders the draft-03 headers Envoy itself would add, for
-// callers that do not run Envoy's enable_x_ratelimit_headers.
-func rateLimitHeaders(l *limit, st *rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
-	policy := fmt.Sprintf("%d, %d;w=%d", l.requestsPerUnit, l.requestsPerUnit, int64(l.window()/time.Second))
-	if l.name != "" {
-		policy += fmt.Sprintf(";name=%q", l.name)
-	}
+// rateLimitHeaders renders the reference's headers for one descriptor: its
+// requests_per_unit, its remaining, and the whole seconds until its reset.
+func (s *Service) rateLimitHeaders(l *limit, st *rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
 	reset := int64(0)
 	if d := st.DurationUntilReset.AsDuration(); d > 0 {
 		reset = ceilSeconds(d)
 	}
 	return []*corev3.HeaderValue{
-		header("x-ratelimit-limit", policy),
-		header("x-ratelimit-remaining", strconv.FormatUint(uint64(st.LimitRemaining), 10)),
-		header("x-ratelimit-reset", strconv.FormatInt(reset, 10)),
+		header(s.opts.LimitHeader, strconv.FormatUint(uint64(l.requestsPerUnit), 10)),
+		header(s.opts.RemainingHeader, strconv.FormatUint(uint64(st.LimitRemaining), 10)),
+		header(s.opts.ResetHeader, strconv.FormatInt(reset, 10)),
+	}
+}
+
+// dynamicMetadata builds an answer's dynamic_metadata as the reference
+// does: the domain, each descriptor's entries ("key=value"), limit override
+// and hits_addend, the request's hits_addend, and under "metadata" the
+// metadata of the rules of the descriptors answered OK (not unlimited, not
+// replaced), merged in request order: a nested mapping merges, and
+// otherwise the first descriptor to set a field wins. Keys and values are
+// any bytes, and a protobuf string must be UTF-8: invalid bytes become
+// U+FFFD, so that what a client sends never fails the answer.
+func dynamicMetadata(req *rlsv3.RateLimitRequest, limits []*limit, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) *structpb.Struct {
+	descriptors := make([]*structpb.Value, len(req.Descriptors))
+	for i, d := range req.Descriptors {
+		entries := make([]*structpb.Value, len(d.Entries))
+		for j, e := range d.Entries {
+			entries[j] = structpb.NewStringValue(strings.ToValidUTF8(e.Key+"="+e.Value, "\uFFFD"))
+		}
+		fields := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if d.Limit != nil {
+			fields["limit"] = structpb.NewStringValue(d.Limit.String())
+		}
+		if d.HitsAddend != nil {
+			fields["hitsAddend"] = structpb.NewNumberValue(float64(d.HitsAddend.Value))
+		}
+		descriptors[i] = structpb.NewStructValue(&structpb.Struct{Fields: fields})
+	}
+	fields := map[string]*structpb.Value{
+		"domain":      structpb.NewStringValue(strings.ToValidUTF8(req.Domain, "\uFFFD")),
+		"descriptors": structpb.NewListValue(&structpb.ListValue{Values: descriptors}),
+	}
+	if req.HitsAddend != 0 {
+		fields["hitsAddend"] = structpb.NewNumberValue(float64(req.HitsAddend))
+	}
+	passed := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for i, l := range limits {
+		if l != nil && !l.unlimited && l.metadata != nil && statuses[i].Code == rlsv3.RateLimitResponse_OK {
+			mergeMetadata(passed, l.metadata)
+		}
+	}
+	if len(passed.Fields) > 0 {
+		fields["metadata"] = structpb.NewStructValue(passed)
+	}
+	return &structpb.Struct{Fields: fields}
+}
+
+// mergeMetadata adds src's fields to dest, merging mappings present in both.
+// What it adds is a copy: src belongs to the config, shared by every answer.
+func mergeMetadata(dest, src *structpb.Struct) {
+	for k, v := range src.Fields {
+		d, ok := dest.Fields[k]
+		if !ok {
+			dest.Fields[k] = proto.CloneOf(v)
+			continue
+		}
+		if ds, ss := d.GetStructValue(), v.GetStructValue(); ds != nil && ss != nil {
+			mergeMetadata(ds, ss)
+		}
 	}
 }
 

@@ -173,7 +173,6 @@ func TestBuildRefuses(t *testing.T) {
 // metadata on descriptors; the config format accepts them once the config
 // format work of issue 11 is merged.
 func TestBuildQuotaModeAndMetadata(t *testing.T) {
-	t.Skip("INTEGRATOR: remove this line once pkg/config accepts quota_mode and metadata (issue 11, config format part)")
 	meta, err := structpb.NewStruct(map[string]any{"team": "payments", "tier": 2})
 	if err != nil {
 		t.Fatal(err)
