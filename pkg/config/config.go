@@ -28,10 +28,11 @@ const MaxWindow = 100 * 365 * 24 * time.Hour
 const MaxLogLimit = 10_000
 
 // Defaults are the values used where a rule does not say. The zero value means
-// SlidingWindowCounter and FailureDefer.
+// SlidingWindowCounter, FailureDefer and RecordDescriptorCosts.
 type Defaults struct {
 	Algorithm   Algorithm
 	FailureMode FailureMode
+	RecordCosts CostRecording
 }
 
 // Level describes one step of the path from a domain's root to a rule.
@@ -49,10 +50,11 @@ type Rule struct {
 	Levels          []Level // path from the domain root to this node, len >= 1
 	Name            string  // rate_limit.name
 	RequestsPerUnit uint32
-	Unit            Unit        // zero when Unlimited
-	UnitMultiplier  uint32      // >= 1 (1 when not set)
-	Algorithm       Algorithm   // the rule's, or Defaults.Algorithm
-	FailureMode     FailureMode // the rule's, or Defaults.FailureMode
+	Unit            Unit          // zero when Unlimited
+	UnitMultiplier  uint32        // >= 1 (1 when not set)
+	Algorithm       Algorithm     // the rule's, or Defaults.Algorithm
+	FailureMode     FailureMode   // the rule's, or Defaults.FailureMode
+	RecordCosts     CostRecording // the rule's, or Defaults.RecordCosts
 	Unlimited       bool
 	ShadowMode      bool
 	Replaces        []string // names of rules this one replaces
@@ -60,7 +62,19 @@ type Rule struct {
 	ValueToMetric   bool     // accepted for compatibility (metrics only)
 	Source          string   // "path/to/file.yaml:LINE" of the descriptor's key
 
-	path string
+	path   string
+	limits []*Rule // every limit of the descriptor, this one among them
+}
+
+// Limits returns every limit of the rule's descriptor node, in file order,
+// the rule among them: one, unless the descriptor has rate_limits. Match
+// returns the first; each has a counter of its own. Callers must not modify
+// the slice.
+func (r *Rule) Limits() []*Rule {
+	if r.limits == nil {
+		return []*Rule{r} // a Rule not made by Load
+	}
+	return r.limits
 }
 
 // Window returns the length of the rule's window: zero when Unlimited.
@@ -206,6 +220,9 @@ type domain struct {
 func newBuilder(d Defaults) *builder {
 	if d.Algorithm == 0 {
 		d.Algorithm = SlidingWindowCounter
+	}
+	if d.RecordCosts == 0 {
+		d.RecordCosts = RecordDescriptorCosts
 	}
 	return &builder{defaults: d, domains: make(map[string]*domain), hash: sha256.New()}
 }
