@@ -56,6 +56,7 @@ type settings struct {
 	logFormat          string
 	defaultAlgorithm   string
 	defaultFailureMode string
+	recordCosts        string
 	maxDescriptors     int
 	maxEntries         int
 	maxRequestBytes    int
@@ -94,6 +95,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.logFormat, "log-format", "json", "json or console")
 	fs.StringVar(&s.defaultAlgorithm, "default-algorithm", config.SlidingWindowCounter.String(), "algorithm of rules that do not name one: sliding_window_log, sliding_window_counter or fixed_window")
 	fs.StringVar(&s.defaultFailureMode, "default-failure-mode", "", "answer when the store cannot decide, for rules that do not say: allow or deny; empty: the request fails with UNAVAILABLE and Envoy's failure_mode_deny decides")
+	fs.StringVar(&s.recordCosts, "record-costs", config.RecordDescriptorCosts.String(), "which costs are recorded even past the limit (costs reported after they were spent), for rules without record_costs: descriptor (a descriptor's own hits_addend, as Envoy sends apply_on_stream_done costs), always, or never")
 	fs.IntVar(&s.maxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&s.maxEntries, "max-entries", service.DefaultMaxEntries, "most entries in one descriptor")
 	fs.IntVar(&s.maxRequestBytes, "max-request-bytes", service.DefaultMaxRequestBytes, "largest request, in bytes: a gRPC message past it is refused with RESOURCE_EXHAUSTED, a POST /json body with 413")
@@ -174,7 +176,11 @@ func loadConfig(s *settings) (*config.Config, error) {
 			return nil, fmt.Errorf("--default-failure-mode: %w, or empty to defer to Envoy", err)
 		}
 	}
-	return config.Load(s.configPath, config.Defaults{Algorithm: alg, FailureMode: fm})
+	rc, err := config.ParseCostRecording(s.recordCosts)
+	if err != nil {
+		return nil, fmt.Errorf("--record-costs: %w", err)
+	}
+	return config.Load(s.configPath, config.Defaults{Algorithm: alg, FailureMode: fm, RecordCosts: rc})
 }
 
 func newLogger(s *settings) (*zap.Logger, error) {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -170,9 +171,13 @@ type limit struct {
 	multiplier      uint32
 	algorithm       config.Algorithm
 	failureMode     config.FailureMode
+	recordCosts     config.CostRecording
 	shadow          bool
 	unlimited       bool
 	hit             int // index into the request's hits, or -1
+	// also holds the descriptor's other limits (rate_limits), each with a
+	// counter and a hit of its own; the answer shows the tightest.
+	also []*limit
 }
 
 // ShouldRateLimit answers one Envoy rate limit request.
@@ -207,12 +212,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			continue
 		}
 		d := req.Descriptors[i]
-		cost := requestCost
-		if d.HitsAddend != nil {
-			cost = d.HitsAddend.Value
-		}
 		l.hit = len(hits)
-		hits = append(hits, l.storeHit(&kb, req.Domain, d.Entries, cost))
+		hits = append(hits, l.costHit(&kb, req.Domain, d, requestCost))
+		for _, a := range l.also {
+			a.hit = len(hits)
+			hits = append(hits, a.costHit(&kb, req.Domain, d, requestCost))
+		}
 	}
 
 	var verdicts []limiter.Verdict
@@ -284,8 +289,6 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 		switch {
 		case len(d.Entries) > s.opts.MaxEntries:
 			return invalid("too_many_entries", "descriptor %d has more than the limit of %d entries", i, s.opts.MaxEntries)
-		case d.IsNegativeHits:
-			return invalid("negative_hits", "descriptor %d: is_negative_hits is not supported", i)
 		}
 		for j, e := range d.Entries {
 			if e.Key == "" {
@@ -310,27 +313,24 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 	if rule == nil && (override == nil || !cfg.HasDomain(domain)) {
 		return nil, nil
 	}
-	l := &limit{rule: rule, hit: -1}
+	var l *limit
 	if rule != nil {
-		*l = limit{
-			rule:            rule,
-			name:            rule.Name,
-			requestsPerUnit: rule.RequestsPerUnit,
-			unit:            rule.Unit,
-			multiplier:      rule.UnitMultiplier,
-			algorithm:       rule.Algorithm,
-			failureMode:     rule.FailureMode,
-			shadow:          rule.ShadowMode,
-			unlimited:       rule.Unlimited,
-			hit:             -1,
-		}
+		l = ruleLimit(rule)
 	} else {
+		l = &limit{hit: -1}
 		defaults := cfg.Defaults()
-		l.algorithm, l.failureMode = defaults.Algorithm, defaults.FailureMode
+		l.algorithm, l.failureMode, l.recordCosts = defaults.Algorithm, defaults.FailureMode, defaults.RecordCosts
 	}
 	if override == nil {
+		if all := rule.Limits(); len(all) > 1 {
+			l.also = make([]*limit, len(all)-1)
+			for i, r := range all[1:] {
+				l.also[i] = ruleLimit(r)
+			}
+		}
 		return l, nil
 	}
+	// An override replaces the rule's numbers: one limit, the override's.
 	unit, ok := unitFromOverride(override.Unit)
 	if !ok {
 		return nil, fmt.Errorf("limit override has unit %v", override.Unit)
@@ -350,17 +350,35 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 	return l, nil
 }
 
+// ruleLimit is the limit a rule sets.
+func ruleLimit(rule *config.Rule) *limit {
+	return &limit{
+		rule:            rule,
+		name:            rule.Name,
+		requestsPerUnit: rule.RequestsPerUnit,
+		unit:            rule.Unit,
+		multiplier:      rule.UnitMultiplier,
+		algorithm:       rule.Algorithm,
+		failureMode:     rule.FailureMode,
+		recordCosts:     rule.RecordCosts,
+		shadow:          rule.ShadowMode,
+		unlimited:       rule.Unlimited,
+		hit:             -1,
+	}
+}
+
 func (l *limit) window() time.Duration {
 	return l.unit.Duration() * time.Duration(l.multiplier)
 }
 
 // dropReplaced removes the limits that another matched limit replaces
-// (rate_limit.replaces), as envoyproxy/ratelimit does.
+// (rate_limit.replaces), as envoyproxy/ratelimit does. Of a descriptor with
+// several limits, only those replaced go.
 func dropReplaced(limits []*limit) {
 	var replaced map[string]bool
-	for _, l := range limits {
-		if l == nil || l.rule == nil || len(l.rule.Replaces) == 0 {
-			continue
+	mark := func(l *limit) {
+		if l.rule == nil || len(l.rule.Replaces) == 0 {
+			return
 		}
 		if replaced == nil {
 			replaced = map[string]bool{}
@@ -369,14 +387,46 @@ func dropReplaced(limits []*limit) {
 			replaced[name] = true
 		}
 	}
+	for _, l := range limits {
+		if l == nil {
+			continue
+		}
+		mark(l)
+		for _, a := range l.also {
+			mark(a)
+		}
+	}
 	if replaced == nil {
 		return
 	}
+	gone := func(l *limit) bool { return l.name != "" && replaced[l.name] }
 	for i, l := range limits {
-		if l != nil && l.name != "" && replaced[l.name] {
+		if l == nil {
+			continue
+		}
+		l.also = slices.DeleteFunc(l.also, gone)
+		if gone(l) {
 			limits[i] = nil
+			if len(l.also) > 0 {
+				limits[i], l.also[0].also = l.also[0], l.also[1:]
+			}
 		}
 	}
+}
+
+// costHit is the limiter's hit for descriptor d of a request whose cost is
+// requestCost. A descriptor's own hits_addend wins; with is_negative_hits the
+// cost is given back. Whether a cost that does not fit is recorded anyway
+// (a cost reported after it was spent) is the limit's record_costs.
+func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateLimitDescriptor, requestCost uint64) limiter.Hit {
+	cost, fromDescriptor := requestCost, false
+	if d.HitsAddend != nil {
+		cost, fromDescriptor = d.HitsAddend.Value, true
+	}
+	h := l.storeHit(kb, domain, d.Entries, cost)
+	h.Refund = d.IsNegativeHits
+	h.Record = !h.Refund && l.recordCosts.Records(fromDescriptor)
+	return h
 }
 
 // storeHit is the limiter's hit for a descriptor under this limit.
@@ -419,6 +469,7 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 	}
 	var retryAfter time.Duration
 	tightest := -1 // the limited descriptor with the least remaining
+	var tightestLimit *limit
 	for i, l := range limits {
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
@@ -430,30 +481,42 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 			s.opts.Metrics.Decision(domain, l.label(), metrics.Unlimited)
 			continue
 		}
-		v := verdicts[l.hit]
-		s.opts.Metrics.Decision(domain, l.label(), s.outcome(l, v))
-		st.CurrentLimit = l.currentLimit()
-		st.LimitRemaining = uint32(min(v.Remaining, math.MaxUint32))
-		st.DurationUntilReset = durationpb.New(v.ResetAfter)
-		if v.CostExceedsLimit {
-			s.log.Warn("cost exceeds the limit: denied without a store call",
-				zap.String("domain", domain), zap.Stringer("rule", l), zap.Uint64("cost", hits[l.hit].Cost))
-		}
-		if v.FailureVerdict && l.failureMode == config.FailureDefer && !l.shadow && deferred == nil {
-			deferred = l
-		}
-		if !v.Admitted {
-			if l.shadow {
-				s.log.Info("shadow mode: would deny", zap.String("domain", domain), zap.Stringer("rule", l))
-			} else {
-				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-				retryAfter = max(retryAfter, v.ResetAfter)
+		// A descriptor with several limits shows the tightest: a denial,
+		// the longest wait first; else the least remaining.
+		shown, v := l, verdicts[l.hit]
+		for j := -1; j < len(l.also); j++ {
+			m := l
+			if j >= 0 {
+				m = l.also[j]
+				if mv := verdicts[m.hit]; tighter(m, mv, shown, v) {
+					shown, v = m, mv
+				}
+			}
+			mv := verdicts[m.hit]
+			s.opts.Metrics.Decision(domain, m.label(), s.outcome(m, mv))
+			if mv.CostExceedsLimit {
+				s.log.Warn("cost exceeds the limit: denied without a store call",
+					zap.String("domain", domain), zap.Stringer("rule", m), zap.Uint64("cost", hits[m.hit].Cost))
+			}
+			if mv.FailureVerdict && m.failureMode == config.FailureDefer && !m.shadow && deferred == nil {
+				deferred = m
+			}
+			if !mv.Admitted {
+				if m.shadow {
+					s.log.Info("shadow mode: would deny", zap.String("domain", domain), zap.Stringer("rule", m))
+				} else {
+					st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+					resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+					retryAfter = max(retryAfter, mv.ResetAfter)
+				}
 			}
 		}
+		st.CurrentLimit = shown.currentLimit()
+		st.LimitRemaining = uint32(min(v.Remaining, math.MaxUint32))
+		st.DurationUntilReset = durationpb.New(v.ResetAfter)
 		// Shadow rules never limit, so they never are the tightest.
-		if !l.shadow && (tightest < 0 || st.LimitRemaining < resp.Statuses[tightest].LimitRemaining) {
-			tightest = i
+		if !shown.shadow && (tightest < 0 || st.LimitRemaining < resp.Statuses[tightest].LimitRemaining) {
+			tightest, tightestLimit = i, shown
 		}
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
@@ -461,12 +524,27 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 			header("retry-after", strconv.FormatInt(ceilSeconds(retryAfter), 10)))
 	}
 	if s.opts.RateLimitHeaders && tightest >= 0 {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(limits[tightest], resp.Statuses[tightest])...)
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(tightestLimit, resp.Statuses[tightest])...)
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		deferred = nil
 	}
 	return resp, deferred
+}
+
+// tighter reports whether limit a with verdict va is to be shown rather than
+// b with vb, of one descriptor: an enforced denial before anything else, the
+// longer wait first (the request passes only when every limit fits); else
+// the least remaining.
+func tighter(a *limit, va limiter.Verdict, b *limit, vb limiter.Verdict) bool {
+	aDenied, bDenied := !va.Admitted && !a.shadow, !vb.Admitted && !b.shadow
+	switch {
+	case aDenied != bDenied:
+		return aDenied
+	case aDenied:
+		return va.ResetAfter > vb.ResetAfter
+	}
+	return va.Remaining < vb.Remaining
 }
 
 // outcome classifies a decision for metrics.
