@@ -1177,6 +1177,40 @@ func TestEnvoyTokenBudget(t *testing.T) {
 	}
 }
 
+// TestReadmeTokenBudget: the README's two-phase snippets are Envoy config,
+// and are the /llm route's and the header_to_metadata filter of envoy.yaml.
+func TestReadmeTokenBudget(t *testing.T) {
+	const readme = "../README.md"
+	b, _ := loadBootstrap(t)
+	e := newEdge(t, b)
+	action := &routev3.RouteAction{}
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, readme, "# the route's action: rate_limits")), action); err != nil {
+		t.Fatalf("%s: rate_limits: %v", readme, err)
+	}
+	llm := e.vhost.GetRoutes()[slices.IndexFunc(e.vhost.GetRoutes(), func(r *routev3.Route) bool { return r.GetName() == "llm" })]
+	want := llm.GetRoute().GetRateLimits()
+	got := action.GetRateLimits()
+	if len(got) != 2 || len(want) < 2 || !proto.Equal(got[0], want[0]) || !proto.Equal(got[1], want[1]) {
+		t.Errorf("%s: rate_limits %v, want the first two of %s's llm route: %v", readme, got, envoyFile, want)
+	}
+	filter := &hcmv3.HttpFilter{}
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, readme, "# an http_filters entry, before envoy.filters.http.ratelimit")), filter); err != nil {
+		t.Fatalf("%s: http filter: %v", readme, err)
+	}
+	check := &schemaCheck{}
+	check.validate(filter, "http_filters")
+	for _, err := range check.errs {
+		t.Errorf("%s: %v", readme, err)
+	}
+	i := slices.IndexFunc(e.hcm.GetHttpFilters(), func(f *hcmv3.HttpFilter) bool { return f.GetName() == filter.GetName() })
+	if i < 0 || !proto.Equal(e.hcm.GetHttpFilters()[i], filter) {
+		t.Errorf("%s: the header_to_metadata filter differs from %s's", readme, envoyFile)
+	}
+	if r := slices.Index(e.filterNames, "envoy.filters.http.ratelimit"); i < 0 || i > r {
+		t.Errorf("%s: header_to_metadata must come before the rate limit filter: %v", envoyFile, e.filterNames)
+	}
+}
+
 type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
@@ -1270,10 +1304,17 @@ func TestDocsCentralCluster(t *testing.T) {
 // is marker.
 func docsBlock(t *testing.T, marker string) string {
 	t.Helper()
+	return fencedBlock(t, deployDocFile, marker)
+}
+
+// fencedBlock returns the fenced yaml code block of file whose first line is
+// marker.
+func fencedBlock(t *testing.T, file, marker string) string {
+	t.Helper()
 	var found []string
 	var block []string // lines of the yaml block being read, its fence's indentation removed
 	indent, in := "", false
-	for _, line := range strings.Split(string(readFile(t, deployDocFile)), "\n") {
+	for _, line := range strings.Split(string(readFile(t, file)), "\n") {
 		trimmed := strings.TrimLeft(line, " ")
 		switch {
 		case !in && strings.HasPrefix(trimmed, "```"):
@@ -1293,7 +1334,7 @@ func docsBlock(t *testing.T, marker string) string {
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("%s: %d yaml blocks start with %q, want 1", deployDocFile, len(found), marker)
+		t.Fatalf("%s: %d yaml blocks start with %q, want 1", file, len(found), marker)
 	}
 	return found[0]
 }
