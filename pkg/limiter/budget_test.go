@@ -297,3 +297,45 @@ func TestRefundIsNeverDeniedByFailureMode(t *testing.T) {
 		t.Fatalf("refund with the store down: %+v, %v; want an admitted failure verdict and an error", v, err)
 	}
 }
+
+// TestAcrossSlotsRecordedCostsStay: across cluster slots, the charges a
+// denied request made elsewhere are refunded, but never a recorded cost.
+func TestAcrossSlotsRecordedCostsStay(t *testing.T) {
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			s := newShards(t, 2, epoch.Add(time.Second), 0)
+			full := hitOn("full", 1, 2, a, 1, 1)
+			decide1(t, s.l, full)
+			report := hitOn("report", 0, 2, a, 10, 4)
+			report.Record = true
+			v, err := s.l.Decide(context.Background(), []Hit{report, full})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !v[0].Charged || v[1].Admitted {
+				t.Fatalf("verdicts %+v: want the report charged, the full hit denied", v)
+			}
+			// A report past its limit denies; the other slot's charge is undone.
+			over := hitOn("over", 1, 2, a, 3, 5)
+			over.Record = true
+			free := hitOn("free", 0, 2, a, 10, 2)
+			v, err = s.l.Decide(context.Background(), []Hit{free, over})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v[0].Charged || v[1].Admitted || !v[1].Charged {
+				t.Fatalf("verdicts %+v: want the free hit refunded, the report denied and charged", v)
+			}
+			s.l.refunds.Wait()
+			if got := s.remaining(t, report); got != 6 {
+				t.Fatalf("report counter has %d left, want 6: a recorded cost is never refunded", got)
+			}
+			if got := s.remaining(t, free); got != 10 {
+				t.Fatalf("free counter has %d left after the refund, want 10", got)
+			}
+			if got := s.remaining(t, over); got != 0 {
+				t.Fatalf("overdrawn counter has %d left, want 0", got)
+			}
+		})
+	}
+}
