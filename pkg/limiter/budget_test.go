@@ -192,6 +192,10 @@ func TestRefundGivesUnitsBack(t *testing.T) {
 			if v := decide1(t, l, hit(a, "r", 5, time.Minute, 0)); v.Admitted {
 				t.Fatalf("check after the refund was used: %+v, want denied", v)
 			}
+			// A refund of nothing is no check: admitted, however full.
+			if v := decide1(t, l, refund(a, "r", 5, time.Minute, 0)); !v.Admitted || v.Remaining != 0 {
+				t.Fatalf("refund of 0 on a full counter: %+v, want admitted, 0 remaining", v)
+			}
 			if v := decide1(t, l, refund(a, "r", 5, time.Minute, 100)); !v.Admitted || v.Remaining != 5 {
 				t.Fatalf("refund of 100 on 5 used: %+v, want 5 remaining (never below zero)", v)
 			}

@@ -621,7 +621,8 @@ func saturatingAdd(a, b uint64) uint64 {
 }
 
 // hitCode is a hit's code for decide.lua: its algorithm, plus 8 for a
-// shadow hit, plus 16 for a cost recorded even when it does not fit.
+// shadow hit, plus 16 for a cost recorded even when it does not fit, plus 32
+// for a refund.
 func hitCode(h Hit) int {
 	code := algorithmID(h.Algorithm)
 	if h.Shadow {
@@ -629,6 +630,9 @@ func hitCode(h Hit) int {
 	}
 	if h.Record {
 		code += 16
+	}
+	if h.Refund {
+		code += 32
 	}
 	return code
 }
@@ -638,14 +642,8 @@ func hitCode(h Hit) int {
 // 2^52).
 const maxLuaCost = 1 << 53
 
-// luaCost is a hit's cost for decide.lua: negative for a refund.
-func luaCost(h Hit) int64 {
-	c := int64(min(h.Cost, maxLuaCost))
-	if h.Refund {
-		return -c
-	}
-	return c
-}
+// luaCost is a hit's cost for decide.lua.
+func luaCost(h Hit) uint64 { return min(h.Cost, maxLuaCost) }
 
 // algorithmID is the algorithm's index in decide.lua's table.
 func algorithmID(a config.Algorithm) int {

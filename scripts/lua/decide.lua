@@ -6,8 +6,8 @@
 -- args     per request: n, the number of its hits, negated to only check
 --          (never charge); then four values per hit: code (algorithm 1 log,
 --          2 counter, 3 fixed, plus 8 for a shadow hit, plus 16 for a cost
---          that is recorded even when it does not fit), limit, window in
---          seconds, cost (negative: a refund of that many units)
+--          that is recorded even when it does not fit, plus 32 for a refund
+--          of cost units), limit, window in seconds, cost
 --
 -- A request is charged only when every enforced (non-shadow) hit fits. A
 -- shadow hit that does not fit neither denies its request nor is charged.
@@ -53,11 +53,12 @@ local function decide(keys, args)
         window = tonumber(args[a + 2]) * 1000000,
         cost = tonumber(args[a + 3]),
         shadow = code % 16 >= 8,
-        record = code >= 16,
+        record = code % 32 >= 16,
+        refund = code >= 32,
       }
       hit.need = math.max(hit.cost, 1)
       local d = denied[hit.key]
-      if hit.cost < 0 then
+      if hit.refund then
         hit.st = { admit = true } -- a refund: applied below
       elseif d and d.limit == hit.limit and d.cost == hit.cost and not hit.record then
         hit.again = d
@@ -73,15 +74,15 @@ local function decide(keys, args)
       k = k + 1
     end
     for _, hit in ipairs(hits) do
-      local charged = hit.cost > 0 and (hit.record or charge and hit.st.admit)
+      local charged = not hit.refund and hit.cost > 0 and (hit.record or charge and hit.st.admit)
       local remaining, reset
       if hit.again then
         remaining, reset = hit.again.remaining, hit.again.reset
-      elseif hit.cost < 0 or charged and not hit.st.admit then
+      elseif hit.refund or charged and not hit.st.admit then
         -- A refund, or a recorded cost past the limit: the state changed, so
         -- the answer is about the next unit.
-        if hit.cost < 0 then
-          hit.alg.refund(hit.key, -hit.cost, hit.limit, hit.window, now)
+        if hit.refund then
+          hit.alg.refund(hit.key, hit.cost, hit.limit, hit.window, now)
         else
           hit.alg.commit(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
         end
