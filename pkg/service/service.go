@@ -488,11 +488,11 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 			m := l
 			if j >= 0 {
 				m = l.also[j]
-				if mv := verdicts[m.hit]; tighter(m, mv, shown, v) {
-					shown, v = m, mv
-				}
 			}
 			mv := verdicts[m.hit]
+			if tighter(m, mv, shown, v) {
+				shown, v = m, mv
+			}
 			s.opts.Metrics.Decision(domain, m.label(), s.outcome(m, mv))
 			if mv.CostExceedsLimit {
 				s.log.Warn("cost exceeds the limit: denied without a store call",
