@@ -40,6 +40,11 @@ const (
 // budgetService serves budgetConfig from a miniredis with a frozen clock.
 func budgetService(t *testing.T, d config.Defaults) (*Service, *miniredis.Miniredis) {
 	t.Helper()
+	return budgetServiceWith(t, d, -1)
+}
+
+func budgetServiceWith(t *testing.T, d config.Defaults, denyCache time.Duration) (*Service, *miniredis.Miniredis) {
+	t.Helper()
 	cfg, err := config.Parse("budget.yaml", []byte(budgetConfig), d)
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +53,7 @@ func budgetService(t *testing.T, d config.Defaults) (*Service, *miniredis.Minire
 	m.SetTime(time.Unix(1_700_006_400, 0))
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
-	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
+	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: denyCache})
 	t.Cleanup(l.Close)
 	return New(cfg, l, nil), m
 }
@@ -98,6 +103,23 @@ func TestTwoPhaseTokenBudget(t *testing.T) {
 }
 
 // TestWhichCostsAreRecorded: record_costs, and the global default.
+// TestDeniedChecksAreCached: a check of a spent budget (the descriptor's
+// hits_addend 0) is answered from the deny cache, while every report
+// reaches the store.
+func TestDeniedChecksAreCached(t *testing.T) {
+	s, m := budgetServiceWith(t, config.Defaults{}, time.Minute)
+	askB(t, s, 0, costDesc(1200, "tokens", "c"))
+	askB(t, s, 0, costDesc(0, "tokens", "c"))
+	before := m.CommandCount()
+	if r := askB(t, s, 0, costDesc(0, "tokens", "c")); r.OverallCode != over || m.CommandCount() != before {
+		t.Fatalf("second check: %v after %d store commands, want OVER_LIMIT from the cache", r.OverallCode, m.CommandCount()-before)
+	}
+	askB(t, s, 0, costDesc(1200, "tokens", "c"))
+	if m.CommandCount() == before {
+		t.Fatal("a report was answered without the store")
+	}
+}
+
 func TestWhichCostsAreRecorded(t *testing.T) {
 	for _, tt := range []struct {
 		name     string

@@ -425,7 +425,9 @@ func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateL
 	}
 	h := l.storeHit(kb, domain, d.Entries, cost)
 	h.Refund = d.IsNegativeHits
-	h.Record = !h.Refund && l.recordCosts.Records(fromDescriptor)
+	// A check (cost 0) records nothing: it stays a plain hit, which the deny
+	// cache may answer.
+	h.Record = !h.Refund && cost > 0 && l.recordCosts.Records(fromDescriptor)
 	return h
 }
 
