@@ -21,6 +21,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	h2mv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_to_metadata/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
@@ -34,6 +35,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
 
 	// Every type a typed_config of envoy.yaml (or of the docs' snippets) names
@@ -158,6 +160,7 @@ type edge struct {
 	hcm          *hcmv3.HttpConnectionManager
 	vhost        *routev3.VirtualHost
 	filter       *ratelimitv3.RateLimit
+	toMetadata   *h2mv3.Config // header_to_metadata, or nil
 	filterNames  []string
 	clusters     map[string]*clusterv3.Cluster
 	admin        *corev3.SocketAddress
@@ -202,6 +205,12 @@ func newEdge(t *testing.T, b *bootstrapv3.Bootstrap) *edge {
 				t.Fatal("more than one rate limit filter")
 			}
 			e.filter = unpack(t, hf.GetTypedConfig(), &ratelimitv3.RateLimit{})
+		}
+		if hf.GetTypedConfig().MessageIs(&h2mv3.Config{}) {
+			e.toMetadata = unpack(t, hf.GetTypedConfig(), &h2mv3.Config{})
+			if len(e.toMetadata.GetRequestRules()) > 0 {
+				t.Fatal("the emulator models header_to_metadata's response_rules only")
+			}
 		}
 	}
 	if e.filter == nil {
@@ -253,6 +262,8 @@ type emulated struct {
 	rejected    int    // a status Envoy answers with before routing (400), or 0
 	route       string // the matched route's name; "" when none matched (404)
 	descriptors []*rlcommon.RateLimitDescriptor
+	matched     *routev3.Route // the route, for the stream-done call
+	req         request        // the request as routed (path normalized)
 }
 
 // emulate mirrors Envoy: connection manager checks and path normalization,
@@ -276,24 +287,103 @@ func (e *edge) emulate(t *testing.T, r request) emulated {
 		if !routeMatches(t, rt.GetMatch(), path) {
 			continue
 		}
-		out := emulated{route: rt.GetName()}
+		out := emulated{route: rt.GetName(), matched: rt, req: r}
 		if len(rt.GetTypedPerFilterConfig()) > 0 {
 			t.Fatalf("route %s: the emulator does not model typed_per_filter_config", rt.GetName())
 		}
-		for i, rl := range rt.GetRoute().GetRateLimits() {
-			if rl.GetStage().GetValue() != e.filter.GetStage() {
-				continue
-			}
-			if rl.GetLimit() != nil || rl.GetDisableKey() != "" || rl.GetApplyOnStreamDone() || rl.GetHitsAddend() != nil {
-				t.Fatalf("route %s rate_limits[%d]: the emulator does not model limit, disable_key, apply_on_stream_done or hits_addend", rt.GetName(), i)
-			}
-			if d := descriptor(t, rl.GetActions(), r); d != nil {
-				out.descriptors = append(out.descriptors, d)
-			}
-		}
+		out.descriptors = e.descriptors(t, rt, r, false, nil)
 		return out
 	}
 	return emulated{}
+}
+
+// descriptors runs the route's rate_limits of the filter's stage and of one
+// phase, as Envoy's populateRateLimitDescriptors does: before routing
+// (streamDone false) or when the stream is done, with the dynamic metadata
+// the stream gathered (namespace, then key).
+func (e *edge) descriptors(t *testing.T, rt *routev3.Route, r request, streamDone bool, metadata map[string]map[string]string) []*rlcommon.RateLimitDescriptor {
+	t.Helper()
+	var ds []*rlcommon.RateLimitDescriptor
+	for i, rl := range rt.GetRoute().GetRateLimits() {
+		if rl.GetStage().GetValue() != e.filter.GetStage() || rl.GetApplyOnStreamDone() != streamDone {
+			continue
+		}
+		if rl.GetLimit() != nil || rl.GetDisableKey() != "" {
+			t.Fatalf("route %s rate_limits[%d]: the emulator does not model limit or disable_key", rt.GetName(), i)
+		}
+		d := descriptor(t, rl.GetActions(), r)
+		if d == nil {
+			continue
+		}
+		if ha := rl.GetHitsAddend(); ha != nil {
+			cost, ok := hitsAddend(t, ha, metadata)
+			if !ok { // Envoy logs "Invalid hits_addend" and drops the descriptor
+				continue
+			}
+			d.HitsAddend = wrapperspb.UInt64(cost)
+		}
+		ds = append(ds, d)
+	}
+	return ds
+}
+
+// dynamicMetadata is the one substitution the emulator models in a
+// hits_addend format: %DYNAMIC_METADATA(namespace:key)%.
+var dynamicMetadata = regexp.MustCompile(`^%DYNAMIC_METADATA\(([^:()]+):([^:()]+)\)%$`)
+
+// maxHitsAddend is Envoy's bound on a hits_addend read from a format.
+const maxHitsAddend = 1e9
+
+// hitsAddend is a rate_limits entry's hits_addend, as Envoy's
+// RateLimitPolicyEntryImpl computes it: a number, or a format's value parsed
+// as a number from 0 to 1e9; ok is false when Envoy would drop the
+// descriptor (the metadata absent, or not such a number).
+func hitsAddend(t *testing.T, ha *routev3.RateLimit_HitsAddend, metadata map[string]map[string]string) (uint64, bool) {
+	t.Helper()
+	if ha.GetFormat() == "" {
+		return ha.GetNumber().GetValue(), true
+	}
+	m := dynamicMetadata.FindStringSubmatch(ha.GetFormat())
+	if m == nil {
+		t.Fatalf("hits_addend format %q: the emulator models %%DYNAMIC_METADATA(namespace:key)%% only", ha.GetFormat())
+	}
+	v, present := metadata[m[1]][m[2]]
+	if !present {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 || f > maxHitsAddend {
+		return 0, false
+	}
+	return uint64(f), true
+}
+
+// streamDone mirrors the filter's onDestroy: the route's apply_on_stream_done
+// rate_limits, with the dynamic metadata that header_to_metadata took from
+// the response headers (nil when the app never answered).
+func (e *edge) streamDone(t *testing.T, out emulated, response map[string]string) []*rlcommon.RateLimitDescriptor {
+	t.Helper()
+	if out.matched == nil {
+		return nil
+	}
+	metadata := map[string]map[string]string{}
+	for _, rule := range e.toMetadata.GetResponseRules() {
+		kv := rule.GetOnHeaderPresent()
+		if rule.GetCookie() != "" || rule.GetOnHeaderMissing() != nil || kv.GetValue() != "" || kv.GetRegexValueRewrite() != nil ||
+			kv.GetType() != h2mv3.Config_STRING || kv.GetEncode() != h2mv3.Config_NONE {
+			t.Fatalf("header_to_metadata rule %v: the emulator models on_header_present of a header, as a STRING", rule)
+		}
+		v, ok := response[strings.ToLower(rule.GetHeader())]
+		if !ok || v == "" {
+			continue
+		}
+		ns := cmpOr(kv.GetMetadataNamespace(), "envoy.filters.http.header_to_metadata")
+		if metadata[ns] == nil {
+			metadata[ns] = map[string]string{}
+		}
+		metadata[ns][kv.GetKey()] = v
+	}
+	return e.descriptors(t, out.matched, out.req, true, metadata)
 }
 
 // normalize applies the connection manager's path settings to :path, or
@@ -627,6 +717,25 @@ func (x *rig) send(t *testing.T, r request) outcome {
 	return out
 }
 
+// finish ends a request that send let through: the app answers with
+// response headers, and when the stream is done Envoy sends the route's
+// apply_on_stream_done descriptors, ignoring the answer. It returns them.
+func (x *rig) finish(t *testing.T, out outcome, response map[string]string) []*rlcommon.RateLimitDescriptor {
+	t.Helper()
+	defer x.set(x.now.Add(time.Millisecond))
+	if !out.reply.upstream {
+		response = nil // a local reply: the app never answered
+	}
+	ds := x.edge.streamDone(t, out.emulated, response)
+	if len(ds) > 0 {
+		x.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{ //nolint:errcheck // Envoy ignores it
+			Domain:      x.edge.filter.GetDomain(),
+			Descriptors: ds,
+		})
+	}
+	return ds
+}
+
 func ruleNamed(t *testing.T, cfg *config.Config, name string) *config.Rule {
 	t.Helper()
 	for _, r := range cfg.Rules() {
@@ -647,6 +756,7 @@ func TestEnvoyBootstrapSchema(t *testing.T) {
 	// Every typed_config was unpacked and validated.
 	want := []string{
 		"type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+		"type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config",
 		"type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
 		"type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
 		"type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -807,6 +917,10 @@ func TestEnvoyDescriptors(t *testing.T) {
 			[]string{"user=carol", "method=write|user=carol", "remote_address=198.51.100.1"}},
 		{"api write without user", request{"PUT", "/api/items/7", nil, "198.51.100.2"}, 0, "api",
 			[]string{"remote_address=198.51.100.2"}},
+		{"llm", request{"POST", "/llm/v1/chat", user("dana"), "198.51.100.40"}, 0, "llm",
+			[]string{"tokens_user=dana", "remote_address=198.51.100.40"}},
+		{"llm without user", request{"POST", "/LLM", nil, "198.51.100.41"}, 0, "llm",
+			[]string{"remote_address=198.51.100.41"}},
 		{"not api", request{"GET", "/apix", user("carol"), "198.51.100.1"}, 0, "default",
 			[]string{"remote_address=198.51.100.1"}},
 		{"spoofed x-forwarded-for is ignored", request{"GET", "/", map[string]string{"x-forwarded-for": "192.0.2.99"}, "198.51.100.20"}, 0, "default",
@@ -991,6 +1105,112 @@ func TestEnvoyLimits(t *testing.T) {
 	}
 }
 
+// TestEnvoyTokenBudget is the two-phase token pattern: before routing, a
+// check of the user's budget with hits_addend 0; when the stream is done, the
+// tokens the app reported, as the descriptor's hits_addend. A response that
+// overdraws the budget is recorded, later requests get 429 until the
+// announced wait has passed; a request limited before routing reports
+// nothing.
+func TestEnvoyTokenBudget(t *testing.T) {
+	b, _ := loadBootstrap(t)
+	e := newEdge(t, b)
+	cfg := loadRules(t)
+	budget := ruleNamed(t, cfg, "tokens_per_user")
+	x := newRig(t, e, cfg)
+	req := func(u string) request {
+		return request{"POST", "/llm/v1/chat", map[string]string{"x-user-id": u}, "198.51.100.50"}
+	}
+	used := func(n uint64) map[string]string { return map[string]string{"x-tokens-used": strconv.FormatUint(n, 10)} }
+
+	// The request-time descriptor checks without consuming.
+	first := x.send(t, req("dana"))
+	if d := first.descriptors[0]; descString(d) != "tokens_user=dana" || d.GetHitsAddend() == nil || d.GetHitsAddend().GetValue() != 0 {
+		t.Fatalf("request-time descriptor %v, want tokens_user=dana with hits_addend 0", d)
+	}
+	if !first.reply.upstream || first.resp.GetStatuses()[0].GetLimitRemaining() != budget.RequestsPerUnit {
+		t.Fatalf("first request: %+v %v, want admitted with the whole budget left", first.reply, first.resp)
+	}
+	// The app used 1.2 times the budget: recorded when the stream is done.
+	over := uint64(budget.RequestsPerUnit) * 6 / 5
+	ds := x.finish(t, first, used(over))
+	if len(ds) != 1 || descString(ds[0]) != "tokens_user=dana" || ds[0].GetHitsAddend().GetValue() != over {
+		t.Fatalf("stream-done descriptors %v, want tokens_user=dana with hits_addend %d", ds, over)
+	}
+	denied := x.send(t, req("dana"))
+	if denied.reply.upstream || denied.reply.status != 429 {
+		t.Fatalf("after an overdrawn budget: %+v, want 429", denied.reply)
+	}
+	retry, err := strconv.Atoi(denied.reply.headers["retry-after"])
+	if err != nil || retry < 1 || time.Duration(retry)*time.Second > 2*budget.Window() {
+		t.Fatalf("retry-after %q, want a wait within two windows", denied.reply.headers["retry-after"])
+	}
+	// A request limited before routing reaches no app: nothing to report.
+	if ds := x.finish(t, denied, used(5)); len(ds) != 0 {
+		t.Fatalf("stream-done descriptors of a 429: %v, want none", ds)
+	}
+	if out := x.send(t, req("erin")); !out.reply.upstream {
+		t.Fatalf("another user: %+v, want admitted", out.reply)
+	}
+	// Waiting as told gets through again.
+	x.set(x.now.Add(time.Duration(retry) * time.Second))
+	if out := x.send(t, req("dana")); !out.reply.upstream {
+		t.Fatalf("after retry-after %ds: %+v, want admitted", retry, out.reply)
+	}
+
+	// Three responses of 40 % of the budget each: the third overdraws it.
+	part := uint64(budget.RequestsPerUnit) * 2 / 5
+	for i := range 3 {
+		out := x.send(t, req("fay"))
+		if !out.reply.upstream {
+			t.Fatalf("request %d: %+v, want admitted", i+1, out.reply)
+		}
+		x.finish(t, out, used(part))
+	}
+	if out := x.send(t, req("fay")); out.reply.upstream || out.reply.status != 429 {
+		t.Fatalf("after three reports of %d: %+v, want 429", part, out.reply)
+	}
+	// A response without the header reports nothing (Envoy drops the
+	// descriptor whose hits_addend has no value).
+	out := x.send(t, req("gus"))
+	if ds := x.finish(t, out, nil); len(ds) != 0 {
+		t.Fatalf("stream-done descriptors without x-tokens-used: %v, want none", ds)
+	}
+}
+
+// TestReadmeTokenBudget: the README's two-phase snippets are Envoy config,
+// and are the /llm route's and the header_to_metadata filter of envoy.yaml.
+func TestReadmeTokenBudget(t *testing.T) {
+	const readme = "../README.md"
+	b, _ := loadBootstrap(t)
+	e := newEdge(t, b)
+	action := &routev3.RouteAction{}
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, readme, "# the route's action: rate_limits")), action); err != nil {
+		t.Fatalf("%s: rate_limits: %v", readme, err)
+	}
+	llm := e.vhost.GetRoutes()[slices.IndexFunc(e.vhost.GetRoutes(), func(r *routev3.Route) bool { return r.GetName() == "llm" })]
+	want := llm.GetRoute().GetRateLimits()
+	got := action.GetRateLimits()
+	if len(got) != 2 || len(want) < 2 || !proto.Equal(got[0], want[0]) || !proto.Equal(got[1], want[1]) {
+		t.Errorf("%s: rate_limits %v, want the first two of %s's llm route: %v", readme, got, envoyFile, want)
+	}
+	filter := &hcmv3.HttpFilter{}
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, readme, "# an http_filters entry, before envoy.filters.http.ratelimit")), filter); err != nil {
+		t.Fatalf("%s: http filter: %v", readme, err)
+	}
+	check := &schemaCheck{}
+	check.validate(filter, "http_filters")
+	for _, err := range check.errs {
+		t.Errorf("%s: %v", readme, err)
+	}
+	i := slices.IndexFunc(e.hcm.GetHttpFilters(), func(f *hcmv3.HttpFilter) bool { return f.GetName() == filter.GetName() })
+	if i < 0 || !proto.Equal(e.hcm.GetHttpFilters()[i], filter) {
+		t.Errorf("%s: the header_to_metadata filter differs from %s's", readme, envoyFile)
+	}
+	if r := slices.Index(e.filterNames, "envoy.filters.http.ratelimit"); i < 0 || i > r {
+		t.Errorf("%s: header_to_metadata must come before the rate limit filter: %v", envoyFile, e.filterNames)
+	}
+}
+
 type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
@@ -1084,10 +1304,17 @@ func TestDocsCentralCluster(t *testing.T) {
 // is marker.
 func docsBlock(t *testing.T, marker string) string {
 	t.Helper()
+	return fencedBlock(t, deployDocFile, marker)
+}
+
+// fencedBlock returns the fenced yaml code block of file whose first line is
+// marker.
+func fencedBlock(t *testing.T, file, marker string) string {
+	t.Helper()
 	var found []string
 	var block []string // lines of the yaml block being read, its fence's indentation removed
 	indent, in := "", false
-	for _, line := range strings.Split(string(readFile(t, deployDocFile)), "\n") {
+	for _, line := range strings.Split(string(readFile(t, file)), "\n") {
 		trimmed := strings.TrimLeft(line, " ")
 		switch {
 		case !in && strings.HasPrefix(trimmed, "```"):
@@ -1107,7 +1334,7 @@ func docsBlock(t *testing.T, marker string) string {
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("%s: %d yaml blocks start with %q, want 1", deployDocFile, len(found), marker)
+		t.Fatalf("%s: %d yaml blocks start with %q, want 1", file, len(found), marker)
 	}
 	return found[0]
 }

@@ -185,10 +185,12 @@ func TestBoundsAtAndPast(t *testing.T) {
 // the request (uint32) and on the descriptor (uint64). A cost above the
 // limit is OVER_LIMIT at once with the window as the wait, and writes
 // nothing, not even for the other descriptors of the request; a cost equal
-// to the largest limit is admitted once, exactly.
+// to the largest limit is admitted once, exactly. With --record-costs never,
+// a descriptor's cost is not a report of a cost already spent (those are
+// recorded past the limit: e2e/budget_test.go).
 func TestAddendExtremes(t *testing.T) {
 	r := startRedis(t)
-	s := startServer(t, r, boundsConfig(1, 64))
+	s := startServer(t, r, boundsConfig(1, 64), "--record-costs", "never")
 	ctx := context.Background()
 
 	withCost := func(d *rlcommon.RateLimitDescriptor, cost uint64) *rlcommon.RateLimitDescriptor {

@@ -94,12 +94,14 @@ func (c *redisCluster) usage(t *testing.T, base string) int64 {
 	return windowCount(t, master.client, base)
 }
 
-// startClusterServers starts n instances of the service on cluster c.
+// startClusterServers starts n instances of the service on cluster c. The
+// tests' descriptor costs are request-time weights, which a denial must not
+// charge, not costs reported after they were spent: --record-costs never.
 func startClusterServers(t *testing.T, c *redisCluster, n int, storeTimeout string) []*server {
 	t.Helper()
 	servers := make([]*server, n)
 	for i := range servers {
-		servers[i] = startServer(t, nil, clusterConfig, "--redis-cluster-url", c.url(), "--store-timeout", storeTimeout)
+		servers[i] = startServer(t, nil, clusterConfig, "--redis-cluster-url", c.url(), "--store-timeout", storeTimeout, "--record-costs", "never")
 	}
 	return servers
 }

@@ -220,8 +220,6 @@ func TestShadowModeNeverDenies(t *testing.T) {
 func TestBadInputIsInvalidArgument(t *testing.T) {
 	r := startRedis(t)
 	s := startServer(t, r, testConfig, "--max-descriptors", "3", "--max-entries", "2")
-	negative := descriptor("log", "n")
-	negative.IsNegativeHits = true
 	cases := []struct {
 		name string
 		req  *rlsv3.RateLimitRequest
@@ -233,7 +231,6 @@ func TestBadInputIsInvalidArgument(t *testing.T) {
 		{"too many descriptors", request("e2e", descriptor("log", "a"), descriptor("log", "a"), descriptor("log", "a"), descriptor("log", "a")),
 			"request has more than the limit of 3 descriptors"},
 		{"too many entries", request("e2e", descriptor("a", "1", "b", "2", "c", "3")), "descriptor 0 has more than the limit of 2 entries"},
-		{"negative hits", request("e2e", negative), "is_negative_hits is not supported"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

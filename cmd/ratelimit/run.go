@@ -56,6 +56,7 @@ type settings struct {
 	logFormat          string
 	defaultAlgorithm   string
 	defaultFailureMode string
+	recordCosts        string
 	maxDescriptors     int
 	maxEntries         int
 	maxRequestBytes    int
@@ -105,6 +106,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.logFormat, "log-format", "json", "json or console")
 	fs.StringVar(&s.defaultAlgorithm, "default-algorithm", config.SlidingWindowCounter.String(), "algorithm of rules that do not name one: sliding_window_log, sliding_window_counter or fixed_window")
 	fs.StringVar(&s.defaultFailureMode, "default-failure-mode", "", "answer when the store cannot decide, for rules that do not say: allow or deny; empty: the request fails with UNAVAILABLE and Envoy's failure_mode_deny decides")
+	fs.StringVar(&s.recordCosts, "record-costs", config.RecordDescriptorCosts.String(), "which costs are recorded even past the limit (costs reported after they were spent), for rules without record_costs: descriptor (a descriptor's own hits_addend, as Envoy sends apply_on_stream_done costs), always, or never")
 	fs.IntVar(&s.maxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&s.maxEntries, "max-entries", service.DefaultMaxEntries, "most entries in one descriptor")
 	fs.IntVar(&s.maxRequestBytes, "max-request-bytes", service.DefaultMaxRequestBytes, "largest request, in bytes: a gRPC message past it is refused with RESOURCE_EXHAUSTED, a POST /json body with 413")
@@ -204,7 +206,11 @@ func configDefaults(s *settings) (config.Defaults, error) {
 			return config.Defaults{}, fmt.Errorf("--default-failure-mode: %w, or empty to defer to Envoy", err)
 		}
 	}
-	return config.Defaults{Algorithm: alg, FailureMode: fm, MergeDomains: s.mergeDomainConfig}, nil
+	rc, err := config.ParseCostRecording(s.recordCosts)
+	if err != nil {
+		return config.Defaults{}, fmt.Errorf("--record-costs: %w", err)
+	}
+	return config.Defaults{Algorithm: alg, FailureMode: fm, RecordCosts: rc, MergeDomains: s.mergeDomainConfig}, nil
 }
 
 // logWarnings logs what a config holds that loads but has no effect.

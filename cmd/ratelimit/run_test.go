@@ -46,6 +46,7 @@ func TestRunRefusesBadSettings(t *testing.T) {
 		{[]string{"serve"}, "--config is required"},
 		{[]string{"validate", "--config", example, "--default-algorithm", "token_bucket"}, "--default-algorithm"},
 		{[]string{"--config", example, "--default-failure-mode", "maybe"}, "--default-failure-mode"},
+		{[]string{"validate", "--config", example, "--record-costs", "sometimes"}, "--record-costs"},
 		{[]string{"--config", example, "--log-level", "loud"}, "--log-level"},
 		{[]string{"--config", example, "--max-request-bytes", "0"}, "--max-request-bytes"},
 		{[]string{"--config", example, "--memory-limit", "200MB"}, "memory-limit"},

@@ -30,11 +30,12 @@ const MaxWindow = 100 * 365 * 24 * time.Hour
 const MaxLogLimit = 10_000
 
 // Defaults are the values used where a rule does not say, and how files
-// combine. The zero value means SlidingWindowCounter, FailureDefer, and a
-// domain defined twice is an error.
+// combine. The zero value means SlidingWindowCounter, FailureDefer,
+// RecordDescriptorCosts, and a domain defined twice is an error.
 type Defaults struct {
 	Algorithm   Algorithm
 	FailureMode FailureMode
+	RecordCosts CostRecording
 	// MergeDomains merges the documents that define one domain, as the
 	// reference's MERGE_DOMAIN_CONFIG: their top-level descriptors join,
 	// and one (key, value) defined twice at the top is still an error.
@@ -56,10 +57,11 @@ type Rule struct {
 	Levels          []Level // path from the domain root to this node, len >= 1
 	Name            string  // rate_limit.name
 	RequestsPerUnit uint32
-	Unit            Unit        // zero when Unlimited
-	UnitMultiplier  uint32      // >= 1 (1 when not set)
-	Algorithm       Algorithm   // the rule's, or Defaults.Algorithm
-	FailureMode     FailureMode // the rule's, or Defaults.FailureMode
+	Unit            Unit          // zero when Unlimited
+	UnitMultiplier  uint32        // >= 1 (1 when not set)
+	Algorithm       Algorithm     // the rule's, or Defaults.Algorithm
+	FailureMode     FailureMode   // the rule's, or Defaults.FailureMode
+	RecordCosts     CostRecording // the rule's, or Defaults.RecordCosts
 	Unlimited       bool
 	ShadowMode      bool
 	// QuotaMode: the rule's denial denies its request only when every
@@ -75,6 +77,18 @@ type Rule struct {
 
 	path       string
 	replacesAt []string // FILE:LINE of each Replaces entry
+	limits     []*Rule  // every limit of the descriptor, this one among them
+}
+
+// Limits returns every limit of the rule's descriptor node, in file order,
+// the rule among them: one, unless the descriptor has rate_limits. Match
+// returns the first; each has a counter of its own. Callers must not modify
+// the slice.
+func (r *Rule) Limits() []*Rule {
+	if r.limits == nil {
+		return []*Rule{r} // a Rule not made by Load
+	}
+	return r.limits
 }
 
 // Window returns the length of the rule's window: zero when Unlimited.
@@ -248,6 +262,9 @@ type domain struct {
 func newBuilder(d Defaults) *builder {
 	if d.Algorithm == 0 {
 		d.Algorithm = SlidingWindowCounter
+	}
+	if d.RecordCosts == 0 {
+		d.RecordCosts = RecordDescriptorCosts
 	}
 	return &builder{defaults: d, domains: make(map[string]*domain), hash: sha256.New()}
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -21,6 +22,9 @@ func summary(r *Rule) string {
 		fmt.Fprintf(&b, " | %d/%s*%d", r.RequestsPerUnit, r.Unit, r.UnitMultiplier)
 	}
 	fmt.Fprintf(&b, " %s %s", r.Algorithm, r.FailureMode)
+	if r.RecordCosts != RecordDescriptorCosts {
+		fmt.Fprintf(&b, " record_costs=%s", r.RecordCosts)
+	}
 	last := r.Levels[len(r.Levels)-1]
 	for _, f := range []struct {
 		on   bool
@@ -75,6 +79,13 @@ func TestLoadValid(t *testing.T) {
 			"api: tenant / user | 1000/MINUTE*15 sliding_window_log deny @extensions.yaml:9",
 			"api: tenant / bulk | 10/DAY*1 fixed_window allow @extensions.yaml:16",
 		}},
+		{"budgets.yaml", []string{
+			"ai: user [0] | 10/SECOND*1 sliding_window_counter defer name=burst @budgets.yaml:5",
+			"ai: user [1] | 1000/DAY*1 sliding_window_counter defer name=daily @budgets.yaml:5",
+			"ai: team [0] | 100000/HOUR*1 sliding_window_counter defer record_costs=always @budgets.yaml:9",
+			"ai: team [1] | 2000/HOUR*1 sliding_window_log defer record_costs=never @budgets.yaml:9",
+			"ai: plain | 5/MINUTE*1 sliding_window_counter defer @budgets.yaml:19",
+		}},
 		{"minimal.yaml", nil},
 		{"documents.yaml", []string{
 			"a: k | 1/SECOND*1 sliding_window_counter defer @documents.yaml:6",
@@ -112,7 +123,7 @@ func TestLoadValidDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"a", "api", "b", "envoy", "minimal", "zero"} {
+	for _, d := range []string{"a", "ai", "api", "b", "envoy", "minimal", "zero"} {
 		if !c.HasDomain(d) {
 			t.Errorf("HasDomain(%q) = false", d)
 		}
@@ -127,6 +138,11 @@ func TestLoadValidDirectory(t *testing.T) {
 	}
 	want := []string{
 		"a: k",
+		"ai: user [0]",
+		"ai: user [1]",
+		"ai: team [0]",
+		"ai: team [1]",
+		"ai: plain",
 		"api: tenant",
 		"api: tenant / user",
 		"api: tenant / bulk",
@@ -280,6 +296,56 @@ descriptors:
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestSeveralLimits: a descriptor with rate_limits matches its first limit,
+// which lists them all; a descriptor with one limit lists itself.
+func TestSeveralLimits(t *testing.T) {
+	c, err := Load(filepath.Join("testdata", "valid", "budgets.yaml"), Defaults{RecordCosts: RecordAllCosts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		key    string
+		limits []string // name or unit of each limit, and its record_costs
+	}{
+		{"user", []string{"burst always", "daily always"}},
+		{"team", []string{"HOUR always", "HOUR never"}},
+		{"plain", []string{"MINUTE always"}},
+	} {
+		r := Match(c, "ai", entries(tt.key, "v"))
+		if r == nil {
+			t.Fatalf("%s: no match", tt.key)
+		}
+		var got []string
+		for _, l := range r.Limits() {
+			got = append(got, cmp.Or(l.Name, l.Unit.String())+" "+l.RecordCosts.String())
+			if !slices.Equal(l.Limits(), r.Limits()) {
+				t.Errorf("%s: limit %s lists other limits than the first", tt.key, l)
+			}
+		}
+		if r != r.Limits()[0] || !slices.Equal(got, tt.limits) {
+			t.Errorf("%s: limits %q (first %s), want %q", tt.key, got, r, tt.limits)
+		}
+	}
+}
+
+func TestCostRecording(t *testing.T) {
+	for _, tt := range []struct {
+		r                          CostRecording
+		fromDescriptor, fromOthers bool
+	}{
+		{RecordDescriptorCosts, true, false},
+		{RecordAllCosts, true, true},
+		{RecordNoCosts, false, false},
+	} {
+		if tt.r.Records(true) != tt.fromDescriptor || tt.r.Records(false) != tt.fromOthers {
+			t.Errorf("%s: records a descriptor's cost %v, another %v; want %v, %v", tt.r, tt.r.Records(true), tt.r.Records(false), tt.fromDescriptor, tt.fromOthers)
+		}
+		if got, err := ParseCostRecording(tt.r.String()); err != nil || got != tt.r {
+			t.Errorf("ParseCostRecording(%q) = %v, %v", tt.r, got, err)
+		}
 	}
 }
 

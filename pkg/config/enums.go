@@ -65,6 +65,45 @@ func (f FailureMode) String() string {
 	return enumString("FailureMode", f, failureModeNames)
 }
 
+// CostRecording says which costs are recorded even when they do not fit
+// their limit: costs spent before they are reported (Envoy's
+// apply_on_stream_done), which become a debt instead of being refused.
+type CostRecording uint8
+
+// The cost recordings of rate_limit.record_costs and --record-costs.
+const (
+	// RecordDescriptorCosts, the default: a cost given by the descriptor's
+	// own hits_addend is recorded. That is how Envoy sends the cost of a
+	// route's rate_limits entry with hits_addend, which is how
+	// apply_on_stream_done reports costs (Envoy Gateway's cost.response,
+	// Envoy AI Gateway's token quotas). A request-level hits_addend, and the
+	// default cost of 1, are charged only when they fit.
+	RecordDescriptorCosts CostRecording = iota + 1 // "descriptor"
+	RecordAllCosts                                 // "always": every cost, as envoyproxy/ratelimit charges
+	RecordNoCosts                                  // "never": a cost that does not fit is never charged
+)
+
+var costRecordingNames = []string{
+	RecordDescriptorCosts: "descriptor",
+	RecordAllCosts:        "always",
+	RecordNoCosts:         "never",
+}
+
+// ParseCostRecording returns the cost recording named s, which must be
+// spelled exactly as in the config file.
+func ParseCostRecording(s string) (CostRecording, error) {
+	return parseEnum[CostRecording]("record_costs", s, costRecordingNames, equal)
+}
+
+// String returns the name ParseCostRecording accepts.
+func (r CostRecording) String() string { return enumString("CostRecording", r, costRecordingNames) }
+
+// Records reports whether a cost is recorded even when it does not fit;
+// fromDescriptor says that the descriptor's own hits_addend gave it.
+func (r CostRecording) Records(fromDescriptor bool) bool {
+	return r == RecordAllCosts || r == RecordDescriptorCosts && fromDescriptor
+}
+
 // Unit is a rate limit time unit.
 type Unit uint8
 

@@ -29,6 +29,7 @@ type (
 		Key            scalar[string]  `yaml:"key"`
 		Value          scalar[string]  `yaml:"value"`
 		RateLimit      *rawRateLimit   `yaml:"rate_limit"`
+		RateLimits     []rawRateLimit  `yaml:"rate_limits"` // extension: several limits, each its own counter
 		Descriptors    []rawDescriptor `yaml:"descriptors"`
 		ShadowMode     scalar[bool]    `yaml:"shadow_mode"`
 		DetailedMetric scalar[bool]    `yaml:"detailed_metric"`
@@ -47,6 +48,7 @@ type (
 		Algorithm      scalar[string] `yaml:"algorithm"`
 		UnitMultiplier scalar[uint32] `yaml:"unit_multiplier"`
 		FailureMode    scalar[string] `yaml:"failure_mode"`
+		RecordCosts    scalar[string] `yaml:"record_costs"`
 	}
 	rawReplace struct {
 		Name scalar[string] `yaml:"name"`
@@ -59,6 +61,7 @@ var yamlNames = map[string]string{
 	reflect.TypeFor[rawDescriptor]().String():   "descriptor",
 	reflect.TypeFor[[]rawDescriptor]().String(): "descriptors",
 	reflect.TypeFor[rawRateLimit]().String():    "rate_limit",
+	reflect.TypeFor[[]rawRateLimit]().String():  "rate_limits",
 	reflect.TypeFor[rawReplace]().String():      "replaces entry",
 	reflect.TypeFor[[]rawReplace]().String():    "replaces",
 }
@@ -348,14 +351,16 @@ func (p *parser) descriptors(raws []rawDescriptor, lvl level, path []Level, line
 		n := &node{}
 		lvl.add(l, n)
 		here := append(path[:len(path):len(path)], l) // a copy: each rule owns its Levels
-		if rd.RateLimit != nil {
-			r, err := p.rule(rd, here)
+		if rd.RateLimit != nil || len(rd.RateLimits) > 0 {
+			rules, err := p.rules(rd, here)
 			if err != nil {
 				return err
 			}
-			r.Metadata = metadata
-			n.rule = r
-			p.domain.rules = append(p.domain.rules, r)
+			for _, r := range rules {
+				r.Metadata = metadata
+			}
+			n.rule = rules[0]
+			p.domain.rules = append(p.domain.rules, rules...)
 		} else if metadata != nil {
 			// The reference ignores it too: only a matched rate_limit's
 			// metadata reaches an answer.
@@ -371,9 +376,63 @@ func (p *parser) descriptors(raws []rawDescriptor, lvl level, path []Level, line
 	return nil
 }
 
-// rule validates the rate_limit of rd, a descriptor at the end of levels.
-func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
-	rl := rd.RateLimit
+// rules validates the limits of rd, a descriptor at the end of levels: its
+// rate_limit, then each of its rate_limits. Several limits each have their
+// own counter, so no two may share an algorithm and a window, and none may
+// be unlimited.
+func (p *parser) rules(rd *rawDescriptor, levels []Level) ([]*Rule, error) {
+	var raws []*rawRateLimit
+	if rd.RateLimit != nil {
+		raws = append(raws, rd.RateLimit)
+	}
+	for i := range rd.RateLimits {
+		raws = append(raws, &rd.RateLimits[i])
+	}
+	rules := make([]*Rule, len(raws))
+	for i, rl := range raws {
+		r, err := p.rule(rd, rl, levels)
+		if err != nil {
+			return nil, err
+		}
+		rules[i] = r
+		if len(raws) == 1 {
+			break
+		}
+		line := firstLine(rl, rd.Key.Line)
+		if r.Unlimited {
+			return nil, p.errorf(line, "a descriptor with several limits cannot have an unlimited one")
+		}
+		for _, prev := range rules[:i] {
+			if prev.Algorithm == r.Algorithm && prev.Window() == r.Window() {
+				return nil, p.errorf(line, "two limits of one descriptor with algorithm %s and a window of %v would share one counter", r.Algorithm, r.Window())
+			}
+		}
+		// Each limit is a rule of its own in metrics and /rlconfig.
+		r.path += fmt.Sprintf(" [%d]", i)
+	}
+	for _, r := range rules {
+		r.limits = rules
+	}
+	return rules, nil
+}
+
+// firstLine returns the line of rl's first field, or line when it has none.
+func firstLine(rl *rawRateLimit, line int) int {
+	first := 0
+	for _, l := range []int{rl.Unit.Line, rl.RequestsPerUnit.Line, rl.Unlimited.Line, rl.Name.Line, rl.Algorithm.Line,
+		rl.UnitMultiplier.Line, rl.FailureMode.Line, rl.RecordCosts.Line} {
+		if l > 0 && (first == 0 || l < first) {
+			first = l
+		}
+	}
+	if first == 0 {
+		return line
+	}
+	return first
+}
+
+// rule validates rl, a limit of rd, a descriptor at the end of levels.
+func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rule, error) {
 	line := rd.Key.Line // reported for an absent field
 	r := &Rule{
 		Domain:          p.domain.name,
@@ -383,6 +442,7 @@ func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
 		UnitMultiplier:  1,
 		Algorithm:       p.defaults.Algorithm,
 		FailureMode:     p.defaults.FailureMode,
+		RecordCosts:     p.defaults.RecordCosts,
 		Unlimited:       rl.Unlimited.V,
 		ShadowMode:      rd.ShadowMode.V,
 		QuotaMode:       rd.QuotaMode.V,
@@ -440,6 +500,11 @@ func (p *parser) rule(rd *rawDescriptor, levels []Level) (*Rule, error) {
 			return nil, p.errorf(rl.FailureMode.Line, "%v", err)
 		}
 	}
+	if rl.RecordCosts.Set {
+		if r.RecordCosts, err = ParseCostRecording(rl.RecordCosts.V); err != nil {
+			return nil, p.errorf(rl.RecordCosts.Line, "%v", err)
+		}
+	}
 	if r.Algorithm == SlidingWindowLog && r.RequestsPerUnit > MaxLogLimit {
 		return nil, p.errorf(rl.RequestsPerUnit.Line,
 			"requests_per_unit %d is above the sliding_window_log maximum of %d (one stored member per unit); use sliding_window_counter",
@@ -463,6 +528,7 @@ func (p *parser) unlimited(rl *rawRateLimit) error {
 		{"unit_multiplier", rl.UnitMultiplier.Set, rl.UnitMultiplier.Line},
 		{"algorithm", rl.Algorithm.Set, rl.Algorithm.Line},
 		{"failure_mode", rl.FailureMode.Set, rl.FailureMode.Line},
+		{"record_costs", rl.RecordCosts.Set, rl.RecordCosts.Line},
 	} {
 		if f.set {
 			return p.errorf(f.line, "should not specify rate limit %s when unlimited", f.name)

@@ -30,12 +30,8 @@ func decideCall(t *testing.T, client *redis.Client, reqs ...request) [][4]int64 
 		}
 		args = append(args, n)
 		for _, h := range r.hits {
-			code := algorithmID(h.Algorithm)
-			if h.Shadow {
-				code += 4
-			}
 			keys = append(keys, h.Key)
-			args = append(args, code, h.Limit, int64(h.Window/time.Second), h.Cost)
+			args = append(args, hitCode(h), h.Limit, int64(h.Window/time.Second), luaCost(h))
 		}
 	}
 	vals, err := decideScript.Run(context.Background(), client, keys, args...).Int64Slice()

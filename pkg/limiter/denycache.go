@@ -12,9 +12,10 @@ import (
 // same limit and the same cost, before the wait Redis announced. A lighter
 // cost might fit and a heavier one waits longer, so both go to Redis.
 // Capacity freed in ways this instance cannot see (a refund across cluster
-// slots, an admin Reset on another instance) could make a cached denial
-// wrong, so entries live at most maxAge: the error is bounded, and towards
-// denying.
+// slots, a Refund hit or an admin Reset on another instance) could make a
+// cached denial wrong, so entries live at most maxAge: the error is bounded,
+// and towards denying. A Refund hit through this instance drops its
+// counter's entry (see Limiter.rememberDenials).
 //
 // Memory is bounded in bytes, not entries: each entry is accounted as its
 // key's length plus denyEntryOverhead, and the cache holds at most maxBytes
@@ -129,7 +130,7 @@ func (c *denyCache) remember(h Hit, v Verdict, sent time.Time) {
 }
 
 // forget drops what the cache knows of key, so that the next hit on it asks
-// Redis: after a Reset.
+// Redis: after a Reset or a refund.
 func (c *denyCache) forget(key string) {
 	s := c.shard(key)
 	s.mu.Lock()

@@ -51,11 +51,23 @@ type Hit struct {
 	// Window is the length of the window, a whole number of seconds.
 	Window time.Duration
 	// Cost is the number of units this hit consumes; 0 checks without
-	// consuming.
+	// consuming, and is denied while nothing remains.
 	Cost uint64
 	// Shadow marks a hit that is evaluated and accounted as usual, but whose
 	// denial does not deny the request.
 	Shadow bool
+	// Record marks a cost that was spent before it was reported (Envoy's
+	// apply_on_stream_done: tokens streamed, bytes sent): it is charged
+	// whether it fits or not, and whatever the request's other hits say. Past
+	// the limit it is a debt, which denies later hits until the window has
+	// slid past it; the hit is then denied, and still Charged.
+	Record bool
+	// Refund marks a hit that gives Cost units back to the counter instead of
+	// taking them (Envoy's is_negative_hits): never below zero, and never
+	// units of another window than the current one (see scripts/lua). It is
+	// always admitted and applied whatever the request's other hits say, and
+	// it drops the deny cache's entry of the counter.
+	Refund bool
 	// FailureMode answers the hit when the store cannot. Deny gives a
 	// denial; allow and FailureDefer (zero) give an admission that charged
 	// nothing, and the caller tells those two apart.
@@ -67,7 +79,8 @@ type Verdict struct {
 	// Admitted reports that the hit fits its limit.
 	Admitted bool
 	// Charged reports that the hit's cost was recorded. An admitted hit is
-	// not charged when another enforced hit of the same request was denied.
+	// not charged when another enforced hit of the same request was denied;
+	// a Record hit is charged even when denied.
 	Charged bool
 	// CostExceedsLimit reports a hit whose cost is larger than its limit:
 	// it can never be admitted, so it was denied without asking the store.
@@ -79,7 +92,8 @@ type Verdict struct {
 	Remaining uint64
 	// ResetAfter is, for an admitted hit, the time until the window is
 	// empty again; for a denied hit, the time until its cost would fit,
-	// provided nothing else arrives meanwhile.
+	// provided nothing else arrives meanwhile; for a Record hit that was
+	// denied, and for a Refund that left nothing, until one unit fits.
 	ResetAfter time.Duration
 }
 
@@ -293,7 +307,8 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	merged := make([]Hit, 0, len(hits))
 	groupOf := make([]int, len(hits))
 	for i, h := range hits {
-		g := slices.IndexFunc(merged, func(m Hit) bool { return m.Key == h.Key })
+		// A refund gives back, a charge takes: they are not one demand.
+		g := slices.IndexFunc(merged, func(m Hit) bool { return m.Key == h.Key && m.Refund == h.Refund })
 		if g < 0 {
 			merged = append(merged, h)
 			groupOf[i] = len(merged) - 1
@@ -308,6 +323,7 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 			m.Limit = h.Limit
 		}
 		m.Shadow = m.Shadow && h.Shadow
+		m.Record = m.Record || h.Record // a cost already spent is counted
 		if h.FailureMode == config.FailureDeny {
 			m.FailureMode = config.FailureDeny
 		}
@@ -321,11 +337,11 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	return verdicts, err
 }
 
-// sharesKeys reports whether two hits name the same counter.
+// sharesKeys reports whether two hits are one demand on the same counter.
 func sharesKeys(hits []Hit) bool {
 	for i := range hits {
 		for j := i + 1; j < len(hits); j++ {
-			if hits[i].Key == hits[j].Key {
+			if hits[i].Key == hits[j].Key && hits[i].Refund == hits[j].Refund {
 				return true
 			}
 		}
@@ -343,6 +359,10 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	sent := make([]int, 0, len(hits))
 	now := time.Now()
 	for i, h := range hits {
+		if h.Record || h.Refund {
+			sent = append(sent, i) // a cost already spent, or given back: always to the store
+			continue
+		}
 		if h.Cost > uint64(h.Limit) {
 			// Never admissible: answer at once, without a store write.
 			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.Window}
@@ -425,11 +445,7 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 	for j, i := range group {
 		h := hits[i]
 		keys[j] = h.Key
-		code := algorithmID(h.Algorithm)
-		if h.Shadow {
-			code += 4
-		}
-		args = append(args, code, h.Limit, int64(h.Window/time.Second), h.Cost)
+		args = append(args, hitCode(h), h.Limit, int64(h.Window/time.Second), luaCost(h))
 	}
 	start := time.Now()
 	server, err := l.router.server(ctx, keys[0])
@@ -456,8 +472,8 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 	for j, i := range group {
 		r := reply[4*j : 4*j+4]
 		verdicts[i] = Verdict{
-			Admitted:   r[0] > 0,
-			Charged:    r[0] == 2,
+			Admitted:   r[0] == 1 || r[0] == 2,
+			Charged:    r[0] >= 2,
 			Remaining:  uint64(max(r[1], 0)),
 			ResetAfter: time.Duration(r[2]) * time.Microsecond,
 		}
@@ -466,14 +482,20 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 	return nil
 }
 
-// rememberDenials puts the group's enforced denials in the deny cache.
+// rememberDenials puts the group's enforced denials in the deny cache, and
+// drops the entries of counters a refund gave units back to. A Record hit's
+// denial is not kept: the next report must reach the store to be recorded.
 func (l *Limiter) rememberDenials(hits []Hit, group []int, verdicts []Verdict, sent time.Time) {
 	if l.denied == nil {
 		return
 	}
 	for _, i := range group {
-		if v := verdicts[i]; !v.Admitted && !v.FailureVerdict && !hits[i].Shadow {
-			l.denied.remember(hits[i], v, sent)
+		h, v := hits[i], verdicts[i]
+		switch {
+		case h.Refund:
+			l.denied.forget(h.Key)
+		case !v.Admitted && !v.FailureVerdict && !h.Shadow && !h.Record:
+			l.denied.remember(h, v, sent)
 		}
 	}
 }
@@ -544,7 +566,8 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 		var keys []string
 		var args []any
 		for _, i := range group {
-			if v := &verdicts[i]; v.Charged {
+			// A recorded cost was spent whatever the request's fate: it stays.
+			if v := &verdicts[i]; v.Charged && !hits[i].Record {
 				keys = append(keys, hits[i].Key)
 				args = append(args, algorithmID(hits[i].Algorithm), tokens[i], hits[i].Cost)
 				v.Charged = false
@@ -584,7 +607,7 @@ func deniedAny(hits []Hit, verdicts []Verdict) bool {
 // the charges of the other slots stay (errors go towards denying); the
 // caller turns it into an error for Envoy's own failure mode.
 func failureVerdict(h Hit) Verdict {
-	if h.FailureMode == config.FailureDeny {
+	if h.FailureMode == config.FailureDeny && !h.Refund { // a refund never denies
 		return Verdict{FailureVerdict: true, ResetAfter: FailureRetry}
 	}
 	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.Limit)}
@@ -596,6 +619,31 @@ func saturatingAdd(a, b uint64) uint64 {
 	}
 	return a + b
 }
+
+// hitCode is a hit's code for decide.lua: its algorithm, plus 8 for a
+// shadow hit, plus 16 for a cost recorded even when it does not fit, plus 32
+// for a refund.
+func hitCode(h Hit) int {
+	code := algorithmID(h.Algorithm)
+	if h.Shadow {
+		code += 8
+	}
+	if h.Record {
+		code += 16
+	}
+	if h.Refund {
+		code += 32
+	}
+	return code
+}
+
+// maxLuaCost bounds the cost sent to decide.lua: Lua numbers are exact up to
+// 2^53, and no counter holds more (scripts/lua/prelude.lua's max_count is
+// 2^52).
+const maxLuaCost = 1 << 53
+
+// luaCost is a hit's cost for decide.lua.
+func luaCost(h Hit) uint64 { return min(h.Cost, maxLuaCost) }
 
 // algorithmID is the algorithm's index in decide.lua's table.
 func algorithmID(a config.Algorithm) int {

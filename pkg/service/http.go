@@ -97,6 +97,7 @@ type ruleView struct {
 	UnitMultiplier  uint32   `json:"unit_multiplier,omitempty"`
 	Algorithm       string   `json:"algorithm,omitempty"`
 	FailureMode     string   `json:"failure_mode,omitempty"`
+	RecordCosts     string   `json:"record_costs,omitempty"`
 	ShadowMode      bool     `json:"shadow_mode,omitempty"`
 	QuotaMode       bool     `json:"quota_mode,omitempty"`
 	Replaces        []string `json:"replaces,omitempty"`
@@ -127,7 +128,7 @@ func (s *Service) ConfigHandler() http.Handler {
 			}
 			if !r.Unlimited {
 				rv.RequestsPerUnit, rv.Unit, rv.UnitMultiplier = r.RequestsPerUnit, r.Unit.String(), r.UnitMultiplier
-				rv.Algorithm, rv.FailureMode = r.Algorithm.String(), r.FailureMode.String()
+				rv.Algorithm, rv.FailureMode, rv.RecordCosts = r.Algorithm.String(), r.FailureMode.String(), r.RecordCosts.String()
 			}
 			view.Rules = append(view.Rules, rv)
 		}

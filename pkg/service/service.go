@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -201,12 +202,16 @@ type limit struct {
 	multiplier      uint32
 	algorithm       config.Algorithm
 	failureMode     config.FailureMode
+	recordCosts     config.CostRecording
 	shadow          bool
 	quota           bool // quota_mode: denies only with every quota descriptor of the request
 	unlimited       bool
 	replaces        []string         // names of the limits this one drops
 	metadata        *structpb.Struct // for dynamic_metadata; shared, never modified
 	hit             int              // index into the request's hits, or -1
+	// also holds the descriptor's other limits (rate_limits), each with a
+	// counter and a hit of its own; the answer shows the tightest.
+	also []*limit
 }
 
 // ShouldRateLimit answers one Envoy rate limit request.
@@ -223,11 +228,15 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			s.opts.Metrics.InvalidRequest("bad_override")
 			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 		}
-		if l != nil && s.opts.ShadowMode {
-			l.shadow = true
-		}
-		if l != nil && s.opts.QuotaMode {
-			l.quota = true
+		if l != nil && (s.opts.ShadowMode || s.opts.QuotaMode) {
+			for j := -1; j < len(l.also); j++ {
+				each := l
+				if j >= 0 {
+					each = l.also[j]
+				}
+				each.shadow = each.shadow || s.opts.ShadowMode
+				each.quota = each.quota || s.opts.QuotaMode
+			}
 		}
 		limits[i] = l
 	}
@@ -244,18 +253,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			continue
 		}
 		d := req.Descriptors[i]
-		cost := requestCost
-		if d.HitsAddend != nil {
-			cost = d.HitsAddend.Value
-		}
-		if l.requestsPerUnit == 0 {
-			// A zero limit admits nothing, not even a check of cost 0:
-			// the limiter denies a cost above the limit without a store
-			// call, and charges no other descriptor of the request.
-			cost = max(cost, 1)
-		}
 		l.hit = len(hits)
-		hits = append(hits, l.storeHit(&kb, req.Domain, d.Entries, cost))
+		hits = append(hits, l.costHit(&kb, req.Domain, d, requestCost))
+		for _, a := range l.also {
+			a.hit = len(hits)
+			hits = append(hits, a.costHit(&kb, req.Domain, d, requestCost))
+		}
 	}
 
 	var verdicts []limiter.Verdict
@@ -330,8 +333,6 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 		switch {
 		case len(d.Entries) > s.opts.MaxEntries:
 			return invalid("too_many_entries", "descriptor %d has more than the limit of %d entries", i, s.opts.MaxEntries)
-		case d.IsNegativeHits:
-			return invalid("negative_hits", "descriptor %d: is_negative_hits is not supported", i)
 		}
 		for j, e := range d.Entries {
 			if e.Key == "" {
@@ -358,30 +359,24 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 	if rule == nil && (override == nil || !cfg.HasDomain(domain)) {
 		return nil, nil
 	}
-	l := &limit{rule: rule, hit: -1}
+	var l *limit
 	if rule != nil {
-		*l = limit{
-			rule:            rule,
-			name:            rule.Name,
-			requestsPerUnit: rule.RequestsPerUnit,
-			unit:            rule.Unit,
-			multiplier:      rule.UnitMultiplier,
-			algorithm:       rule.Algorithm,
-			failureMode:     rule.FailureMode,
-			shadow:          rule.ShadowMode,
-			quota:           rule.QuotaMode,
-			unlimited:       rule.Unlimited,
-			replaces:        rule.Replaces,
-			metadata:        rule.Metadata,
-			hit:             -1,
-		}
+		l = ruleLimit(rule)
 	} else {
+		l = &limit{hit: -1}
 		defaults := cfg.Defaults()
-		l.algorithm, l.failureMode = defaults.Algorithm, defaults.FailureMode
+		l.algorithm, l.failureMode, l.recordCosts = defaults.Algorithm, defaults.FailureMode, defaults.RecordCosts
 	}
 	if override == nil {
+		if all := rule.Limits(); len(all) > 1 {
+			l.also = make([]*limit, len(all)-1)
+			for i, r := range all[1:] {
+				l.also[i] = ruleLimit(r)
+			}
+		}
 		return l, nil
 	}
+	// An override replaces the rule's numbers: one limit, the override's.
 	unit, ok := unitFromOverride(override.Unit)
 	if !ok {
 		return nil, fmt.Errorf("limit override has unit %v", override.Unit)
@@ -404,17 +399,38 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 	return l, nil
 }
 
+// ruleLimit is the limit a rule sets.
+func ruleLimit(rule *config.Rule) *limit {
+	return &limit{
+		rule:            rule,
+		name:            rule.Name,
+		requestsPerUnit: rule.RequestsPerUnit,
+		unit:            rule.Unit,
+		multiplier:      rule.UnitMultiplier,
+		algorithm:       rule.Algorithm,
+		failureMode:     rule.FailureMode,
+		recordCosts:     rule.RecordCosts,
+		shadow:          rule.ShadowMode,
+		quota:           rule.QuotaMode,
+		unlimited:       rule.Unlimited,
+		replaces:        rule.Replaces,
+		metadata:        rule.Metadata,
+		hit:             -1,
+	}
+}
+
 func (l *limit) window() time.Duration {
 	return l.unit.Duration() * time.Duration(l.multiplier)
 }
 
 // dropReplaced removes the limits that another matched limit replaces
-// (rate_limit.replaces), as envoyproxy/ratelimit does.
+// (rate_limit.replaces), as envoyproxy/ratelimit does. Of a descriptor with
+// several limits, only those replaced go.
 func dropReplaced(limits []*limit) {
 	var replaced map[string]bool
-	for _, l := range limits {
-		if l == nil || len(l.replaces) == 0 {
-			continue
+	mark := func(l *limit) {
+		if len(l.replaces) == 0 {
+			return
 		}
 		if replaced == nil {
 			replaced = map[string]bool{}
@@ -423,14 +439,55 @@ func dropReplaced(limits []*limit) {
 			replaced[name] = true
 		}
 	}
+	for _, l := range limits {
+		if l == nil {
+			continue
+		}
+		mark(l)
+		for _, a := range l.also {
+			mark(a)
+		}
+	}
 	if replaced == nil {
 		return
 	}
+	gone := func(l *limit) bool { return l.name != "" && replaced[l.name] }
 	for i, l := range limits {
-		if l != nil && l.name != "" && replaced[l.name] {
+		if l == nil {
+			continue
+		}
+		l.also = slices.DeleteFunc(l.also, gone)
+		if gone(l) {
 			limits[i] = nil
+			if len(l.also) > 0 {
+				limits[i], l.also[0].also = l.also[0], l.also[1:]
+			}
 		}
 	}
+}
+
+// costHit is the limiter's hit for descriptor d of a request whose cost is
+// requestCost. A descriptor's own hits_addend wins; with is_negative_hits the
+// cost is given back. Whether a cost that does not fit is recorded anyway
+// (a cost reported after it was spent) is the limit's record_costs.
+func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateLimitDescriptor, requestCost uint64) limiter.Hit {
+	cost, fromDescriptor := requestCost, false
+	if d.HitsAddend != nil {
+		cost, fromDescriptor = d.HitsAddend.Value, true
+	}
+	if l.requestsPerUnit == 0 {
+		// A zero limit admits nothing, not even a check of cost 0, and
+		// keeps no count: the limiter denies a cost above the limit
+		// without a store call, and charges no other descriptor of the
+		// request.
+		return l.storeHit(kb, domain, d.Entries, max(cost, 1))
+	}
+	h := l.storeHit(kb, domain, d.Entries, cost)
+	h.Refund = d.IsNegativeHits
+	// A check (cost 0) records nothing: it stays a plain hit, which the deny
+	// cache may answer.
+	h.Record = !h.Refund && cost > 0 && l.recordCosts.Records(fromDescriptor)
+	return h
 }
 
 // storeHit is the limiter's hit for a descriptor under this limit.
@@ -478,8 +535,12 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 	}
 	var retryAfter time.Duration
 	var q quotas
-	tightest := -1 // the limited descriptor with the least remaining
-	denying := -1  // the last ordinary descriptor over its limit
+	tightest := -1           // the limited descriptor with the least remaining
+	denying := -1            // the last ordinary descriptor over its limit
+	var shownLimits []*limit // the limit each status shows, for the headers
+	if s.opts.RateLimitHeaders {
+		shownLimits = make([]*limit, len(limits))
+	}
 	for i, l := range limits {
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
@@ -494,26 +555,43 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 			s.opts.Metrics.Decision(domain, l.label(), metrics.Unlimited)
 			continue
 		}
-		v := verdicts[l.hit]
-		s.opts.Metrics.Decision(domain, l.label(), s.outcome(l, v))
-		st.CurrentLimit = l.currentLimit()
+		// A descriptor with several limits shows the tightest: a denial,
+		// the longest wait first; else the least remaining.
+		shown, v := l, verdicts[l.hit]
+		for j := -1; j < len(l.also); j++ {
+			m := l
+			if j >= 0 {
+				m = l.also[j]
+			}
+			mv := verdicts[m.hit]
+			if tighter(m, mv, shown, v) {
+				shown, v = m, mv
+			}
+			s.opts.Metrics.Decision(domain, m.label(), s.outcome(m, mv))
+			if mv.CostExceedsLimit && m.requestsPerUnit > 0 {
+				s.log.Warn("cost exceeds the limit: denied without a store call",
+					zap.String("domain", domain), zap.Stringer("rule", m), zap.Uint64("cost", hits[m.hit].Cost))
+			}
+			if mv.FailureVerdict && m.failureMode == config.FailureDefer && !m.shadow && deferred == nil {
+				deferred = m
+			}
+			if !mv.Admitted && m.shadow {
+				s.log.Info("shadow mode: would deny", zap.String("domain", domain), zap.Stringer("rule", m))
+			}
+		}
+		if shownLimits != nil {
+			shownLimits[i] = shown
+		}
+		st.CurrentLimit = shown.currentLimit()
 		st.LimitRemaining = uint32(min(v.Remaining, math.MaxUint32))
 		st.DurationUntilReset = durationpb.New(v.ResetAfter)
-		if v.CostExceedsLimit && l.requestsPerUnit > 0 {
-			s.log.Warn("cost exceeds the limit: denied without a store call",
-				zap.String("domain", domain), zap.Stringer("rule", l), zap.Uint64("cost", hits[l.hit].Cost))
-		}
-		if v.FailureVerdict && l.failureMode == config.FailureDefer && !l.shadow && deferred == nil {
-			deferred = l
-		}
 		if !v.Admitted {
 			// The remaining of a denial is 0, as the reference answers,
 			// even when fewer units than the cost are left.
 			st.LimitRemaining = 0
 			switch {
-			case l.shadow:
-				s.log.Info("shadow mode: would deny", zap.String("domain", domain), zap.Stringer("rule", l))
-			case l.quota:
+			case shown.shadow: // tighter shows an enforced denial first: none denies
+			case shown.quota:
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			default:
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -522,9 +600,9 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 				denying = i
 			}
 		}
-		q.count(i, l.quota, st.Code == rlsv3.RateLimitResponse_OK, v.ResetAfter)
+		q.count(i, shown.quota, st.Code == rlsv3.RateLimitResponse_OK, v.ResetAfter)
 		// Shadow rules never limit, so they never are the tightest.
-		if !l.shadow && (tightest < 0 || st.LimitRemaining < resp.Statuses[tightest].LimitRemaining) {
+		if !shown.shadow && (tightest < 0 || st.LimitRemaining < resp.Statuses[tightest].LimitRemaining) {
 			tightest = i
 		}
 	}
@@ -544,7 +622,7 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 		tightest = q.firstFreeAt
 	}
 	if s.opts.RateLimitHeaders && tightest >= 0 {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, s.rateLimitHeaders(limits[tightest], resp.Statuses[tightest])...)
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, s.rateLimitHeaders(shownLimits[tightest], resp.Statuses[tightest])...)
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		deferred = nil
@@ -577,6 +655,21 @@ func (q *quotas) count(i int, quota, passed bool, wait time.Duration) {
 
 // allOver reports a request with quota descriptors, all over their limit.
 func (q *quotas) allOver() bool { return q.total > 0 && q.over == q.total }
+
+// tighter reports whether limit a with verdict va is to be shown rather than
+// b with vb, of one descriptor: an enforced denial before anything else, the
+// longer wait first (the request passes only when every limit fits); else
+// the least remaining.
+func tighter(a *limit, va limiter.Verdict, b *limit, vb limiter.Verdict) bool {
+	aDenied, bDenied := !va.Admitted && !a.shadow, !vb.Admitted && !b.shadow
+	switch {
+	case aDenied != bDenied:
+		return aDenied
+	case aDenied:
+		return va.ResetAfter > vb.ResetAfter
+	}
+	return va.Remaining < vb.Remaining
+}
 
 // outcome classifies a decision for metrics.
 func (s *Service) outcome(l *limit, v limiter.Verdict) metrics.Outcome {

@@ -5,18 +5,27 @@
 --          request (each key carries its hash tag)
 -- args     per request: n, the number of its hits, negated to only check
 --          (never charge); then four values per hit: code (algorithm 1 log,
---          2 counter, 3 fixed, plus 4 for a shadow hit), limit, window in
---          seconds, cost
+--          2 counter, 3 fixed, plus 8 for a shadow hit, plus 16 for a cost
+--          that is recorded even when it does not fit, plus 32 for a refund
+--          of cost units), limit, window in seconds, cost
 --
 -- A request is charged only when every enforced (non-shadow) hit fits. A
 -- shadow hit that does not fit neither denies its request nor is charged.
--- Requests later in the batch see the charges of earlier ones, so a burst at
--- one key is decided in order, as if the requests had come one by one.
+-- A recorded hit (a cost reported after the fact) is charged whatever its
+-- request's fate, even past its limit: the debt then denies later hits until
+-- the window has slid past it. A refund gives units back (see each
+-- algorithm's refund), never denies, and is applied whatever its request's
+-- fate. A check (cost 0) asks for one unit: it is denied while nothing
+-- remains. Requests later in the batch see the charges of earlier ones, so a
+-- burst at one key is decided in order, as if the requests had come one by
+-- one.
 --
 -- Reply: four integers per hit, in order: state (0 denied, 1 admitted and
--- not charged, 2 admitted and charged), remaining, microseconds until reset
--- (see each algorithm's result), and a refund token: what refund.lua needs
--- to undo a charge (the log's score, the counters' window index).
+-- not charged, 2 admitted and charged, 3 denied but charged: a recorded cost
+-- that did not fit), remaining, microseconds until reset (see each
+-- algorithm's result; for a recorded cost that did not fit and for a refund,
+-- until one unit fits), and a refund token: what refund.lua needs to undo a
+-- charge (the log's score, the counters' window index).
 local algorithms = { sliding_window_log, sliding_window_counter, fixed_window }
 
 local function decide(keys, args)
@@ -39,18 +48,23 @@ local function decide(keys, args)
       local code = tonumber(args[a])
       local hit = {
         key = keys[k],
-        alg = algorithms[code % 4],
+        alg = algorithms[code % 8],
         limit = tonumber(args[a + 1]),
         window = tonumber(args[a + 2]) * 1000000,
         cost = tonumber(args[a + 3]),
-        shadow = code >= 4,
+        shadow = code % 16 >= 8,
+        record = code % 32 >= 16,
+        refund = code >= 32,
       }
+      hit.need = math.max(hit.cost, 1)
       local d = denied[hit.key]
-      if d and d.limit == hit.limit and d.cost == hit.cost then
+      if hit.refund then
+        hit.st = { admit = true } -- a refund: applied below
+      elseif d and d.limit == hit.limit and d.cost == hit.cost and not hit.record then
         hit.again = d
         hit.st = { admit = false }
       else
-        hit.st = hit.alg.check(hit.key, hit.limit, hit.window, hit.cost, now)
+        hit.st = hit.alg.check(hit.key, hit.limit, hit.window, hit.need, now)
       end
       if not hit.st.admit and not hit.shadow then
         charge = false
@@ -60,21 +74,36 @@ local function decide(keys, args)
       k = k + 1
     end
     for _, hit in ipairs(hits) do
-      local charged = charge and hit.st.admit and hit.cost > 0
+      local charged = not hit.refund and hit.cost > 0 and (hit.record or charge and hit.st.admit)
       local remaining, reset
       if hit.again then
         remaining, reset = hit.again.remaining, hit.again.reset
+      elseif hit.refund or charged and not hit.st.admit then
+        -- A refund, or a recorded cost past the limit: the state changed, so
+        -- the answer is about the next unit.
+        if hit.refund then
+          hit.alg.refund(hit.key, hit.cost, hit.limit, hit.window, now)
+        else
+          hit.alg.commit(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
+        end
+        denied[hit.key] = nil
+        local st = hit.alg.check(hit.key, hit.limit, hit.window, 1, now)
+        remaining, reset = hit.alg.result(hit.key, st, hit.limit, hit.window, 1, now)
       else
         if charged then
           hit.alg.commit(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
           denied[hit.key] = nil
         end
-        remaining, reset = hit.alg.result(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
+        remaining, reset = hit.alg.result(hit.key, hit.st, hit.limit, hit.window, hit.need, now)
         if not hit.st.admit then
           denied[hit.key] = { limit = hit.limit, cost = hit.cost, remaining = remaining, reset = reset }
         end
       end
-      reply[#reply + 1] = charged and 2 or (hit.st.admit and 1 or 0)
+      local state = hit.st.admit and 1 or 0
+      if charged then
+        state = hit.st.admit and 2 or 3
+      end
+      reply[#reply + 1] = state
       reply[#reply + 1] = math.floor(remaining)
       reply[#reply + 1] = math.floor(reset)
       reply[#reply + 1] = charged and hit.st.token or 0

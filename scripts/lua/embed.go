@@ -2,8 +2,9 @@
 // the binary so the deployed service always runs the scripts it was tested
 // with.
 //
-// Each algorithm lives in its own file and defines a local table with three
-// functions (check, commit, result); prelude.lua holds their shared helpers.
+// Each algorithm lives in its own file and defines a local table with four
+// functions (check, commit, result, refund); prelude.lua holds their shared
+// helpers.
 // decide.lua runs them: it reads Redis TIME once and decides a batch of
 // requests in order, each all or nothing. The decide code reaches Redis in
 // one of two forms: Library, a Redis Functions library (Redis 7 and later:

@@ -28,9 +28,19 @@ function fixed_window.check(key, limit, window, cost, now)
 end
 
 function fixed_window.commit(key, st, limit, window, cost, now)
-  st.used = st.used + cost
+  st.used = math.min(st.used + cost, max_count)
   write_later(key, fmt(st.token) .. ':' .. fmt(st.used), fmt(math.ceil((window - st.elapsed) / 1000)))
   seen[key] = { used = st.used, token = st.token }
+end
+
+-- refund takes up to units back from this window's count, never below zero;
+-- a count of another window is not this window's to give back.
+function fixed_window.refund(key, units, limit, window, now)
+  local st = fixed_window.check(key, limit, window, 0, now)
+  local back = math.min(st.used, units)
+  if back > 0 then
+    fixed_window.commit(key, st, limit, window, -back, now)
+  end
 end
 
 -- result: the counter resets when the window ends; an empty one is whole now.

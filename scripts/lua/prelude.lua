@@ -6,6 +6,10 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
+-- max_count caps a window counter: recorded debts can grow it past any
+-- limit, and Lua numbers stay exact below 2^53.
+local max_count = 2 ^ 52
+
 -- parse_windows reads a window counter's string (see fixed_window.lua and
 -- sliding_window_counter.lua), "<index>:<count>[:<previous count>]"; nil reads as
 -- nothing counted.

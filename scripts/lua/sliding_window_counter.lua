@@ -5,6 +5,10 @@
 -- at KEY, "<window index>:<count>:<previous window's count>" (see
 -- parse_windows): one key named and touched per call, one GET
 -- to read, one SET with its expiry per call that charges it.
+--
+-- A debt (a recorded cost past the limit) is part of this window's count:
+-- it weighs fully to the window's end, then, as the previous count, less and
+-- less as the sliding window leaves it behind.
 local sliding_window_counter = {}
 
 function sliding_window_counter.estimate(st, elapsed)
@@ -34,11 +38,22 @@ function sliding_window_counter.check(key, limit, window, cost, now)
 end
 
 function sliding_window_counter.commit(key, st, limit, window, cost, now)
-  st.curr = st.curr + cost
+  st.curr = math.min(st.curr + cost, max_count)
   -- This window's count is read as "previous" through the whole next window.
   write_later(key, fmt(st.token) .. ':' .. fmt(st.curr) .. ':' .. fmt(st.prev),
     fmt(math.ceil((2 * window - st.elapsed) / 1000)))
   seen[key] = { prev = st.prev, curr = st.curr, token = st.token }
+end
+
+-- refund takes up to units back from this window's count, never below zero
+-- and never from the previous window: units charged there are not this
+-- window's to give back.
+function sliding_window_counter.refund(key, units, limit, window, now)
+  local st = sliding_window_counter.check(key, limit, window, 0, now)
+  local back = math.min(st.curr, units)
+  if back > 0 then
+    sliding_window_counter.commit(key, st, limit, window, -back, now)
+  end
 end
 
 -- first_fit returns the first whole microsecond of elapsed time at which the

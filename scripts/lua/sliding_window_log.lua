@@ -2,6 +2,11 @@
 -- microseconds. A hit at score s counts while s > now - window, so the window
 -- is exact: no boundary to straddle. Only admitted hits are recorded; a cost
 -- of N records N members. Memory grows with the limit (one member per unit).
+--
+-- A debt (a recorded cost past the limit) is members like any other, and
+-- leaves the window with them. One charge records at most limit members:
+-- they share one score, and limit members at one score already fill every
+-- window that holds them, so more would change no decision.
 
 local sliding_window_log = {}
 
@@ -25,6 +30,7 @@ end
 -- exceed it, which keeps every member unique without asking the caller for
 -- a nonce.
 function sliding_window_log.commit(key, st, limit, window, cost, now)
+  cost = math.min(cost, limit)
   local score, newest = now, st.prior and st.prior.newest
   if not newest then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', st.oldest)
@@ -62,6 +68,18 @@ function sliding_window_log.commit(key, st, limit, window, cost, now)
   st.token = score -- names the members, for a refund
   st.newest = score
   seen[key] = { used = st.used, newest = score }
+end
+
+-- refund removes up to units of the newest members still in the window: the
+-- units a recent charge took. Members that left the window are not counted
+-- anyway, so nothing of another window is given back.
+function sliding_window_log.refund(key, units, limit, window, now)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
+  local n = math.min(units, redis.call('ZCARD', key))
+  if n > 0 then
+    redis.call('ZPOPMAX', key, fmt(n))
+  end
+  seen[key] = nil -- read again: the newest member may be gone
 end
 
 -- result returns what is left and, in microseconds, the honest wait: for an

@@ -1,0 +1,216 @@
+package e2e
+
+// Budgets on a real redis-server: costs reported after the response
+// (Envoy's apply_on_stream_done), refunds (is_negative_hits), several limits
+// on one descriptor.
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+const budgetConfig = `
+domain: budget
+descriptors:
+  - key: tokens_log
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: sliding_window_log}
+  - key: tokens_counter
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: sliding_window_counter}
+  - key: tokens_fixed
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: fixed_window}
+  - key: user
+    rate_limits:
+      - {name: per_second, unit: second, requests_per_unit: 10, algorithm: sliding_window_log}
+      - {name: per_day, unit: day, requests_per_unit: 1000}
+`
+
+var budgetAlgorithms = []string{"log", "counter", "fixed"}
+
+// withCost gives d its own hits_addend, as Envoy does for a route's
+// rate_limits entry with hits_addend (apply_on_stream_done reports).
+func withCost(d *rlcommon.RateLimitDescriptor, cost uint64) *rlcommon.RateLimitDescriptor {
+	d.HitsAddend = wrapperspb.UInt64(cost)
+	return d
+}
+
+// awayFromEdge waits, when the next multiple of window is less than margin
+// away, until just past it: a test that must stay in one fixed window.
+func awayFromEdge(window, margin time.Duration) {
+	if until := time.Until(time.Now().Truncate(window).Add(window)); until < margin {
+		time.Sleep(until + 100*time.Millisecond)
+	}
+}
+
+// TestTokenBudgetOverdrawn: a 1000-token budget checked with hits_addend 0
+// and charged after each response with the tokens used. A report past the
+// budget is recorded, and the next zero-cost check is denied with an honest
+// wait; for every algorithm.
+func TestTokenBudgetOverdrawn(t *testing.T) {
+	r := startRedis(t)
+	s := startServer(t, r, budgetConfig)
+	ctx := context.Background()
+	awayFromEdge(time.Hour, 30*time.Second)
+	for _, alg := range budgetAlgorithms {
+		for _, tc := range []struct {
+			name    string
+			reports []uint64
+			stored  int64 // units the counter holds after the reports
+		}{
+			// The log stores at most the limit per report: they share one
+			// microsecond, and 1000 there fill every window that holds them.
+			{"one report of 1200", []uint64{1200}, map[string]int64{"log": 1000}[alg]},
+			{"three reports of 400", []uint64{400, 400, 400}, 1200},
+		} {
+			t.Run(alg+"/"+tc.name, func(t *testing.T) {
+				key := "tokens_" + alg
+				user := fmt.Sprintf("%s-%d", alg, len(tc.reports))
+				check := func() *rlcommon.RateLimitDescriptor { return withCost(descriptor(key, user), 0) }
+				for i, cost := range tc.reports {
+					if resp := s.ask(t, request("budget", check())); resp.OverallCode != ok {
+						t.Fatalf("check before report %d: %v", i+1, resp)
+					}
+					s.ask(t, request("budget", withCost(descriptor(key, user), cost)))
+				}
+				resp := s.ask(t, request("budget", check()))
+				st := resp.Statuses[0]
+				if resp.OverallCode != over || st.LimitRemaining != 0 {
+					t.Fatalf("check after the reports: %v, want OVER_LIMIT with nothing left", resp)
+				}
+				wait := st.DurationUntilReset.AsDuration()
+				if wait <= 0 || wait > 2*time.Hour {
+					t.Fatalf("duration_until_reset %v, want within two windows", wait)
+				}
+				retry, _ := headerValue(resp, "retry-after")
+				if n, err := strconv.ParseInt(retry, 10, 64); err != nil || n != int64(math.Ceil(wait.Seconds())) {
+					t.Fatalf("retry-after %q, want %v rounded up", retry, wait)
+				}
+				t.Logf("%s, %s: the check waits %v", alg, tc.name, wait)
+				k := fmt.Sprintf("rl:{budget|%s=%s}:%s:3600", key, user, alg)
+				stored := int64(0)
+				if alg == "log" {
+					stored = r.client.ZCard(ctx, k).Val()
+				} else {
+					stored = windowCount(t, r.client, k)
+				}
+				want := tc.stored
+				if want == 0 {
+					want = 1200
+				}
+				if stored != want {
+					t.Fatalf("%s holds %d units, want %d", k, stored, want)
+				}
+			})
+		}
+	}
+	// The largest report there is: recorded, no Redis error.
+	for _, alg := range budgetAlgorithms {
+		resp := s.ask(t, request("budget", withCost(descriptor("tokens_"+alg, "max"), math.MaxUint64)))
+		if resp.OverallCode != over {
+			t.Fatalf("%s: report of 2^64-1: %v", alg, resp)
+		}
+		if resp := s.ask(t, request("budget", withCost(descriptor("tokens_"+alg, "max"), 0))); resp.OverallCode != over {
+			t.Fatalf("%s: check after a report of 2^64-1: %v", alg, resp)
+		}
+	}
+	if got := metric(t, s, `ratelimit_store_errors_total{kind="redis"}`); got != "" {
+		t.Fatalf("Redis errors: %s", got)
+	}
+}
+
+// TestRefundFreesWhatItSays: is_negative_hits gives its cost back, never
+// more than was used; for every algorithm.
+func TestRefundFreesWhatItSays(t *testing.T) {
+	s := startServer(t, startRedis(t), budgetConfig)
+	awayFromEdge(time.Hour, 30*time.Second)
+	for _, alg := range budgetAlgorithms {
+		t.Run(alg, func(t *testing.T) {
+			key := "tokens_" + alg
+			spend := request("budget", descriptor(key, "r"))
+			spend.HitsAddend = 1000
+			if resp := s.ask(t, spend); resp.OverallCode != ok || resp.Statuses[0].LimitRemaining != 0 {
+				t.Fatalf("spending the budget: %v", resp)
+			}
+			if resp := s.ask(t, request("budget", withCost(descriptor(key, "r"), 0))); resp.OverallCode != over {
+				t.Fatalf("check of a spent budget: %v", resp)
+			}
+			back := withCost(descriptor(key, "r"), 300)
+			back.IsNegativeHits = true
+			if resp := s.ask(t, request("budget", back)); resp.OverallCode != ok || resp.Statuses[0].LimitRemaining != 300 {
+				t.Fatalf("refund of 300: %v, want OK with 300 left", resp)
+			}
+			use := request("budget", descriptor(key, "r"))
+			use.HitsAddend = 300
+			if resp := s.ask(t, use); resp.OverallCode != ok || resp.Statuses[0].LimitRemaining != 0 {
+				t.Fatalf("300 after the refund: %v", resp)
+			}
+			if resp := s.ask(t, use); resp.OverallCode != over {
+				t.Fatalf("300 more: %v, want OVER_LIMIT: the refund freed 300, no more", resp)
+			}
+			back = withCost(descriptor(key, "r"), 5000)
+			back.IsNegativeHits = true
+			if resp := s.ask(t, request("budget", back)); resp.OverallCode != ok || resp.Statuses[0].LimitRemaining != 1000 {
+				t.Fatalf("refund of 5000 with 1000 used: %v, want 1000 left (never below zero)", resp)
+			}
+		})
+	}
+}
+
+// TestSeveralLimitsEnforceBoth: 10 per second and 1000 per day on one
+// descriptor. A burst trips the second's limit while the day has room; a
+// day used up denies while the second has room; the answer shows the limit
+// that denies.
+func TestSeveralLimitsEnforceBoth(t *testing.T) {
+	r := startRedis(t)
+	s := startServer(t, r, budgetConfig)
+	ctx := context.Background()
+	awayFromEdge(24*time.Hour, 30*time.Second)
+	awayFromEdge(time.Second, 500*time.Millisecond)
+
+	for i := range 10 {
+		resp := s.ask(t, request("budget", descriptor("user", "burst")))
+		if resp.OverallCode != ok {
+			t.Fatalf("request %d of a burst: %v", i+1, resp)
+		}
+	}
+	resp := s.ask(t, request("budget", descriptor("user", "burst")))
+	st := resp.Statuses[0]
+	if resp.OverallCode != over || st.CurrentLimit.GetName() != "per_second" {
+		t.Fatalf("11th of the burst: %v, want OVER_LIMIT by per_second", resp)
+	}
+	if d := st.DurationUntilReset.AsDuration(); d <= 0 || d > time.Second {
+		t.Fatalf("per_second wait %v", d)
+	}
+	// The denied request charged neither limit: the day counter holds 10.
+	day := time.Now().Unix() / 86400
+	dayKey := "rl:{budget|user=burst}:counter:86400"
+	if n := windowCount(t, r.client, dayKey); n != 10 {
+		t.Fatalf("day counter %d, want 10", n)
+	}
+
+	// A day with 995 used: 5 more pass, spread over seconds, then the day
+	// denies while the second has room.
+	if err := r.client.Set(ctx, "rl:{budget|user=daily}:counter:86400", fmt.Sprintf("%d:995:0", day), 24*time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		resp := s.ask(t, request("budget", descriptor("user", "daily")))
+		if resp.OverallCode != ok || resp.Statuses[0].CurrentLimit.GetName() != "per_day" || resp.Statuses[0].LimitRemaining != uint32(4-i) {
+			t.Fatalf("request %d of the day's last 5: %v, want OK shown by per_day with %d left", i+1, resp, 4-i)
+		}
+	}
+	resp = s.ask(t, request("budget", descriptor("user", "daily")))
+	st = resp.Statuses[0]
+	if resp.OverallCode != over || st.CurrentLimit.GetName() != "per_day" || st.CurrentLimit.GetRequestsPerUnit() != 1000 {
+		t.Fatalf("the day's 1001st: %v, want OVER_LIMIT by per_day", resp)
+	}
+	if d := st.DurationUntilReset.AsDuration(); d < time.Minute || d > 48*time.Hour {
+		t.Fatalf("per_day wait %v", d)
+	}
+}
