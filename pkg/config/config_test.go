@@ -32,6 +32,7 @@ func summary(r *Rule) string {
 		{r.ValueToMetric, "value_to_metric"},
 		{last.Wildcard, "wildcard"},
 		{last.ShareThreshold, "share_threshold"},
+		{r.Burst > 0, fmt.Sprint("burst=", r.Burst)},
 	} {
 		if f.on {
 			b.WriteString(" " + f.text)
@@ -69,6 +70,10 @@ func TestLoadValid(t *testing.T) {
 			"api: tenant / user | 1000/MINUTE*15 sliding_window_log deny @extensions.yaml:9",
 			"api: tenant / bulk | 10/DAY*1 fixed_window allow @extensions.yaml:16",
 		}},
+		{"gcra.yaml", []string{
+			"shaping: client | 10/SECOND*1 gcra defer burst=50 @gcra.yaml:4",
+			"shaping: tenant | 600/MINUTE*1 gcra defer burst=600 @gcra.yaml:10",
+		}},
 		{"minimal.yaml", nil},
 	} {
 		t.Run(tt.file, func(t *testing.T) {
@@ -97,7 +102,7 @@ func TestLoadValidDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"api", "envoy", "minimal"} {
+	for _, d := range []string{"api", "envoy", "minimal", "shaping"} {
 		if !c.HasDomain(d) {
 			t.Errorf("HasDomain(%q) = false", d)
 		}
@@ -122,6 +127,8 @@ func TestLoadValidDirectory(t *testing.T) {
 		"envoy: client_id=internal",
 		"envoy: client_id",
 		"envoy: category",
+		"shaping: client",
+		"shaping: tenant",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("rules:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -228,6 +235,35 @@ descriptors:
 				got = append(got, fmt.Sprint(r.Algorithm, " ", r.FailureMode))
 			}
 			if !slices.Equal(got, tt.want) {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestGCRABurst: a gcra rule's bucket is its burst, or a full window's
+// worth; burst is accepted on a rule whose algorithm is gcra by default.
+func TestGCRABurst(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		yaml     string
+		defaults Defaults
+		want     string // algorithm and burst
+	}{
+		{"explicit", "{unit: second, requests_per_unit: 10, algorithm: gcra, burst: 3}", Defaults{}, "gcra 3"},
+		{"default burst", "{unit: minute, requests_per_unit: 60, unit_multiplier: 2, algorithm: gcra}", Defaults{}, "gcra 60"},
+		{"default algorithm", "{unit: second, requests_per_unit: 10, burst: 25}", Defaults{Algorithm: GCRA}, "gcra 25"},
+		{"default algorithm and burst", "{unit: hour, requests_per_unit: 7}", Defaults{Algorithm: GCRA}, "gcra 7"},
+		{"other algorithm overrides the default", "{unit: hour, requests_per_unit: 7, algorithm: fixed_window}", Defaults{Algorithm: GCRA}, "fixed_window 0"},
+		{"a year's worth", "{unit: day, requests_per_unit: 1, algorithm: gcra, burst: 36500}", Defaults{}, "gcra 36500"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse("d.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: "+tt.yaml+"\n"), tt.defaults)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := c.Rules()[0]
+			if got := fmt.Sprint(r.Algorithm, " ", r.Burst); got != tt.want {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
 		})

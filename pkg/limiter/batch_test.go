@@ -32,10 +32,13 @@ func decideCall(t *testing.T, client *redis.Client, reqs ...request) [][4]int64 
 		for _, h := range r.hits {
 			code := algorithmID(h.Algorithm)
 			if h.Shadow {
-				code += 4
+				code += 8
 			}
 			keys = append(keys, h.Key)
 			args = append(args, code, h.Limit, int64(h.Window/time.Second), h.Cost)
+			if h.Algorithm == config.GCRA {
+				args = append(args, h.burst())
+			}
 		}
 	}
 	vals, err := decideScript.Run(context.Background(), client, keys, args...).Int64Slice()

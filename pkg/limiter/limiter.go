@@ -53,6 +53,9 @@ type Hit struct {
 	// Cost is the number of units this hit consumes; 0 checks without
 	// consuming.
 	Cost uint64
+	// Burst is, for GCRA, the size of the bucket in units; 0 means Limit.
+	// Other algorithms ignore it.
+	Burst uint32
 	// Shadow marks a hit that is evaluated and accounted as usual, but whose
 	// denial does not deny the request.
 	Shadow bool
@@ -303,9 +306,9 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		m.Cost = saturatingAdd(m.Cost, h.Cost)
 		switch {
 		case m.Shadow == h.Shadow:
-			m.Limit = min(m.Limit, h.Limit)
+			m.Limit, m.Burst = min(m.Limit, h.Limit), min(m.burst(), h.burst())
 		case m.Shadow: // an enforced limit applies, never a shadow one
-			m.Limit = h.Limit
+			m.Limit, m.Burst = h.Limit, h.Burst
 		}
 		m.Shadow = m.Shadow && h.Shadow
 		if h.FailureMode == config.FailureDeny {
@@ -343,7 +346,7 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	sent := make([]int, 0, len(hits))
 	now := time.Now()
 	for i, h := range hits {
-		if h.Cost > uint64(h.Limit) {
+		if h.Cost > uint64(h.capacity()) {
 			// Never admissible: answer at once, without a store write.
 			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.Window}
 			if !h.Shadow {
@@ -427,9 +430,12 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 		keys[j] = h.Key
 		code := algorithmID(h.Algorithm)
 		if h.Shadow {
-			code += 4
+			code += 8
 		}
 		args = append(args, code, h.Limit, int64(h.Window/time.Second), h.Cost)
+		if h.Algorithm == config.GCRA {
+			args = append(args, h.burst())
+		}
 	}
 	start := time.Now()
 	server, err := l.router.server(ctx, keys[0])
@@ -548,7 +554,7 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 				keys = append(keys, hits[i].Key)
 				args = append(args, algorithmID(hits[i].Algorithm), tokens[i], hits[i].Cost)
 				v.Charged = false
-				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].Limit))
+				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].capacity()))
 			}
 		}
 		if len(keys) == 0 {
@@ -590,6 +596,23 @@ func failureVerdict(h Hit) Verdict {
 	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.Limit)}
 }
 
+// burst is the size of a GCRA hit's bucket: Burst, or Limit when unset.
+func (h *Hit) burst() uint32 {
+	if h.Burst == 0 {
+		return h.Limit
+	}
+	return h.Burst
+}
+
+// capacity is the most units the hit's counter ever holds: a GCRA bucket's
+// size, else the limit.
+func (h *Hit) capacity() uint32 {
+	if h.Algorithm == config.GCRA {
+		return h.burst()
+	}
+	return h.Limit
+}
+
 func saturatingAdd(a, b uint64) uint64 {
 	if a > math.MaxUint64-b {
 		return math.MaxUint64
@@ -604,6 +627,8 @@ func algorithmID(a config.Algorithm) int {
 		return 1
 	case config.FixedWindow:
 		return 3
+	case config.GCRA:
+		return 4
 	default:
 		return 2
 	}

@@ -169,6 +169,7 @@ type limit struct {
 	unit            config.Unit
 	multiplier      uint32
 	algorithm       config.Algorithm
+	burst           uint32 // GCRA's bucket; 0: requestsPerUnit
 	failureMode     config.FailureMode
 	shadow          bool
 	unlimited       bool
@@ -319,6 +320,7 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 			unit:            rule.Unit,
 			multiplier:      rule.UnitMultiplier,
 			algorithm:       rule.Algorithm,
+			burst:           rule.Burst,
 			failureMode:     rule.FailureMode,
 			shadow:          rule.ShadowMode,
 			unlimited:       rule.Unlimited,
@@ -336,6 +338,7 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 		return nil, fmt.Errorf("limit override has unit %v", override.Unit)
 	}
 	l.requestsPerUnit, l.unit, l.multiplier = override.RequestsPerUnit, unit, 1
+	l.burst = 0 // a GCRA bucket sized for the rule's rate: the override's full window instead
 	if m := override.UnitMultiplier; m != nil {
 		// Compared before multiplying, which could overflow.
 		if m.Value == 0 || time.Duration(m.Value) > config.MaxWindow/unit.Duration() {
@@ -387,6 +390,7 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		Limit:       l.requestsPerUnit,
 		Window:      l.window(),
 		Cost:        cost,
+		Burst:       l.burst,
 		Shadow:      l.shadow,
 		FailureMode: l.failureMode,
 	}

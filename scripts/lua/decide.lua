@@ -4,9 +4,10 @@
 -- keys     the base keys of every hit of every request, request after
 --          request (each key carries its hash tag)
 -- args     per request: n, the number of its hits, negated to only check
---          (never charge); then four values per hit: code (algorithm 1 log,
---          2 counter, 3 fixed, plus 4 for a shadow hit), limit, window in
---          seconds, cost
+--          (never charge); then per hit: code, limit, window in seconds,
+--          cost, and for a GCRA hit a fifth value, burst (the bucket's size
+--          in units). code = algorithm (1 log, 2 counter, 3 fixed, 4 gcra)
+--          + 8 for a shadow hit
 --
 -- A request is charged only when every enforced (non-shadow) hit fits. A
 -- shadow hit that does not fit neither denies its request nor is charged.
@@ -16,8 +17,9 @@
 -- Reply: four integers per hit, in order: state (0 denied, 1 admitted and
 -- not charged, 2 admitted and charged), remaining, microseconds until reset
 -- (see each algorithm's result), and a refund token: what refund.lua needs
--- to undo a charge (the log's score, the counters' window index).
-local algorithms = { sliding_window_log, sliding_window_counter, fixed_window }
+-- to undo a charge (the log's score, the counters' window index, GCRA's
+-- charge in nanoseconds).
+local algorithms = { sliding_window_log, sliding_window_counter, fixed_window, gcra }
 
 local function decide(keys, args)
   local t = redis.call('TIME')
@@ -39,18 +41,22 @@ local function decide(keys, args)
       local code = tonumber(args[a])
       local hit = {
         key = keys[k],
-        alg = algorithms[code % 4],
+        alg = algorithms[code % 8],
         limit = tonumber(args[a + 1]),
         window = tonumber(args[a + 2]) * 1000000,
         cost = tonumber(args[a + 3]),
-        shadow = code >= 4,
+        shadow = code % 16 >= 8,
       }
+      if code % 8 == 4 then
+        hit.burst = tonumber(args[a + 4]) -- gcra's fifth value
+        a = a + 1
+      end
       local d = denied[hit.key]
-      if d and d.limit == hit.limit and d.cost == hit.cost then
+      if d and d.limit == hit.limit and d.cost == hit.cost and d.burst == hit.burst then
         hit.again = d
         hit.st = { admit = false }
       else
-        hit.st = hit.alg.check(hit.key, hit.limit, hit.window, hit.cost, now)
+        hit.st = hit.alg.check(hit.key, hit.limit, hit.window, hit.cost, now, hit.burst)
       end
       if not hit.st.admit and not hit.shadow then
         charge = false
@@ -71,7 +77,7 @@ local function decide(keys, args)
         end
         remaining, reset = hit.alg.result(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
         if not hit.st.admit then
-          denied[hit.key] = { limit = hit.limit, cost = hit.cost, remaining = remaining, reset = reset }
+          denied[hit.key] = { limit = hit.limit, cost = hit.cost, burst = hit.burst, remaining = remaining, reset = reset }
         end
       end
       reply[#reply + 1] = charged and 2 or (hit.st.admit and 1 or 0)

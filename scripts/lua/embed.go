@@ -26,6 +26,8 @@ var (
 	slidingWindowCounter string
 	//go:embed fixed_window.lua
 	fixedWindow string
+	//go:embed gcra.lua
+	gcra string
 	//go:embed decide.lua
 	decide string
 	//go:embed reset.lua
@@ -35,7 +37,7 @@ var (
 )
 
 // decideCode defines the local function decide(keys, args).
-var decideCode = prelude + slidingWindowLog + slidingWindowCounter + fixedWindow + decide
+var decideCode = prelude + slidingWindowLog + slidingWindowCounter + fixedWindow + gcra + decide
 
 // Decide is the script that decides a batch of requests. Its calling
 // convention is documented at the top of decide.lua.
@@ -67,4 +69,4 @@ var Reset = reset
 // Refund is the script that undoes charges made by Decide, for a request
 // denied across Redis Cluster slots. Its calling convention is documented at
 // the top of refund.lua.
-var Refund = prelude + refund
+var Refund = prelude + gcra + refund

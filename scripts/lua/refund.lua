@@ -3,17 +3,28 @@
 --
 -- KEYS[i]   base key of charged hit i
 -- ARGV[..]  three values per hit i, at 1 + 3 * (i - 1): algorithm (1 log,
---           2 counter, 3 fixed), the refund token decide.lua returned, cost
+--           2 counter, 3 fixed, 4 gcra), the refund token decide.lua
+--           returned, cost
 --
 -- The log removes exactly the members the charge added; the counters take
 -- the cost back from the window the charge went to (for the sliding counter,
--- that window may have become "previous" since), never from another one.
--- Reply: the number of units refunded.
+-- that window may have become "previous" since), never from another one;
+-- GCRA moves its TAT back by the charge's time, never past now (what has
+-- refilled since the charge is not given twice).
+-- Reply: the number of units refunded (for GCRA, whole units of the time
+-- given back).
 local refunded = 0
+local rnow -- GCRA's clock, read once
 for i, key in ipairs(KEYS) do
   local a = 1 + 3 * (i - 1)
   local alg, token, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  if alg == 1 then
+  if alg == 4 then
+    rnow = rnow or gcra.now()
+    local amount = token / 1000
+    if amount > 0 then
+      refunded = refunded + math.floor(cost * gcra.refund(key, amount, rnow) / amount + 1e-9)
+    end
+  elseif alg == 1 then
     local s = fmt(token)
     local members = {}
     for j = 1, cost do
