@@ -553,6 +553,9 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 			if v := &verdicts[i]; v.Charged {
 				keys = append(keys, hits[i].Key)
 				args = append(args, algorithmID(hits[i].Algorithm), tokens[i], hits[i].Cost)
+				if hits[i].Algorithm == config.GCRA {
+					args = append(args, hits[i].Limit, int64(hits[i].Window/time.Second))
+				}
 				v.Charged = false
 				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].capacity()))
 			}

@@ -17,8 +17,8 @@
 -- Reply: four integers per hit, in order: state (0 denied, 1 admitted and
 -- not charged, 2 admitted and charged), remaining, microseconds until reset
 -- (see each algorithm's result), and a refund token: what refund.lua needs
--- to undo a charge (the log's score, the counters' window index, GCRA's
--- charge in nanoseconds).
+-- to undo a charge (the log's score, the counters' window index; 0 for
+-- GCRA, whose refund takes the hit's limit and window instead).
 local algorithms = { sliding_window_log, sliding_window_counter, fixed_window, gcra }
 
 local function decide(keys, args)
