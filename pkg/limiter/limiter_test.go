@@ -279,6 +279,7 @@ func TestKeysExpireWithTheWindow(t *testing.T) {
 		{config.SlidingWindowLog, time.Minute},
 		{config.SlidingWindowCounter, 2*time.Minute - 15*time.Second},
 		{config.FixedWindow, time.Minute - 15*time.Second},
+		{config.GCRA, 12 * time.Second}, // one unit of a bucket refilling 5 per minute
 	}
 	for _, tc := range cases {
 		t.Run(tc.a.String(), func(t *testing.T) {
