@@ -1,10 +1,15 @@
 package e2e
 
 import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -172,4 +177,33 @@ func TestGCRACostsAndAllOrNothing(t *testing.T) {
 	if wait := st.DurationUntilReset.AsDuration(); st.Code != over || wait <= 10*time.Second || wait > 15*time.Second {
 		t.Fatalf("plain, hit 5: %v, want OVER_LIMIT for up to 15s", st)
 	}
+}
+
+// gcraOwed is the whole units the GCRA bucket at key lacks, by the README's
+// key schema: its value is the TAT, "<Unix microseconds>:<remainder>".
+func gcraOwed(t *testing.T, c *redis.Client, key string, limit int64) int64 {
+	t.Helper()
+	ctx := context.Background()
+	v, err := c.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	us, _, _ := strings.Cut(v, ":")
+	tat, err := strconv.ParseInt(us, 10, 64)
+	if err != nil {
+		t.Fatalf("%s holds %q, want a TAT", key, v)
+	}
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owed := tat - now.UnixMicro()
+	if owed <= 0 {
+		return 0
+	}
+	interval := int64(24*time.Hour/time.Microsecond) / limit // whole microseconds: each rule's divides
+	return (owed + interval - 1) / interval
 }
