@@ -103,11 +103,6 @@ func (c *redisCluster) usage(t *testing.T, base string) int64 {
 	return windowCount(t, master.client, base)
 }
 
-// gcraLimits are the day limits of clusterConfig's gcra rules: one unit
-// refills every day / limit (14 minutes or more), so within a test a charge
-// of k units still lacks k.
-var gcraLimits = map[string]int64{"hot_gcra": 100, "aon_gcra": 3, "ms_gcra": 40}
-
 // startClusterServers starts n instances of the service on cluster c.
 func startClusterServers(t *testing.T, c *redisCluster, n int, storeTimeout string) []*server {
 	t.Helper()

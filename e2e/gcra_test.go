@@ -179,6 +179,11 @@ func TestGCRACostsAndAllOrNothing(t *testing.T) {
 	}
 }
 
+// gcraLimits are the day limits of the cluster tests' gcra rules: one unit
+// refills every day / limit (14 minutes or more), so within a test a charge
+// of k units still lacks k.
+var gcraLimits = map[string]int64{"hot_gcra": 100, "aon_gcra": 3, "ms_gcra": 40, "mig_gcra": 13, "mig_load_gcra": 10}
+
 // gcraOwed is the whole units the GCRA bucket at key lacks, by the README's
 // key schema: its value is the TAT, "<Unix microseconds>:<remainder>".
 func gcraOwed(t *testing.T, c *redis.Client, key string, limit int64) int64 {

@@ -587,8 +587,8 @@ func deniedAny(hits []Hit, verdicts []Verdict) bool {
 }
 
 // failureVerdict answers an admissible hit by its failure mode. An allowed
-// hit reports its whole limit as remaining: the store could not say, and 0
-// would tell clients to back off for nothing. A hit that defers to Envoy
+// hit reports its whole limit (a GCRA bucket: its size) as remaining: the
+// store could not say, and 0 would tell clients to back off for nothing. A hit that defers to Envoy
 // (FailureDefer) is answered as allowed here, so that across cluster slots
 // the charges of the other slots stay (errors go towards denying); the
 // caller turns it into an error for Envoy's own failure mode.
@@ -596,7 +596,7 @@ func failureVerdict(h Hit) Verdict {
 	if h.FailureMode == config.FailureDeny {
 		return Verdict{FailureVerdict: true, ResetAfter: FailureRetry}
 	}
-	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.Limit)}
+	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.capacity())}
 }
 
 // burst is the size of a GCRA hit's bucket: Burst, or Limit when unset.
