@@ -59,7 +59,7 @@ type denyShard struct {
 // denial is a verdict Redis gave. Times are nanoseconds since the cache's base.
 type denial struct {
 	limit     uint32
-	burst     uint32 // GCRA's bucket (0 otherwise), in what was padding
+	capacity  uint32 // a GCRA bucket's size, else the limit; in what was padding
 	cost      uint64
 	remaining uint64
 	fitsAt    int64 // when the cost fits again, by Redis's own wait
@@ -95,7 +95,7 @@ func (c *denyCache) lookup(h Hit, now time.Time) (Verdict, bool) {
 		d, ok = s.prev[h.Key]
 	}
 	s.mu.Unlock()
-	if !ok || at >= d.expires || d.limit != h.Limit || d.burst != h.Burst || d.cost != h.Cost {
+	if !ok || at >= d.expires || d.limit != h.Limit || d.capacity != h.capacity() || d.cost != h.Cost {
 		return Verdict{}, false
 	}
 	return Verdict{Remaining: d.remaining, ResetAfter: time.Duration(d.fitsAt - at)}, true
@@ -107,7 +107,7 @@ func (c *denyCache) lookup(h Hit, now time.Time) (Verdict, bool) {
 func (c *denyCache) remember(h Hit, v Verdict, sent time.Time) {
 	at := c.since(sent)
 	fitsAt := at + int64(v.ResetAfter)
-	d := denial{limit: h.Limit, burst: h.Burst, cost: h.Cost, remaining: v.Remaining, fitsAt: fitsAt, expires: min(fitsAt, at+int64(c.maxAge))}
+	d := denial{limit: h.Limit, capacity: h.capacity(), cost: h.Cost, remaining: v.Remaining, fitsAt: fitsAt, expires: min(fitsAt, at+int64(c.maxAge))}
 	size := len(h.Key) + denyEntryOverhead
 	s := c.shard(h.Key)
 	s.mu.Lock()

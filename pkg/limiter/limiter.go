@@ -588,10 +588,11 @@ func deniedAny(hits []Hit, verdicts []Verdict) bool {
 
 // failureVerdict answers an admissible hit by its failure mode. An allowed
 // hit reports its whole limit (a GCRA bucket: its size) as remaining: the
-// store could not say, and 0 would tell clients to back off for nothing. A hit that defers to Envoy
-// (FailureDefer) is answered as allowed here, so that across cluster slots
-// the charges of the other slots stay (errors go towards denying); the
-// caller turns it into an error for Envoy's own failure mode.
+// store could not say, and 0 would tell clients to back off for nothing. A
+// hit that defers to Envoy (FailureDefer) is answered as allowed here, so
+// that across cluster slots the charges of the other slots stay (errors go
+// towards denying); the caller turns it into an error for Envoy's own
+// failure mode.
 func failureVerdict(h Hit) Verdict {
 	if h.FailureMode == config.FailureDeny {
 		return Verdict{FailureVerdict: true, ResetAfter: FailureRetry}
