@@ -4,6 +4,7 @@
 //
 // Each algorithm lives in its own file and defines a local table with three
 // functions (check, commit, result); prelude.lua holds their shared helpers.
+// gcra.lua is also part of Refund, which uses its refund function.
 // decide.lua runs them: it reads Redis TIME once and decides a batch of
 // requests in order, each all or nothing. The decide code reaches Redis in
 // one of two forms: Library, a Redis Functions library (Redis 7 and later:
