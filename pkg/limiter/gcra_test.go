@@ -200,6 +200,21 @@ func TestGCRACosts(t *testing.T) {
 	}
 }
 
+// TestGCRAWithoutARate: a limit of 0 (an override may send one) admits
+// only a check, and nothing else ever.
+func TestGCRAWithoutARate(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	if v := decide1(t, l, gcraHit("z", 0, time.Minute, 0, 0)); !v.Admitted || v.Remaining != 0 || v.ResetAfter != 0 {
+		t.Fatalf("a check at limit 0: %+v, want admitted with nothing remaining", v)
+	}
+	if v := decide1(t, l, gcraHit("z", 0, time.Minute, 0, 1)); v.Admitted || !v.CostExceedsLimit {
+		t.Fatalf("a hit at limit 0: %+v, want denied, the cost above the bucket", v)
+	}
+	if keys := c.m.Keys(); len(keys) != 0 {
+		t.Fatalf("keys %q written at limit 0", keys)
+	}
+}
+
 // TestGCRAKeepsOneNumber: whatever the traffic, the state is one string
 // holding one instant, expiring when the bucket is full again.
 func TestGCRAKeepsOneNumber(t *testing.T) {

@@ -100,6 +100,10 @@ end
 -- check: burst is the bucket's size in units (decide.lua's fifth value for
 -- a GCRA hit).
 function gcra.check(key, limit, window, cost, now, burst)
+  if limit <= 0 or burst <= 0 then
+    -- No rate or no bucket (a limit override of 0): only a check fits.
+    return { admit = cost <= 0, none = true, token = 0 }
+  end
   local st = gcra_setup({ burst = burst }, limit, window)
   st.w, st.f = gcra_state(key, st, now)
   st.cw, st.cf = gcra_times(st, cost)
@@ -116,6 +120,9 @@ end
 -- is full again. A refund needs no token: refund.lua takes the cost, limit
 -- and window and gives back exactly the charge's time.
 function gcra.commit(key, st, limit, window, cost, now)
+  if st.none then
+    return
+  end
   st.w, st.f = gcra_add(limit, st.w, st.f, st.cw, st.cf)
   write_later(key, fmt(st.w) .. ':' .. fmt(st.f), fmt(math.max(1, math.ceil(gcra_up(st.w - now, st.f) / 1000))))
   seen[key] = { w = st.w, f = st.f }
@@ -151,6 +158,9 @@ end
 -- for an admitted hit, until the bucket is full again; for a denied one,
 -- until cost fits: exact, rounded up to the microsecond.
 function gcra.result(key, st, limit, window, cost, now)
+  if st.none then
+    return 0, st.admit and 0 or window
+  end
   local remaining = math.max(0, st.burst - gcra_owed_units(st, st.w - now, st.f))
   if st.admit then
     return remaining, gcra_up(st.w - now, st.f)
