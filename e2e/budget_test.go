@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -25,13 +27,15 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: sliding_window_counter}
   - key: tokens_fixed
     rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: fixed_window}
+  - key: tokens_gcra
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: gcra}
   - key: user
     rate_limits:
       - {name: per_second, unit: second, requests_per_unit: 10, algorithm: sliding_window_log}
       - {name: per_day, unit: day, requests_per_unit: 1000}
 `
 
-var budgetAlgorithms = []string{"log", "counter", "fixed"}
+var budgetAlgorithms = []string{"log", "counter", "fixed", "gcra"}
 
 // withCost gives d its own hits_addend, as Envoy does for a route's
 // rate_limits entry with hits_addend (apply_on_stream_done reports).
@@ -94,9 +98,12 @@ func TestTokenBudgetOverdrawn(t *testing.T) {
 				t.Logf("%s, %s: the check waits %v", alg, tc.name, wait)
 				k := fmt.Sprintf("rl:{budget|%s=%s}:%s:3600", key, user, alg)
 				stored := int64(0)
-				if alg == "log" {
+				switch alg {
+				case "log":
 					stored = r.client.ZCard(ctx, k).Val()
-				} else {
+				case "gcra":
+					stored = gcraOwedUnits(t, r.client, k, 1000, time.Hour)
+				default:
 					stored = windowCount(t, r.client, k)
 				}
 				want := tc.stored
@@ -213,4 +220,26 @@ func TestSeveralLimitsEnforceBoth(t *testing.T) {
 	if d := st.DurationUntilReset.AsDuration(); d < time.Minute || d > 48*time.Hour {
 		t.Fatalf("per_day wait %v", d)
 	}
+}
+
+// gcraOwedUnits reads a GCRA key ("<TAT in Unix microseconds>:<remainder>")
+// and returns the whole units its bucket owes now, by Redis's clock.
+func gcraOwedUnits(t *testing.T, c *redis.Client, key string, limit int64, window time.Duration) int64 {
+	t.Helper()
+	ctx := context.Background()
+	v, err := c.Get(ctx, key).Result()
+	if err != nil {
+		t.Fatalf("GET %s: %v", key, err)
+	}
+	tatText, _, _ := strings.Cut(v, ":")
+	tat, err := strconv.ParseInt(tatText, 10, 64)
+	if err != nil {
+		t.Fatalf("%s holds %q", key, v)
+	}
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owed := time.Duration(tat-now.UnixMicro()) * time.Microsecond
+	return int64(math.Ceil(float64(owed) / float64(window/time.Duration(limit))))
 }

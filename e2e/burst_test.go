@@ -23,6 +23,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window_counter}
   - key: fixed
     rate_limit: {unit: hour, requests_per_unit: 3, algorithm: fixed_window}
+  - key: gcra
+    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: gcra}
 `
 
 // burstResult counts the answers of a burst.
@@ -91,7 +93,7 @@ func TestBurstAtOneKeyAdmitsExactlyTheLimit(t *testing.T) {
 	servers := []*server{startServer(t, r, burstConfig), startServer(t, r, burstConfig), startServer(t, r, burstConfig)}
 	avoidHourEdge(t, 30*time.Second)
 	for _, instances := range []int{1, 3} {
-		for _, key := range []string{"log", "counter", "fixed"} {
+		for _, key := range []string{"log", "counter", "fixed", "gcra"} {
 			t.Run(fmt.Sprintf("%d instances/%s", instances, key), func(t *testing.T) {
 				res := burst(servers[:instances], 200, 2000, 5*time.Second, key, fmt.Sprint("on-", instances))
 				t.Logf("%s", res)
@@ -117,7 +119,7 @@ func TestBurstWithEnvoyDeadlines(t *testing.T) {
 	r := startRedis(t)
 	s := withBinary(plainBinary(t), func() *server { return startServer(t, r, burstConfig) })
 	avoidHourEdge(t, 30*time.Second)
-	for _, key := range []string{"log", "counter", "fixed"} {
+	for _, key := range []string{"log", "counter", "fixed", "gcra"} {
 		t.Run(key, func(t *testing.T) {
 			res := burst([]*server{s}, 200, 2000, 20*time.Millisecond, key, "envoy")
 			t.Logf("%s (Envoy would let %d through: the limit is 3)", res, res.admitted.Load()+res.errorCount())

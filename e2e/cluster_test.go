@@ -28,12 +28,16 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 100, algorithm: sliding_window_counter}
   - key: hot_fixed
     rate_limit: {unit: day, requests_per_unit: 100, algorithm: fixed_window}
+  - key: hot_gcra
+    rate_limit: {unit: day, requests_per_unit: 100, algorithm: gcra}
   - key: aon_log
     rate_limit: {unit: day, requests_per_unit: 3, algorithm: sliding_window_log}
   - key: aon_counter
     rate_limit: {unit: day, requests_per_unit: 3, algorithm: sliding_window_counter}
   - key: aon_fixed
     rate_limit: {unit: day, requests_per_unit: 3, algorithm: fixed_window}
+  - key: aon_gcra
+    rate_limit: {unit: day, requests_per_unit: 3, algorithm: gcra}
   - key: aon_shadow
     shadow_mode: true
     rate_limit: {unit: day, requests_per_unit: 1}
@@ -43,6 +47,8 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 40, algorithm: sliding_window_counter}
   - key: ms_fixed
     rate_limit: {unit: day, requests_per_unit: 40, algorithm: fixed_window}
+  - key: ms_gcra
+    rate_limit: {unit: day, requests_per_unit: 40, algorithm: gcra}
   - key: lat
     rate_limit: {unit: day, requests_per_unit: 1000000}
   - key: fo_allow
@@ -59,7 +65,7 @@ descriptors:
 const bigLimit = 1000000
 
 // algCodes are the algorithms as the key schema names them.
-var algCodes = []string{"log", "counter", "fixed"}
+var algCodes = []string{"log", "counter", "fixed", "gcra"}
 
 // dayKey is the store key of descriptor (rule=value) in domain e2e under a
 // day window, by the README's key schema: rl:{<domain>|<key>=<value>}:<alg>:<seconds>.
@@ -78,18 +84,21 @@ func avoidMidnight(t *testing.T, margin time.Duration) {
 }
 
 // usage reads the units a counter holds directly on the master that serves
-// its slot: the log's members (ZCARD), or the current window's count of the
-// counter and the fixed window.
+// its slot: the log's members (ZCARD), the current window's count of the
+// counter and the fixed window, or the whole units a GCRA bucket lacks.
 func (c *redisCluster) usage(t *testing.T, base string) int64 {
 	t.Helper()
 	ctx := context.Background()
 	master := c.node(t, c.masterOf(t, base))
-	if strings.Contains(base, ":log:") {
+	switch {
+	case strings.Contains(base, ":log:"):
 		n, err := master.client.ZCard(ctx, base).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return n
+	case strings.Contains(base, ":gcra:"):
+		return gcraOwed(t, master.client, base, gcraLimits[strings.Split(base[strings.Index(base, "|")+1:], "=")[0]])
 	}
 	return windowCount(t, master.client, base)
 }
@@ -122,7 +131,7 @@ func TestClusterExactAcrossInstances(t *testing.T) {
 	c := startCluster(t)
 	servers := startClusterServers(t, c, 3, "2s")
 	avoidMidnight(t, 30*time.Second)
-	for i, key := range []string{"hot_log", "hot_counter", "hot_fixed"} {
+	for i, key := range []string{"hot_log", "hot_counter", "hot_fixed", "hot_gcra"} {
 		t.Run(key, func(t *testing.T) {
 			const clients, perClient, limit = 200, 3, 100
 			var admitted, denied, failed atomic.Int64

@@ -28,12 +28,16 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 13, algorithm: sliding_window_counter, failure_mode: allow}
   - key: mig_fixed
     rate_limit: {unit: day, requests_per_unit: 13, algorithm: fixed_window, failure_mode: allow}
+  - key: mig_gcra
+    rate_limit: {unit: day, requests_per_unit: 13, algorithm: gcra, failure_mode: allow}
   - key: mig_load_log
     rate_limit: {unit: day, requests_per_unit: 10000, algorithm: sliding_window_log, failure_mode: allow}
   - key: mig_load_counter
     rate_limit: {unit: day, requests_per_unit: 10000, algorithm: sliding_window_counter, failure_mode: allow}
   - key: mig_load_fixed
     rate_limit: {unit: day, requests_per_unit: 10000, algorithm: fixed_window, failure_mode: allow}
+  - key: mig_load_gcra # a bucket of 10000 refilling slowly: what the load takes stays taken
+    rate_limit: {unit: day, requests_per_unit: 10, burst: 10000, algorithm: gcra, failure_mode: allow}
 `
 
 // hashSlot is the Redis Cluster hash slot of key (CRC16/XMODEM of its hash
@@ -171,7 +175,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	// denial's wait is then over a minute even for the fixed window.
 	avoidMidnight(t, 2*time.Minute)
 	slots := map[int]string{}
-	for _, alg := range []string{"log", "counter", "fixed"} {
+	for _, alg := range algCodes {
 		t.Run(alg, func(t *testing.T) { migrateSlot(t, c, s, alg, slots) })
 	}
 }

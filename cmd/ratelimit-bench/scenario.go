@@ -29,6 +29,7 @@ var algorithms = []Algorithm{
 	{"log", "sliding_window_log"},
 	{"counter", "sliding_window_counter"},
 	{"fixed", "fixed_window"},
+	{"gcra", "gcra"},
 }
 
 // floorAlg is the Alg of the floor scenarios: no service, the bench itself

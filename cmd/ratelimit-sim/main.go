@@ -5,7 +5,7 @@
 // computed in Go. The result is a Markdown table; docs/accuracy.md explains
 // what each column means.
 //
-//	ratelimit-sim [-limit 100] [-window 10s] [-duration 5m] [-seed 1] [-trace all]
+//	ratelimit-sim [-limit 100] [-window 10s] [-duration 5m] [-seed 1] [-trace all] [-burst 0]
 package main
 
 import (
@@ -53,6 +53,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	trace := fs.String("trace", "all", "trace to run: all, or a comma-separated list of "+strings.Join(traceNames, ", "))
 	clients := fs.Int("clients", 1000, "clients of the many-clients trace")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs at once, each on its own miniredis")
+	burst := fs.Uint("burst", 0, "gcra's bucket in units; 0: the limit")
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
 	}
@@ -62,6 +63,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	o := options{
 		Params: Params{
 			Limit: uint32(*limit), Window: *window, Duration: *duration, Seed: *seed, Clients: *clients,
+			Burst: uint32(*burst),
 		},
 		parallel: max(1, *parallel),
 	}
@@ -74,6 +76,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-duration must be at least one window")
 	case *clients < 1:
 		return o, errors.New("-clients must be at least 1")
+	case *burst > 1_000_000:
+		return o, errors.New("-burst must be at most 1000000")
 	}
 	if *trace == "all" {
 		o.traces = traceNames

@@ -115,6 +115,10 @@ func commandLine(o options) string {
 	if strings.Join(o.traces, ",") != strings.Join(traceNames, ",") {
 		trace = strings.Join(o.traces, ",")
 	}
-	return fmt.Sprintf("go run ./cmd/ratelimit-sim -limit %d -window %s -duration %s -seed %d -clients %d -trace %s",
-		o.Limit, o.Window, o.Duration, o.Seed, o.Clients, trace)
+	burst := ""
+	if o.Burst > 0 {
+		burst = fmt.Sprintf(" -burst %d", o.Burst)
+	}
+	return fmt.Sprintf("go run ./cmd/ratelimit-sim -limit %d -window %s -duration %s -seed %d -clients %d -trace %s%s",
+		o.Limit, o.Window, o.Duration, o.Seed, o.Clients, trace, burst)
 }

@@ -14,7 +14,9 @@ import (
 )
 
 // algorithms are the limiter's algorithms, in the order they are reported.
-var algorithms = []config.Algorithm{config.SlidingWindowLog, config.SlidingWindowCounter, config.FixedWindow}
+// GCRA runs with a bucket of -burst units (default: the limit): a token
+// bucket is not a sliding window, and the table shows how the two differ.
+var algorithms = []config.Algorithm{config.SlidingWindowLog, config.SlidingWindowCounter, config.FixedWindow, config.GCRA}
 
 // referenceName names the exact reference in results.
 const referenceName = "exact reference"
@@ -252,7 +254,7 @@ func runAlgorithm(ctx context.Context, tr *Trace, p Params, a config.Algorithm, 
 	}
 
 	s := newScore(tr, p, a.String(), ref)
-	hit := []limiter.Hit{{Algorithm: a, Limit: p.Limit, Window: p.Window}}
+	hit := []limiter.Hit{{Algorithm: a, Limit: p.Limit, Window: p.Window, Burst: p.Burst}}
 	for i, r := range tr.Requests {
 		if err := ctx.Err(); err != nil {
 			return Result{}, err

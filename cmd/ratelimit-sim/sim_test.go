@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"slices"
 	"strings"
@@ -187,6 +188,25 @@ func TestEdgeOverAdmission(t *testing.T) {
 	}
 	if got := runOne(t, "edge", p, config.SlidingWindowLog).WorstOverAdmission(); got != 1 {
 		t.Errorf("sliding log: worst window %.2fx the limit, want 1.00x", got)
+	}
+}
+
+// TestGCRAWorstWindow: a bucket of burst units, refilled at the limit per
+// window, passes at most burst + limit in any window (a full bucket, then a
+// window's refill), and comes near that bound on edge-flood, whose bursts
+// come after idle windows.
+func TestGCRAWorstWindow(t *testing.T) {
+	for _, burst := range []uint32{0, 5} { // 0: the limit
+		p := Params{Limit: 20, Window: 10 * time.Second, Duration: 90 * time.Second, Seed: 1, Clients: 20, Burst: burst}
+		bound := float64(cmp.Or(burst, p.Limit)+p.Limit) / float64(p.Limit)
+		for _, name := range traceNames {
+			if got := runOne(t, name, p, config.GCRA).WorstOverAdmission(); got > bound {
+				t.Errorf("burst %d, %s: worst window %.2fx the limit, want at most %.2fx", burst, name, got, bound)
+			}
+		}
+		if got := runOne(t, "edge-flood", p, config.GCRA).WorstOverAdmission(); got < bound-0.1 {
+			t.Errorf("burst %d, edge-flood: worst window %.2fx the limit, want near %.2fx", burst, got, bound)
+		}
 	}
 }
 

@@ -33,7 +33,8 @@ type Params struct {
 	Window   time.Duration // whole seconds
 	Duration time.Duration // length of each trace
 	Seed     uint64
-	Clients  int // clients of the many-clients trace
+	Clients  int    // clients of the many-clients trace
+	Burst    uint32 // gcra's bucket; 0: Limit
 }
 
 // start is the first instant of every trace: aligned to every window of

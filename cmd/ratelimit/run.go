@@ -104,7 +104,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&s.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, after the shutdown delay, how long in-flight requests may take before the server stops")
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&s.logFormat, "log-format", "json", "json or console")
-	fs.StringVar(&s.defaultAlgorithm, "default-algorithm", config.SlidingWindowCounter.String(), "algorithm of rules that do not name one: sliding_window_log, sliding_window_counter or fixed_window")
+	fs.StringVar(&s.defaultAlgorithm, "default-algorithm", config.SlidingWindowCounter.String(), "algorithm of rules that do not name one: sliding_window_log, sliding_window_counter, fixed_window or gcra")
 	fs.StringVar(&s.defaultFailureMode, "default-failure-mode", "", "answer when the store cannot decide, for rules that do not say: allow or deny; empty: the request fails with UNAVAILABLE and Envoy's failure_mode_deny decides")
 	fs.StringVar(&s.recordCosts, "record-costs", config.RecordDescriptorCosts.String(), "which costs are recorded even past the limit (costs reported after they were spent), for rules without record_costs: descriptor (a descriptor's own hits_addend, as Envoy sends apply_on_stream_done costs), always, or never")
 	fs.IntVar(&s.maxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "most descriptors in one request")

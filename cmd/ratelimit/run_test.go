@@ -97,6 +97,18 @@ func TestValidateMergeAndWarnings(t *testing.T) {
 	}
 }
 
+// TestValidateWithDefaultAlgorithmGCRA: --default-algorithm takes gcra, and
+// the example config loads with it.
+func TestValidateWithDefaultAlgorithmGCRA(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"validate", "--config", filepath.Join("..", "..", "examples", "config"), "--default-algorithm", "gcra"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "5 rules in 1 files: ok") {
+		t.Fatalf("output %q", out.String())
+	}
+}
+
 // TestREADMEFlagTable: the README's flag table has a row for every flag,
 // with its default.
 func TestREADMEFlagTable(t *testing.T) {

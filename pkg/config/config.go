@@ -1,5 +1,5 @@
 // Package config loads envoyproxy/ratelimit's YAML rate limit configuration,
-// plus a few extensions (algorithm, unit_multiplier, failure_mode), validates
+// plus a few extensions (algorithm, unit_multiplier, failure_mode, burst), validates
 // it and indexes it so that a request descriptor is matched without allocating.
 package config
 
@@ -60,6 +60,7 @@ type Rule struct {
 	Unit            Unit          // zero when Unlimited
 	UnitMultiplier  uint32        // >= 1 (1 when not set)
 	Algorithm       Algorithm     // the rule's, or Defaults.Algorithm
+	Burst           uint32        // GCRA only: the bucket's size, rate_limit.burst or RequestsPerUnit; 0 otherwise
 	FailureMode     FailureMode   // the rule's, or Defaults.FailureMode
 	RecordCosts     CostRecording // the rule's, or Defaults.RecordCosts
 	Unlimited       bool

@@ -38,6 +38,7 @@ func summary(r *Rule) string {
 		{r.ValueToMetric, "value_to_metric"},
 		{last.Wildcard, "wildcard"},
 		{last.ShareThreshold, "share_threshold"},
+		{r.Burst > 0, fmt.Sprint("burst=", r.Burst)},
 	} {
 		if f.on {
 			b.WriteString(" " + f.text)
@@ -86,6 +87,10 @@ func TestLoadValid(t *testing.T) {
 			"ai: team [1] | 2000/HOUR*1 sliding_window_log defer record_costs=never @budgets.yaml:9",
 			"ai: plain | 5/MINUTE*1 sliding_window_counter defer @budgets.yaml:19",
 		}},
+		{"gcra.yaml", []string{
+			"shaping: client | 10/SECOND*1 gcra defer burst=50 @gcra.yaml:4",
+			"shaping: tenant | 600/MINUTE*1 gcra defer burst=600 @gcra.yaml:10",
+		}},
 		{"minimal.yaml", nil},
 		{"documents.yaml", []string{
 			"a: k | 1/SECOND*1 sliding_window_counter defer @documents.yaml:6",
@@ -123,7 +128,7 @@ func TestLoadValidDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"a", "ai", "api", "b", "envoy", "minimal", "zero"} {
+	for _, d := range []string{"a", "ai", "api", "b", "envoy", "minimal", "shaping", "zero"} {
 		if !c.HasDomain(d) {
 			t.Errorf("HasDomain(%q) = false", d)
 		}
@@ -155,6 +160,8 @@ func TestLoadValidDirectory(t *testing.T) {
 		"envoy: client_id=internal",
 		"envoy: client_id",
 		"envoy: category",
+		"shaping: client",
+		"shaping: tenant",
 		"zero: blocked",
 		"zero: free",
 		"zero: free_too",
@@ -346,6 +353,35 @@ func TestCostRecording(t *testing.T) {
 		if got, err := ParseCostRecording(tt.r.String()); err != nil || got != tt.r {
 			t.Errorf("ParseCostRecording(%q) = %v, %v", tt.r, got, err)
 		}
+	}
+}
+
+// TestGCRABurst: a gcra rule's bucket is its burst, or a full window's
+// worth; burst is accepted on a rule whose algorithm is gcra by default.
+func TestGCRABurst(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		yaml     string
+		defaults Defaults
+		want     string // algorithm and burst
+	}{
+		{"explicit", "{unit: second, requests_per_unit: 10, algorithm: gcra, burst: 3}", Defaults{}, "gcra 3"},
+		{"default burst", "{unit: minute, requests_per_unit: 60, unit_multiplier: 2, algorithm: gcra}", Defaults{}, "gcra 60"},
+		{"default algorithm", "{unit: second, requests_per_unit: 10, burst: 25}", Defaults{Algorithm: GCRA}, "gcra 25"},
+		{"default algorithm and burst", "{unit: hour, requests_per_unit: 7}", Defaults{Algorithm: GCRA}, "gcra 7"},
+		{"other algorithm overrides the default", "{unit: hour, requests_per_unit: 7, algorithm: fixed_window}", Defaults{Algorithm: GCRA}, "fixed_window 0"},
+		{"a year's worth", "{unit: day, requests_per_unit: 1, algorithm: gcra, burst: 36500}", Defaults{}, "gcra 36500"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse("d.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: "+tt.yaml+"\n"), tt.defaults)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := c.Rules()[0]
+			if got := fmt.Sprint(r.Algorithm, " ", r.Burst); got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
 	}
 }
 

@@ -14,12 +14,14 @@ const (
 	SlidingWindowLog     Algorithm = iota + 1 // "sliding_window_log": exact, one entry per request
 	SlidingWindowCounter                      // "sliding_window_counter": two counters, weighted
 	FixedWindow                               // "fixed_window": one counter, as envoyproxy/ratelimit
+	GCRA                                      // "gcra": a token bucket of Rule.Burst units, refilled at the rate
 )
 
 var algorithmNames = []string{
 	SlidingWindowLog:     "sliding_window_log",
 	SlidingWindowCounter: "sliding_window_counter",
 	FixedWindow:          "fixed_window",
+	GCRA:                 "gcra",
 }
 
 // ParseAlgorithm returns the algorithm named s, which must be spelled exactly

@@ -14,6 +14,7 @@ func TestParseAlgorithm(t *testing.T) {
 		{"sliding_window_log", SlidingWindowLog},
 		{"sliding_window_counter", SlidingWindowCounter},
 		{"fixed_window", FixedWindow},
+		{"gcra", GCRA},
 	} {
 		got, err := ParseAlgorithm(tt.in)
 		if err != nil || got != tt.want || got.String() != tt.in {
@@ -21,7 +22,7 @@ func TestParseAlgorithm(t *testing.T) {
 		}
 	}
 	for _, in := range []string{"", "FIXED_WINDOW", "token_bucket"} {
-		if _, err := ParseAlgorithm(in); err == nil || !strings.Contains(err.Error(), "sliding_window_log, sliding_window_counter, fixed_window") {
+		if _, err := ParseAlgorithm(in); err == nil || !strings.Contains(err.Error(), "sliding_window_log, sliding_window_counter, fixed_window, gcra") {
 			t.Errorf("ParseAlgorithm(%q) error = %v, want one naming the choices", in, err)
 		}
 	}

@@ -208,8 +208,14 @@ func checkRule(t *testing.T, c *config.Config, r *config.Rule, maxLine int) {
 	} else if line, _ := strconv.Atoi(m[1]); line < 1 || line > maxLine {
 		fail("Source line %d outside the input", line)
 	}
-	if r.Algorithm.String() != "sliding_window_log" && r.Algorithm.String() != "sliding_window_counter" && r.Algorithm.String() != "fixed_window" {
+	if a := r.Algorithm.String(); a != "sliding_window_log" && a != "sliding_window_counter" && a != "fixed_window" && a != "gcra" {
 		fail("unknown algorithm %v", r.Algorithm)
+	}
+	// Only a limited gcra rule has a bucket, never longer than MaxWindow to refill.
+	if gcra := r.Algorithm == config.GCRA && !r.Unlimited; gcra != (r.Burst > 0) {
+		fail("burst %d with algorithm %v", r.Burst, r.Algorithm)
+	} else if gcra && float64(r.Burst)*float64(r.Window())/float64(r.RequestsPerUnit) > float64(config.MaxWindow) {
+		fail("burst %d refills in more than %v", r.Burst, config.MaxWindow)
 	}
 	if fm := r.FailureMode.String(); fm != "allow" && fm != "deny" && fm != "defer" {
 		fail("unknown failure mode %v", r.FailureMode)

@@ -49,6 +49,7 @@ type (
 		UnitMultiplier scalar[uint32] `yaml:"unit_multiplier"`
 		FailureMode    scalar[string] `yaml:"failure_mode"`
 		RecordCosts    scalar[string] `yaml:"record_costs"`
+		Burst          scalar[uint32] `yaml:"burst"`
 	}
 	rawReplace struct {
 		Name scalar[string] `yaml:"name"`
@@ -505,12 +506,44 @@ func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rul
 			return nil, p.errorf(rl.RecordCosts.Line, "%v", err)
 		}
 	}
+	if err := p.burst(r, rl); err != nil {
+		return nil, err
+	}
 	if r.Algorithm == SlidingWindowLog && r.RequestsPerUnit > MaxLogLimit {
 		return nil, p.errorf(rl.RequestsPerUnit.Line,
 			"requests_per_unit %d is above the sliding_window_log maximum of %d (one stored member per unit); use sliding_window_counter",
 			r.RequestsPerUnit, MaxLogLimit)
 	}
 	return r, nil
+}
+
+// burst sets the bucket size of a gcra rule: rate_limit.burst, by default
+// requests_per_unit (a full window's worth). Other algorithms have no bucket.
+func (p *parser) burst(r *Rule, rl *rawRateLimit) error {
+	if r.Algorithm != GCRA {
+		if rl.Burst.Set {
+			how := "algorithm is " + r.Algorithm.String()
+			if !rl.Algorithm.Set {
+				how = "default algorithm is " + r.Algorithm.String() + "; add algorithm: gcra"
+			}
+			return p.errorf(rl.Burst.Line, "burst applies only to algorithm gcra, and this rule's %s", how)
+		}
+		return nil
+	}
+	r.Burst = r.RequestsPerUnit
+	if !rl.Burst.Set {
+		return nil
+	}
+	if r.Burst = rl.Burst.V; r.Burst == 0 {
+		return p.errorf(rl.Burst.Line, "burst must be greater than 0")
+	}
+	// The bucket's size in time: the store keeps it, and a charge's refund
+	// token, in bounded numbers.
+	if float64(r.Burst)*float64(r.Window())/float64(r.RequestsPerUnit) > float64(MaxWindow) {
+		return p.errorf(rl.Burst.Line, "burst %d takes more than %d years to refill at %d per %v",
+			r.Burst, MaxWindow/(365*24*time.Hour), r.RequestsPerUnit, r.Window())
+	}
+	return nil
 }
 
 // unlimited refuses the fields that make no sense for an unlimited rule.
@@ -529,6 +562,7 @@ func (p *parser) unlimited(rl *rawRateLimit) error {
 		{"algorithm", rl.Algorithm.Set, rl.Algorithm.Line},
 		{"failure_mode", rl.FailureMode.Set, rl.FailureMode.Line},
 		{"record_costs", rl.RecordCosts.Set, rl.RecordCosts.Line},
+		{"burst", rl.Burst.Set, rl.Burst.Line},
 	} {
 		if f.set {
 			return p.errorf(f.line, "should not specify rate limit %s when unlimited", f.name)

@@ -109,6 +109,9 @@ func TestDebtWaits(t *testing.T) {
 		// 1200 counted in this window weighs 1200 * (1 - e/hour) in the
 		// next one; one unit fits once that is at most 999: e >= 0.1675 h.
 		config.SlidingWindowCounter: 50*time.Minute + 603*time.Second,
+		// The TAT moves 1200 units of 3.6 s past now; one unit fits once
+		// the bucket owes at most 999 units: 201 units later.
+		config.GCRA: 201 * 3600 * time.Millisecond,
 	}
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {

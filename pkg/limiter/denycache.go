@@ -9,8 +9,9 @@ import (
 // denyCache remembers, briefly, the hits Redis denied, so that a client
 // hammering a full counter is answered without a store call. It only ever
 // denies, and only what Redis just denied: a hit on the same key with the
-// same limit and the same cost, before the wait Redis announced. A lighter
-// cost might fit and a heavier one waits longer, so both go to Redis.
+// same limit (and GCRA bucket) and the same cost, before the wait Redis
+// announced (for GCRA, the exact time the cost fits). A lighter cost might
+// fit and a heavier one waits longer, so both go to Redis.
 // Capacity freed in ways this instance cannot see (a refund across cluster
 // slots, a Refund hit or an admin Reset on another instance) could make a
 // cached denial wrong, so entries live at most maxAge: the error is bounded,
@@ -59,6 +60,7 @@ type denyShard struct {
 // denial is a verdict Redis gave. Times are nanoseconds since the cache's base.
 type denial struct {
 	limit     uint32
+	capacity  uint32 // a GCRA bucket's size, else the limit; in what was padding
 	cost      uint64
 	remaining uint64
 	fitsAt    int64 // when the cost fits again, by Redis's own wait
@@ -94,7 +96,7 @@ func (c *denyCache) lookup(h Hit, now time.Time) (Verdict, bool) {
 		d, ok = s.prev[h.Key]
 	}
 	s.mu.Unlock()
-	if !ok || at >= d.expires || d.limit != h.Limit || d.cost != h.Cost {
+	if !ok || at >= d.expires || d.limit != h.Limit || d.capacity != h.capacity() || d.cost != h.Cost {
 		return Verdict{}, false
 	}
 	return Verdict{Remaining: d.remaining, ResetAfter: time.Duration(d.fitsAt - at)}, true
@@ -106,7 +108,7 @@ func (c *denyCache) lookup(h Hit, now time.Time) (Verdict, bool) {
 func (c *denyCache) remember(h Hit, v Verdict, sent time.Time) {
 	at := c.since(sent)
 	fitsAt := at + int64(v.ResetAfter)
-	d := denial{limit: h.Limit, cost: h.Cost, remaining: v.Remaining, fitsAt: fitsAt, expires: min(fitsAt, at+int64(c.maxAge))}
+	d := denial{limit: h.Limit, capacity: h.capacity(), cost: h.Cost, remaining: v.Remaining, fitsAt: fitsAt, expires: min(fitsAt, at+int64(c.maxAge))}
 	size := len(h.Key) + denyEntryOverhead
 	s := c.shard(h.Key)
 	s.mu.Lock()

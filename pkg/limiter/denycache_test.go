@@ -131,6 +131,7 @@ func TestDenyCacheAnswersOnlyTheSameDemand(t *testing.T) {
 		{"lighter cost: may fit", denyHit("k", 2), 0, false, 0},
 		{"heavier cost: waits longer", denyHit("k", 4), 0, false, 0},
 		{"another limit", Hit{Key: "k", Limit: 11, Cost: 3}, 0, false, 0},
+		{"a burst on another algorithm: no bucket", func() Hit { h := denyHit("k", 3); h.Burst = 20; return h }(), 0, true, 5 * time.Second},
 		{"another key", denyHit("other", 3), 0, false, 0},
 		{"just before maxAge", denyHit("k", 3), 999 * time.Millisecond, true, 4001 * time.Millisecond},
 		{"at maxAge", denyHit("k", 3), time.Second, false, 0},
@@ -141,6 +142,28 @@ func TestDenyCacheAnswersOnlyTheSameDemand(t *testing.T) {
 		if ok != tt.want || (ok && (v.Admitted || v.Remaining != 2 || v.ResetAfter != tt.wait)) {
 			t.Errorf("%s: %+v %v, want found=%v with %v to wait", tt.name, v, ok, tt.want, tt.wait)
 		}
+	}
+}
+
+// TestDenyCacheWithGCRA: a GCRA denial is repeated from memory with its
+// exact wait counting down, for the same bucket only.
+func TestDenyCacheWithGCRA(t *testing.T) {
+	l, m := newCachingLimiter(t, time.Minute)
+	m.SetTime(time.Now())
+	h := gcraHit("g", 60, time.Hour, 2, 1) // one unit a minute, a bucket of 2
+	decide1(t, l, h)
+	decide1(t, l, h)
+	denied := decide1(t, l, h)
+	if denied.Admitted || denied.ResetAfter != time.Minute {
+		t.Fatalf("third hit: %+v, want denied for exactly a minute", denied)
+	}
+	before := m.CommandCount()
+	if v := decide1(t, l, h); v.Admitted || v.ResetAfter > time.Minute || v.ResetAfter <= 0 || m.CommandCount() != before {
+		t.Fatalf("repeat: %+v with %d store commands, want a cached denial counting down from a minute", v, m.CommandCount()-before)
+	}
+	bigger := gcraHit("g", 60, time.Hour, 3, 1) // a reload made the bucket 3
+	if v := decide1(t, l, bigger); !v.Admitted || m.CommandCount() == before {
+		t.Fatalf("a larger bucket: %+v, want Redis asked and the hit admitted", v)
 	}
 }
 

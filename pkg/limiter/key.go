@@ -73,6 +73,8 @@ func algorithmCode(a config.Algorithm) string {
 		return "log"
 	case config.FixedWindow:
 		return "fixed"
+	case config.GCRA:
+		return "gcra"
 	default:
 		return "counter"
 	}

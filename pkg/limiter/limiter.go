@@ -53,6 +53,9 @@ type Hit struct {
 	// Cost is the number of units this hit consumes; 0 checks without
 	// consuming, and is denied while nothing remains.
 	Cost uint64
+	// Burst is, for GCRA, the size of the bucket in units; 0 means Limit.
+	// Other algorithms ignore it.
+	Burst uint32
 	// Shadow marks a hit that is evaluated and accounted as usual, but whose
 	// denial does not deny the request.
 	Shadow bool
@@ -318,9 +321,9 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		m.Cost = saturatingAdd(m.Cost, h.Cost)
 		switch {
 		case m.Shadow == h.Shadow:
-			m.Limit = min(m.Limit, h.Limit)
+			m.Limit, m.Burst = min(m.Limit, h.Limit), min(m.burst(), h.burst())
 		case m.Shadow: // an enforced limit applies, never a shadow one
-			m.Limit = h.Limit
+			m.Limit, m.Burst = h.Limit, h.Burst
 		}
 		m.Shadow = m.Shadow && h.Shadow
 		m.Record = m.Record || h.Record // a cost already spent is counted
@@ -363,7 +366,7 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 			sent = append(sent, i) // a cost already spent, or given back: always to the store
 			continue
 		}
-		if h.Cost > uint64(h.Limit) {
+		if h.Cost > uint64(h.capacity()) {
 			// Never admissible: answer at once, without a store write.
 			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.Window}
 			if !h.Shadow {
@@ -446,6 +449,9 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 		h := hits[i]
 		keys[j] = h.Key
 		args = append(args, hitCode(h), h.Limit, int64(h.Window/time.Second), luaCost(h))
+		if h.Algorithm == config.GCRA {
+			args = append(args, h.burst())
+		}
 	}
 	start := time.Now()
 	server, err := l.router.server(ctx, keys[0])
@@ -570,8 +576,11 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 			if v := &verdicts[i]; v.Charged && !hits[i].Record {
 				keys = append(keys, hits[i].Key)
 				args = append(args, algorithmID(hits[i].Algorithm), tokens[i], hits[i].Cost)
+				if hits[i].Algorithm == config.GCRA {
+					args = append(args, hits[i].Limit, int64(hits[i].Window/time.Second))
+				}
 				v.Charged = false
-				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].Limit))
+				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].capacity()))
 			}
 		}
 		if len(keys) == 0 {
@@ -601,16 +610,34 @@ func deniedAny(hits []Hit, verdicts []Verdict) bool {
 }
 
 // failureVerdict answers an admissible hit by its failure mode. An allowed
-// hit reports its whole limit as remaining: the store could not say, and 0
-// would tell clients to back off for nothing. A hit that defers to Envoy
-// (FailureDefer) is answered as allowed here, so that across cluster slots
-// the charges of the other slots stay (errors go towards denying); the
-// caller turns it into an error for Envoy's own failure mode.
+// hit reports its whole limit (a GCRA bucket: its size) as remaining: the
+// store could not say, and 0 would tell clients to back off for nothing. A
+// hit that defers to Envoy (FailureDefer) is answered as allowed here, so
+// that across cluster slots the charges of the other slots stay (errors go
+// towards denying); the caller turns it into an error for Envoy's own
+// failure mode.
 func failureVerdict(h Hit) Verdict {
 	if h.FailureMode == config.FailureDeny && !h.Refund { // a refund never denies
 		return Verdict{FailureVerdict: true, ResetAfter: FailureRetry}
 	}
-	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.Limit)}
+	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.capacity())}
+}
+
+// burst is the size of a GCRA hit's bucket: Burst, or Limit when unset.
+func (h *Hit) burst() uint32 {
+	if h.Burst == 0 {
+		return h.Limit
+	}
+	return h.Burst
+}
+
+// capacity is the most units the hit's counter ever holds: a GCRA bucket's
+// size, else the limit.
+func (h *Hit) capacity() uint32 {
+	if h.Algorithm == config.GCRA {
+		return h.burst()
+	}
+	return h.Limit
 }
 
 func saturatingAdd(a, b uint64) uint64 {
@@ -639,11 +666,20 @@ func hitCode(h Hit) int {
 
 // maxLuaCost bounds the cost sent to decide.lua: Lua numbers are exact up to
 // 2^53, and no counter holds more (scripts/lua/prelude.lua's max_count is
-// 2^52).
-const maxLuaCost = 1 << 53
+// 2^52). GCRA is exact for costs up to 2^32 (scripts/lua/gcra.lua), and no
+// bucket holds more.
+const (
+	maxLuaCost     = 1 << 53
+	maxGCRALuaCost = 1 << 32
+)
 
 // luaCost is a hit's cost for decide.lua.
-func luaCost(h Hit) uint64 { return min(h.Cost, maxLuaCost) }
+func luaCost(h Hit) uint64 {
+	if h.Algorithm == config.GCRA {
+		return min(h.Cost, maxGCRALuaCost)
+	}
+	return min(h.Cost, maxLuaCost)
+}
 
 // algorithmID is the algorithm's index in decide.lua's table.
 func algorithmID(a config.Algorithm) int {
@@ -652,6 +688,8 @@ func algorithmID(a config.Algorithm) int {
 		return 1
 	case config.FixedWindow:
 		return 3
+	case config.GCRA:
+		return 4
 	default:
 		return 2
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/slidingwindow/ratelimit/pkg/config"
 )
 
-var algorithms = []config.Algorithm{config.SlidingWindowLog, config.SlidingWindowCounter, config.FixedWindow}
+var algorithms = []config.Algorithm{config.SlidingWindowLog, config.SlidingWindowCounter, config.FixedWindow, config.GCRA}
 
 // clock is a frozen Redis TIME: tests move it by hand.
 type clock struct {
@@ -88,7 +88,9 @@ func TestAdmitsUpToLimit(t *testing.T) {
 
 // TestBoundaryBurst is the seeds' demonstration: a full burst just before a
 // window edge and another just after. The fixed window admits twice the
-// limit, the log exactly the limit, the counter close to it.
+// limit, the log exactly the limit, the counter close to it. GCRA knows no
+// edge: its bucket of limit units admits the first burst whole, and of the
+// second what refilled in the 2 s between them (limit / 5).
 func TestBoundaryBurst(t *testing.T) {
 	const limit = 50
 	window := 10 * time.Second
@@ -96,6 +98,7 @@ func TestBoundaryBurst(t *testing.T) {
 		config.FixedWindow:          func(n int) bool { return n == 2*limit },
 		config.SlidingWindowLog:     func(n int) bool { return n == limit },
 		config.SlidingWindowCounter: func(n int) bool { return n >= limit && n <= limit+limit/10 },
+		config.GCRA:                 func(n int) bool { return n == limit+limit/5 },
 	}
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {
@@ -276,6 +279,7 @@ func TestKeysExpireWithTheWindow(t *testing.T) {
 		{config.SlidingWindowLog, time.Minute},
 		{config.SlidingWindowCounter, 2*time.Minute - 15*time.Second},
 		{config.FixedWindow, time.Minute - 15*time.Second},
+		{config.GCRA, 12 * time.Second}, // one unit of a bucket refilling 5 per minute
 	}
 	for _, tc := range cases {
 		t.Run(tc.a.String(), func(t *testing.T) {

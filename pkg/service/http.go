@@ -96,6 +96,7 @@ type ruleView struct {
 	Unit            string   `json:"unit,omitempty"`
 	UnitMultiplier  uint32   `json:"unit_multiplier,omitempty"`
 	Algorithm       string   `json:"algorithm,omitempty"`
+	Burst           uint32   `json:"burst,omitempty"`
 	FailureMode     string   `json:"failure_mode,omitempty"`
 	RecordCosts     string   `json:"record_costs,omitempty"`
 	ShadowMode      bool     `json:"shadow_mode,omitempty"`
@@ -129,6 +130,7 @@ func (s *Service) ConfigHandler() http.Handler {
 			if !r.Unlimited {
 				rv.RequestsPerUnit, rv.Unit, rv.UnitMultiplier = r.RequestsPerUnit, r.Unit.String(), r.UnitMultiplier
 				rv.Algorithm, rv.FailureMode, rv.RecordCosts = r.Algorithm.String(), r.FailureMode.String(), r.RecordCosts.String()
+				rv.Burst = r.Burst
 			}
 			view.Rules = append(view.Rules, rv)
 		}

@@ -201,6 +201,7 @@ type limit struct {
 	unit            config.Unit
 	multiplier      uint32
 	algorithm       config.Algorithm
+	burst           uint32 // GCRA's bucket; 0: requestsPerUnit
 	failureMode     config.FailureMode
 	recordCosts     config.CostRecording
 	shadow          bool
@@ -382,6 +383,7 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 		return nil, fmt.Errorf("limit override has unit %v", override.Unit)
 	}
 	l.requestsPerUnit, l.unit, l.multiplier = override.RequestsPerUnit, unit, 1
+	l.burst = 0 // a GCRA bucket sized for the rule's rate: the override's full window instead
 	if m := override.UnitMultiplier; m != nil {
 		// Compared before multiplying, which could overflow.
 		if m.Value == 0 || time.Duration(m.Value) > config.MaxWindow/unit.Duration() {
@@ -408,6 +410,7 @@ func ruleLimit(rule *config.Rule) *limit {
 		unit:            rule.Unit,
 		multiplier:      rule.UnitMultiplier,
 		algorithm:       rule.Algorithm,
+		burst:           rule.Burst,
 		failureMode:     rule.FailureMode,
 		recordCosts:     rule.RecordCosts,
 		shadow:          rule.ShadowMode,
@@ -498,6 +501,7 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		Limit:     l.requestsPerUnit,
 		Window:    l.window(),
 		Cost:      cost,
+		Burst:     l.burst,
 		// A quota hit's denial alone does not deny its request, so it must
 		// not keep the other hits from being charged, as a shadow hit's.
 		Shadow:      l.shadow || l.quota,

@@ -4,10 +4,11 @@
 -- keys     the base keys of every hit of every request, request after
 --          request (each key carries its hash tag)
 -- args     per request: n, the number of its hits, negated to only check
---          (never charge); then four values per hit: code (algorithm 1 log,
---          2 counter, 3 fixed, plus 8 for a shadow hit, plus 16 for a cost
---          that is recorded even when it does not fit, plus 32 for a refund
---          of cost units), limit, window in seconds, cost
+--          (never charge); then per hit: code, limit, window in seconds,
+--          cost, and for a GCRA hit a fifth value, burst (the bucket's size
+--          in units). code = algorithm (1 log, 2 counter, 3 fixed, 4 gcra)
+--          + 8 for a shadow hit + 16 for a cost that is recorded even when
+--          it does not fit + 32 for a refund of cost units
 --
 -- A request is charged only when every enforced (non-shadow) hit fits. A
 -- shadow hit that does not fit neither denies its request nor is charged.
@@ -25,8 +26,9 @@
 -- that did not fit), remaining, microseconds until reset (see each
 -- algorithm's result; for a recorded cost that did not fit and for a refund,
 -- until one unit fits), and a refund token: what refund.lua needs to undo a
--- charge (the log's score, the counters' window index).
-local algorithms = { sliding_window_log, sliding_window_counter, fixed_window }
+-- charge (the log's score, the counters' window index; 0 for GCRA, whose
+-- refund takes the hit's limit and window instead).
+local algorithms = { sliding_window_log, sliding_window_counter, fixed_window, gcra }
 
 local function decide(keys, args)
   local t = redis.call('TIME')
@@ -56,15 +58,19 @@ local function decide(keys, args)
         record = code % 32 >= 16,
         refund = code >= 32,
       }
+      if code % 8 == 4 then
+        hit.burst = tonumber(args[a + 4]) -- gcra's fifth value
+        a = a + 1
+      end
       hit.need = math.max(hit.cost, 1)
       local d = denied[hit.key]
       if hit.refund then
         hit.st = { admit = true } -- a refund: applied below
-      elseif d and d.limit == hit.limit and d.cost == hit.cost and not hit.record then
+      elseif d and d.limit == hit.limit and d.cost == hit.cost and d.burst == hit.burst and not hit.record then
         hit.again = d
         hit.st = { admit = false }
       else
-        hit.st = hit.alg.check(hit.key, hit.limit, hit.window, hit.need, now)
+        hit.st = hit.alg.check(hit.key, hit.limit, hit.window, hit.need, now, hit.burst)
       end
       if not hit.st.admit and not hit.shadow then
         charge = false
@@ -87,7 +93,7 @@ local function decide(keys, args)
           hit.alg.commit(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
         end
         denied[hit.key] = nil
-        local st = hit.alg.check(hit.key, hit.limit, hit.window, 1, now)
+        local st = hit.alg.check(hit.key, hit.limit, hit.window, 1, now, hit.burst)
         remaining, reset = hit.alg.result(hit.key, st, hit.limit, hit.window, 1, now)
       else
         if charged then
@@ -96,7 +102,7 @@ local function decide(keys, args)
         end
         remaining, reset = hit.alg.result(hit.key, hit.st, hit.limit, hit.window, hit.need, now)
         if not hit.st.admit then
-          denied[hit.key] = { limit = hit.limit, cost = hit.cost, remaining = remaining, reset = reset }
+          denied[hit.key] = { limit = hit.limit, cost = hit.cost, burst = hit.burst, remaining = remaining, reset = reset }
         end
       end
       local state = hit.st.admit and 1 or 0

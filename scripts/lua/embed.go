@@ -4,7 +4,7 @@
 //
 // Each algorithm lives in its own file and defines a local table with four
 // functions (check, commit, result, refund); prelude.lua holds their shared
-// helpers.
+// helpers. gcra.lua is also part of Refund, which uses its refund function.
 // decide.lua runs them: it reads Redis TIME once and decides a batch of
 // requests in order, each all or nothing. The decide code reaches Redis in
 // one of two forms: Library, a Redis Functions library (Redis 7 and later:
@@ -27,6 +27,8 @@ var (
 	slidingWindowCounter string
 	//go:embed fixed_window.lua
 	fixedWindow string
+	//go:embed gcra.lua
+	gcra string
 	//go:embed decide.lua
 	decide string
 	//go:embed reset.lua
@@ -36,7 +38,7 @@ var (
 )
 
 // decideCode defines the local function decide(keys, args).
-var decideCode = prelude + slidingWindowLog + slidingWindowCounter + fixedWindow + decide
+var decideCode = prelude + slidingWindowLog + slidingWindowCounter + fixedWindow + gcra + decide
 
 // Decide is the script that decides a batch of requests. Its calling
 // convention is documented at the top of decide.lua.
@@ -68,4 +70,4 @@ var Reset = reset
 // Refund is the script that undoes charges made by Decide, for a request
 // denied across Redis Cluster slots. Its calling convention is documented at
 // the top of refund.lua.
-var Refund = prelude + refund
+var Refund = prelude + gcra + refund

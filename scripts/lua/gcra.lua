@@ -1,0 +1,196 @@
+-- GCRA (generic cell rate algorithm): a token bucket kept as one instant.
+-- The bucket holds burst units and refills at limit units per window, one
+-- unit every T = window / limit. Its state is the theoretical arrival time
+-- (TAT): the instant the bucket is full again, so that TAT - now is what
+-- the bucket owes, in time. A hit of cost c fits when
+--   max(TAT, now) + c * T - now <= burst * T
+-- and a charge moves TAT to max(TAT, now) + c * T. A bucket with no key is
+-- full. Constant memory whatever the rate: one string at KEY, expiring when
+-- the bucket is full again.
+--
+-- T is rarely a whole number of microseconds (3 per second), and a float
+-- TAT would drift by a rounding at every charge. So every instant and
+-- length here is exact: whole microseconds plus a remainder in units of
+-- 1/limit of a microsecond, and the TAT is stored as "<whole>:<remainder>"
+-- (Unix microseconds). Decisions and waits are those of an exact bucket,
+-- to the microsecond, for costs up to 2^32 and buckets that refill within
+-- 100 years (config.MaxWindow).
+local gcra = {}
+
+-- gcra_mulmod returns a * b mod m, for a, b, m below 2^32: split so that no
+-- product passes 2^53, where doubles stop being exact.
+local function gcra_mulmod(a, b, m)
+  local bh = math.floor(b / 65536)
+  local bl = b - bh * 65536
+  return math.fmod(math.fmod(a * bh, m) * 65536 + a * bl, m)
+end
+
+-- gcra_times returns n * T as whole microseconds and a remainder in 1/limit
+-- of a microsecond; st holds T as st.wq + st.wr / st.limit.
+local function gcra_times(st, n)
+  local r = gcra_mulmod(math.fmod(n, st.limit), st.wr, st.limit)
+  -- n * wr - r is a multiple of limit: the float quotient is within 2^-20
+  -- of it, and rounding finds it.
+  local q = math.floor((n * st.wr - r) / st.limit + 0.5)
+  return n * st.wq + q, r
+end
+
+-- gcra_add returns (aw, af) + (bw, bf), the remainder below limit.
+local function gcra_add(limit, aw, af, bw, bf)
+  local w, f = aw + bw, af + bf
+  if f >= limit then
+    return w + 1, f - limit
+  end
+  return w, f
+end
+
+-- gcra_sub returns (aw, af) - (bw, bf), the remainder borrowed up.
+local function gcra_sub(limit, aw, af, bw, bf)
+  local w, f = aw - bw, af - bf
+  if f < 0 then
+    return w - 1, f + limit
+  end
+  return w, f
+end
+
+-- gcra_up rounds (w, f) up to whole microseconds.
+local function gcra_up(w, f)
+  if f > 0 then
+    return w + 1
+  end
+  return w
+end
+
+-- gcra_state reads key's TAT for a bucket of st.limit, as max(TAT, now).
+-- A remainder written under another limit (a reload changed it) rounds up.
+local function gcra_state(key, st, now)
+  local w, f
+  local prior = seen[key] -- charged earlier in this call: TAT known
+  if prior then
+    w, f = prior.w, prior.f
+  else
+    local v = redis.call('GET', key)
+    if v then
+      w, f = string.match(v, '^(%d+):(%d+)$')
+      w, f = tonumber(w), tonumber(f)
+      if f and f >= st.limit then
+        w, f = w + 1, 0
+      end
+    end
+  end
+  if not w or w < now then
+    return now, 0
+  end
+  return w, f
+end
+
+-- gcra_setup fills st with T split as whole microseconds and remainder.
+local function gcra_setup(st, limit, window)
+  st.limit = limit
+  st.wq = math.floor(window / limit)
+  st.wr = window - st.wq * limit
+  if st.wr < 0 then -- the float quotient rounded up
+    st.wq, st.wr = st.wq - 1, st.wr + limit
+  elseif st.wr >= limit then
+    st.wq, st.wr = st.wq + 1, st.wr - limit
+  end
+  return st
+end
+
+-- check: burst is the bucket's size in units (decide.lua's fifth value for
+-- a GCRA hit).
+function gcra.check(key, limit, window, cost, now, burst)
+  if limit <= 0 or burst <= 0 then
+    -- No rate or no bucket (a limit override of 0): only a check fits.
+    return { admit = cost <= 0, none = true, token = 0 }
+  end
+  local st = gcra_setup({ burst = burst }, limit, window)
+  st.w, st.f = gcra_state(key, st, now)
+  st.cw, st.cf = gcra_times(st, cost)
+  st.bw, st.bf = gcra_times(st, burst)
+  -- What would be owed after the hit, over the bucket's size: fits at or
+  -- below zero.
+  local ow, of = gcra_add(limit, st.w - now, st.f, st.cw, st.cf)
+  ow, of = gcra_sub(limit, ow, of, st.bw, st.bf)
+  st.admit = ow < 0 or (ow == 0 and of == 0)
+  return st
+end
+
+-- commit moves the TAT by the cost and writes it, expiring when the bucket
+-- is full again. A refund needs no token: refund.lua takes the cost, limit
+-- and window and gives back exactly the charge's time.
+function gcra.commit(key, st, limit, window, cost, now)
+  if st.none then
+    return
+  end
+  st.w, st.f = gcra_add(limit, st.w, st.f, st.cw, st.cf)
+  write_later(key, fmt(st.w) .. ':' .. fmt(st.f), fmt(math.max(1, math.ceil(gcra_up(st.w - now, st.f) / 1000))))
+  seen[key] = { w = st.w, f = st.f }
+  st.token = 0
+end
+
+-- gcra_owed_units returns how many whole units the bucket lacks: the least
+-- k with k * T >= owed, owed being (ow, of) past now.
+local function gcra_owed_units(st, ow, of)
+  if ow == 0 and of == 0 then
+    return 0
+  end
+  local k = math.max(1, math.ceil((ow + of / st.limit) / (st.wq + st.wr / st.limit)))
+  for _ = 1, 4 do -- the float guess is at most a unit off: settle it exactly
+    local kw, kf = gcra_times(st, k)
+    if kw < ow or (kw == ow and kf < of) then
+      k = k + 1
+    elseif k == 1 then
+      break
+    else
+      local pw, pf = gcra_times(st, k - 1)
+      if pw > ow or (pw == ow and pf >= of) then
+        k = k - 1
+      else
+        break
+      end
+    end
+  end
+  return k
+end
+
+-- result: remaining is the whole units the bucket holds now. The wait is,
+-- for an admitted hit, until the bucket is full again; for a denied one,
+-- until cost fits: exact, rounded up to the microsecond.
+function gcra.result(key, st, limit, window, cost, now)
+  if st.none then
+    return 0, st.admit and 0 or window
+  end
+  local remaining = math.max(0, st.burst - gcra_owed_units(st, st.w - now, st.f))
+  if st.admit then
+    return remaining, gcra_up(st.w - now, st.f)
+  end
+  -- From the TAT as it is now (a commit may have moved it since check).
+  local ow, of = gcra_add(limit, st.w - now, st.f, st.cw, st.cf)
+  return remaining, math.max(1, gcra_up(gcra_sub(limit, ow, of, st.bw, st.bf)))
+end
+
+-- refund gives back cost units of a charge on key, never past now (a
+-- bucket is never fuller than full), and returns the whole units given
+-- back. Its write waits for write_all, as a charge's.
+function gcra.refund(key, cost, limit, window, now)
+  local st = gcra_setup({}, limit, window)
+  local w, f = gcra_state(key, st, now)
+  if w == now and f == 0 then
+    return 0 -- full
+  end
+  local cw, cf = gcra_times(st, cost)
+  local nw, nf = gcra_sub(limit, w, f, cw, cf)
+  if nw < now or (nw == now and nf == 0) then
+    -- Full again: no key, and no write of this call's to come back.
+    redis.call('DEL', key)
+    unwritten[key] = nil
+    seen[key] = { w = now, f = 0 }
+    return cost - gcra_owed_units(st, gcra_sub(limit, cw, cf, w - now, f)) -- what had refilled stays
+  end
+  -- Written with the call's other writes (write_all), and known to the
+  -- call's later hits of key (seen), as a charge is.
+  write_later(key, fmt(nw) .. ':' .. fmt(nf), fmt(math.max(1, math.ceil(gcra_up(nw - now, nf) / 1000))))
+  seen[key] = { w = nw, f = nf }
+  return cost
+end
