@@ -116,7 +116,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.resetHeader, "ratelimit-reset-header", service.DefaultResetHeader, "name of the reset header of --ratelimit-headers")
 	fs.BoolVar(&s.mergeDomainConfig, "merge-domain-config", false, "merge config files (or documents) of one domain instead of refusing the second")
 	fs.BoolVar(&s.responseDynamicMetadata, "response-dynamic-metadata", false, "fill answers' dynamic_metadata: domain, descriptors, and the metadata of the admitted descriptors' rules")
-	fs.BoolVar(&s.quotaMode, "quota-mode", false, "every descriptor in quota mode: a request is denied only when all its descriptors are over their limits")
+	fs.BoolVar(&s.quotaMode, "quota-mode", false, "every descriptor in quota mode: a request is denied only when all its quota descriptors are over their limits; a descriptor matching no rule is a quota descriptor that passes, an unlimited one is none")
 	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "put every rule in shadow mode: always answer OK, count as usual, log and count would-be denials")
 	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit in use from which an admitted decision counts as near_limit in metrics")
 	fs.StringVar(&s.adminAddr, "admin-addr", "", "gRPC listen address of the admin API (ratelimit.admin.v1.Admin: Inspect, Reset; with reflection); empty: off. Keep it private: Reset lifts limits")

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -143,7 +144,15 @@ func startXDS(ctx context.Context, s *settings, log *zap.Logger) (*xdsSource, er
 	if err != nil {
 		return nil, err
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		// A stream that a silent partition cut would otherwise wait for
+		// configs forever: pings end it, and the client opens another.
+		// grpc-go servers refuse pings more often than every 5 minutes
+		// (their default enforcement policy), and an idle stream is the
+		// normal state of this one.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Minute, Timeout: 20 * time.Second, PermitWithoutStream: true}),
+	}
 	if x.maxMsgSize > 0 {
 		opts = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(x.maxMsgSize)))
 	}
@@ -280,10 +289,16 @@ func (x *xdsSource) accepted(c *config.Config) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.configured.Store(true)
-	logWarnings(x.log, c)
+	// The server resends its config on each new stream: its warnings are
+	// logged when it changed, as the file watcher does.
 	if x.svc != nil {
-		x.svc.Reload(c)
+		if x.svc.Reload(c) {
+			logWarnings(x.log, c)
+		}
 		return
+	}
+	if x.latest == nil || x.latest.Hash() != c.Hash() {
+		logWarnings(x.log, c)
 	}
 	x.latest = c
 	select {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -12,7 +13,9 @@ import (
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/slidingwindow/ratelimit/pkg/config"
 	"github.com/slidingwindow/ratelimit/pkg/service"
 	"github.com/slidingwindow/ratelimit/pkg/xdsconfig/xdsconfigtest"
 )
@@ -153,6 +156,53 @@ func TestXDSSourceForceStart(t *testing.T) {
 	x.attach(svc)
 	srv.Set(t, "envoy-ratelimit", "1", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_MINUTE))
 	waitConfig(t, svc, func(c rlconfig) bool { return c.Generation == 2 && len(c.Rules) == 1 })
+}
+
+// TestXDSSourceWarnsOnChange: a config's warnings are logged when it
+// arrives and when it changes, not each time the server resends it (as it
+// does on every new stream), before and after the service takes over.
+func TestXDSSourceWarnsOnChange(t *testing.T) {
+	load := func(n int) *config.Config {
+		t.Helper()
+		c, err := config.Parse("w.yaml", []byte(fmt.Sprintf(`domain: d
+descriptors:
+  - key: k
+    metadata: {x: 1}
+    descriptors: [{key: u, rate_limit: {unit: second, requests_per_unit: %d}}]
+`, n)), config.Defaults{})
+		if err != nil || len(c.Warnings()) != 1 {
+			t.Fatalf("config: %v, warnings %q", err, c.Warnings())
+		}
+		return c
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	x := &xdsSource{log: zap.New(core), got: make(chan struct{})}
+	warnings := func() int { return logs.FilterMessageSnippet("metadata on a descriptor without rate_limit").Len() }
+
+	for i, step := range []struct {
+		what string
+		do   func()
+		want int
+	}{
+		{"first config", func() { x.accepted(load(1)) }, 1},
+		{"resent before the service starts", func() { x.accepted(load(1)) }, 1},
+		{"changed before the service starts", func() { x.accepted(load(2)) }, 2},
+		{"service starts", func() {
+			cfg, err := x.first(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			x.attach(service.New(cfg, nil, nil))
+		}, 2},
+		{"resent", func() { x.accepted(load(2)) }, 2},
+		{"changed", func() { x.accepted(load(3)) }, 3},
+		{"resent again", func() { x.accepted(load(3)) }, 3},
+	} {
+		step.do()
+		if got := warnings(); got != step.want {
+			t.Fatalf("step %d, %s: %d warnings logged, want %d", i+1, step.what, got, step.want)
+		}
+	}
 }
 
 // noLeaks fails t if it leaves a goroutine behind once its cleanups ran.

@@ -208,9 +208,16 @@ func TestMetadata(t *testing.T) {
 		{"nested", "metadata:\n      svc: {name: s1, tags: [a, b]}", `{"svc":{"name":"s1","tags":["a","b"]}}`},
 		// As the reference reads YAML (yaml.v2): numbers, booleans, null;
 		// every other scalar is its text, a timestamp and a quoted number too.
-		{"scalars", `metadata: {i: 7, h: 0x10, f: 1.5, b: true, n: ~, t: 2001-12-14, q: "7", s: yes}`,
-			`{"b":true,"f":1.5,"h":16,"i":7,"n":null,"q":"7","s":"yes","t":"2001-12-14"}`},
-		{"non-string keys", `metadata: {1: one, true: yes}`, `{"1":"one","true":"yes"}`},
+		{"scalars", `metadata: {i: 7, h: 0x10, f: 1.5, b: true, n: ~, t: 2001-12-14, q: "7", s: word}`,
+			`{"b":true,"f":1.5,"h":16,"i":7,"n":null,"q":"7","s":"word","t":"2001-12-14"}`},
+		// yaml.v2 resolves YAML 1.1's words, plain only, as booleans.
+		{"yaml 1.1 booleans", `metadata: {t: [y, Y, yes, Yes, YES, on, On, ON, True, TRUE], f: [n, N, no, No, NO, off, Off, OFF, False, FALSE]}`,
+			`{"f":[false,false,false,false,false,false,false,false,false,false],"t":[true,true,true,true,true,true,true,true,true,true]}`},
+		{"yaml 1.1 booleans nested", "metadata:\n      m: {a: yes, b: [off]}", `{"m":{"a":true,"b":[false]}}`},
+		{"not yaml 1.1 booleans", `metadata: {sq: 'yes', dq: "off", tag: !!str on, mixed: yEs, other: oN, word: yess}`,
+			`{"dq":"off","mixed":"yEs","other":"oN","sq":"yes","tag":"on","word":"yess"}`},
+		{"block scalar", "metadata:\n      l: |-\n        yes", `{"l":"yes"}`},
+		{"non-string keys", `metadata: {1: one, true: x, on: yes}`, `{"1":"one","on":true,"true":"x"}`},
 		{"alias", "metadata:\n      a: &x {k: v}\n      b: *x", `{"a":{"k":"v"},"b":{"k":"v"}}`},
 		{"merge", "metadata:\n      base: &b {k: base, only: base}\n      m: {k: own, <<: *b}", `{"base":{"k":"base","only":"base"},"m":{"k":"own","only":"base"}}`},
 	} {

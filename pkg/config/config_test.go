@@ -236,6 +236,41 @@ func TestParse(t *testing.T) {
 	}
 }
 
+// TestParseDocumentMarkers: empty documents, comment-only ones and "..."
+// end markers around and between a file's documents hold no domain; a
+// misspelt field in a later document is refused with its line.
+func TestParseDocumentMarkers(t *testing.T) {
+	const a = "domain: a\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n"
+	const b = "domain: b\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 2}}]\n"
+	for _, tt := range []struct {
+		name, data string
+		domains    []string
+	}{
+		{"leading empty documents", "---\n---\n" + a, []string{"a"}},
+		{"trailing separator", a + "---\n", []string{"a"}},
+		{"comment-only documents", "# c\n---\n# only a comment\n---\n" + a, []string{"a"}},
+		{"two", a + "---\n" + b, []string{"a", "b"}},
+		{"end marker between", a + "...\n---\n" + b, []string{"a", "b"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse("f.yaml", []byte(tt.data), Defaults{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var domains []string
+			for _, r := range c.Rules() {
+				domains = append(domains, r.Domain)
+			}
+			if !slices.Equal(domains, tt.domains) {
+				t.Errorf("domains of the rules %q, want %q", domains, tt.domains)
+			}
+		})
+	}
+	if _, err := Parse("f.yaml", []byte(a+"---\ndomain: b\ndescriptor: []\n"), Defaults{}); err == nil || err.Error() != `f.yaml:5: unknown field "descriptor" in top level` {
+		t.Errorf("misspelt field in the second document: error %v", err)
+	}
+}
+
 func TestParseDocuments(t *testing.T) {
 	a := Document{Name: "xds/a", Data: []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")}
 	b := Document{Name: "xds/b", Data: []byte("domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n")}

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"math"
+
 	"google.golang.org/protobuf/types/known/structpb"
 	"gopkg.in/yaml.v3"
 )
@@ -12,8 +14,11 @@ const maxMetadataNodes = 10_000
 // metadata converts a descriptor's metadata, a mapping of anything, into
 // the Struct an answer's dynamic_metadata carries; nil when absent. As the
 // reference (which reads it with yaml.v2): integers and floats become
-// numbers, true and false booleans, null null, and every other scalar,
-// timestamps included, its text.
+// numbers; true and false booleans, and so do YAML 1.1's plain (unquoted,
+// untagged) yes, no, on, off, y and n in the spellings yaml.v2 knows; null
+// null; and every other scalar, timestamps and quoted words included, its
+// text. Keys are always their text. A .nan or .inf is refused: an answer
+// carrying it could not be encoded as JSON.
 func (p *parser) metadata(n *yaml.Node) (*structpb.Struct, error) {
 	if n.Kind == 0 || n.ShortTag() == "!!null" {
 		return nil, nil // absent
@@ -114,6 +119,13 @@ func (c *metadataConverter) fields(s *structpb.Struct, n *yaml.Node, explicit bo
 	return nil
 }
 
+// yaml11Bools are the booleans of yaml.v2's resolve table that yaml.v3
+// resolves as strings: the reference's metadata has them as booleans.
+var yaml11Bools = map[string]bool{
+	"y": true, "Y": true, "yes": true, "Yes": true, "YES": true, "on": true, "On": true, "ON": true,
+	"n": false, "N": false, "no": false, "No": false, "NO": false, "off": false, "Off": false, "OFF": false,
+}
+
 func (c *metadataConverter) scalar(n *yaml.Node) (*structpb.Value, error) {
 	switch n.ShortTag() {
 	case "!!null":
@@ -126,7 +138,16 @@ func (c *metadataConverter) scalar(n *yaml.Node) (*structpb.Value, error) {
 	case "!!int", "!!float":
 		var f float64
 		if err := n.Decode(&f); err == nil {
+			if math.IsNaN(f) || math.IsInf(f, 0) {
+				return nil, c.p.errorf(n.Line, "metadata value %s is not a number an answer can carry (JSON has no NaN or infinity)", describe(n))
+			}
 			return structpb.NewNumberValue(f), nil
+		}
+	case "!!str":
+		if n.Style == 0 { // plain: neither quoted, nor a block, nor tagged
+			if b, ok := yaml11Bools[n.Value]; ok {
+				return structpb.NewBoolValue(b), nil
+			}
 		}
 	}
 	// Always valid UTF-8, as a protobuf string must be: yaml.v3 refuses

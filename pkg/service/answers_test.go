@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -218,6 +219,38 @@ func TestGlobalQuotaMode(t *testing.T) {
 	}
 	if got := answerCodes(ask(t, s, desc("blocked", "b"))); !equalCodes(got, []rlsv3.RateLimitResponse_Code{over, over}) {
 		t.Errorf("blocked alone: codes %v", got)
+	}
+}
+
+// TestReplacesLeavesUnlimited: as the reference, which sets unlimited limits
+// aside before replaces apply, an unlimited limit named in another's
+// replaces still answers unlimited, and under the global quota mode is no
+// quota descriptor: the only quota descriptor is over, so is the request.
+func TestReplacesLeavesUnlimited(t *testing.T) {
+	cfg, err := config.Parse("r.yaml", []byte(`domain: svc
+descriptors:
+  - key: free
+    rate_limit: {name: open, unlimited: true}
+  - key: capped
+    rate_limit: {unit: minute, requests_per_unit: 0, replaces: [{name: open}]}
+`), config.Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { client.Close() })
+	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
+	t.Cleanup(l.Close)
+	for _, quotaMode := range []bool{false, true} {
+		s := New(cfg, l, &Options{QuotaMode: quotaMode})
+		resp := ask(t, s, desc("free", "x"), desc("capped", "y"))
+		if got := answerCodes(resp); !equalCodes(got, []rlsv3.RateLimitResponse_Code{over, ok, over}) {
+			t.Errorf("quota mode %v: codes %v, want [OVER_LIMIT OK OVER_LIMIT]", quotaMode, got)
+		}
+		if got := resp.Statuses[0].LimitRemaining; got != math.MaxUint32 {
+			t.Errorf("quota mode %v: the unlimited descriptor has %d remaining, want %d", quotaMode, got, uint32(math.MaxUint32))
+		}
 	}
 }
 

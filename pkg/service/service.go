@@ -428,7 +428,9 @@ func (l *limit) window() time.Duration {
 
 // dropReplaced removes the limits that another matched limit replaces
 // (rate_limit.replaces), as envoyproxy/ratelimit does. Of a descriptor with
-// several limits, only those replaced go.
+// several limits, only those replaced go. An unlimited limit never goes: the
+// reference sets those aside before replaces apply, so it still answers as
+// unlimited, and is no quota descriptor.
 func dropReplaced(limits []*limit) {
 	var replaced map[string]bool
 	mark := func(l *limit) {
@@ -454,7 +456,7 @@ func dropReplaced(limits []*limit) {
 	if replaced == nil {
 		return
 	}
-	gone := func(l *limit) bool { return l.name != "" && replaced[l.name] }
+	gone := func(l *limit) bool { return l.name != "" && !l.unlimited && replaced[l.name] }
 	for i, l := range limits {
 		if l == nil {
 			continue

@@ -2,6 +2,7 @@ package xdsconfig
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -72,7 +73,8 @@ func (r *received) waitConfigs(t *testing.T, n int) *config.Config {
 	}
 }
 
-// runClient runs a client against addr until the test ends.
+// runClient runs a client against addr until the test ends. An
+// opts.OnConfig runs before the config is recorded.
 func runClient(t *testing.T, addr string, creds credentials.TransportCredentials, opts Options) *received {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
@@ -83,7 +85,13 @@ func runClient(t *testing.T, addr string, creds credentials.TransportCredentials
 	if opts.Node == nil {
 		opts.Node = &corev3.Node{Id: node}
 	}
-	opts.OnConfig, opts.OnReject = r.onConfig, r.onReject
+	own := opts.OnConfig
+	opts.OnConfig, opts.OnReject = func(c *config.Config) {
+		if own != nil {
+			own(c)
+		}
+		r.onConfig(c)
+	}, r.onReject
 	if opts.BackoffInitial == 0 {
 		opts.BackoffInitial, opts.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
 	}
@@ -123,16 +131,41 @@ func TestClientLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Set(t, node, "1", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_MINUTE))
+	// How many requests the server had received when each config was
+	// handed over: its ACK must come later in the server's record.
+	var mu sync.Mutex
+	var seenAtHandover []int
 	got := runClient(t, srv.Addr, insecure.NewCredentials(), Options{
 		Node: &corev3.Node{Id: node, Metadata: meta}, Defaults: config.Defaults{Algorithm: config.FixedWindow},
+		OnConfig: func(*config.Config) {
+			mu.Lock()
+			defer mu.Unlock()
+			seenAtHandover = append(seenAtHandover, len(srv.Requests()))
+		},
 	})
+	// acked waits for the ACK of version and checks that it followed the
+	// handover of the n-th config.
+	acked := func(n int, version string) xdsconfigtest.Request {
+		t.Helper()
+		ack := srv.WaitRequest(t, wait, "ACK of version "+version, func(r xdsconfigtest.Request) bool { return r.IsACK(version) })
+		i := slices.IndexFunc(srv.Requests(), func(r xdsconfigtest.Request) bool { return r.IsACK(version) })
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seenAtHandover) < n {
+			t.Fatalf("version %s acknowledged, but only %d configs handed over, want %d", version, len(seenAtHandover), n)
+		}
+		if seen := seenAtHandover[n-1]; i < seen {
+			t.Errorf("version %s: ACK is the server's request %d, but it had %d requests when config %d was handed over: acknowledged first", version, i+1, seen, n)
+		}
+		return ack
+	}
 
 	// Served: handed over, then acknowledged, with the node it asked as.
 	c := got.waitConfigs(t, 1)
 	if limitOf(t, c, "api", "user") != 5 || c.Rules()[0].Algorithm != config.FixedWindow {
 		t.Errorf("first config: %+v", c.Rules()[0])
 	}
-	ack := srv.WaitRequest(t, wait, "ACK of version 1", func(r xdsconfigtest.Request) bool { return r.IsACK("1") })
+	ack := acked(1, "1")
 	first := srv.Requests()[0]
 	if first.TypeUrl != TypeURL || first.VersionInfo != "" || first.ResponseNonce != "" || len(first.ResourceNames) != 0 {
 		t.Errorf("subscription %v: want a wildcard subscription to %s with no version", first.DiscoveryRequest, TypeURL)
@@ -146,7 +179,7 @@ func TestClientLifecycle(t *testing.T) {
 	if c := got.waitConfigs(t, 2); limitOf(t, c, "api", "user") != 9 {
 		t.Errorf("second config: limit %d, want 9", limitOf(t, c, "api", "user"))
 	}
-	srv.WaitRequest(t, wait, "ACK of version 2", func(r xdsconfigtest.Request) bool { return r.IsACK("2") })
+	acked(2, "2")
 
 	// Bad: refused with the reason, version 2 stays in force, and nothing
 	// is handed over.
@@ -179,7 +212,7 @@ func TestClientLifecycle(t *testing.T) {
 	if c := got.waitConfigs(t, 3); limitOf(t, c, "api", "user") != 4 {
 		t.Errorf("fixed config: limit %d, want 4", limitOf(t, c, "api", "user"))
 	}
-	srv.WaitRequest(t, wait, "ACK of version 4", func(r xdsconfigtest.Request) bool { return r.IsACK("4") })
+	acked(3, "4")
 
 	// The control plane goes away and comes back: a new stream names the
 	// version in force, and a change made meanwhile arrives.
@@ -192,13 +225,14 @@ func TestClientLifecycle(t *testing.T) {
 	if c := got.waitConfigs(t, 4); limitOf(t, c, "api", "user") != 6 {
 		t.Errorf("config after the restart: limit %d, want 6", limitOf(t, c, "api", "user"))
 	}
-	srv.WaitRequest(t, wait, "ACK of version 5", func(r xdsconfigtest.Request) bool { return r.IsACK("5") })
+	acked(4, "5")
 
 	// An empty state of the world is a config that limits nothing.
 	srv.Set(t, node, "6")
 	if c := got.waitConfigs(t, 5); len(c.Rules()) != 0 || c.HasDomain("api") {
 		t.Errorf("empty snapshot: %d rules", len(c.Rules()))
 	}
+	acked(5, "6")
 }
 
 // TestClientOtherNode: the server picks the config by node id; another

@@ -127,6 +127,7 @@ func singularNode(fd protoreflect.FieldDescriptor, v protoreflect.Value) (*yaml.
 			if err := n.Encode(s.AsMap()); err != nil {
 				return nil, err
 			}
+			plainKeys(&n)
 			return &n, nil
 		}
 		return messageNode(v.Message())
@@ -147,4 +148,21 @@ func singularNode(fd protoreflect.FieldDescriptor, v protoreflect.Value) (*yaml.
 		return scalar("!!int", strconv.FormatInt(v.Int(), 10)), nil
 	}
 	return nil, fmt.Errorf("field kind %v has no place in a config file", fd.Kind())
+}
+
+// plainKeys makes every key of the mappings in n a string the parser reads
+// back as such. The encoder leaves a "<<" key a merge key (!!merge), which
+// would merge its value away or be refused: a Struct's keys are all plain
+// strings, so the metadata the parser reads back is the Struct sent.
+func plainKeys(n *yaml.Node) {
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if k := n.Content[i]; k.ShortTag() != "!!str" {
+				k.Tag, k.Style = "!!str", yaml.DoubleQuotedStyle
+			}
+		}
+	}
+	for _, c := range n.Content {
+		plainKeys(c)
+	}
 }

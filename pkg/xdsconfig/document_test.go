@@ -1,6 +1,7 @@
 package xdsconfig
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -196,5 +197,72 @@ func TestBuildQuotaModeAndMetadata(t *testing.T) {
 	}
 	if len(c.Rules()) != 1 {
 		t.Fatalf("%d rules, want 1", len(c.Rules()))
+	}
+}
+
+// TestBuildMetadataRoundTrips: a resource's metadata reaches the rule as
+// the reference passes it through (structpb's AsMap, then NewStruct): keys
+// YAML would read as something else ("<<" a merge key, "yes" a boolean,
+// "null" null) stay the keys they are, and so do such values; a NaN or an
+// infinity, which AsMap turns into its name, arrives as that string.
+func TestBuildMetadataRoundTrips(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		md   map[string]any
+	}{
+		{"merge key, a mapping", map[string]any{"<<": map[string]any{"x": "y"}, "x": "own"}},
+		{"merge key, a scalar", map[string]any{"<<": "v"}},
+		{"merge key, a list", map[string]any{"<<": []any{map[string]any{"a": "b"}, "c"}}},
+		{"merge key, nested", map[string]any{"nested": map[string]any{"<<": map[string]any{"a": "b"}}, "list": []any{map[string]any{"<<": nil}}}},
+		{"merge key as a value", map[string]any{"m": "<<", "l": []any{"<<"}}},
+		{"words YAML reads otherwise", map[string]any{
+			"yes": "yes", "on": "off", "Y": "n", "null": "null", "~": "~", "true": "true", "1": "1", "0x10": "0x10",
+			"1e3": "1e3", ".nan": ".nan", "-.inf": "-.inf", "2001-12-14": "2001-12-14", "": "", " x ": " x ", "a\nb": "a\nb",
+			"*": "*", "&a": "&a", "!x": "!x", "#": "#", "- a": "- a", "a: b": "a: b", "'q'": "'q'", "\"": "\"", "\t": "\t", "é": "é",
+		}},
+		{"values", map[string]any{"num": 1.5, "big": 1e21, "int": 12345678901234567890.0, "neg": -3.0, "t": true, "f": false, "nil": nil,
+			"list": []any{"on", 2.0, nil, true, []any{}, map[string]any{}}}},
+		{"NaN and infinities", map[string]any{"nan": math.NaN(), "inf": []any{math.Inf(1), math.Inf(-1)}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			md, err := structpb.NewStruct(tt.md)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc := &rlsconfv3.RateLimitConfig{Name: "n", Domain: "d", Descriptors: []*rlsconfv3.RateLimitDescriptor{{
+				Key: "k", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1}, Metadata: md,
+			}}}
+			want, err := structpb.NewStruct(md.AsMap())
+			if err != nil {
+				t.Fatal(err)
+			}
+			doc, _ := document(rc)
+			c, err := Build(anys(t, rc), config.Defaults{})
+			if err != nil {
+				t.Fatalf("%v\ndocument:\n%s", err, doc)
+			}
+			if got := c.Rules()[0].Metadata; !proto.Equal(got, want) {
+				t.Errorf("metadata\n got %v\nwant %v\ndocument:\n%s", got, want, doc)
+			}
+		})
+	}
+}
+
+// TestBuildStringsRoundTrip: descriptor keys and values, domains and names
+// that YAML could read as something else reach the rule unchanged.
+func TestBuildStringsRoundTrip(t *testing.T) {
+	for _, s := range []string{"<<", "yes", "off", "null", "~", "1", "0x1F", ".nan", "*", "&a", "!x", "- a", "a: b", "#", "'q'", "\"", "\t", "é", "=", "true"} {
+		rc := &rlsconfv3.RateLimitConfig{Name: "n", Domain: s, Descriptors: []*rlsconfv3.RateLimitDescriptor{{
+			Key: s, Value: s, RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1, Name: s},
+		}}}
+		c, err := Build(anys(t, rc), config.Defaults{})
+		if err != nil {
+			t.Errorf("%q: %v", s, err)
+			continue
+		}
+		r := c.Rules()[0]
+		if r.Domain != s || len(r.Levels) != 1 || r.Levels[0].Key != s || r.Levels[0].Value != s || r.Name != s {
+			t.Errorf("%q: rule %+v", s, r)
+		}
 	}
 }

@@ -18,14 +18,17 @@ import (
 	"github.com/slidingwindow/ratelimit/pkg/config"
 )
 
+// envoyGatewayDir holds every config Envoy Gateway's translator renders in
+// its tests, shared with pkg/config (its source in the README there).
+var envoyGatewayDir = filepath.Join("..", "config", "testdata", "envoygateway")
+
 // TestEnvoyGatewayConfigs: every config Envoy Gateway's translator renders
-// in its tests (testdata/envoy-gateway, see SOURCE.md there), as the
-// RateLimitConfig resources it serves, builds into a config with one rule
-// per rate_limit.
+// in its tests, as the RateLimitConfig resources it serves, builds into a
+// config with one rule per rate_limit.
 func TestEnvoyGatewayConfigs(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("testdata", "envoy-gateway", "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no fixtures: %v", err)
+	files, err := filepath.Glob(filepath.Join(envoyGatewayDir, "*.yaml"))
+	if err != nil || len(files) != 25 {
+		t.Fatalf("%d files in %s, want the 25 copied: %v", len(files), envoyGatewayDir, err)
 	}
 	resources := 0
 	for _, file := range files {
@@ -49,7 +52,9 @@ func TestEnvoyGatewayConfigs(t *testing.T) {
 			}
 		})
 	}
-	t.Logf("%d files, %d resources", len(files), resources)
+	if resources != 32 {
+		t.Errorf("%d resources in %d files, want 32", resources, len(files))
+	}
 }
 
 // envoyGatewayResources reads the RateLimitConfig resources of one fixture,
