@@ -73,6 +73,8 @@ type Options struct {
 	// Metrics records decisions, refusals and config generations; nil
 	// records nothing.
 	Metrics *metrics.Metrics
+	// KeyPrefix goes before every store key (limiter.KeyBuilder.Prefix).
+	KeyPrefix string
 }
 
 // Service implements rlsv3.RateLimitServiceServer.
@@ -201,7 +203,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		requestCost = 1
 	}
 	hits := make([]limiter.Hit, 0, len(limits))
-	var kb limiter.KeyBuilder
+	kb := limiter.KeyBuilder{Prefix: s.opts.KeyPrefix}
 	for i, l := range limits {
 		if l == nil || l.unlimited {
 			continue
@@ -231,6 +233,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 	resp, deferred := s.respond(req.Domain, limits, hits, verdicts)
+	s.referenceMetrics(req, limits, hits, verdicts, resp)
 	switch {
 	case deferred == nil:
 		return resp, nil
