@@ -272,7 +272,7 @@ func planEnv(lookup envLookup, hasFlag, explicit func(string) bool) (*envPlan, e
 		p.note(false, "variables of envoyproxy/ratelimit with no effect here (README, Migration)", noEffect...)
 	}
 	steps := []func(*envPlan, func(string) (string, bool)) error{
-		planListeners, planConfigPath, planGRPCTLS, planMetrics, planRedis, planMisc,
+		planListeners, planConfigPath, planGRPCTLS, planMetrics, planMisc, planRedis,
 	}
 	for _, step := range steps {
 		if err := step(p, get); err != nil {
@@ -568,7 +568,11 @@ func singleURL(raw, socket, scheme, auth string, tlsOn bool) (string, error) {
 		if tlsOn {
 			return "", errors.New("REDIS_TLS=true with a Unix socket")
 		}
-		u := url.URL{Scheme: "unix", Path: raw}
+		path, err := filepath.Abs(raw) // relative to the working directory, as a dial takes it
+		if err != nil {
+			return "", err
+		}
+		u := url.URL{Scheme: "unix", Path: path}
 		if auth != "" {
 			u.User = userinfo(auth)
 		}
