@@ -298,6 +298,12 @@ func serve(ctx context.Context, s *settings) error {
 		// Each replica would count alone: limits N times too loose, silently.
 		return errors.New("a Redis setting is given but no Redis URL (--redis-url, --redis-cluster-url, --redis-sentinel-url, REDIS_URL): refusing to start on the embedded store")
 	}
+	if s.redisURL != "" && !strings.Contains(s.redisURL, "://") {
+		// host:port or a socket path, as envoyproxy/ratelimit's REDIS_URL.
+		if s.redisURL, err = singleURL(s.redisURL, "", "redis", "", false); err != nil {
+			return fmt.Errorf("--redis-url: %w (or a redis://, rediss:// or unix:// URL)", err)
+		}
+	}
 	store, err := limiter.OpenStore(limiter.StoreConfig{
 		URL: s.redisURL, ClusterURL: s.redisClusterURL, SentinelURL: s.redisSentinelURL, TLS: redisTLS,
 	})
