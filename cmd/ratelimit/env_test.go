@@ -62,11 +62,11 @@ var envoyGatewayEnv = map[string]string{
 	"RUNTIME_WATCH_ROOT": "false", "LOG_LEVEL": "info", "USE_STATSD": "false",
 	"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "envoy-gateway:18001", "CONFIG_GRPC_XDS_NODE_ID": "envoy-ratelimit",
 	"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/certs/tls.crt", "GRPC_SERVER_TLS_KEY": "/certs/tls.key",
-	"GRPC_SERVER_TLS_CA_CERT": "/certs/ca.crt", // not the reference's: ignored there too
+	"GRPC_SERVER_TLS_CA_CERT":        "/certs/ca.crt", // not the reference's: ignored there too
 	"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": "/certs/tls.crt",
 	"CONFIG_GRPC_XDS_CLIENT_TLS_KEY": "/certs/tls.key", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": "/certs/ca.crt",
 	"FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
-	"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.redis-system.svc.cluster.local:6379", "REDIS_TLS": "true",
+	"REDIS_SOCKET_TYPE":                  "tcp", "REDIS_URL": "redis.redis-system.svc.cluster.local:6379", "REDIS_TLS": "true",
 	"REDIS_TLS_CLIENT_CERT": "/redis-certs/tls.crt", "REDIS_TLS_CLIENT_KEY": "/redis-certs/tls.key",
 	"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001", "PROMETHEUS_MAPPER_YAML": "/etc/statsd-exporter/conf.yaml",
 }

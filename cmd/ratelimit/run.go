@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -205,6 +206,12 @@ func checkRanges(s *settings) error {
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) > 0 && filepath.Base(args[0]) == "ratelimit" {
+		// The binary's own path as its first argument: an entrypoint
+		// /bin/ratelimit given the command /bin/ratelimit, as envoyproxy/
+		// ratelimit's docker-compose does (that binary ignores arguments).
+		args = args[1:]
+	}
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
@@ -231,9 +238,17 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	return fmt.Errorf("unknown command %q (serve or validate)", cmd)
 }
 
+// defaultConfigEnv names the config path of last resort, below --config,
+// RATELIMIT_CONFIG and envoyproxy/ratelimit's RUNTIME_* (the image sets it
+// to its example rules).
+const defaultConfigEnv = "RATELIMIT_DEFAULT_CONFIG"
+
 func loadConfig(s *settings) (*config.Config, error) {
 	if s.configPath == "" {
-		return nil, errors.New("--config is required")
+		s.configPath = os.Getenv(defaultConfigEnv)
+	}
+	if s.configPath == "" {
+		return nil, errors.New("--config is required (or envoyproxy/ratelimit's RUNTIME_ROOT)")
 	}
 	alg, err := config.ParseAlgorithm(s.defaultAlgorithm)
 	if err != nil {

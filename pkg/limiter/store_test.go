@@ -15,8 +15,8 @@ func TestRedactURL(t *testing.T) {
 		{"redis://user:hunter22@r:6379", "redis://user:xxxxx@r:6379"},
 		{"rediss://:hunter22@r:6379", "rediss://:xxxxx@r:6379"},
 		{"redis://hunter22@r:6379", "redis://xxxxx@r:6379"},
-		{"redis://u:hun/ter@22@r:6379", "redis://u:xxxxx@r:6379"},     // malformed: '/' and '@' in the password
-		{"redis://u:hun?ter22@r:6379", "redis://u:xxxxx@r:6379"},      // '?' in the password
+		{"redis://u:hun/ter@22@r:6379", "redis://u:xxxxx@r:6379"}, // malformed: '/' and '@' in the password
+		{"redis://u:hun?ter22@r:6379", "redis://u:xxxxx@r:6379"},  // '?' in the password
 		{"unix://u:hunter22@/run/redis.sock", "unix://u:xxxxx@/run/redis.sock"},
 		{"redis://s:6379?master_name=m&password=hunter22&username=u", "redis://s:6379?master_name=m&password=xxxxx&username=u"},
 		{"redis://:p@s:1?sentinel_password=hunter22", "redis://:xxxxx@s:1?sentinel_password=xxxxx"},
