@@ -57,7 +57,7 @@ var envTable = []envVar{
 	{name: "DEBUG_PORT", def: "6070", flag: "debug-addr", here: "with DEBUG_HOST: --debug-addr"},
 	{name: "GRPC_MAX_CONNECTION_AGE", def: "24h", flag: "grpc-max-connection-age", conv: duration},
 	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", def: "1h", flag: "grpc-max-connection-age-grace", conv: duration},
-	{name: "GRPC_SERVER_USE_TLS", def: "false", flag: "grpc-tls-cert", here: "true: the gRPC listener serves TLS with GRPC_SERVER_TLS_CERT and _KEY"},
+	{name: "GRPC_SERVER_USE_TLS", def: "false", flag: "grpc-tls-cert", here: "true: the gRPC listener serves TLS (--grpc-tls-cert, --grpc-tls-key from GRPC_SERVER_TLS_CERT, GRPC_SERVER_TLS_KEY)"},
 	{name: "GRPC_SERVER_TLS_CERT", flag: "grpc-tls-cert", here: "--grpc-tls-cert, when GRPC_SERVER_USE_TLS=true (reloaded on change, as the reference's)"},
 	{name: "GRPC_SERVER_TLS_KEY", flag: "grpc-tls-key", here: "--grpc-tls-key, when GRPC_SERVER_USE_TLS=true"},
 	{name: "GRPC_CLIENT_TLS_CACERT", flag: "grpc-tls-client-ca", here: "--grpc-tls-client-ca (clients must present a certificate), when GRPC_SERVER_USE_TLS=true"},
