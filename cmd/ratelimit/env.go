@@ -163,12 +163,12 @@ var envTable = []envVar{
 	{name: "MEMCACHE_TLS_CACERT", here: "no effect: no memcache backend"},
 	{name: "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", def: "false", here: "no effect: no memcache backend"},
 	// Tracing.
-	{name: "TRACING_ENABLED", def: "false", here: "no effect: no tracing yet"},
-	{name: "TRACING_SERVICE_NAME", def: "RateLimit", here: "no effect: no tracing yet"},
-	{name: "TRACING_SERVICE_NAMESPACE", here: "no effect: no tracing yet"},
-	{name: "TRACING_SERVICE_INSTANCE_ID", here: "no effect: no tracing yet"},
-	{name: "TRACING_EXPORTER_PROTOCOL", def: "http", here: "no effect: no tracing yet"},
-	{name: "TRACING_SAMPLING_RATE", def: "1", here: "no effect: no tracing yet"},
+	{name: "TRACING_ENABLED", def: "false", flag: "tracing", conv: boolean, here: "--tracing: OpenTelemetry spans of gRPC calls, exported over OTLP where OTEL_EXPORTER_OTLP_* say (read by the exporter, as there)"},
+	{name: "TRACING_SERVICE_NAME", def: "RateLimit", flag: "tracing-service-name"},
+	{name: "TRACING_SERVICE_NAMESPACE", flag: "tracing-service-namespace"},
+	{name: "TRACING_SERVICE_INSTANCE_ID", flag: "tracing-service-instance-id"},
+	{name: "TRACING_EXPORTER_PROTOCOL", def: "http", flag: "tracing-exporter-protocol"},
+	{name: "TRACING_SAMPLING_RATE", def: "1", flag: "tracing-sampling-rate", conv: float},
 }
 
 // envLookup reads one variable: its value and whether it is set (an empty
