@@ -266,3 +266,31 @@ func TestIncompleteRedisSettingRefusesToStart(t *testing.T) {
 		}
 	}
 }
+
+// TestPrometheusAddrAndKeyPrefix: USE_PROMETHEUS serves the metrics on
+// PROMETHEUS_ADDR as the reference does (Envoy Gateway scrapes :19001), and
+// CACHE_KEY_PREFIX prefixes the Redis keys.
+func TestPrometheusAddrAndKeyPrefix(t *testing.T) {
+	r := startRedis(t)
+	root := t.TempDir()
+	configMapDir(t, root, "config.yaml", istioConfig)
+	promAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	s := startReference(t, map[string]string{
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": r.addr, "RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
+		"USE_STATSD": "false", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": promAddr, "CACHE_KEY_PREFIX": "eg_",
+		"LOG_LEVEL": "info",
+	})
+	s.waitHealthcheck(t, http.StatusOK)
+	if got := s.code(t, "/"); got != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("first request: %v", got)
+	}
+	code, body := httpGet(t, "http://"+promAddr+"/metrics")
+	if code != http.StatusOK || !strings.Contains(body, `ratelimit_service_rate_limit_within_limit{domain="echo-ratelimit",key1="PATH_/",key2=""} 1`) ||
+		!strings.Contains(body, `ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 1`) {
+		t.Fatalf("PROMETHEUS_ADDR /metrics: %d\n%s", code, body)
+	}
+	keys, err := r.client.Keys(context.Background(), "*").Result()
+	if err != nil || len(keys) != 1 || !strings.HasPrefix(keys[0], "eg_rl:{echo-ratelimit") {
+		t.Fatalf("keys %q, %v: want one, prefixed eg_", keys, err)
+	}
+}
