@@ -402,6 +402,12 @@ func planGRPCTLS(p *envPlan, get func(string) (string, bool)) error {
 		}
 		return nil
 	}
+	for _, v := range vars[:2] {
+		if val, _ := get(v.name); val == "" && !p.explicit[groupGRPCTLS] {
+			// The reference would start and fail every handshake.
+			return fmt.Errorf("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY: %s is not set", v.name)
+		}
+	}
 	for _, v := range vars {
 		if val, ok := get(v.name); ok && val != "" {
 			p.set(v.flag, val, v.name, groupGRPCTLS)

@@ -150,6 +150,8 @@ func TestPlanEnv(t *testing.T) {
 			"GRPC_CLIENT_TLS_CACERT": "/ca", "GRPC_CLIENT_TLS_SAN": "envoy"},
 			want: map[string]string{"grpc-tls-cert": "/c", "grpc-tls-key": "/k", "grpc-tls-client-ca": "/ca",
 				"grpc-tls-client-san": "envoy", "debug-addr": "0.0.0.0:6070"}},
+		{name: "gRPC TLS without a key", env: map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c"},
+			err: "GRPC_SERVER_TLS_KEY is not set"},
 		{name: "gRPC TLS files, TLS off", env: map[string]string{"GRPC_SERVER_TLS_CERT": "/c"},
 			want: map[string]string{"debug-addr": "0.0.0.0:6070"}, notes: []string{"GRPC_SERVER_TLS_CERT"}},
 		{name: "a bad boolean", env: map[string]string{"SHADOW_MODE": "yes please"}, err: "SHADOW_MODE"},

@@ -38,6 +38,13 @@ type referenceMetrics struct {
 
 	series  sync.Map // stat key → *DescriptorSeries
 	nSeries atomic.Int64
+	methods sync.Map // gRPC full method → *methodSeries
+}
+
+// methodSeries are the total_requests and response_time of one gRPC method.
+type methodSeries struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
 }
 
 func newReferenceMetrics() *referenceMetrics {
@@ -185,6 +192,21 @@ func (m *Metrics) GlobalShadowMode() {
 	}
 }
 
+// method returns the series of a gRPC method, labelled by its name alone
+// (the reference's grpc_method). Methods are the server's registered ones:
+// gRPC calls no handler for others.
+func (r *referenceMetrics) method(fullMethod string) *methodSeries {
+	if s, ok := r.methods.Load(fullMethod); ok {
+		return s.(*methodSeries)
+	}
+	name := fullMethod[strings.LastIndexByte(fullMethod, '/')+1:]
+	s, _ := r.methods.LoadOrStore(fullMethod, &methodSeries{
+		requests: r.totalRequests.WithLabelValues(name),
+		duration: r.responseTime.WithLabelValues(name),
+	})
+	return s.(*methodSeries)
+}
+
 // UnaryServerInterceptor counts gRPC calls and their durations under the
 // reference's total_requests and response_time, by method name.
 func (m *Metrics) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
@@ -192,9 +214,9 @@ func (m *Metrics) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		start := time.Now()
 		resp, err := handler(ctx, req)
 		if m != nil {
-			method := info.FullMethod[strings.LastIndexByte(info.FullMethod, '/')+1:]
-			m.ref.totalRequests.WithLabelValues(method).Inc()
-			m.ref.responseTime.WithLabelValues(method).Observe(time.Since(start).Seconds())
+			s := m.ref.method(info.FullMethod)
+			s.requests.Inc()
+			s.duration.Observe(time.Since(start).Seconds())
 		}
 		return resp, err
 	}
