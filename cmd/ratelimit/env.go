@@ -32,20 +32,18 @@ type envVar struct {
 	// conv turns the reference's value into the flag's (nil: as is). Group
 	// variables have none: their group's function reads them together.
 	conv func(string) (string, error)
-	// here is what it does here, for the start log and the README.
+	// here is what it does here: docs/migration.md is generated from it.
 	here string
 }
 
+// The groups of flags set together from several variables.
 const (
-	groupListener = "listener"
-	groupRedis    = "redis"
-	groupConfig   = "config"
-	groupGRPCTLS  = "grpc-tls"
-	groupMetrics  = "metrics"
+	groupRedis   = "redis"
+	groupGRPCTLS = "grpc-tls"
+	groupMetrics = "metrics"
 )
 
-// envTable is every variable of the reference. flag names with a group
-// marker (group:...) are set by that group's function.
+// envTable is every variable of the reference.
 var envTable = []envVar{
 	// Listeners.
 	{name: "HOST", def: "0.0.0.0", flag: "http-addr", here: "with PORT: --http-addr (/healthcheck, POST /json, /metrics, /rlconfig)"},
