@@ -170,7 +170,7 @@ func TestImage(t *testing.T) {
 	// The final stage: what it copies, runs and exposes.
 	last := ins[len(ins)-1].stage
 	var from, user, entrypoint, cmd string
-	var expose []string
+	var expose, envs []string
 	copies := map[string]string{} // destination -> source
 	for _, in := range ins {
 		if in.stage != last {
@@ -187,6 +187,8 @@ func TestImage(t *testing.T) {
 			cmd = in.args
 		case "EXPOSE":
 			expose = strings.Fields(in.args)
+		case "ENV":
+			envs = append(envs, in.args)
 		case "COPY":
 			f := strings.Fields(in.args)
 			copies[f[len(f)-1]] = strings.Join(f[:len(f)-1], " ")
@@ -198,12 +200,22 @@ func TestImage(t *testing.T) {
 	if !slices.Equal(expose, []string{"8081", "8080"}) {
 		t.Errorf("EXPOSE %v, want 8081 8080 (the --grpc-addr and --http-addr defaults)", expose)
 	}
-	if want := "--from=build " + step.output; copies["/ratelimit"] != want || entrypoint != `["/ratelimit"]` {
-		t.Errorf(`COPY to /ratelimit from %q, ENTRYPOINT %s; want %q and ["/ratelimit"]`, copies["/ratelimit"], entrypoint, want)
+	// /bin/ratelimit as envoyproxy/ratelimit's image, which Envoy Gateway
+	// and Istio's sample run; /ratelimit, earlier images' path, a link to it.
+	if want := "--from=build " + step.output; copies["/bin/ratelimit"] != want || entrypoint != `["/bin/ratelimit"]` {
+		t.Errorf(`COPY to /bin/ratelimit from %q, ENTRYPOINT %s; want %q and ["/bin/ratelimit"]`, copies["/bin/ratelimit"], entrypoint, want)
 	}
+	const linkRun = "mkdir -p /out/root && ln -s /bin/ratelimit /out/root/ratelimit"
+	if copies["/"] != "--from=build /out/root/" || !slices.ContainsFunc(ins, func(in instruction) bool {
+		return in.cmd == "RUN" && in.stage == step.stage && in.args == linkRun
+	}) {
+		t.Errorf("the build stage does not RUN %q, or the final stage does not copy /out/root/ to /: %q", linkRun, copies["/"])
+	}
+	// No CMD: arguments would win over envoyproxy/ratelimit's RUNTIME_ROOT;
+	// the image's rules are the config of last resort instead.
 	const configDir = "/etc/ratelimit/config"
-	if cmd != `["--config", "`+configDir+`"]` {
-		t.Errorf("CMD %s, want --config %s", cmd, configDir)
+	if cmd != "" || !slices.Equal(envs, []string{"RATELIMIT_DEFAULT_CONFIG=" + configDir}) {
+		t.Errorf("CMD %q, ENV %q; want no CMD and RATELIMIT_DEFAULT_CONFIG=%s", cmd, envs, configDir)
 	}
 	rulesGlob, ok := copies[configDir+"/"]
 	if !ok {
@@ -224,7 +236,7 @@ func TestImage(t *testing.T) {
 	// Build as the Dockerfile does, for this machine: GOOS and GOARCH come
 	// from buildx there.
 	image := t.TempDir()
-	bin := filepath.Join(image, filepath.FromSlash(step.output))
+	bin := filepath.Join(image, "bin", "ratelimit")
 	args := slices.Clone(step.args)
 	args[slices.Index(args, "-o")+1] = bin
 	build := exec.Command(goTool(t), args...)
@@ -297,9 +309,19 @@ func TestImage(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		out, err := exec.Command(bin, "validate", "--config", dir).CombinedOutput()
-		if err != nil || !strings.Contains(string(out), ": ok") {
-			t.Fatalf("ratelimit validate --config %s: %v\n%s", dir, err, out)
+		// As the image runs it: through either path, the config from the
+		// image's environment.
+		old := filepath.Join(image, "ratelimit")
+		if err := os.Symlink(filepath.Join("bin", "ratelimit"), old); err != nil {
+			t.Fatal(err)
+		}
+		for _, path := range []string{bin, old} {
+			validate := exec.Command(path, "validate")
+			validate.Env = []string{"RATELIMIT_DEFAULT_CONFIG=" + dir}
+			out, err := validate.CombinedOutput()
+			if err != nil || !strings.Contains(string(out), ": ok") {
+				t.Fatalf("RATELIMIT_DEFAULT_CONFIG=%s %s validate: %v\n%s", dir, path, err, out)
+			}
 		}
 		// And it refuses a broken one, so "ok" means something.
 		bad := filepath.Join(t.TempDir(), "bad.yaml")

@@ -138,6 +138,15 @@ func startServer(t *testing.T, r *redisServer, configYAML string, extra ...strin
 // startServerWith is startServer whose test connection uses creds.
 func startServerWith(t *testing.T, r *redisServer, configYAML string, creds credentials.TransportCredentials, extra ...string) *server {
 	t.Helper()
+	s := startProcess(t, r, configYAML, creds, extra...)
+	s.waitHealth(t, healthpb.HealthCheckResponse_SERVING)
+	return s
+}
+
+// startProcess starts the binary as startServerWith does, without waiting
+// for it to be ready.
+func startProcess(t *testing.T, r *redisServer, configYAML string, creds credentials.TransportCredentials, extra ...string) *server {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(configYAML), 0o644); err != nil {
 		t.Fatal(err)
@@ -173,6 +182,12 @@ func startServerWith(t *testing.T, r *redisServer, configYAML string, creds cred
 	}
 	t.Cleanup(func() { conn.Close() })
 	s.conn, s.rls, s.health = conn, rlsv3.NewRateLimitServiceClient(conn), healthpb.NewHealthClient(conn)
+	return s
+}
+
+// waitHealth waits for the gRPC health status want.
+func (s *server) waitHealth(t *testing.T, want healthpb.HealthCheckResponse_ServingStatus) {
+	t.Helper()
 	waitFor(t, 20*time.Second, func() error {
 		select {
 		case err := <-s.exited:
@@ -184,12 +199,11 @@ func startServerWith(t *testing.T, r *redisServer, configYAML string, creds cred
 		if err != nil {
 			return err
 		}
-		if resp.Status != healthpb.HealthCheckResponse_SERVING {
-			return fmt.Errorf("health %v", resp.Status)
+		if resp.Status != want {
+			return fmt.Errorf("health %v, want %v", resp.Status, want)
 		}
 		return nil
 	})
-	return s
 }
 
 func waitFor(t *testing.T, timeout time.Duration, ready func() error) {

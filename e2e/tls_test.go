@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -274,7 +275,14 @@ func TestRedisACL(t *testing.T) {
 		t.Fatal("a user without FUNCTION/FCALL got failure-mode answers: no fallback to scripts")
 	}
 
-	wrong := startServer(t, nil, tlsTestConfig, "--redis-url", "redis://alice:wrong@"+r.addr)
+	// A wrong password is a setting to fix: not ready (Kubernetes keeps
+	// traffic away), and a request that comes anyway gets the failure modes.
+	wrong := startProcess(t, nil, tlsTestConfig, insecure.NewCredentials(), "--redis-url", "redis://alice:wrong@"+r.addr)
+	wrong.waitHealth(t, healthpb.HealthCheckResponse_NOT_SERVING)
+	wrong.waitLog(t, "Redis refused the credentials")
+	if code, _ := httpGet(t, "http://"+wrong.httpAddr+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz %d with a wrong password, want 503", code)
+	}
 	resp := wrong.ask(t, request("sec", descriptor("fail_deny", "x"), descriptor("fail_allow", "x")))
 	if resp.OverallCode != over || resp.Statuses[0].Code != over || resp.Statuses[1].Code != ok {
 		t.Fatalf("wrong password: %v, want the failure modes (deny, allow)", resp)

@@ -63,7 +63,7 @@ func TestMemoryLimit(t *testing.T) {
 				debug.SetMemoryLimit(none)
 			}
 			var s settings
-			if err := parse(newFlagSet("test", &s, &bytes.Buffer{}), tc.args); err != nil {
+			if err := parse(newFlagSet("test", &s, &bytes.Buffer{}), &s, tc.args); err != nil {
 				t.Fatal(err)
 			}
 			got := setRuntimeDefaults(int64(s.memoryLimit))

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/slidingwindow/ratelimit/pkg/config"
@@ -35,7 +37,9 @@ const usage = `usage:
   ratelimit validate --config PATH     check a config and exit
 
 Every flag can also be set as RATELIMIT_<NAME> in the environment, e.g.
-RATELIMIT_REDIS_URL for --redis-url; a flag on the command line wins.
+RATELIMIT_REDIS_URL for --redis-url; a flag on the command line wins. The
+environment of envoyproxy/ratelimit (REDIS_URL, PORT, RUNTIME_ROOT, ...) is
+read too, below both (README, Migration).
 
 flags:
 `
@@ -70,19 +74,39 @@ type settings struct {
 	limitHeader             string
 	remainingHeader         string
 	resetHeader             string
-	nearLimitRatio          float64
-	watchConfig             bool
-	adminAddr               string
-	maxInFlight             int
-	memoryLimit             byteSize
-	pprof                   bool
+
+	nearLimitRatio      float64
+	watchConfig         bool
+	adminAddr           string
+	maxInFlight         int
+	memoryLimit         byteSize
+	pprof               bool
+	debugAddr           string
+	metricsAddr         string
+	metricsPath         string
+	keyPrefix           string
+	grpcMaxConnAge      time.Duration
+	grpcMaxConnAgeGrace time.Duration
 
 	// Config over xDS, see xds.go.
 	xds xdsSettings
 
+	// Tracing, see tracing.go.
+	tracing                                     bool
+	tracingServiceName, tracingServiceNamespace string
+	tracingServiceInstanceID, tracingProtocol   string
+	tracingSamplingRate                         float64
+
+	// env is what envoyproxy/ratelimit's environment asked for (env.go).
+	env *envPlan
+	// redisFlagSet: a --redis-* flag was given, on the command line or as
+	// RATELIMIT_REDIS_*.
+	redisFlagSet bool
+
 	// TLS, see tls.go.
-	grpcTLSCert, grpcTLSKey, grpcTLSClientCA                  string
-	redisTLSCA, redisTLSCert, redisTLSKey, redisTLSServerName string
+	grpcTLSCert, grpcTLSKey, grpcTLSClientCA, grpcTLSClientSAN string
+	redisTLSCA, redisTLSCert, redisTLSKey, redisTLSServerName  string
+	redisTLSSkipHostnameVerification                           bool
 }
 
 func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
@@ -93,8 +117,14 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&s.configPath, "config", "", "config file, or directory of *.yaml / *.yml files (required, unless --config-type GRPC_XDS_SOTW)")
-	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (rate limit service, health, reflection)")
-	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address: /healthz, /readyz, /metrics, /rlconfig, POST /json")
+	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (rate limit service, health, reflection); unix:PATH for a Unix socket")
+	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address: /healthz, /readyz, /healthcheck, /metrics, /rlconfig, POST /json")
+	fs.StringVar(&s.debugAddr, "debug-addr", "", "listen address of the debug port: /rlconfig as text, as envoyproxy/ratelimit's (and /debug/pprof/ with --pprof); empty: off")
+	fs.StringVar(&s.metricsAddr, "metrics-addr", "", "listen address of a port serving only the metrics, at --metrics-path (as envoyproxy/ratelimit's PROMETHEUS_ADDR); empty: off (they are on the HTTP port's /metrics either way)")
+	fs.StringVar(&s.metricsPath, "metrics-path", "/metrics", "path of the metrics on --metrics-addr")
+	fs.StringVar(&s.keyPrefix, "key-prefix", "", "prefix of every Redis key, to keep apart the counters of services sharing one Redis (no '{' or '}')")
+	fs.DurationVar(&s.grpcMaxConnAge, "grpc-max-connection-age", 24*time.Hour, "a gRPC connection older than this (±10%) is asked to go away, so clients spread over new replicas; 0: never")
+	fs.DurationVar(&s.grpcMaxConnAgeGrace, "grpc-max-connection-age-grace", time.Hour, "how long calls may go on after --grpc-max-connection-age before the connection closes")
 	fs.StringVar(&s.redisURL, "redis-url", "", "redis:// or rediss:// URL of a standalone Redis; with no Redis flag, an embedded in-process store runs (one replica, not shared, not persistent)")
 	fs.StringVar(&s.redisClusterURL, "redis-cluster-url", "", "Redis Cluster seed nodes: redis://[user:password@]host:port?addr=host2:port&addr=host3:port (or rediss://)")
 	fs.StringVar(&s.redisSentinelURL, "redis-sentinel-url", "", "Redis Sentinel: redis://[sentinel-user:sentinel-password@]host:port?master_name=NAME&addr=host2:port[&username=U&password=P] (or rediss://)")
@@ -127,12 +157,14 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&s.watchConfig, "watch-config", true, "reload the config when its files change (a bad new config is refused, the old one stays)")
 	tlsFlags(fs, s)
 	xdsFlags(fs, &s.xds)
+	tracingFlags(fs, s)
 	return fs
 }
 
 // parse reads flags, with RATELIMIT_* environment variables for the flags
-// the command line does not set. The environment is read here, once.
-func parse(fs *flag.FlagSet, args []string) error {
+// the command line does not set, then envoyproxy/ratelimit's variables for
+// the flags neither sets (env.go). The environment is read here, once.
+func parse(fs *flag.FlagSet, s *settings, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -148,19 +180,73 @@ func parse(fs *flag.FlagSet, args []string) error {
 			if e := f.Value.Set(v); e != nil {
 				err = fmt.Errorf("%s: %w", env, e)
 			}
+			set[f.Name] = true
 		}
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	plan, err := planEnv(os.LookupEnv, func(name string) bool { return fs.Lookup(name) != nil },
+		func(name string) bool { return set[name] })
+	if err != nil {
+		return err
+	}
+	for _, v := range plan.values {
+		if err := fs.Set(v.flag, v.value); err != nil {
+			return fmt.Errorf("%s: %w", v.from, err)
+		}
+	}
+	s.env = plan
+	for name := range set {
+		s.redisFlagSet = s.redisFlagSet || strings.HasPrefix(name, "redis-")
+	}
+	return checkRanges(s)
+}
+
+// checkRanges refuses flag values out of range, rather than replacing them
+// with a default the operator did not ask for.
+func checkRanges(s *settings) error {
+	for _, c := range []struct {
+		bad  bool
+		flag string
+		val  any
+		want string
+	}{
+		{s.storeTimeout <= 0, "store-timeout", s.storeTimeout, "a duration above 0"},
+		{s.denyCache < 0, "deny-cache", s.denyCache, "a duration, 0 for off"},
+		{s.shutdownDelay < 0, "shutdown-delay", s.shutdownDelay, "a duration, 0 for none"},
+		{s.drainTimeout <= 0, "drain-timeout", s.drainTimeout, "a duration above 0"},
+		{s.maxDescriptors <= 0, "max-descriptors", s.maxDescriptors, "a number above 0"},
+		{s.maxEntries <= 0, "max-entries", s.maxEntries, "a number above 0"},
+		{s.maxRequestBytes <= 0, "max-request-bytes", s.maxRequestBytes, "a positive number of bytes"},
+		{s.maxInFlight <= 0, "max-inflight", s.maxInFlight, "a number above 0"},
+		{!(s.nearLimitRatio > 0 && s.nearLimitRatio <= 1), "near-limit-ratio", s.nearLimitRatio, "a share above 0 and at most 1"},
+		{s.grpcMaxConnAge < 0, "grpc-max-connection-age", s.grpcMaxConnAge, "a duration, 0 for never"},
+		{s.grpcMaxConnAgeGrace < 0, "grpc-max-connection-age-grace", s.grpcMaxConnAgeGrace, "a duration, 0 for none"},
+		{strings.ContainsAny(s.keyPrefix, "{}"), "key-prefix", s.keyPrefix, "no '{' or '}', which would change the Redis Cluster hash tag"},
+		{!strings.HasPrefix(s.metricsPath, "/"), "metrics-path", s.metricsPath, "a path starting with /"},
+	} {
+		if c.bad {
+			return fmt.Errorf("--%s=%v: want %s", c.flag, c.val, c.want)
+		}
+	}
+	return nil
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) > 0 && filepath.Base(args[0]) == "ratelimit" {
+		// The binary's own path as its first argument: an entrypoint
+		// /bin/ratelimit given the command /bin/ratelimit, as envoyproxy/
+		// ratelimit's docker-compose does (that binary ignores arguments).
+		args = args[1:]
+	}
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
 	}
 	var s settings
 	fs := newFlagSet("ratelimit "+cmd, &s, out)
-	if err := parse(fs, args); err != nil {
+	if err := parse(fs, &s, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
@@ -183,9 +269,17 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	return fmt.Errorf("unknown command %q (serve or validate)", cmd)
 }
 
+// defaultConfigEnv names the config path of last resort, below --config,
+// RATELIMIT_CONFIG and envoyproxy/ratelimit's RUNTIME_* (the image sets it
+// to its example rules).
+const defaultConfigEnv = "RATELIMIT_DEFAULT_CONFIG"
+
 func loadConfig(s *settings) (*config.Config, error) {
 	if s.configPath == "" {
-		return nil, errors.New("--config is required")
+		s.configPath = os.Getenv(defaultConfigEnv)
+	}
+	if s.configPath == "" {
+		return nil, errors.New("--config is required (or envoyproxy/ratelimit's RUNTIME_ROOT)")
 	}
 	d, err := configDefaults(s)
 	if err != nil {
@@ -253,10 +347,8 @@ func serve(ctx context.Context, s *settings) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
+	logEnv(log, s.env)
 
-	if s.maxRequestBytes <= 0 {
-		return fmt.Errorf("--max-request-bytes: %d is not a positive number of bytes", s.maxRequestBytes)
-	}
 	cfg, xds, err := startConfig(ctx, s, log) // see xds.go: cfg is nil over xDS until xds.first
 	if err != nil {
 		return err
@@ -269,6 +361,16 @@ func serve(ctx context.Context, s *settings) error {
 		return err
 	}
 	grpcOpts = append(grpcOpts, xds.serverOptions()...)
+	if s.redisURL == "" && s.redisClusterURL == "" && s.redisSentinelURL == "" && s.redisSettings() {
+		// Each replica would count alone: limits N times too loose, silently.
+		return errors.New("a Redis setting is given but no Redis URL (--redis-url, --redis-cluster-url, --redis-sentinel-url, REDIS_URL): refusing to start on the embedded store")
+	}
+	if s.redisURL != "" && !strings.Contains(s.redisURL, "://") {
+		// host:port or a socket path, as envoyproxy/ratelimit's REDIS_URL.
+		if s.redisURL, err = singleURL(s.redisURL, "", "redis", "", false); err != nil {
+			return fmt.Errorf("--redis-url: %w (or a redis://, rediss:// or unix:// URL)", err)
+		}
+	}
 	store, err := limiter.OpenStore(limiter.StoreConfig{
 		URL: s.redisURL, ClusterURL: s.redisClusterURL, SentinelURL: s.redisSentinelURL, TLS: redisTLS,
 	})
@@ -299,8 +401,14 @@ func serve(ctx context.Context, s *settings) error {
 	// it is ready, so the first requests pay no setup. A store that is not
 	// reachable yet does not hold the service back: rules answer by their
 	// failure mode until it is, and calls load the code when they can.
+	// A store that refuses the credentials is a setting to fix: the
+	// service is not ready until it accepts them (see awaitCredentials).
+	var credentialsRefused atomic.Bool
 	prepareCtx, cancel := context.WithTimeout(ctx, storeReadyWait)
-	if err := lim.Prepare(prepareCtx); err != nil {
+	if err := lim.Prepare(prepareCtx); limiter.AuthRefused(err) {
+		credentialsRefused.Store(true)
+		log.Error("Redis refused the credentials: not ready until it accepts them", zap.Error(err))
+	} else if err != nil {
 		log.Warn("store not ready: rules answer by their failure_mode until it is", zap.Error(err))
 	}
 	cancel()
@@ -324,6 +432,7 @@ func serve(ctx context.Context, s *settings) error {
 		ResetHeader:             s.resetHeader,
 		QuotaMode:               s.quotaMode,
 		ResponseDynamicMetadata: s.responseDynamicMetadata,
+		KeyPrefix:               s.keyPrefix,
 	})
 	if s.shadowMode {
 		log.Warn("global shadow mode: every answer is OK; would-be denials are logged and counted")
@@ -347,23 +456,11 @@ func serve(ctx context.Context, s *settings) error {
 		}()
 	}
 
-	grpcLn, err := net.Listen("tcp", s.grpcAddr)
+	lns, err := listen(s)
 	if err != nil {
-		return fmt.Errorf("--grpc-addr: %w", err)
+		return err
 	}
-	httpLn, err := net.Listen("tcp", s.httpAddr)
-	if err != nil {
-		grpcLn.Close()
-		return fmt.Errorf("--http-addr: %w", err)
-	}
-	var adminLn net.Listener
-	if s.adminAddr != "" {
-		if adminLn, err = net.Listen("tcp", s.adminAddr); err != nil {
-			grpcLn.Close()
-			httpLn.Close()
-			return fmt.Errorf("--admin-addr: %w", err)
-		}
-	}
+	grpcLn, httpLn, adminLn, debugLn, metricsLn := lns[0], lns[1], lns[2], lns[3], lns[4]
 
 	shedder := service.NewShedder(s.maxInFlight, m)
 	// WaitForHandlers: a stop waits for handlers to return, so the limiter
@@ -373,32 +470,76 @@ func serve(ctx context.Context, s *settings) error {
 	// As many stream workers as calls may be in flight: each call runs on
 	// a goroutine whose stack has already grown, not a new one (measured in
 	// make bench: 6-12 % less service CPU per decision).
-	workers := s.maxInFlight
-	if workers <= 0 {
-		workers = service.DefaultMaxInFlight
+	// The interceptors keep envoyproxy/ratelimit's total_requests and
+	// response_time, and trace calls with --tracing.
+	traceInterceptor, stopTracing, err := startTracing(ctx, s)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(flushCtx); err != nil {
+			log.Warn("tracing: spans not flushed", zap.Error(err))
+		}
+	}()
+	interceptors := []grpc.UnaryServerInterceptor{m.UnaryServerInterceptor()}
+	if traceInterceptor != nil {
+		interceptors = append(interceptors, traceInterceptor)
+		log.Info("tracing gRPC calls", zap.String("protocol", s.tracingProtocol), zap.Float64("sampling_rate", s.tracingSamplingRate))
 	}
 	grpcServer := grpc.NewServer(append(grpcOpts, grpc.WaitForHandlers(true),
 		grpc.ForceServerCodecV2(svc.Codec()), grpc.MaxRecvMsgSize(s.maxRequestBytes), grpc.InTapHandle(shedder.TapHandle()),
-		grpc.NumStreamWorkers(uint32(workers)))...)
+		grpc.NumStreamWorkers(uint32(s.maxInFlight)), grpc.ChainUnaryInterceptor(interceptors...),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge: s.grpcMaxConnAge, MaxConnectionAgeGrace: s.grpcMaxConnAgeGrace,
+		}))...)
 	rlsv3.RegisterRateLimitServiceServer(grpcServer, svc)
 	healthServer := health.NewServer()
 	healthpb.RegisterHealthServer(grpcServer, healthServer)
 	reflection.Register(grpcServer)
 
 	var draining atomic.Bool
+	ready := func() error {
+		switch {
+		case draining.Load():
+			return errors.New("draining")
+		case credentialsRefused.Load():
+			return errors.New("Redis refuses the credentials")
+		}
+		return nil
+	}
 	// A client gets 5 s for its headers and 10 s for the whole request, so
 	// that a body sent slowly, or never, cannot hold a --max-inflight place
 	// for long; idle keep-alive connections close after a minute.
 	httpServer := &http.Server{
-		Handler:           httpHandler(&draining, svc, shedder, registry, s.pprof),
+		Handler:           httpHandler(ready, svc, shedder, registry, s.pprof),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		IdleTimeout:       time.Minute,
 	}
 
-	errc := make(chan error, 3)
+	errc := make(chan error, 5)
 	go func() { errc <- grpcServer.Serve(grpcLn) }()
 	go func() { errc <- httpServer.Serve(httpLn) }()
+	// The debug and metrics ports of envoyproxy/ratelimit: read-only.
+	var extraServers []*http.Server
+	for _, side := range []struct {
+		ln      net.Listener
+		handler http.Handler
+		what    string
+	}{
+		{debugLn, debugHandler(svc, s.pprof), "debug"},
+		{metricsLn, metricsHandler(registry, s.metricsPath), "metrics"},
+	} {
+		if side.ln == nil {
+			continue
+		}
+		srv := &http.Server{Handler: side.handler, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
+		extraServers = append(extraServers, srv)
+		go func() { errc <- srv.Serve(side.ln) }()
+		log.Info(side.what+" port serving", zap.String("addr", side.ln.Addr().String()))
+	}
 	// The admin API has its own server, so that its address, not a
 	// certificate, decides who may reset limits; it takes the same TLS.
 	var adminServer *grpc.Server
@@ -409,8 +550,21 @@ func serve(ctx context.Context, s *settings) error {
 		go func() { errc <- adminServer.Serve(adminLn) }()
 		log.Info("admin API serving: keep this address private, Reset lifts limits", zap.String("addr", adminLn.Addr().String()))
 	}
-	healthServer.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	healthServer.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	setHealth := func(st healthpb.HealthCheckResponse_ServingStatus) {
+		// "ratelimit" is the name envoyproxy/ratelimit reports under.
+		for _, name := range []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName, "ratelimit"} {
+			healthServer.SetServingStatus(name, st)
+		}
+	}
+	if credentialsRefused.Load() {
+		setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+		go awaitCredentials(ctx, lim, log, func() {
+			credentialsRefused.Store(false)
+			setHealth(healthpb.HealthCheckResponse_SERVING) // a no-op once the health server is shut down
+		})
+	} else {
+		setHealth(healthpb.HealthCheckResponse_SERVING)
+	}
 	log.Info("serving", zap.String("grpc", grpcLn.Addr().String()), zap.String("http", httpLn.Addr().String()))
 
 	var serveErr error
@@ -447,23 +601,23 @@ func serve(ctx context.Context, s *settings) error {
 		}
 		<-stopped
 	}
-	if err := httpServer.Shutdown(drainCtx); err != nil {
-		httpServer.Close()
+	for _, srv := range append(extraServers, httpServer) {
+		if err := srv.Shutdown(drainCtx); err != nil {
+			srv.Close()
+		}
 	}
 	log.Info("stopped")
 	return serveErr
 }
 
 // httpHandler serves the HTTP port: liveness and readiness for probes that
-// speak HTTP, Prometheus metrics, the config in force, and the JSON API.
-func httpHandler(draining *atomic.Bool, svc *service.Service, shedder *service.Shedder, registry *prometheus.Registry, withPprof bool) http.Handler {
+// speak HTTP (envoyproxy/ratelimit's /healthcheck among them), Prometheus
+// metrics, the config in force, and the JSON API. ready says why the
+// service is not ready, nil when it is.
+func httpHandler(ready func() error, svc *service.Service, shedder *service.Shedder, registry *prometheus.Registry, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	if withPprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		addPprof(mux)
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
 	mux.Handle("GET /rlconfig", svc.ConfigHandler())
@@ -472,11 +626,134 @@ func httpHandler(draining *atomic.Bool, svc *service.Service, shedder *service.S
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if draining.Load() {
-			http.Error(w, "draining", http.StatusServiceUnavailable)
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "ready\n")
 	})
+	// As envoyproxy/ratelimit answers it: OK, or a 500 when not ready.
+	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		io.WriteString(w, "OK")
+	})
 	return mux
+}
+
+func addPprof(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+}
+
+// debugHandler serves the debug port as envoyproxy/ratelimit's: /rlconfig
+// as text (egctl reads it), an index at /, and the profiler with --pprof
+// (the reference serves it always).
+func debugHandler(svc *service.Service, withPprof bool) http.Handler {
+	mux := http.NewServeMux()
+	endpoints := "/rlconfig: print out the currently loaded configuration for debugging\n"
+	if withPprof {
+		addPprof(mux)
+		endpoints += "/debug/pprof/: root of various pprof endpoints. hit for help.\n"
+	}
+	mux.Handle("GET /rlconfig", svc.ConfigTextHandler())
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, endpoints) })
+	return mux
+}
+
+// metricsHandler serves the metrics alone at path, as envoyproxy/ratelimit's
+// PROMETHEUS_ADDR port does.
+func metricsHandler(registry *prometheus.Registry, path string) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(path, promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
+	return mux
+}
+
+// listen opens the listeners: gRPC, HTTP, then admin, debug and metrics
+// (nil when off). On an error, those already open are closed.
+func listen(s *settings) ([]net.Listener, error) {
+	var lns []net.Listener
+	for _, l := range []struct {
+		addr, flag string
+		optional   bool
+	}{
+		{s.grpcAddr, "grpc-addr", false}, {s.httpAddr, "http-addr", false}, {s.adminAddr, "admin-addr", true},
+		{s.debugAddr, "debug-addr", true}, {s.metricsAddr, "metrics-addr", true},
+	} {
+		if l.optional && l.addr == "" {
+			lns = append(lns, nil)
+			continue
+		}
+		network, addr := "tcp", l.addr
+		if path, ok := strings.CutPrefix(addr, "unix:"); ok && l.flag == "grpc-addr" {
+			network, addr = "unix", path
+		}
+		ln, err := net.Listen(network, addr)
+		if err != nil {
+			for _, open := range lns {
+				if open != nil {
+					open.Close()
+				}
+			}
+			return nil, fmt.Errorf("--%s: %w", l.flag, err)
+		}
+		lns = append(lns, ln)
+	}
+	return lns, nil
+}
+
+// awaitCredentials asks the store again, every credentialsRetry, until it
+// accepts the credentials (or fails otherwise: then the rules' failure
+// modes answer, as for a store that is down), then calls accepted.
+func awaitCredentials(ctx context.Context, lim *limiter.Limiter, log *zap.Logger, accepted func()) {
+	t := time.NewTicker(credentialsRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, storeReadyWait)
+		err := lim.Prepare(pctx)
+		cancel()
+		if limiter.AuthRefused(err) || ctx.Err() != nil {
+			continue
+		}
+		log.Info("Redis accepts the credentials: ready")
+		accepted()
+		return
+	}
+}
+
+// credentialsRetry is how often a store that refused the credentials is
+// asked again.
+const credentialsRetry = 2 * time.Second
+
+// logEnv logs, once, what envoyproxy/ratelimit's environment did.
+func logEnv(log *zap.Logger, p *envPlan) {
+	if p == nil {
+		return
+	}
+	for _, v := range p.values {
+		log.Info("from envoyproxy/ratelimit's environment", zap.String("flag", "--"+v.flag), zap.String("from", v.from))
+	}
+	for _, n := range p.notes {
+		if n.warn {
+			log.Warn(n.msg, zap.Strings("variables", n.vars))
+		} else {
+			log.Info(n.msg, zap.Strings("variables", n.vars))
+		}
+	}
+}
+
+// redisSettings reports a Redis setting: a --redis-* flag or RATELIMIT_REDIS_*
+// variable, or one of envoyproxy/ratelimit's REDIS_* variables.
+func (s *settings) redisSettings() bool {
+	return s.redisFlagSet || s.env != nil && s.env.redis
 }

@@ -17,7 +17,7 @@ func TestEnvironmentFillsUnsetFlags(t *testing.T) {
 	t.Setenv("RATELIMIT_GRPC_ADDR", ":9999")
 	var s settings
 	fs := newFlagSet("test", &s, &bytes.Buffer{})
-	if err := parse(fs, []string{"--grpc-addr", ":7777"}); err != nil {
+	if err := parse(fs, &s, []string{"--grpc-addr", ":7777"}); err != nil {
 		t.Fatal(err)
 	}
 	if s.redisURL != "redis://env:6379" || s.storeTimeout != 40*time.Millisecond {
@@ -31,7 +31,7 @@ func TestEnvironmentFillsUnsetFlags(t *testing.T) {
 func TestBadEnvironmentValueIsAnError(t *testing.T) {
 	t.Setenv("RATELIMIT_STORE_TIMEOUT", "soon")
 	var s settings
-	err := parse(newFlagSet("test", &s, &bytes.Buffer{}), nil)
+	err := parse(newFlagSet("test", &s, &bytes.Buffer{}), &s, nil)
 	if err == nil || !strings.Contains(err.Error(), "RATELIMIT_STORE_TIMEOUT") {
 		t.Fatalf("error %v, want one naming RATELIMIT_STORE_TIMEOUT", err)
 	}

@@ -99,7 +99,7 @@ func startSource(t *testing.T, addr string, extra ...string) *xdsSource {
 	var s settings
 	args := append([]string{"--config-type", "GRPC_XDS_SOTW", "--xds-server-url", addr, "--xds-node-id", "envoy-ratelimit",
 		"--xds-backoff-initial", "20ms", "--xds-backoff-max", "100ms", "--config", "/data/ratelimit"}, extra...)
-	if err := parse(newFlagSet("test", &s, &bytes.Buffer{}), args); err != nil {
+	if err := parse(newFlagSet("test", &s, &bytes.Buffer{}), &s, args); err != nil {
 		t.Fatal(err)
 	}
 	_, x, err := startConfig(context.Background(), &s, zap.NewNop())

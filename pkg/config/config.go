@@ -48,6 +48,7 @@ type Level struct {
 	Value          string // the configured value: "" for a key-only node, the pattern for a wildcard node
 	Wildcard       bool   // Value contains '*'
 	ShareThreshold bool   // share_threshold: all values matching this wildcard share one counter
+	ValueToMetric  bool   // value_to_metric: the reference's metrics name this level by the request's value
 }
 
 // Rule is one configured limit: a descriptor node that has a rate_limit.
@@ -69,14 +70,15 @@ type Rule struct {
 	// quota-mode descriptor of the request is denied (quota_mode).
 	QuotaMode      bool
 	Replaces       []string // names of rules this one replaces
-	DetailedMetric bool     // accepted for compatibility (metrics only)
-	ValueToMetric  bool     // accepted for compatibility (metrics only)
+	DetailedMetric bool     // detailed_metric: the reference's metrics name the rule by the request's values
+	ValueToMetric  bool     // value_to_metric of the rule's own level (see Level.ValueToMetric)
 	// Metadata is the descriptor's metadata, for answers' dynamic_metadata;
 	// nil when none. Shared by every answer: never modify it.
 	Metadata *structpb.Struct
 	Source   string // "path/to/file.yaml:LINE" of the descriptor's key
 
 	path       string
+	statKey    string
 	replacesAt []string // FILE:LINE of each Replaces entry
 	limits     []*Rule  // every limit of the descriptor, this one among them
 }
@@ -103,6 +105,25 @@ func (r *Rule) String() string { return r.Domain + ": " + r.path }
 // Path identifies the rule within its domain, e.g. "path=/v1/* / user". It
 // is computed once at load, so metrics can label with it for free.
 func (r *Rule) Path() string { return r.path }
+
+// StatKey is the rule's name in envoyproxy/ratelimit's metrics (its
+// FullKey): the domain, then each level's key, or key_value when the level
+// has a value (a wildcard's pattern included), joined by dots.
+func (r *Rule) StatKey() string { return r.statKey }
+
+func statKey(domain string, levels []Level) string {
+	var b strings.Builder
+	b.WriteString(domain)
+	for _, l := range levels {
+		b.WriteByte('.')
+		b.WriteString(l.Key)
+		if l.Value != "" {
+			b.WriteByte('_')
+			b.WriteString(l.Value)
+		}
+	}
+	return b.String()
+}
 
 // rulePath renders the levels leading to a rule.
 func rulePath(levels []Level) string {

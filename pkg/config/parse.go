@@ -328,6 +328,7 @@ func (p *parser) descriptors(raws []rawDescriptor, lvl level, path []Level, line
 			Value:          rd.Value.V,
 			Wildcard:       strings.Contains(rd.Value.V, "*"),
 			ShareThreshold: rd.ShareThreshold.V,
+			ValueToMetric:  rd.ValueToMetric.V,
 		}
 		if l.ShareThreshold && !l.Wildcard {
 			return p.errorf(rd.ShareThreshold.Line, "share_threshold needs a wildcard value (with '*'), got %q", l.Value)
@@ -451,6 +452,7 @@ func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rul
 		ValueToMetric:   rd.ValueToMetric.V,
 		Source:          fmt.Sprintf("%s:%d", p.file, line),
 		path:            rulePath(levels),
+		statKey:         statKey(p.domain.name, levels),
 	}
 	for _, rp := range rl.Replaces {
 		switch rp.Name.V {

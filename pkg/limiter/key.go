@@ -31,14 +31,19 @@ import (
 // component. The braces are a Redis Cluster hash tag around the whole
 // identity, and every algorithm keeps its whole state at the key itself.
 //
+// Prefix, when set, comes before the whole key, outside the hash tag: it
+// separates the counters of services sharing one Redis (the reference's
+// CACHE_KEY_PREFIX), and never changes which slot a key hashes to.
+//
 // The zero value is ready to use; reusing a builder reuses its buffer.
 type KeyBuilder struct {
-	buf []byte
+	Prefix string
+	buf    []byte
 }
 
 // Reset starts a key for domain.
 func (b *KeyBuilder) Reset(domain string) {
-	b.buf = append(b.buf[:0], "rl:{"...)
+	b.buf = append(append(b.buf[:0], b.Prefix...), "rl:{"...)
 	b.buf = appendEscaped(b.buf, domain)
 }
 

@@ -4,6 +4,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -65,7 +68,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 	case cfg.ClusterURL != "":
 		opts, err := redis.ParseClusterURL(cfg.ClusterURL)
 		if err != nil {
-			return nil, fmt.Errorf("redis cluster url: %w", err)
+			return nil, urlError("redis cluster url", cfg.ClusterURL, err)
 		}
 		if opts.TLSConfig, err = withTLS(opts.TLSConfig, cfg.TLS); err != nil {
 			return nil, err
@@ -77,7 +80,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 	case cfg.SentinelURL != "":
 		opts, err := redis.ParseFailoverURL(cfg.SentinelURL)
 		if err != nil {
-			return nil, fmt.Errorf("redis sentinel url: %w", err)
+			return nil, urlError("redis sentinel url", cfg.SentinelURL, err)
 		}
 		if opts.MasterName == "" {
 			return nil, errors.New("redis sentinel url: master_name is missing")
@@ -90,13 +93,76 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 	}
 	opts, err := redis.ParseURL(cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("redis url: %w", err)
+		return nil, urlError("redis url", cfg.URL, err)
 	}
 	if opts.TLSConfig, err = withTLS(opts.TLSConfig, cfg.TLS); err != nil {
 		return nil, err
 	}
 	configure(&opts.ContextTimeoutEnabled, &opts.MaxRetries)
 	return &Store{Client: redis.NewClient(opts), Mode: "standalone", stop: func() {}}, nil
+}
+
+// urlError reports a URL that does not parse without its password. A URL
+// that is not one at all (net/url's error) may have been cut anywhere, even
+// inside the password, so its parser's detail is dropped when the URL holds
+// credentials; go-redis's own errors name a scheme, a path or an option.
+func urlError(what, raw string, err error) error {
+	shown := RedactURL(raw)
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		if shown != raw {
+			return fmt.Errorf("%s %q: not a valid URL; the form is redis://[user:password@]host:port[/db]", what, shown)
+		}
+		return fmt.Errorf("%s %q: %v", what, raw, ue.Err)
+	}
+	return fmt.Errorf("%s %q: %s", what, shown, strings.ReplaceAll(err.Error(), raw, shown))
+}
+
+var passwordParam = regexp.MustCompile(`((?:^|[?&])(?:sentinel_)?password=)[^&]*`)
+
+// RedactURL returns a Redis URL fit for messages and logs: the password of
+// its user information, and password or sentinel_password query parameters,
+// become xxxxx. A user information without ':' is hidden whole: go-redis
+// reads it as a user name, but it is often a password put there by mistake.
+// It works on malformed URLs too.
+func RedactURL(raw string) string {
+	i := strings.Index(raw, "://")
+	if i < 0 {
+		return passwordParam.ReplaceAllString(raw, "${1}xxxxx")
+	}
+	scheme, rest := raw[:i+3], raw[i+3:]
+	// The user information ends at the last '@' of the authority; a '?'
+	// may be in the password, so the whole rest is searched when the part
+	// before the first '?' has no '@'.
+	authority := rest
+	if q := strings.IndexByte(rest, '?'); q >= 0 && strings.Contains(rest[:q], "@") {
+		authority = rest[:q]
+	}
+	if at := strings.LastIndexByte(authority, '@'); at >= 0 {
+		user := "xxxxx"
+		if c := strings.IndexByte(rest[:at], ':'); c >= 0 {
+			user = rest[:c] + ":xxxxx"
+		}
+		rest = user + rest[at:]
+	}
+	return scheme + passwordParam.ReplaceAllString(rest, "${1}xxxxx")
+}
+
+// AuthRefused reports whether err holds Redis refusing the client's
+// credentials (WRONGPASS, NOAUTH, or AUTH sent to a server without
+// passwords): a setting to fix, unlike a server that is not up yet.
+func AuthRefused(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "ERR AUTH", "ERR invalid password", "ERR invalid username-password"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // withTLS puts custom TLS settings in place of fromURL, the settings a

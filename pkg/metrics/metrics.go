@@ -1,6 +1,9 @@
-// Package metrics holds the service's Prometheus metrics. Labels are bounded
-// by the config: per domain and rule, never per descriptor value, so a client
-// cannot grow the series count.
+// Package metrics holds the service's Prometheus metrics, and beside them
+// those of envoyproxy/ratelimit under its names (reference.go). Labels are
+// bounded by the config: per domain and rule, never per descriptor value, so
+// a client cannot grow the series count; the reference's detailed_metric and
+// value_to_metric, which name series by values, are capped at
+// MaxReferenceSeries.
 package metrics
 
 import (
@@ -47,6 +50,8 @@ type Metrics struct {
 	configReloads    *prometheus.CounterVec
 	configGeneration prometheus.Gauge
 	configInfo       *prometheus.GaugeVec
+
+	ref *referenceMetrics
 }
 
 // New registers the service's collectors, and Go's and the process's, on reg.
@@ -89,7 +94,9 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "ratelimit_config_info",
 			Help: "1 for the hash of the config in force.",
 		}, []string{"hash"}),
+		ref: newReferenceMetrics(),
 	}
+	reg.MustRegister(m.ref.collectors()...)
 	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests, m.shed, m.overloaded,
 		m.configReloads, m.configGeneration, m.configInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -112,12 +119,16 @@ func (m *Metrics) StoreCall(d time.Duration, errKind string) {
 	if errKind != "" {
 		m.storeErrors.WithLabelValues(errKind).Inc()
 	}
+	if errKind != "" && errKind != "canceled" {
+		m.ref.shouldRateLimitError.WithLabelValues("redis_error").Inc()
+	}
 }
 
 // InvalidRequest counts a refused request.
 func (m *Metrics) InvalidRequest(reason string) {
 	if m != nil {
 		m.invalidRequests.WithLabelValues(reason).Inc()
+		m.ref.shouldRateLimitError.WithLabelValues("service_error").Inc()
 	}
 }
 
@@ -133,6 +144,7 @@ func (m *Metrics) Shed() {
 func (m *Metrics) Overloaded() {
 	if m != nil {
 		m.overloaded.Inc()
+		m.ref.shouldRateLimitError.WithLabelValues("service_error").Inc()
 	}
 }
 
@@ -145,6 +157,7 @@ func (m *Metrics) ConfigLoaded(generation uint64, hash, previousHash, outcome st
 	if outcome != "" {
 		m.configReloads.WithLabelValues(outcome).Inc()
 	}
+	m.ref.configLoadSuccess.Inc()
 	m.configGeneration.Set(float64(generation))
 	if previousHash != "" && previousHash != hash {
 		m.configInfo.DeleteLabelValues(previousHash)
@@ -155,7 +168,13 @@ func (m *Metrics) ConfigLoaded(generation uint64, hash, previousHash, outcome st
 // ConfigReload counts a reload that did not change the config in force:
 // outcome "failure" (the previous config stays) or "unchanged".
 func (m *Metrics) ConfigReload(outcome string) {
-	if m != nil {
-		m.configReloads.WithLabelValues(outcome).Inc()
+	if m == nil {
+		return
+	}
+	m.configReloads.WithLabelValues(outcome).Inc()
+	if outcome == "failure" {
+		m.ref.configLoadError.Inc()
+	} else {
+		m.ref.configLoadSuccess.Inc()
 	}
 }

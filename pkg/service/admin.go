@@ -79,7 +79,7 @@ func (a *Admin) find(domain string, entries []*adminv1.Entry) (target, error) {
 	if l == nil || l.unlimited {
 		return target{l: l}, nil
 	}
-	var kb limiter.KeyBuilder
+	kb := limiter.KeyBuilder{Prefix: a.svc.opts.KeyPrefix}
 	return target{l: l, hit: l.storeHit(&kb, domain, d.Entries, 0)}, nil
 }
 

@@ -93,6 +93,8 @@ type Options struct {
 	// Metrics records decisions, refusals and config generations; nil
 	// records nothing.
 	Metrics *metrics.Metrics
+	// KeyPrefix goes before every store key (limiter.KeyBuilder.Prefix).
+	KeyPrefix string
 }
 
 // Service implements rlsv3.RateLimitServiceServer.
@@ -248,7 +250,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		requestCost = 1
 	}
 	hits := make([]limiter.Hit, 0, len(limits))
-	var kb limiter.KeyBuilder
+	kb := limiter.KeyBuilder{Prefix: s.opts.KeyPrefix}
 	for i, l := range limits {
 		if l == nil || l.unlimited {
 			continue
@@ -281,6 +283,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if s.opts.ResponseDynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, limits, resp.Statuses)
 	}
+	s.referenceMetrics(req, limits, hits, verdicts, resp)
 	switch {
 	case deferred == nil:
 		return resp, nil

@@ -1,0 +1,223 @@
+package metrics
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+)
+
+// The metrics below carry envoyproxy/ratelimit's Prometheus names and labels:
+// the names its statsd-to-Prometheus mapping (src/stats/prom/
+// default_mapper.yaml, also Envoy Gateway's statsd_conf.yaml) gives its
+// stats, so that dashboards and alerts written for it (Envoy Gateway's
+// global-ratelimit dashboard among them) work unchanged.
+
+// MaxReferenceSeries bounds the descriptor series of the reference's
+// rate_limit metrics. Rules name their series from the config (bounded);
+// detailed_metric and value_to_metric put request values in them, as the
+// reference does, and past this many series a new one is counted under
+// its rule's config name instead, so a client cannot grow them for ever.
+const MaxReferenceSeries = 10_000
+
+// referenceMetrics are the collectors of the reference's names.
+type referenceMetrics struct {
+	totalHits, overLimit, nearLimit, withinLimit, shadowMode *prometheus.CounterVec
+
+	shouldRateLimitError *prometheus.CounterVec
+	totalRequests        *prometheus.CounterVec
+	responseTime         *prometheus.HistogramVec
+	configLoadSuccess    prometheus.Counter
+	configLoadError      prometheus.Counter
+	globalShadowMode     prometheus.Counter
+
+	series  sync.Map // stat key → *DescriptorSeries
+	nSeries atomic.Int64
+	methods sync.Map // gRPC full method → *methodSeries
+}
+
+// methodSeries are the total_requests and response_time of one gRPC method.
+type methodSeries struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+func newReferenceMetrics() *referenceMetrics {
+	labels := []string{"domain", "key1", "key2"}
+	counter := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	}
+	return &referenceMetrics{
+		totalHits:   counter("ratelimit_service_rate_limit_total_hits", "envoyproxy/ratelimit's total_hits: hits (request costs) on a limit, by domain and the first two levels of the rule's key."),
+		overLimit:   counter("ratelimit_service_rate_limit_over_limit", "envoyproxy/ratelimit's over_limit: hits past the limit (shadow-mode rules included)."),
+		nearLimit:   counter("ratelimit_service_rate_limit_near_limit", "envoyproxy/ratelimit's near_limit: hits past --near-limit-ratio of the limit and within it."),
+		withinLimit: counter("ratelimit_service_rate_limit_within_limit", "envoyproxy/ratelimit's within_limit: hits admitted."),
+		shadowMode:  counter("ratelimit_service_rate_limit_shadow_mode", "envoyproxy/ratelimit's shadow_mode: hits past the limit of a shadow_mode rule, admitted."),
+		shouldRateLimitError: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_service_should_rate_limit_error",
+			Help: "envoyproxy/ratelimit's should_rate_limit errors: err_type redis_error (a failed store call) or service_error (a refused request, an overload).",
+		}, []string{"err_type"}),
+		totalRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_service_total_requests",
+			Help: "envoyproxy/ratelimit's total_requests: gRPC calls, by method.",
+		}, []string{"grpc_method"}),
+		responseTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ratelimit_service_response_time_seconds",
+			Help:    "envoyproxy/ratelimit's response_time: duration of gRPC calls, by method.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"grpc_method"}),
+		configLoadSuccess: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_service_config_load_success",
+			Help: "envoyproxy/ratelimit's config_load_success: configs loaded, the first and every reload that loaded.",
+		}),
+		configLoadError: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_service_config_load_error",
+			Help: "envoyproxy/ratelimit's config_load_error: reloads refused.",
+		}),
+		globalShadowMode: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_service_global_shadow_mode",
+			Help: "envoyproxy/ratelimit's global_shadow_mode: requests over a limit answered OK because of --shadow-mode.",
+		}),
+	}
+}
+
+func (r *referenceMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{r.totalHits, r.overLimit, r.nearLimit, r.withinLimit, r.shadowMode,
+		r.shouldRateLimitError, r.totalRequests, r.responseTime, r.configLoadSuccess, r.configLoadError, r.globalShadowMode}
+}
+
+// DescriptorSeries are the reference's five rate_limit counters of one stat
+// key. A nil *DescriptorSeries records nothing.
+type DescriptorSeries struct {
+	totalHits, overLimit, nearLimit, withinLimit, shadowMode prometheus.Counter
+}
+
+// Descriptor returns the series of statKey, the reference's name of a limit
+// (config.Rule.StatKey, or the key detailed_metric and value_to_metric
+// build); fallback is the rule's own StatKey, used in its place once
+// MaxReferenceSeries series exist. The labels are those of the reference's
+// mapping: the key with ':' and '|' and the dots of IPv4 addresses made
+// '_', split at dots into domain, key1 and key2 (later parts dropped).
+func (m *Metrics) Descriptor(statKey, fallback string) *DescriptorSeries {
+	if m == nil {
+		return nil
+	}
+	r := m.ref
+	if s, ok := r.series.Load(statKey); ok {
+		return s.(*DescriptorSeries)
+	}
+	if statKey != fallback && r.nSeries.Load() >= MaxReferenceSeries {
+		return m.Descriptor(fallback, fallback)
+	}
+	labels := statLabels(statKey)
+	s := &DescriptorSeries{
+		totalHits:   r.totalHits.WithLabelValues(labels[:]...),
+		overLimit:   r.overLimit.WithLabelValues(labels[:]...),
+		nearLimit:   r.nearLimit.WithLabelValues(labels[:]...),
+		withinLimit: r.withinLimit.WithLabelValues(labels[:]...),
+		shadowMode:  r.shadowMode.WithLabelValues(labels[:]...),
+	}
+	if actual, loaded := r.series.LoadOrStore(statKey, s); loaded {
+		return actual.(*DescriptorSeries)
+	}
+	r.nSeries.Add(1)
+	return s
+}
+
+var ipv4 = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)
+
+// statLabels maps a stat key as the reference does: utils.SanitizeStatName,
+// then the mapping's patterns ratelimit.service.rate_limit.*.*.<stat>
+// (domain, key1) and its regex for three parts and more (domain, key1,
+// key2). key2 is empty for a two-part key: Prometheus stores an empty label
+// as no label, the series the reference exports.
+func statLabels(key string) [3]string {
+	key = strings.NewReplacer(":", "_", "|", "_").Replace(key)
+	key = ipv4.ReplaceAllStringFunc(key, func(ip string) string { return strings.ReplaceAll(ip, ".", "_") })
+	var l [3]string
+	parts := strings.SplitN(key, ".", 4)
+	copy(l[:], parts)
+	return l
+}
+
+// Hits counts one descriptor's decision as the reference does, in hits (the
+// request's cost), not requests. limit is the limit in force; before is
+// what the counter held before this request (0 when unknown) and after
+// what it would hold with the request's cost; admitted says whether the
+// request was; shadow whether the rule is in shadow mode; nearRatio is
+// --near-limit-ratio.
+func (s *DescriptorSeries) Hits(cost, limit, before uint64, admitted, shadow bool, nearRatio float64) {
+	if s == nil {
+		return
+	}
+	s.totalHits.Add(float64(cost))
+	after := before + cost
+	near := uint64(float64(limit) * nearRatio) // floor, as the reference
+	if admitted {
+		s.withinLimit.Add(float64(cost))
+		if after > near {
+			s.nearLimit.Add(float64(after - max(before, near)))
+		}
+		return
+	}
+	over := cost
+	if before < limit {
+		over = after - limit
+		s.nearLimit.Add(float64(limit - max(near, before)))
+	}
+	s.overLimit.Add(float64(over))
+	if shadow {
+		s.shadowMode.Add(float64(over))
+	}
+}
+
+// Total counts hits whose decision the store could not make: the
+// reference counts total_hits before it asks Redis.
+func (s *DescriptorSeries) Total(cost uint64) {
+	if s != nil {
+		s.totalHits.Add(float64(cost))
+	}
+}
+
+// GlobalShadowMode counts a request over a limit answered OK because of
+// --shadow-mode.
+func (m *Metrics) GlobalShadowMode() {
+	if m != nil {
+		m.ref.globalShadowMode.Inc()
+	}
+}
+
+// method returns the series of a gRPC method, labelled by its name alone
+// (the reference's grpc_method). Methods are the server's registered ones:
+// gRPC calls no handler for others.
+func (r *referenceMetrics) method(fullMethod string) *methodSeries {
+	if s, ok := r.methods.Load(fullMethod); ok {
+		return s.(*methodSeries)
+	}
+	name := fullMethod[strings.LastIndexByte(fullMethod, '/')+1:]
+	s, _ := r.methods.LoadOrStore(fullMethod, &methodSeries{
+		requests: r.totalRequests.WithLabelValues(name),
+		duration: r.responseTime.WithLabelValues(name),
+	})
+	return s.(*methodSeries)
+}
+
+// UnaryServerInterceptor counts gRPC calls and their durations under the
+// reference's total_requests and response_time, by method name.
+func (m *Metrics) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		if m != nil {
+			s := m.ref.method(info.FullMethod)
+			s.requests.Inc()
+			s.duration.Observe(time.Since(start).Seconds())
+		}
+		return resp, err
+	}
+}
