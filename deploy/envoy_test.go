@@ -1177,37 +1177,88 @@ func TestEnvoyTokenBudget(t *testing.T) {
 	}
 }
 
-// TestReadmeTokenBudget: the README's two-phase snippets are Envoy config,
-// and are the /llm route's and the header_to_metadata filter of envoy.yaml.
-func TestReadmeTokenBudget(t *testing.T) {
-	const readme = "../README.md"
+// TestBudgetsDocTokenBudget: docs/budgets.md's two-phase snippets are Envoy
+// config, and are the /llm route's and the header_to_metadata filter of
+// envoy.yaml.
+func TestBudgetsDocTokenBudget(t *testing.T) {
+	const doc = "../docs/budgets.md"
 	b, _ := loadBootstrap(t)
 	e := newEdge(t, b)
 	action := &routev3.RouteAction{}
-	if err := unmarshalEnvoy([]byte(fencedBlock(t, readme, "# the route's action: rate_limits")), action); err != nil {
-		t.Fatalf("%s: rate_limits: %v", readme, err)
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, doc, "# the route's action: rate_limits")), action); err != nil {
+		t.Fatalf("%s: rate_limits: %v", doc, err)
 	}
 	llm := e.vhost.GetRoutes()[slices.IndexFunc(e.vhost.GetRoutes(), func(r *routev3.Route) bool { return r.GetName() == "llm" })]
 	want := llm.GetRoute().GetRateLimits()
 	got := action.GetRateLimits()
 	if len(got) != 2 || len(want) < 2 || !proto.Equal(got[0], want[0]) || !proto.Equal(got[1], want[1]) {
-		t.Errorf("%s: rate_limits %v, want the first two of %s's llm route: %v", readme, got, envoyFile, want)
+		t.Errorf("%s: rate_limits %v, want the first two of %s's llm route: %v", doc, got, envoyFile, want)
 	}
 	filter := &hcmv3.HttpFilter{}
-	if err := unmarshalEnvoy([]byte(fencedBlock(t, readme, "# an http_filters entry, before envoy.filters.http.ratelimit")), filter); err != nil {
-		t.Fatalf("%s: http filter: %v", readme, err)
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, doc, "# an http_filters entry, before envoy.filters.http.ratelimit")), filter); err != nil {
+		t.Fatalf("%s: http filter: %v", doc, err)
 	}
 	check := &schemaCheck{}
 	check.validate(filter, "http_filters")
 	for _, err := range check.errs {
-		t.Errorf("%s: %v", readme, err)
+		t.Errorf("%s: %v", doc, err)
 	}
 	i := slices.IndexFunc(e.hcm.GetHttpFilters(), func(f *hcmv3.HttpFilter) bool { return f.GetName() == filter.GetName() })
 	if i < 0 || !proto.Equal(e.hcm.GetHttpFilters()[i], filter) {
-		t.Errorf("%s: the header_to_metadata filter differs from %s's", readme, envoyFile)
+		t.Errorf("%s: the header_to_metadata filter differs from %s's", doc, envoyFile)
 	}
 	if r := slices.Index(e.filterNames, "envoy.filters.http.ratelimit"); i < 0 || i > r {
 		t.Errorf("%s: header_to_metadata must come before the rate limit filter: %v", envoyFile, e.filterNames)
+	}
+}
+
+// TestReadmeEnvoySnippet: the README's Envoy blocks are envoy.yaml's rate
+// limit filter, the service's cluster and the default route's rate_limits,
+// field for field, so the front page shows what deploy_test.go checks.
+func TestReadmeEnvoySnippet(t *testing.T) {
+	const doc = "../README.md"
+	b, _ := loadBootstrap(t)
+	e := newEdge(t, b)
+
+	filter := &hcmv3.HttpFilter{}
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, doc, "# the rate limit filter: an http_filters entry, before envoy.filters.http.router")), filter); err != nil {
+		t.Fatalf("%s: rate limit filter: %v", doc, err)
+	}
+	check := &schemaCheck{}
+	check.validate(filter, "http_filters")
+	for _, err := range check.errs {
+		t.Errorf("%s: %v", doc, err)
+	}
+	i := slices.IndexFunc(e.hcm.GetHttpFilters(), func(f *hcmv3.HttpFilter) bool { return f.GetName() == "envoy.filters.http.ratelimit" })
+	if i < 0 || !proto.Equal(e.hcm.GetHttpFilters()[i], filter) {
+		t.Errorf("%s: the rate limit filter differs from %s's", doc, envoyFile)
+	}
+
+	cluster := &clusterv3.Cluster{}
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, doc, "# the service's cluster: gRPC, so HTTP/2")), cluster); err != nil {
+		t.Fatalf("%s: cluster: %v", doc, err)
+	}
+	check = &schemaCheck{}
+	check.validate(cluster, "clusters")
+	for _, err := range check.errs {
+		t.Errorf("%s: %v", doc, err)
+	}
+	name := e.filter.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName()
+	if want := e.clusters[name]; want == nil || !proto.Equal(cluster, want) {
+		t.Errorf("%s: cluster %v differs from %s's %q cluster", doc, cluster, envoyFile, name)
+	}
+
+	action := &routev3.RouteAction{}
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, doc, "# a route's action: one descriptor per client address, [remote_address=<client ip>]")), action); err != nil {
+		t.Fatalf("%s: rate_limits: %v", doc, err)
+	}
+	j := slices.IndexFunc(e.vhost.GetRoutes(), func(r *routev3.Route) bool { return r.GetName() == "default" })
+	if j < 0 {
+		t.Fatalf("%s has no default route", envoyFile)
+	}
+	want := e.vhost.GetRoutes()[j].GetRoute().GetRateLimits()
+	if got := action.GetRateLimits(); len(want) == 0 || !slices.EqualFunc(got, want, func(a, b *routev3.RateLimit) bool { return proto.Equal(a, b) }) {
+		t.Errorf("%s: rate_limits %v, want %s's default route's: %v", doc, got, envoyFile, want)
 	}
 }
 

@@ -68,7 +68,7 @@ const bigLimit = 1000000
 var algCodes = []string{"log", "counter", "fixed", "gcra"}
 
 // dayKey is the store key of descriptor (rule=value) in domain e2e under a
-// day window, by the README's key schema: rl:{<domain>|<key>=<value>}:<alg>:<seconds>.
+// day window, by the key schema (docs/stores.md): rl:{<domain>|<key>=<value>}:<alg>:<seconds>.
 func dayKey(rule, value, alg string) string {
 	return "rl:{e2e|" + rule + "=" + value + "}:" + alg + ":86400"
 }

@@ -21,7 +21,7 @@ import (
 )
 
 // floodPeakBound is the most peak RSS TestFloodOfMaximalRequests accepts:
-// the README's bound for a flood of maximal requests at the default flags
+// docs/reliability.md's bound for a flood of maximal requests at the default flags
 // is the central manifest's 256 MiB container limit; this keeps a margin
 // below it.
 const floodPeakBound = 240 << 20

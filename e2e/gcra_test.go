@@ -184,8 +184,8 @@ func TestGCRACostsAndAllOrNothing(t *testing.T) {
 // of k units still lacks k.
 var gcraLimits = map[string]int64{"hot_gcra": 100, "aon_gcra": 3, "ms_gcra": 40, "mig_gcra": 13, "mig_load_gcra": 10}
 
-// gcraOwed is the whole units the GCRA bucket at key lacks, by the README's
-// key schema: its value is the TAT, "<Unix microseconds>:<remainder>".
+// gcraOwed is the whole units the GCRA bucket at key lacks, by the key schema
+// (docs/stores.md): its value is the TAT, "<Unix microseconds>:<remainder>".
 func gcraOwed(t *testing.T, c *redis.Client, key string, limit int64) int64 {
 	t.Helper()
 	ctx := context.Background()

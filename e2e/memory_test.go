@@ -19,7 +19,7 @@ import (
 // cost 1 (as traffic would), then their keys are weighed two ways: MEMORY
 // USAGE (SAMPLES 0: every element) summed over every key the algorithm
 // created, and the growth of INFO memory's used_memory; each divided by N.
-// The table it logs is the README's.
+// The table it logs is docs/stores.md's (Memory per key).
 func TestMemoryPerKey(t *testing.T) {
 	r := startRedis(t)
 	ctx := context.Background()

@@ -63,7 +63,7 @@ func setRuntimeDefaults(memoryLimit int64) int64 {
 	// collection: in a flood of maximal requests, live memory is large and
 	// five times it is past any container's limit. The soft limit makes the
 	// GC collect sooner as the heap nears it, so the peak stays near what
-	// is live (README, Reliability).
+	// is live (docs/reliability.md).
 	if os.Getenv("GOMEMLIMIT") == "" && memoryLimit > 0 {
 		debug.SetMemoryLimit(memoryLimit)
 	}

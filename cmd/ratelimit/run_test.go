@@ -109,23 +109,23 @@ func TestValidateWithDefaultAlgorithmGCRA(t *testing.T) {
 	}
 }
 
-// TestREADMEFlagTable: the README's flag table has a row for every flag,
-// with its default.
-func TestREADMEFlagTable(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+// TestFlagsDoc: docs/flags.md's flag table has a row for every flag, with
+// its default.
+func TestFlagsDoc(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "flags.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, table, ok := strings.Cut(string(b), "| flag | default | what it does |\n| --- | --- | --- |\n")
 	if !ok {
-		t.Fatal("README has no flag table")
+		t.Fatal("docs/flags.md has no flag table")
 	}
 	table, _, _ = strings.Cut(table, "\n\n")
 	defaults := map[string]string{} // flag name: default column
 	for _, row := range strings.Split(table, "\n") {
 		cols := strings.Split(row, " | ")
 		if len(cols) < 3 {
-			t.Fatalf("README flag table row %q", row)
+			t.Fatalf("docs/flags.md: flag table row %q", row)
 		}
 		for _, name := range strings.Split(strings.TrimPrefix(cols[0], "| "), ", ") {
 			defaults[strings.Trim(name, "`-")] = strings.Trim(cols[1], "`")
@@ -136,14 +136,14 @@ func TestREADMEFlagTable(t *testing.T) {
 		got, ok := defaults[f.Name]
 		switch {
 		case !ok:
-			t.Errorf("--%s has no row in README's flag table", f.Name)
+			t.Errorf("--%s has no row in docs/flags.md's flag table", f.Name)
 		case f.DefValue == "" && (got == "(empty)" || got == "(required)"):
 		case got != f.DefValue:
-			t.Errorf("--%s: README's default %q, the flag's %q", f.Name, got, f.DefValue)
+			t.Errorf("--%s: docs/flags.md's default %q, the flag's %q", f.Name, got, f.DefValue)
 		}
 		delete(defaults, f.Name)
 	})
 	for name := range defaults {
-		t.Errorf("README's flag table has --%s, which is no flag", name)
+		t.Errorf("docs/flags.md's flag table has --%s, which is no flag", name)
 	}
 }
