@@ -169,6 +169,41 @@ func TestRefundFreesWhatItSays(t *testing.T) {
 	}
 }
 
+// TestRefundAndChargeInOneRequest: a request that gives 300 back to a
+// budget and charges it 100 (two descriptors of one key) leaves it at used
+// - 300 + 100, whichever descriptor comes first; for every algorithm.
+func TestRefundAndChargeInOneRequest(t *testing.T) {
+	s := startServer(t, startRedis(t), budgetConfig)
+	awayFromEdge(time.Hour, 30*time.Second)
+	for _, alg := range budgetAlgorithms {
+		for _, refundFirst := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/refund first %t", alg, refundFirst), func(t *testing.T) {
+				key, value := "tokens_"+alg, fmt.Sprintf("rc-%t", refundFirst)
+				spend := request("budget", descriptor(key, value))
+				spend.HitsAddend = 600
+				if resp := s.ask(t, spend); resp.OverallCode != ok {
+					t.Fatalf("spending 600: %v", resp)
+				}
+				back := withCost(descriptor(key, value), 300)
+				back.IsNegativeHits = true
+				both := request("budget", back, descriptor(key, value)) // the second costs the request's 100
+				if !refundFirst {
+					both = request("budget", descriptor(key, value), back)
+				}
+				both.HitsAddend = 100
+				if resp := s.ask(t, both); resp.OverallCode != ok {
+					t.Fatalf("refund of 300 and charge of 100: %v", resp)
+				}
+				// GCRA refills a unit every 3.6 s meanwhile.
+				resp := s.ask(t, request("budget", withCost(descriptor(key, value), 0)))
+				if got := resp.Statuses[0].LimitRemaining; got != 600 && !(alg == "gcra" && got == 601) {
+					t.Fatalf("budget after 600 - 300 + 100: %d left, want 600", got)
+				}
+			})
+		}
+	}
+}
+
 // TestSeveralLimitsEnforceBoth: 10 per second and 1000 per day on one
 // descriptor. A burst trips the second's limit while the day has room; a
 // day used up denies while the second has room; the answer shows the limit

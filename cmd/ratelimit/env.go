@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -195,6 +196,8 @@ type envPlan struct {
 	inUse bool
 	// redis: a Redis variable of the reference (REDIS_*, BACKEND_TYPE) is set.
 	redis bool
+	// redisGroup: the variables set that planRedis reads (names only).
+	redisGroup []string
 
 	explicit map[string]bool // flags and groups set on the command line or by RATELIMIT_*
 }
@@ -247,6 +250,9 @@ func planEnv(lookup envLookup, hasFlag, explicit func(string) bool) (*envPlan, e
 		}
 		if strings.HasPrefix(v.name, "REDIS_") || v.name == "BACKEND_TYPE" {
 			p.redis = true
+		}
+		if v.flag != "" && slices.Contains(groupFlags[groupRedis], v.flag) {
+			p.redisGroup = append(p.redisGroup, v.name)
 		}
 		switch {
 		case v.flag == "":
@@ -459,6 +465,9 @@ func planMisc(p *envPlan, get func(string) (string, bool)) error {
 // --redis-sentinel-url, and the TLS flags.
 func planRedis(p *envPlan, get func(string) (string, bool)) error {
 	raw, urlSet := get("REDIS_URL")
+	if p.explicit[groupRedis] && len(p.redisGroup) > 0 {
+		p.note(true, "ignored: a --redis-* flag or RATELIMIT_REDIS_* variable is set, and the Redis settings come from there alone", p.redisGroup...)
+	}
 	if !p.redis || p.explicit[groupRedis] {
 		return nil
 	}
@@ -591,11 +600,11 @@ func singleURL(raw, socket, scheme, auth string, tlsOn bool) (string, error) {
 func listURL(addrs []string, scheme, auth, master string) (string, error) {
 	for _, a := range addrs {
 		host, port, err := net.SplitHostPort(strings.TrimSpace(a))
-		if err != nil || host == "" {
-			return "", fmt.Errorf("%q is not host:port", a)
+		if err != nil || host == "" || strings.Contains(host, "@") {
+			return "", fmt.Errorf("%q is not host:port (credentials go in REDIS_AUTH)", shownAddr(a))
 		}
 		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return "", fmt.Errorf("%q: %q is not a port number", a, port)
+			return "", fmt.Errorf("%q: the port is not a number from 1 to 65535", shownAddr(a))
 		}
 	}
 	u := url.URL{Scheme: scheme, Host: strings.TrimSpace(addrs[0])}
@@ -611,6 +620,19 @@ func listURL(addrs []string, scheme, auth, master string) (string, error) {
 	}
 	u.RawQuery = q.Encode()
 	return u.String(), nil
+}
+
+// shownAddr is an address fit for an error message: a URL's password
+// hidden (limiter.RedactURL), and without a scheme, whatever precedes an '@'
+// (user:password@host:port).
+func shownAddr(a string) string {
+	if strings.Contains(a, "://") {
+		return limiter.RedactURL(a)
+	}
+	if at := strings.LastIndexByte(a, '@'); at >= 0 {
+		return "xxxxx" + a[at:]
+	}
+	return a
 }
 
 // splitAuth reads REDIS_AUTH as the reference does: user:password, or a

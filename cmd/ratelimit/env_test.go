@@ -139,14 +139,24 @@ func TestPlanEnv(t *testing.T) {
 		{name: "host without port", env: map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis", "REDIS_AUTH": "hunter22"},
 			err: `"redis" is not host:port`},
 		{name: "a port that is none, with a password", env: map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379x", "REDIS_AUTH": "hunter22"},
-			err: "is not a port number"},
+			err: "the port is not a number"},
+		// A REDIS_URL that is not host:port is quoted without its password.
+		{name: "a URL with a password in a cluster list", env: map[string]string{"REDIS_TYPE": "CLUSTER", "REDIS_URL": "redis://:hunter22@a:7000,b:7001"},
+			err: `"redis://:xxxxx@a:7000" is not host:port`},
+		{name: "a URL with a password in a sentinel list", env: map[string]string{"REDIS_TYPE": "SENTINEL", "REDIS_URL": "mymaster,redis://:hunter22@s1:26379"},
+			err: `"redis://:xxxxx@s1:26379" is not host:port`},
+		{name: "user:password@host:port", env: map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "app:hunter22@r:6379"},
+			err: `"xxxxx@r:6379" is not host:port`},
+		{name: "a user@host:port", env: map[string]string{"REDIS_URL": "hunter22@r:6379"},
+			err: `"xxxxx@r:6379" is not host:port`},
 		{name: "a malformed URL with a password", env: map[string]string{"REDIS_URL": "redis://u:hunter22@r:6379%zz"},
 			err: "xxxxx"},
 		{name: "unknown REDIS_TYPE", env: map[string]string{"REDIS_URL": "r:6379", "REDIS_TYPE": "ring"}, err: "SINGLE, CLUSTER or SENTINEL"},
 		{name: "unknown socket type", env: map[string]string{"REDIS_URL": "r:6379", "REDIS_SOCKET_TYPE": "udp"}, err: "tcp or unix"},
 		{name: "memcache", env: map[string]string{"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "m:11211"}, err: "Redis is the only backend"},
 		{name: "the command line's Redis wins, whole", env: map[string]string{"REDIS_TYPE": "CLUSTER", "REDIS_URL": "a:1,b:2", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca"},
-			explicit: []string{"redis-url"}, want: map[string]string{"debug-addr": "0.0.0.0:6070"}},
+			explicit: []string{"redis-url"}, want: map[string]string{"debug-addr": "0.0.0.0:6070"},
+			notes: []string{"REDIS_TYPE", "REDIS_URL", "REDIS_TLS", "REDIS_TLS_CACERT"}},
 		{name: "the command line's address wins", env: map[string]string{"PORT": "9000", "NEAR_LIMIT_RATIO": "0.5"},
 			explicit: []string{"http-addr"}, want: map[string]string{"near-limit-ratio": "0.5", "debug-addr": "0.0.0.0:6070"}},
 		{name: "gRPC TLS", env: map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c", "GRPC_SERVER_TLS_KEY": "/k",
@@ -278,5 +288,17 @@ func TestOutOfRangeFlagsAreRefused(t *testing.T) {
 	var s settings
 	if err := parse(newFlagSet("test", &s, &bytes.Buffer{}), &s, nil); err == nil || !strings.Contains(err.Error(), "near-limit-ratio") {
 		t.Errorf("NEAR_LIMIT_RATIO=1.5: error %v", err)
+	}
+}
+
+// TestRedisURLFlagHidesCredentials: --redis-url without a scheme is read as
+// the reference's REDIS_URL (run's singleURL); one that is not host:port is
+// quoted without what precedes its '@'.
+func TestRedisURLFlagHidesCredentials(t *testing.T) {
+	for _, raw := range []string{"app:hunter22@r:6379", "hunter22@r", ":hunter22@r:x"} {
+		_, err := singleURL(raw, "", "redis", "", false)
+		if err == nil || strings.Contains(err.Error(), "hunter22") || !strings.Contains(err.Error(), "xxxxx@r") {
+			t.Errorf("--redis-url %s: error %v, want one quoting xxxxx@r", strings.ReplaceAll(raw, "hunter22", "…"), err)
+		}
 	}
 }

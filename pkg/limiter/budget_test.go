@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -344,5 +345,115 @@ func TestAcrossSlotsRecordedCostsStay(t *testing.T) {
 				t.Fatalf("overdrawn counter has %d left, want 0", got)
 			}
 		})
+	}
+}
+
+// TestRefundAndChargeOfOneKeyInOneRequest: a request that gives units back
+// to a counter (is_negative_hits) and takes some from it (a refund and a
+// charge are not one demand, so both reach decide.lua) leaves it at used -
+// refund + charge, whichever comes first among its hits: the refund applies
+// before the charge is checked, and the charge's write starts from it.
+func TestRefundAndChargeOfOneKeyInOneRequest(t *testing.T) {
+	for _, a := range algorithms {
+		for _, refundFirst := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%v/refund first %t", a, refundFirst), func(t *testing.T) {
+				l, c := newTestLimiter(t, epoch.Add(10*time.Second))
+				decide1(t, l, hit(a, "rc", 5, time.Minute, 3)) // 3 of 5 used
+				c.add(time.Second)
+				req := []Hit{refund(a, "rc", 5, time.Minute, 2), hit(a, "rc", 5, time.Minute, 1)} // 1, then 2 used
+				if !refundFirst {
+					req[0], req[1] = req[1], req[0]
+				}
+				vs, err := l.Decide(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !vs[0].Admitted || !vs[1].Admitted || vs[0].Charged == vs[1].Charged {
+					t.Fatalf("refund of 2 and charge of 1 on 3 of 5 used: %+v, want both admitted, the charge charged", vs)
+				}
+				if v := decide1(t, l, hit(a, "rc", 5, time.Minute, 3)); !v.Admitted || v.Remaining != 0 {
+					t.Fatalf("3 after (3 - 2 + 1) of 5 used: %+v, want admitted with 0 left (the refund was lost)", v)
+				}
+				if v := decide1(t, l, hit(a, "rc", 5, time.Minute, 1)); v.Admitted {
+					t.Fatalf("1 more on a full counter: %+v, want denied", v)
+				}
+			})
+		}
+	}
+}
+
+// TestRefundAndChargeInOneCallThenALaterRequest: in one decide call, a
+// request refunding and charging one key, then a later request of the call
+// on that key, which sees the state both left (decide.lua keeps it in seen
+// and in its pending writes, not in Redis).
+func TestRefundAndChargeInOneCallThenALaterRequest(t *testing.T) {
+	for _, a := range algorithms {
+		for _, refundFirst := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%v/refund first %t", a, refundFirst), func(t *testing.T) {
+				m := miniredis.RunT(t)
+				m.SetTime(epoch.Add(10 * time.Second))
+				client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+				defer client.Close()
+				charge := func(n uint64) Hit { return hit(a, "rc", 5, time.Minute, n) }
+				back := refund(a, "rc", 5, time.Minute, 2)
+				mixed := []Hit{back, charge(1)}
+				if !refundFirst {
+					mixed[0], mixed[1] = mixed[1], mixed[0]
+				}
+				got := decideCall(t, client,
+					request{hits: []Hit{charge(3)}, charge: true}, // 3 used
+					request{hits: mixed, charge: true},            // 3 - 2 + 1
+					request{hits: []Hit{charge(3)}, charge: true}, // 5 used
+					request{hits: []Hit{charge(1)}, charge: true}, // full
+				)
+				// state: 0 denied, 1 admitted (a refund), 2 charged.
+				want := [][2]int64{{2, 2}, {1, -1}, {2, 3}, {2, 0}, {0, 0}}
+				if !refundFirst {
+					want[1], want[2] = want[2], want[1]
+				}
+				for i, w := range want {
+					if got[i][0] != w[0] || w[1] >= 0 && got[i][1] != w[1] {
+						t.Fatalf("hit %d: state %d, %d left; want %v (all: %v)", i, got[i][0], got[i][1], w, got)
+					}
+				}
+				// The call's writes landed as the last request saw them.
+				l := New(client, &Options{DenyCache: -1})
+				defer l.Close()
+				if v := decide1(t, l, charge(0)); v.Admitted {
+					t.Fatalf("a check after the call: %+v, want denied (5 of 5 used)", v)
+				}
+			})
+		}
+	}
+}
+
+// TestBudgetsOnALimitOfZero: a recorded cost on a log whose limit is 0 (a
+// limit override of 0) adds no member, which would count as a unit the day
+// the limit is raised; a GCRA refund with a limit of 0 leaves the bucket as
+// it was (its refill time would divide by zero).
+func TestBudgetsOnALimitOfZero(t *testing.T) {
+	m := miniredis.RunT(t)
+	m.SetTime(epoch.Add(time.Second))
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+	l := New(client, &Options{DenyCache: -1})
+	defer l.Close()
+
+	report := recorded(config.SlidingWindowLog, "zero", 0, time.Minute, 3)
+	if v := decide1(t, l, report); v.Admitted {
+		t.Fatalf("a report on a limit of 0: %+v, want denied", v)
+	}
+	if n := client.ZCard(context.Background(), report.Key).Val(); n != 0 {
+		t.Fatalf("log of a limit of 0 holds %d members, want none", n)
+	}
+
+	charge := hit(config.GCRA, "bucket", 5, time.Minute, 2)
+	decide1(t, l, charge)
+	before := client.Get(context.Background(), charge.Key).Val()
+	if v := decide1(t, l, refund(config.GCRA, "bucket", 0, time.Minute, 1)); !v.Admitted || v.FailureVerdict {
+		t.Fatalf("a refund with a limit of 0: %+v, want admitted", v)
+	}
+	if after := client.Get(context.Background(), charge.Key).Val(); after != before {
+		t.Fatalf("bucket %q after a refund with a limit of 0, want %q unchanged", after, before)
 	}
 }

@@ -295,3 +295,28 @@ func TestGCRARefund(t *testing.T) {
 		t.Fatalf("keys %q left for a full bucket", keys)
 	}
 }
+
+// TestGCRADebtOnASlowRateKeepsTheStoreWorking: a recorded cost (Envoy's
+// stream-done hits_addend, which a client controls) on a slow GCRA rule
+// would move the TAT so far that its expiry overflows Redis's SET PX, and
+// the whole decide call, every request batched with it, would fail. The
+// debt stops at 100 years ahead, which denies as long as anyone waits.
+func TestGCRADebtOnASlowRateKeepsTheStoreWorking(t *testing.T) {
+	l, _ := newTestLimiter(t, epoch.Add(10*time.Second))
+	window := 30 * 24 * time.Hour // one unit per 30 days: T ~ 2.6e12 us
+	h := hit(config.GCRA, "slow", 1, window, 1<<32)
+	h.Record = true
+	vs, err := l.Decide(context.Background(), []Hit{h, hit(config.GCRA, "other", 1, window, 1)})
+	if err != nil {
+		t.Fatalf("a recorded cost of 2^32 on 1 per 30 days: %v (%+v), want a recorded debt", err, vs)
+	}
+	if vs[0].Admitted || !vs[0].Charged || vs[0].FailureVerdict || !vs[1].Admitted || vs[1].FailureVerdict {
+		t.Fatalf("verdicts %+v, want the report denied and charged, the other hit decided", vs)
+	}
+	if wait := vs[0].ResetAfter; wait < 99*365*24*time.Hour || wait > config.MaxWindow {
+		t.Fatalf("wait %v after the debt, want about 100 years", wait)
+	}
+	if v := decide1(t, l, hit(config.GCRA, "slow", 1, window, 0)); v.Admitted || v.FailureVerdict {
+		t.Fatalf("a check after the debt: %+v, want denied", v)
+	}
+}

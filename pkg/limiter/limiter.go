@@ -59,6 +59,11 @@ type Hit struct {
 	// Shadow marks a hit that is evaluated and accounted as usual, but whose
 	// denial does not deny the request.
 	Shadow bool
+	// Quota marks a hit of a quota-mode limit (the reference's quota_mode):
+	// a request with quota hits fits only when at least one of them fits,
+	// besides every enforced hit that is not one. A quota hit that does not
+	// fit is not charged, as a shadow hit. Shadow wins over Quota.
+	Quota bool
 	// Record marks a cost that was spent before it was reported (Envoy's
 	// apply_on_stream_done: tokens streamed, bytes sent): it is charged
 	// whether it fits or not, and whatever the request's other hits say. Past
@@ -285,8 +290,9 @@ const FailureRetry = time.Second
 // Decide decides the hits of one request atomically and returns a verdict
 // per hit, in the order of hits.
 //
-// All or nothing: when any enforced hit does not fit, none is charged. Hits
-// on the same Key are one demand on one counter: their costs add up against
+// All or nothing: when any enforced hit that is not a Quota hit does not
+// fit, or when the request has Quota hits and none of them fits, none is
+// charged. Hits on the same Key are one demand on one counter: their costs add up against
 // the smallest of their limits, and each of them gets the merged verdict.
 //
 // When the store cannot answer, Decide returns an error wrapping ErrStore,
@@ -322,8 +328,9 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		switch {
 		case m.Shadow == h.Shadow:
 			m.Limit, m.Burst = min(m.Limit, h.Limit), min(m.burst(), h.burst())
+			m.Quota = m.Quota && h.Quota // an ordinary limit denies on its own
 		case m.Shadow: // an enforced limit applies, never a shadow one
-			m.Limit, m.Burst = h.Limit, h.Burst
+			m.Limit, m.Burst, m.Quota = h.Limit, h.Burst, h.Quota
 		}
 		m.Shadow = m.Shadow && h.Shadow
 		m.Record = m.Record || h.Record // a cost already spent is counted
@@ -360,18 +367,29 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	verdicts := make([]Verdict, len(hits))
 	charge := true
 	sent := make([]int, 0, len(hits))
+	quotas, quotasSent := false, false // the request has quota hits; some go to the store
 	now := time.Now()
 	for i, h := range hits {
+		quota := h.quota()
+		quotas = quotas || quota
 		if h.Record || h.Refund {
 			sent = append(sent, i) // a cost already spent, or given back: always to the store
+			quotasSent = quotasSent || quota
 			continue
 		}
 		if h.Cost > uint64(h.capacity()) {
 			// Never admissible: answer at once, without a store write.
 			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.Window}
-			if !h.Shadow {
+			if !h.Shadow && !quota {
 				charge = false
 			}
+			continue
+		}
+		if quota {
+			// Not from the deny cache: its denial alone does not deny the
+			// request, the store's answer for the other quota hits decides.
+			sent = append(sent, i)
+			quotasSent = true
 			continue
 		}
 		if l.denied != nil && !h.Shadow {
@@ -383,6 +401,9 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		}
 		sent = append(sent, i)
 	}
+	if quotas && !quotasSent {
+		charge = false // every quota hit was denied here
+	}
 	if len(sent) == 0 {
 		return verdicts, nil
 	}
@@ -391,13 +412,15 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	tokens := make([]int64, len(hits))
 	slots, groups := l.groups(hits, sent)
 	if len(groups) == 1 {
-		return verdicts, l.run(ctx, hits, slots[0], groups[0], charge, verdicts, tokens)
+		return verdicts, l.run(ctx, hits, slots[0], groups[0], charge, true, verdicts, tokens)
 	}
 
 	errs := make([]error, len(groups))
 	var wg sync.WaitGroup
 	for g, group := range groups {
-		wg.Go(func() { errs[g] = l.run(ctx, hits, slots[g], group, charge, verdicts, tokens) })
+		// A slot does not see the quota hits of the others: its quota hits go
+		// as shadow hits, and the refund below applies the quota rule.
+		wg.Go(func() { errs[g] = l.run(ctx, hits, slots[g], group, charge, false, verdicts, tokens) })
 	}
 	wg.Wait()
 	if charge && deniedAny(hits, verdicts) {
@@ -436,9 +459,10 @@ func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 }
 
 // run decides the hits at indexes group, which share slot, as one request
-// of a batch, and writes their verdicts and refund tokens. On an error the
-// verdicts follow each hit's failure mode.
-func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, charge bool, verdicts []Verdict, tokens []int64) error {
+// of a batch, and writes their verdicts and refund tokens. With quotas
+// false, quota hits go as shadow hits. On an error the verdicts follow each
+// hit's failure mode.
+func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, charge, quotas bool, verdicts []Verdict, tokens []int64) error {
 	keys := make([]string, len(group))
 	args := make([]any, 1, 1+4*len(group))
 	args[0] = len(group)
@@ -448,7 +472,7 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 	for j, i := range group {
 		h := hits[i]
 		keys[j] = h.Key
-		args = append(args, hitCode(h), h.Limit, int64(h.Window/time.Second), luaCost(h))
+		args = append(args, hitCode(h, quotas), h.Limit, int64(h.Window/time.Second), luaCost(h))
 		if h.Algorithm == config.GCRA {
 			args = append(args, h.burst())
 		}
@@ -599,14 +623,20 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 	}
 }
 
-// deniedAny reports whether an enforced hit was denied.
+// deniedAny reports whether the request is denied: an enforced hit that is
+// not a quota hit was denied, or the request has quota hits and none fits.
 func deniedAny(hits []Hit, verdicts []Verdict) bool {
+	quotas, quotaFits := false, false
 	for i, v := range verdicts {
-		if !v.Admitted && !hits[i].Shadow {
+		switch {
+		case hits[i].quota():
+			quotas = true
+			quotaFits = quotaFits || v.Admitted
+		case !v.Admitted && !hits[i].Shadow:
 			return true
 		}
 	}
-	return false
+	return quotas && !quotaFits
 }
 
 // failureVerdict answers an admissible hit by its failure mode. An allowed
@@ -622,6 +652,10 @@ func failureVerdict(h Hit) Verdict {
 	}
 	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.capacity())}
 }
+
+// quota reports a quota hit: Quota, not Shadow, and not a refund, which
+// never denies.
+func (h *Hit) quota() bool { return h.Quota && !h.Shadow && !h.Refund }
 
 // burst is the size of a GCRA hit's bucket: Burst, or Limit when unset.
 func (h *Hit) burst() uint32 {
@@ -649,10 +683,14 @@ func saturatingAdd(a, b uint64) uint64 {
 
 // hitCode is a hit's code for decide.lua: its algorithm, plus 8 for a
 // shadow hit, plus 16 for a cost recorded even when it does not fit, plus 32
-// for a refund.
-func hitCode(h Hit) int {
+// for a refund, plus 64 for a quota hit. With quotas false, a quota hit goes
+// as a shadow hit.
+func hitCode(h Hit, quotas bool) int {
 	code := algorithmID(h.Algorithm)
-	if h.Shadow {
+	switch {
+	case h.quota() && quotas:
+		code += 64
+	case h.Shadow, h.quota():
 		code += 8
 	}
 	if h.Record {

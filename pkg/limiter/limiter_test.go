@@ -591,3 +591,59 @@ func stalledServer(t *testing.T) string {
 	}()
 	return ln.Addr().String()
 }
+
+// TestQuotaHits: a request with quota hits is charged only when every
+// ordinary hit fits and at least one quota hit does; a quota hit that does
+// not fit is not charged, and denies nothing on its own.
+func TestQuotaHits(t *testing.T) {
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			l, _ := newTestLimiter(t, epoch.Add(time.Second))
+			quota := func(key string, limit uint32, cost uint64) Hit {
+				h := hit(a, key, limit, time.Minute, cost)
+				h.Quota = true
+				return h
+			}
+			ordinary := hit(a, "ordinary", 10, time.Minute, 1)
+			full, free := quota("full", 1, 1), quota("free", 10, 1)
+			decide1(t, l, full)
+			decide(t, l, []Hit{ordinary, full, free}, []bool{true, false, true})    // one quota fits
+			decide(t, l, []Hit{ordinary, full}, []bool{false, false})               // every quota over
+			decide(t, l, []Hit{ordinary, quota("big", 1, 2)}, []bool{false, false}) // over without a store call
+			spent := hit(a, "spent", 1, time.Minute, 1)
+			decide1(t, l, spent)
+			decide(t, l, []Hit{spent, free}, []bool{false, false}) // an ordinary hit over
+			if got := remainingOf(t, l, ordinary); got != 9 {
+				t.Fatalf("ordinary counter has %d left, want 9: only the first request charged it", got)
+			}
+			if got := remainingOf(t, l, free); got != 9 {
+				t.Fatalf("free quota has %d left, want 9", got)
+			}
+		})
+	}
+}
+
+// decide decides hits as one request and checks which were charged.
+func decide(t *testing.T, l *Limiter, hits []Hit, charged []bool) {
+	t.Helper()
+	vs, err := l.Decide(context.Background(), hits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range vs {
+		if v.Charged != charged[i] {
+			t.Fatalf("hit %d of %d: %+v, want charged %t", i, len(hits), v, charged[i])
+		}
+	}
+}
+
+// remainingOf is what a check of h's counter reports left.
+func remainingOf(t *testing.T, l *Limiter, h Hit) uint64 {
+	t.Helper()
+	h.Cost, h.Quota = 0, false
+	v, err := l.Decide(context.Background(), []Hit{h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v[0].Remaining
+}

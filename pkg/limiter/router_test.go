@@ -240,3 +240,29 @@ func TestCloseWaitsForCallsInFlight(t *testing.T) {
 		t.Fatalf("%d batchers left after Close", n)
 	}
 }
+
+// TestAcrossSlotsQuotaHits: across slots, a request is kept charged when one
+// of its quota hits fits on another slot, and refunded when none fits.
+func TestAcrossSlotsQuotaHits(t *testing.T) {
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			s := newShards(t, 2, epoch.Add(time.Second), 0)
+			quota := func(name string, i int, limit uint32) Hit {
+				h := hitOn(name, i, 2, a, limit, 1)
+				h.Quota = true
+				return h
+			}
+			ordinary := hitOn("ordinary", 0, 2, a, 10, 1)
+			full, free := quota("full", 0, 1), quota("free", 1, 10)
+			decide1(t, s.l, full)
+			decide(t, s.l, []Hit{ordinary, full, free}, []bool{true, false, true}) // the fit is on slot 1
+			overThere := quota("full-there", 1, 1)
+			decide1(t, s.l, overThere)
+			decide(t, s.l, []Hit{ordinary, full, overThere}, []bool{false, false, false})
+			s.l.refunds.Wait()
+			if got := s.remaining(t, ordinary); got != 9 {
+				t.Fatalf("ordinary counter has %d left, want 9: the request denied by its quotas was refunded", got)
+			}
+		})
+	}
+}

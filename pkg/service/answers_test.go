@@ -196,7 +196,8 @@ func TestQuotaMode(t *testing.T) {
 		}
 	}
 	// An ordinary descriptor over its limit denies whatever the quotas say,
-	// and the request charges nothing.
+	// and the request charges nothing, as one whose quotas are all over
+	// (TestQuotaDenialChargesNothing).
 	s2, m, _ := newAnswersService(t, nil)
 	resp := ask(t, s2, desc("blocked", "b"), desc("service", "service_1"))
 	if got := answerCodes(resp); !equalCodes(got, []rlsv3.RateLimitResponse_Code{over, over, ok}) {
@@ -204,6 +205,71 @@ func TestQuotaMode(t *testing.T) {
 	}
 	if keys := m.Keys(); len(keys) != 0 {
 		t.Fatalf("a denied request charged: %q", keys)
+	}
+}
+
+// TestQuotaDenialChargesNothing: when every quota descriptor of a request
+// is over, the request is OVER_LIMIT and, as any denied request, charges
+// none of its ordinary descriptors; when one quota fits, it charges them.
+func TestQuotaDenialChargesNothing(t *testing.T) {
+	s, _, _ := newAnswersService(t, nil)
+	ask(t, s, desc("service", "service_1")) // service_1's 1 a minute is spent
+	resp := ask(t, s, desc("user", "u"), desc("service", "service_1"))
+	if resp.OverallCode != over {
+		t.Fatalf("every quota over: %v, want OVER_LIMIT", resp.OverallCode)
+	}
+	// user has 5 a minute: a request charging 1 shows 4 remaining, unless
+	// the denied request above was charged.
+	if got := ask(t, s, desc("user", "u")).Statuses[0].LimitRemaining; got != 4 {
+		t.Fatalf("user after a denied request and one admitted: %d remaining, want 4", got)
+	}
+	resp = ask(t, s, desc("user", "u"), desc("service", "service_1"), desc("service", "service_2"))
+	if got := answerCodes(resp); !equalCodes(got, []rlsv3.RateLimitResponse_Code{ok, ok, over, ok}) {
+		t.Fatalf("one quota of two over: codes %v", got)
+	}
+	if got := resp.Statuses[0].LimitRemaining; got != 3 {
+		t.Fatalf("user beside a quota that fits: %d remaining, want 3 (charged)", got)
+	}
+}
+
+// TestShadowQuotaKeepsTheRequestCharged: a quota descriptor in shadow mode
+// always passes, so the other quotas cannot deny the request, and its
+// ordinary descriptors are charged even when they are all over.
+func TestShadowQuotaKeepsTheRequestCharged(t *testing.T) {
+	cfg, err := config.Parse("q.yaml", []byte(`domain: svc
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: watched
+    quota_mode: true
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 0}
+`), config.Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { client.Close() })
+	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
+	t.Cleanup(l.Close)
+	s := New(cfg, l, nil)
+	resp := ask(t, s, desc("user", "u"), desc("quota", "q"), desc("watched", "w"))
+	if got := answerCodes(resp); !equalCodes(got, []rlsv3.RateLimitResponse_Code{ok, ok, over, ok}) {
+		t.Fatalf("codes %v, want the request OK, its quota over", got)
+	}
+	if got := resp.Statuses[0].LimitRemaining; got != 4 {
+		t.Fatalf("user: %d remaining, want 4 (charged)", got)
+	}
+	resp = ask(t, s, desc("user", "u"), desc("quota", "q"))
+	if got := answerCodes(resp); !equalCodes(got, []rlsv3.RateLimitResponse_Code{over, ok, over}) {
+		t.Fatalf("without the shadow quota: codes %v, want OVER_LIMIT", got)
+	}
+	if got := ask(t, s, desc("user", "u")).Statuses[0].LimitRemaining; got != 3 {
+		t.Fatalf("user: %d remaining, want 3 (the denied request charged nothing)", got)
 	}
 }
 

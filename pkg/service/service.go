@@ -264,6 +264,16 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 
+	if quotaAlwaysPasses(limits, s.opts.QuotaMode) {
+		// The quotas cannot deny this request: their hits count as shadow
+		// hits, which never keep the others from being charged.
+		for i := range hits {
+			if hits[i].Quota {
+				hits[i].Quota, hits[i].Shadow = false, true
+			}
+		}
+	}
+
 	var verdicts []limiter.Verdict
 	var err error
 	if len(hits) > 0 {
@@ -295,6 +305,29 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// No answer to give: Envoy's failure_mode_deny decides, as it does for
 	// envoyproxy/ratelimit when its Redis is down.
 	return nil, status.Errorf(codes.Unavailable, "rate limit store unavailable, and rule %s has no failure_mode", deferred)
+}
+
+// quotaAlwaysPasses reports a request with a quota descriptor that passes
+// whatever the store says (see respond): one without a limit under the
+// global quota mode, or one whose limits are all in shadow mode.
+func quotaAlwaysPasses(limits []*limit, globalQuota bool) bool {
+	for _, l := range limits {
+		switch {
+		case l == nil:
+			if globalQuota {
+				return true
+			}
+		case !l.unlimited && l.quota && l.shadow:
+			passes := true
+			for _, a := range l.also {
+				passes = passes && a.quota && a.shadow
+			}
+			if passes {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // overloadOnly reports a Decide error that is an overload alone: across
@@ -507,9 +540,10 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		Window:    l.window(),
 		Cost:      cost,
 		Burst:     l.burst,
-		// A quota hit's denial alone does not deny its request, so it must
-		// not keep the other hits from being charged, as a shadow hit's.
-		Shadow:      l.shadow || l.quota,
+		Shadow:    l.shadow,
+		// A quota hit's denial alone does not deny its request: the limiter
+		// charges the request when one of its quota hits fits.
+		Quota:       l.quota,
 		FailureMode: l.failureMode,
 	}
 }

@@ -8,18 +8,25 @@
 --          cost, and for a GCRA hit a fifth value, burst (the bucket's size
 --          in units). code = algorithm (1 log, 2 counter, 3 fixed, 4 gcra)
 --          + 8 for a shadow hit + 16 for a cost that is recorded even when
---          it does not fit + 32 for a refund of cost units
+--          it does not fit + 32 for a refund of cost units + 64 for a quota
+--          hit (quota_mode)
 --
--- A request is charged only when every enforced (non-shadow) hit fits. A
--- shadow hit that does not fit neither denies its request nor is charged.
--- A recorded hit (a cost reported after the fact) is charged whatever its
--- request's fate, even past its limit: the debt then denies later hits until
--- the window has slid past it. A refund gives units back (see each
--- algorithm's refund), never denies, and is applied whatever its request's
--- fate. A check (cost 0) asks for one unit: it is denied while nothing
--- remains. Requests later in the batch see the charges of earlier ones, so a
--- burst at one key is decided in order, as if the requests had come one by
--- one.
+-- A request is charged only when every enforced (non-shadow, non-quota) hit
+-- fits and, when it has quota hits, at least one of them fits. A shadow hit,
+-- or a quota hit, that does not fit is not charged, and a shadow hit never
+-- denies its request. A recorded hit (a cost reported after the fact) is
+-- charged whatever its request's fate, even past its limit: the debt then
+-- denies later hits until the window has slid past it. A check (cost 0) asks
+-- for one unit: it is denied while nothing remains.
+--
+-- Order within a request: its refunds first. A refund gives units back (see
+-- each algorithm's refund), never denies, and is applied whatever its
+-- request's fate, before the request's other hits are checked: a charge of
+-- the same key, before or after the refund among the request's hits, is
+-- decided and written from the state the refund left. Then every other hit
+-- is checked, and only then are the charges applied. Requests later in the
+-- batch see the refunds and charges of earlier ones, so a burst at one key
+-- is decided in order, as if the requests had come one by one.
 --
 -- Reply: four integers per hit, in order: state (0 denied, 1 admitted and
 -- not charged, 2 admitted and charged, 3 denied but charged: a recorded cost
@@ -56,28 +63,47 @@ local function decide(keys, args)
         cost = tonumber(args[a + 3]),
         shadow = code % 16 >= 8,
         record = code % 32 >= 16,
-        refund = code >= 32,
+        refund = code % 64 >= 32,
+        quota = code >= 64,
       }
       if code % 8 == 4 then
         hit.burst = tonumber(args[a + 4]) -- gcra's fifth value
         a = a + 1
       end
       hit.need = math.max(hit.cost, 1)
-      local d = denied[hit.key]
-      if hit.refund then
-        hit.st = { admit = true } -- a refund: applied below
-      elseif d and d.limit == hit.limit and d.cost == hit.cost and d.burst == hit.burst and not hit.record then
-        hit.again = d
-        hit.st = { admit = false }
-      else
-        hit.st = hit.alg.check(hit.key, hit.limit, hit.window, hit.need, now, hit.burst)
-      end
-      if not hit.st.admit and not hit.shadow then
-        charge = false
-      end
       hits[i] = hit
       a = a + 4
       k = k + 1
+    end
+    -- The request's refunds first: the checks below, and the charges they
+    -- lead to, start from the state the refunds leave.
+    for _, hit in ipairs(hits) do
+      if hit.refund then
+        hit.alg.refund(hit.key, hit.cost, hit.limit, hit.window, now)
+        denied[hit.key] = nil
+        hit.st = { admit = true }
+      end
+    end
+    local quotas, quota_fits = false, false
+    for _, hit in ipairs(hits) do
+      if not hit.refund then
+        local d = denied[hit.key]
+        if d and d.limit == hit.limit and d.cost == hit.cost and d.burst == hit.burst and not hit.record then
+          hit.again = d
+          hit.st = { admit = false }
+        else
+          hit.st = hit.alg.check(hit.key, hit.limit, hit.window, hit.need, now, hit.burst)
+        end
+        if hit.quota then
+          quotas = true
+          quota_fits = quota_fits or hit.st.admit
+        elseif not hit.st.admit and not hit.shadow then
+          charge = false
+        end
+      end
+    end
+    if quotas and not quota_fits then
+      charge = false
     end
     for _, hit in ipairs(hits) do
       local charged = not hit.refund and hit.cost > 0 and (hit.record or charge and hit.st.admit)
@@ -85,14 +111,12 @@ local function decide(keys, args)
       if hit.again then
         remaining, reset = hit.again.remaining, hit.again.reset
       elseif hit.refund or charged and not hit.st.admit then
-        -- A refund, or a recorded cost past the limit: the state changed, so
-        -- the answer is about the next unit.
-        if hit.refund then
-          hit.alg.refund(hit.key, hit.cost, hit.limit, hit.window, now)
-        else
+        -- A refund (applied above), or a recorded cost past the limit: the
+        -- state changed, so the answer is about the next unit.
+        if not hit.refund then
           hit.alg.commit(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
+          denied[hit.key] = nil
         end
-        denied[hit.key] = nil
         local st = hit.alg.check(hit.key, hit.limit, hit.window, 1, now, hit.burst)
         remaining, reset = hit.alg.result(hit.key, st, hit.limit, hit.window, 1, now)
       else

@@ -17,6 +17,11 @@
 -- 100 years (config.MaxWindow).
 local gcra = {}
 
+-- gcra_max_debt bounds how far ahead of now a TAT goes, in microseconds:
+-- 100 years (config.MaxWindow), so that its expiry fits SET PX and now plus
+-- it stays exact below 2^53.
+local gcra_max_debt = 100 * 365 * 24 * 3600 * 1000000
+
 -- gcra_mulmod returns a * b mod m, for a, b, m below 2^32: split so that no
 -- product passes 2^53, where doubles stop being exact.
 local function gcra_mulmod(a, b, m)
@@ -124,6 +129,12 @@ function gcra.commit(key, st, limit, window, cost, now)
     return
   end
   st.w, st.f = gcra_add(limit, st.w, st.f, st.cw, st.cf)
+  if st.w - now >= gcra_max_debt then
+    -- A recorded cost on a slow rate (2^32 units at one a month) would owe
+    -- past any TTL Redis takes, and past exact doubles: the debt stops at
+    -- 100 years, which denies as long as anyone waits.
+    st.w, st.f = now + gcra_max_debt, 0
+  end
   write_later(key, fmt(st.w) .. ':' .. fmt(st.f), fmt(math.max(1, math.ceil(gcra_up(st.w - now, st.f) / 1000))))
   seen[key] = { w = st.w, f = st.f }
   st.token = 0
@@ -174,6 +185,9 @@ end
 -- bucket is never fuller than full), and returns the whole units given
 -- back. Its write waits for write_all, as a charge's.
 function gcra.refund(key, cost, limit, window, now)
+  if limit <= 0 then
+    return 0 -- no rate: nothing was charged (see check)
+  end
   local st = gcra_setup({}, limit, window)
   local w, f = gcra_state(key, st, now)
   if w == now and f == 0 then

@@ -31,6 +31,9 @@ end
 -- a nonce.
 function sliding_window_log.commit(key, st, limit, window, cost, now)
   cost = math.min(cost, limit)
+  if cost <= 0 then
+    return -- a recorded cost on a limit of 0: no member, which would count as a unit
+  end
   local score, newest = now, st.prior and st.prior.newest
   if not newest then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', st.oldest)
