@@ -3,6 +3,7 @@ package xdsconfig
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,7 +77,100 @@ func document(rc *rlsconfv3.RateLimitConfig) ([]byte, error) {
 			break
 		}
 	}
+	mergeSiblingLimits(root)
 	return yaml.Marshal(root)
+}
+
+// mergeSiblingLimits turns sibling descriptors with one key and value, each
+// with a rate_limit and otherwise alike, into one descriptor with
+// rate_limits: a RateLimitConfig carries one rate_limit per descriptor, so
+// several limits on one descriptor (10 per second and 1000 per day) come as
+// such siblings. Their children join. Siblings that differ in anything else
+// stay apart, and the parser refuses them as duplicates, as a file's.
+func mergeSiblingLimits(n *yaml.Node) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Kind == yaml.MappingNode && n.Content[i].Value == "descriptors" && n.Content[i+1].Kind == yaml.SequenceNode {
+			n.Content[i+1].Content = mergeSiblings(n.Content[i+1].Content)
+		}
+	}
+	for _, c := range n.Content {
+		mergeSiblingLimits(c)
+	}
+}
+
+func mergeSiblings(descriptors []*yaml.Node) []*yaml.Node {
+	var out []*yaml.Node
+	for _, d := range descriptors {
+		i := slices.IndexFunc(out, func(o *yaml.Node) bool { return sameButLimits(o, d) })
+		if i < 0 {
+			out = append(out, d)
+			continue
+		}
+		m := out[i]
+		limits := field(m, "rate_limits")
+		if limits == nil {
+			limits = &yaml.Node{Kind: yaml.SequenceNode, Content: []*yaml.Node{field(m, "rate_limit")}}
+			setField(m, "rate_limit", nil)
+			setField(m, "rate_limits", limits)
+		}
+		limits.Content = append(limits.Content, field(d, "rate_limit"))
+		if children := field(d, "descriptors"); children != nil {
+			if mine := field(m, "descriptors"); mine != nil {
+				mine.Content = append(mine.Content, children.Content...)
+			} else {
+				setField(m, "descriptors", children)
+			}
+		}
+	}
+	return out
+}
+
+// sameButLimits reports two descriptors with a rate_limit (a limits list for
+// one already merged) whose other fields, children aside, are equal.
+func sameButLimits(a, b *yaml.Node) bool {
+	if field(a, "rate_limit") == nil && field(a, "rate_limits") == nil || field(b, "rate_limit") == nil {
+		return false
+	}
+	other := func(n *yaml.Node) map[string]string {
+		m := map[string]string{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			switch k := n.Content[i].Value; k {
+			case "rate_limit", "rate_limits", "descriptors":
+			default:
+				v, _ := yaml.Marshal(n.Content[i+1])
+				m[k] = string(v)
+			}
+		}
+		return m
+	}
+	return maps.Equal(other(a), other(b))
+}
+
+// field is the value of key in mapping n, or nil.
+func field(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// setField sets key in mapping n to v, or removes it when v is nil.
+func setField(n *yaml.Node, key string, v *yaml.Node) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			if v == nil {
+				n.Content = slices.Delete(n.Content, i, i+2)
+			} else {
+				n.Content[i+1] = v
+			}
+			return
+		}
+	}
+	if v != nil {
+		n.Content = append(n.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key}, v)
+	}
 }
 
 var policyName = (&rlsconfv3.RateLimitPolicy{}).ProtoReflect().Descriptor().FullName()

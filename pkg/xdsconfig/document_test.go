@@ -1,10 +1,12 @@
 package xdsconfig
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -264,5 +266,50 @@ func TestBuildStringsRoundTrip(t *testing.T) {
 		if r.Domain != s || len(r.Levels) != 1 || r.Levels[0].Key != s || r.Levels[0].Value != s || r.Name != s {
 			t.Errorf("%q: rule %+v", s, r)
 		}
+	}
+}
+
+// TestBuildSeveralLimits: sibling descriptors with one key and value, each
+// with its rate_limit, are one descriptor with both limits (rate_limits),
+// their children joined; siblings that differ otherwise stay duplicates.
+func TestBuildSeveralLimits(t *testing.T) {
+	limit := func(unit rlsconfv3.RateLimitUnit, n uint32) *rlsconfv3.RateLimitPolicy {
+		return &rlsconfv3.RateLimitPolicy{Unit: unit, RequestsPerUnit: n}
+	}
+	rc := &rlsconfv3.RateLimitConfig{Name: "api", Domain: "api", Descriptors: []*rlsconfv3.RateLimitDescriptor{
+		{Key: "user", RateLimit: limit(rlsconfv3.RateLimitUnit_SECOND, 10)},
+		{Key: "user", RateLimit: limit(rlsconfv3.RateLimitUnit_DAY, 1000), Descriptors: []*rlsconfv3.RateLimitDescriptor{
+			{Key: "path", RateLimit: limit(rlsconfv3.RateLimitUnit_MINUTE, 5)},
+		}},
+		{Key: "other", RateLimit: limit(rlsconfv3.RateLimitUnit_HOUR, 7)},
+	}}
+	c, err := Build(anys(t, rc), config.Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := config.Match(c, "api", []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: "u"}})
+	if user == nil {
+		t.Fatal("user: no rule")
+	}
+	var got []string
+	for _, l := range user.Limits() {
+		got = append(got, fmt.Sprint(l.RequestsPerUnit, "/", l.Unit))
+	}
+	if strings.Join(got, " ") != "10/SECOND 1000/DAY" {
+		t.Errorf("user's limits %q, want 10/SECOND and 1000/DAY", got)
+	}
+	if r := config.Match(c, "api", []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: "u"}, {Key: "path", Value: "/"}}); r == nil || r.RequestsPerUnit != 5 {
+		t.Errorf("user / path: %v, want the child of the second sibling", r)
+	}
+	if r := config.Match(c, "api", []*rlcommon.RateLimitDescriptor_Entry{{Key: "other", Value: "o"}}); r == nil || r.RequestsPerUnit != 7 {
+		t.Errorf("other: %v", r)
+	}
+
+	shadow := &rlsconfv3.RateLimitConfig{Name: "api", Domain: "api", Descriptors: []*rlsconfv3.RateLimitDescriptor{
+		{Key: "user", RateLimit: limit(rlsconfv3.RateLimitUnit_SECOND, 10)},
+		{Key: "user", RateLimit: limit(rlsconfv3.RateLimitUnit_DAY, 1000), ShadowMode: true},
+	}}
+	if _, err := Build(anys(t, shadow), config.Defaults{}); err == nil || !strings.Contains(err.Error(), "duplicate") {
+		t.Errorf("siblings that differ in shadow_mode: %v, want refused as duplicates", err)
 	}
 }
