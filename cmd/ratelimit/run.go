@@ -11,6 +11,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -336,6 +337,10 @@ func newLogger(s *settings) (*zap.Logger, error) {
 	return zc.Build()
 }
 
+// streamWorkersPerCore sizes the gRPC server's pool of stream workers (see
+// serve).
+const streamWorkersPerCore = 8
+
 // storeReadyWait bounds how long serve waits for the store at start.
 const storeReadyWait = 3 * time.Second
 
@@ -467,9 +472,15 @@ func serve(ctx context.Context, s *settings) error {
 	// is closed only after the calls that use it.
 	// The codec decodes rate limit requests whatever bytes their values
 	// hold; the tap refuses calls past --max-inflight before reading them.
-	// As many stream workers as calls may be in flight: each call runs on
-	// a goroutine whose stack has already grown, not a new one (measured in
-	// make bench: 6-12 % less service CPU per decision).
+	// A few stream workers per core (streamWorkersPerCore): a call runs on
+	// a goroutine whose stack has already grown, and calls past them on new
+	// goroutines, which the runtime starts at its average stack size. As
+	// many workers as --max-inflight (512) cost the same CPU at steady load
+	// (within 5 % in make bench), but the first burst after a start then ran
+	// on never-used workers, most likely growing their stacks during it: in
+	// 4 alternating runs of make bench's bursts, that first burst let
+	// 132-863 of 2000 calls through Envoy (mean 365) with 512 workers, 3-719
+	// (mean 216) with 16.
 	// The interceptors keep envoyproxy/ratelimit's total_requests and
 	// response_time, and trace calls with --tracing.
 	traceInterceptor, stopTracing, err := startTracing(ctx, s)
@@ -490,7 +501,7 @@ func serve(ctx context.Context, s *settings) error {
 	}
 	grpcServer := grpc.NewServer(append(grpcOpts, grpc.WaitForHandlers(true),
 		grpc.ForceServerCodecV2(svc.Codec()), grpc.MaxRecvMsgSize(s.maxRequestBytes), grpc.InTapHandle(shedder.TapHandle()),
-		grpc.NumStreamWorkers(uint32(s.maxInFlight)), grpc.ChainUnaryInterceptor(interceptors...),
+		grpc.NumStreamWorkers(uint32(streamWorkersPerCore*runtime.GOMAXPROCS(0))), grpc.ChainUnaryInterceptor(interceptors...),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge: s.grpcMaxConnAge, MaxConnectionAgeGrace: s.grpcMaxConnAgeGrace,
 		}))...)
