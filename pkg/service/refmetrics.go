@@ -1,7 +1,10 @@
 package service
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"strings"
+	"unicode/utf8"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -72,7 +75,7 @@ func statKey(domain string, rule *config.Rule, entries []*rlcommon.RateLimitDesc
 		b.WriteString(domain)
 		for _, e := range entries {
 			b.WriteByte('.')
-			b.WriteString(e.Key)
+			b.WriteString(metricValue(e.Key))
 		}
 		return b.String(), b.String()
 	}
@@ -98,12 +101,12 @@ func statKey(domain string, rule *config.Rule, entries []*rlcommon.RateLimitDesc
 		case rule.DetailedMetric:
 			if e.Value != "" || !shared { // the reference's two paths differ here
 				b.WriteByte('_')
-				b.WriteString(e.Value)
+				b.WriteString(metricValue(e.Value))
 			}
 		case lv.ValueToMetric && (lv.Value == "" || lv.Wildcard):
 			if e.Value != "" {
 				b.WriteByte('_')
-				b.WriteString(e.Value)
+				b.WriteString(metricValue(e.Value))
 			}
 		case lv.Value != "":
 			b.WriteByte('_')
@@ -111,4 +114,17 @@ func statKey(domain string, rule *config.Rule, entries []*rlcommon.RateLimitDesc
 		}
 	}
 	return b.String(), fallback
+}
+
+// metricValue is a request's value as it goes into a metric's name: as it
+// is, as the reference writes it, unless it is longer than
+// limiter.MaxKeyComponent or not UTF-8 (which Prometheus refuses as a label
+// value): then '#' and its digest, as in the store key (see Key schema).
+// Whatever a client sends, the series' names stay valid and bounded.
+func metricValue(v string) string {
+	if len(v) <= limiter.MaxKeyComponent && utf8.ValidString(v) {
+		return v
+	}
+	sum := sha256.Sum256([]byte(v))
+	return "#" + base64.RawURLEncoding.EncodeToString(sum[:])
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -139,5 +140,43 @@ svc.report: unit=SECOND requests_per_unit=4, shadow_mode: false, quota_mode: fal
 `
 	if string(body) != want {
 		t.Fatalf("got\n%s\nwant\n%s", body, want)
+	}
+}
+
+// TestReferenceMetricsHostileValues: a rule whose metric name takes the
+// request's value (value_to_metric, detailed_metric) is answered whatever
+// the value's bytes or length, and its series name stays bounded.
+func TestReferenceMetricsHostileValues(t *testing.T) {
+	cfg, err := config.Parse("d.yaml", []byte(statKeyConfig), config.Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	s := New(cfg, admitAll{}, &Options{Metrics: metrics.New(reg)})
+	long := strings.Repeat("v", 64<<10)
+	for _, value := range []string{"\xff\xfe not UTF-8", long} {
+		for _, key := range []string{"client_id", "detailed"} {
+			d := desc(key, value)
+			if key == "detailed" {
+				d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: "leaf", Value: value})
+			}
+			resp := askRequest(t, s, &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{d}})
+			if resp.Statuses[0].CurrentLimit == nil {
+				t.Fatalf("%s=%.20q: no limit applied: %v", key, value, resp)
+			}
+		}
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if len(l.GetValue()) > 256 {
+					t.Errorf("%s{%s=...} is %d bytes long: a client's value sets the series' size", f.GetName(), l.GetName(), len(l.GetValue()))
+				}
+			}
+		}
 	}
 }
