@@ -40,27 +40,31 @@ local algorithms = { sliding_window_log, sliding_window_counter, fixed_window, g
 local function decide(keys, args)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  seen, unwritten = {}, {}
+  seen, unwritten, expiries, stored, formatted = {}, {}, {}, {}, {}
   -- denied[key] is the last denial of key in this batch: a later hit with the
   -- same limit and cost is denied again without asking Redis, until a charge
   -- of key changes its state.
   local denied = {}
-  local reply = {}
-  local k, a = 1, 1
-  while a <= #args do
+  local reply, r = {}, 0
+  -- Parse every request first, to read every string counter of the batch
+  -- with one MGET (see prefetch); the log's sorted sets are read one by one.
+  local requests, strings, listed = {}, {}, {}
+  local k, a, nargs = 1, 1, #args
+  while a <= nargs do
     local n = tonumber(args[a])
-    local charge = n > 0
-    n = math.abs(n)
     a = a + 1
     local hits = {}
-    for i = 1, n do
+    for i = 1, math.abs(n) do
       local code = tonumber(args[a])
+      local key = keys[k]
+      local cost = tonumber(args[a + 3])
       local hit = {
-        key = keys[k],
+        key = key,
         alg = algorithms[code % 8],
         limit = tonumber(args[a + 1]),
         window = tonumber(args[a + 2]) * 1000000,
-        cost = tonumber(args[a + 3]),
+        cost = cost,
+        need = math.max(cost, 1),
         shadow = code % 16 >= 8,
         record = code % 32 >= 16,
         refund = code % 64 >= 32,
@@ -70,11 +74,18 @@ local function decide(keys, args)
         hit.burst = tonumber(args[a + 4]) -- gcra's fifth value
         a = a + 1
       end
-      hit.need = math.max(hit.cost, 1)
+      if code % 8 ~= 1 and not listed[key] then
+        listed[key] = true
+        strings[#strings + 1] = key
+      end
       hits[i] = hit
-      a = a + 4
-      k = k + 1
+      a, k = a + 4, k + 1
     end
+    requests[#requests + 1] = { charge = n > 0, hits = hits }
+  end
+  prefetch(strings)
+  for _, request in ipairs(requests) do
+    local charge, hits = request.charge, request.hits
     -- The request's refunds first: the checks below, and the charges they
     -- lead to, start from the state the refunds leave.
     for _, hit in ipairs(hits) do
@@ -133,10 +144,11 @@ local function decide(keys, args)
       if charged then
         state = hit.st.admit and 2 or 3
       end
-      reply[#reply + 1] = state
-      reply[#reply + 1] = math.floor(remaining)
-      reply[#reply + 1] = math.floor(reset)
-      reply[#reply + 1] = charged and hit.st.token or 0
+      reply[r + 1] = state
+      reply[r + 2] = math.floor(remaining)
+      reply[r + 3] = math.floor(reset)
+      reply[r + 4] = charged and hit.st.token or 0
+      r = r + 4
     end
   end
   write_all()

@@ -4,23 +4,27 @@
 --
 -- The counter is the string "<window index>:<count>" at KEY itself: the one
 -- key a call names is the one it touches, which Redis Cluster needs to
--- route it right while a slot migrates, and one SET with its expiry records
--- the charges of a call. A value of another window counts as empty.
+-- route it right while a slot migrates, and one SET records the charges of
+-- a call: with its expiry (the window's end) when the window's count is
+-- new, else keeping it. A value of another window counts as empty.
 local fixed_window = {}
 
 function fixed_window.check(key, limit, window, cost, now)
   local idx = math.floor(now / window)
-  local st = { token = idx, elapsed = now - idx * window }
-  st.prior = seen[key] -- charged earlier in this call: count known
+  -- Every field named in the constructor: Lua then sizes the table once.
+  local st = { token = idx, elapsed = now - idx * window, prior = seen[key],
+    used = 0, keep = false, admit = false }
+  -- st.prior: charged earlier in this call, count known
   if st.prior then
-    st.used, st.token = st.prior.used, st.prior.token
+    st.used, st.token, st.keep = st.prior.used, st.prior.token, st.prior.keep
   else
-    local stored, count = parse_windows(redis.call('GET', key))
+    local stored, count = parse_windows(get(key))
     st.used = 0
     if stored and stored >= idx then
       -- This window; or a later one, after Redis's clock stepped back (a
-      -- failover): its count still stands, and a charge keeps its index.
-      st.used, st.token = count, stored
+      -- failover): its count still stands, and a charge keeps its index,
+      -- and its expiry (keep).
+      st.used, st.token, st.keep = count, stored, true
     end
   end
   st.admit = st.used + cost <= limit
@@ -29,8 +33,8 @@ end
 
 function fixed_window.commit(key, st, limit, window, cost, now)
   st.used = math.min(st.used + cost, max_count)
-  write_later(key, fmt(st.token) .. ':' .. fmt(st.used), fmt(math.ceil((window - st.elapsed) / 1000)))
-  seen[key] = { used = st.used, token = st.token }
+  write_later(key, fmt(st.token) .. ':' .. fmt(st.used), not st.keep and fmt(math.ceil((window - st.elapsed) / 1000)) or nil)
+  seen[key] = { used = st.used, token = st.token, keep = st.keep }
 end
 
 -- refund takes up to units back from this window's count, never below zero;

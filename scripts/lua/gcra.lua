@@ -74,7 +74,7 @@ local function gcra_state(key, st, now)
   if prior then
     w, f = prior.w, prior.f
   else
-    local v = redis.call('GET', key)
+    local v = get(key)
     if v then
       w, f = string.match(v, '^(%d+):(%d+)$')
       w, f = tonumber(w), tonumber(f)
@@ -102,6 +102,22 @@ local function gcra_setup(st, limit, window)
   return st
 end
 
+-- gcra_rule returns T and the bucket's time for limit, window and burst.
+-- The hits of a batch mostly share a rule, so the last one is kept: they
+-- depend on nothing else, so it holds across calls. (A table keyed by the
+-- numbers would do more, but the embedded store's Lua fills a table's array
+-- up to any whole-number key below 2^26, such as a window in microseconds.)
+local last_rule
+local function gcra_rule(limit, window, burst)
+  local rule = last_rule
+  if not rule or rule.limit ~= limit or rule.window ~= window or rule.burst ~= burst then
+    rule = gcra_setup({ limit = limit, window = window, burst = burst, wq = 0, wr = 0, bw = 0, bf = 0 }, limit, window)
+    rule.bw, rule.bf = gcra_times(rule, burst)
+    last_rule = rule
+  end
+  return rule
+end
+
 -- check: burst is the bucket's size in units (decide.lua's fifth value for
 -- a GCRA hit).
 function gcra.check(key, limit, window, cost, now, burst)
@@ -109,10 +125,17 @@ function gcra.check(key, limit, window, cost, now, burst)
     -- No rate or no bucket (a limit override of 0): only a check fits.
     return { admit = cost <= 0, none = true, token = 0 }
   end
-  local st = gcra_setup({ burst = burst }, limit, window)
+  -- Every field named in the constructor: Lua then sizes the table once.
+  local st = { burst = burst, limit = limit, wq = 0, wr = 0, w = 0, f = 0,
+    cw = 0, cf = 0, bw = 0, bf = 0, admit = false, token = 0 }
+  local rule = gcra_rule(limit, window, burst)
+  st.wq, st.wr, st.bw, st.bf = rule.wq, rule.wr, rule.bw, rule.bf
   st.w, st.f = gcra_state(key, st, now)
-  st.cw, st.cf = gcra_times(st, cost)
-  st.bw, st.bf = gcra_times(st, burst)
+  if cost == 1 then
+    st.cw, st.cf = rule.wq, rule.wr
+  else
+    st.cw, st.cf = gcra_times(st, cost)
+  end
   -- What would be owed after the hit, over the bucket's size: fits at or
   -- below zero.
   local ow, of = gcra_add(limit, st.w - now, st.f, st.cw, st.cf)

@@ -3,8 +3,10 @@
 --   estimate = previous * (window - elapsed) / window + current
 -- Constant memory per key whatever the limit. Both counts live in one string
 -- at KEY, "<window index>:<count>:<previous window's count>" (see
--- parse_windows): one key named and touched per call, one GET
--- to read, one SET with its expiry per call that charges it.
+-- parse_windows): one key named and touched per call, read with the
+-- call's other counters (prefetch), and one SET per call that charges it:
+-- with its expiry (the next window's end) when the window's count is new,
+-- else keeping it.
 --
 -- A debt (a recorded cost past the limit) is part of this window's count:
 -- it weighs fully to the window's end, then, as the previous count, less and
@@ -17,16 +19,19 @@ end
 
 function sliding_window_counter.check(key, limit, window, cost, now)
   local idx = math.floor(now / window)
-  local st = { token = idx, window = window, elapsed = now - idx * window }
-  st.prior = seen[key] -- charged earlier in this call: counts known
+  -- Every field named in the constructor: Lua then sizes the table once.
+  local st = { token = idx, window = window, elapsed = now - idx * window,
+    prior = seen[key], prev = 0, curr = 0, keep = false, admit = false }
+  -- st.prior: charged earlier in this call, counts known
   if st.prior then
-    st.prev, st.curr, st.token = st.prior.prev, st.prior.curr, st.prior.token
+    st.prev, st.curr, st.token, st.keep = st.prior.prev, st.prior.curr, st.prior.token, st.prior.keep
   else
-    local stored, curr, prev = parse_windows(redis.call('GET', key))
+    local stored, curr, prev = parse_windows(get(key))
     if stored and stored >= idx then
       -- This window; or a later one, after Redis's clock stepped back (a
-      -- failover): its counts still stand, and a charge keeps its index.
-      st.curr, st.prev, st.token = curr, prev, stored
+      -- failover): its counts still stand, and a charge keeps its index,
+      -- and its expiry (keep).
+      st.curr, st.prev, st.token, st.keep = curr, prev, stored, true
     elseif stored == idx - 1 then
       st.curr, st.prev = 0, curr
     else
@@ -41,8 +46,8 @@ function sliding_window_counter.commit(key, st, limit, window, cost, now)
   st.curr = math.min(st.curr + cost, max_count)
   -- This window's count is read as "previous" through the whole next window.
   write_later(key, fmt(st.token) .. ':' .. fmt(st.curr) .. ':' .. fmt(st.prev),
-    fmt(math.ceil((2 * window - st.elapsed) / 1000)))
-  seen[key] = { prev = st.prev, curr = st.curr, token = st.token }
+    not st.keep and fmt(math.ceil((2 * window - st.elapsed) / 1000)) or nil)
+  seen[key] = { prev = st.prev, curr = st.curr, token = st.token, keep = st.keep }
 end
 
 -- refund takes up to units back from this window's count, never below zero

@@ -14,10 +14,11 @@ local sliding_window_log = {}
 -- request leaves no trace in Redis. A key this call already charged is known
 -- from seen: same clock, so same window, and no other writer in between.
 function sliding_window_log.check(key, limit, window, cost, now)
-  local oldest = fmt(now - window) -- members scored at or below it have left
+  local oldest = fmt_once(now - window) -- members scored at or below it have left
   local prior = seen[key]
   local used = prior and prior.used or redis.call('ZCOUNT', key, '(' .. oldest, '+inf')
-  return { oldest = oldest, used = used, admit = used + cost <= limit, prior = prior }
+  -- token and newest, set by commit, named here: Lua sizes the table once.
+  return { oldest = oldest, used = used, admit = used + cost <= limit, prior = prior, token = 0, newest = false }
 end
 
 -- commit prunes what left the window and records cost members, named
@@ -38,7 +39,7 @@ function sliding_window_log.commit(key, st, limit, window, cost, now)
   if not newest then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', st.oldest)
   end
-  if newest or cost > 1 or redis.call('ZADD', key, 'NX', fmt(now), fmt(now)) == 0 then
+  if newest or cost > 1 or redis.call('ZADD', key, 'NX', fmt_once(now), fmt_once(now)) == 0 then
     if not newest then
       newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
     end
