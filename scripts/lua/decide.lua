@@ -46,6 +46,17 @@ local function decide(keys, args)
   -- of key changes its state.
   local denied = {}
   local reply, r = {}, 0
+  -- num is tonumber for the arguments, which repeat (the limits, windows
+  -- and costs of a few rules): each distinct string is parsed once a call.
+  local numbers = {}
+  local function num(s)
+    local n = numbers[s]
+    if not n then
+      n = tonumber(s)
+      numbers[s] = n
+    end
+    return n
+  end
   -- Parse every request first, to read every string counter of the batch
   -- with one MGET (see prefetch); the log's sorted sets are read one by one.
   local requests, strings, listed = {}, {}, {}
@@ -55,14 +66,14 @@ local function decide(keys, args)
     a = a + 1
     local hits = {}
     for i = 1, math.abs(n) do
-      local code = tonumber(args[a])
+      local code = num(args[a])
       local key = keys[k]
-      local cost = tonumber(args[a + 3])
+      local cost = num(args[a + 3])
       local hit = {
         key = key,
         alg = algorithms[code % 8],
-        limit = tonumber(args[a + 1]),
-        window = tonumber(args[a + 2]) * 1000000,
+        limit = num(args[a + 1]),
+        window = num(args[a + 2]) * 1000000,
         cost = cost,
         need = math.max(cost, 1),
         shadow = code % 16 >= 8,
@@ -71,7 +82,7 @@ local function decide(keys, args)
         quota = code >= 64,
       }
       if code % 8 == 4 then
-        hit.burst = tonumber(args[a + 4]) -- gcra's fifth value
+        hit.burst = num(args[a + 4]) -- gcra's fifth value
         a = a + 1
       end
       if code % 8 ~= 1 and not listed[key] then

@@ -10,35 +10,39 @@
 
 local sliding_window_log = {}
 
--- check counts the hits inside the window without writing, so a denied
--- request leaves no trace in Redis. A key this call already charged is known
--- from seen: same clock, so same window, and no other writer in between.
+-- check counts the hits inside the window: it removes the members that
+-- left it, then counts what is left (ZCARD, where ZCOUNT would walk a small
+-- set's members one by one). A denied request leaves no trace in Redis: the
+-- removal only takes out what no window counts any more, and writes nothing
+-- when nothing left. A key this call already charged is known from seen:
+-- same clock, so same window, and no other writer in between.
 function sliding_window_log.check(key, limit, window, cost, now)
   local oldest = fmt_once(now - window) -- members scored at or below it have left
   local prior = seen[key]
-  local used = prior and prior.used or redis.call('ZCOUNT', key, '(' .. oldest, '+inf')
+  local used = prior and prior.used
+  if not used then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', oldest)
+    used = redis.call('ZCARD', key)
+  end
   -- token and newest, set by commit, named here: Lua sizes the table once.
   return { oldest = oldest, used = used, admit = used + cost <= limit, prior = prior, token = 0, newest = false }
 end
 
--- commit prunes what left the window and records cost members, named
--- "<score>" and "<score>:<i>", so that a refund can name them. A single unit
--- is added as its microsecond, NX: scripts run one after another and each
--- takes several microseconds, so the name is taken only if Redis's clock
--- stepped back onto a recorded microsecond (a failover to a host with
--- another clock). Then, for weighted hits, and for a key this call already
--- charged (same microsecond), the score is the newest + 1 when TIME does not
--- exceed it, which keeps every member unique without asking the caller for
--- a nonce.
+-- commit records cost members (check took out those that left the
+-- window), named "<score>" and "<score>:<i>", so that a refund can name
+-- them. A single unit is added as its microsecond, NX: scripts run one after
+-- another and each takes several microseconds, so the name is taken only if
+-- Redis's clock stepped back onto a recorded microsecond (a failover to a
+-- host with another clock). Then, for weighted hits, and for a key this call
+-- already charged (same microsecond), the score is the newest + 1 when TIME
+-- does not exceed it, which keeps every member unique without asking the
+-- caller for a nonce.
 function sliding_window_log.commit(key, st, limit, window, cost, now)
   cost = math.min(cost, limit)
   if cost <= 0 then
     return -- a recorded cost on a limit of 0: no member, which would count as a unit
   end
   local score, newest = now, st.prior and st.prior.newest
-  if not newest then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', st.oldest)
-  end
   if newest or cost > 1 or redis.call('ZADD', key, 'NX', fmt_once(now), fmt_once(now)) == 0 then
     if not newest then
       newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
