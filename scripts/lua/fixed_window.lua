@@ -33,8 +33,8 @@ end
 
 function fixed_window.commit(key, st, limit, window, cost, now)
   st.used = math.min(st.used + cost, max_count)
-  write_later(key, fmt(st.token) .. ':' .. fmt(st.used), not st.keep and fmt(math.ceil((window - st.elapsed) / 1000)) or nil)
-  seen[key] = { used = st.used, token = st.token, keep = st.keep }
+  write_later(key, string.format('%d:%d', st.token, st.used), not st.keep and fmt(math.ceil((window - st.elapsed) / 1000)) or nil)
+  seen[key] = st -- what a later check of key in this call reads
 end
 
 -- refund takes up to units back from this window's count, never below zero;

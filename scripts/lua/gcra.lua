@@ -158,8 +158,8 @@ function gcra.commit(key, st, limit, window, cost, now)
     -- 100 years, which denies as long as anyone waits.
     st.w, st.f = now + gcra_max_debt, 0
   end
-  write_later(key, fmt(st.w) .. ':' .. fmt(st.f), fmt(math.max(1, math.ceil(gcra_up(st.w - now, st.f) / 1000))))
-  seen[key] = { w = st.w, f = st.f }
+  write_later(key, string.format('%d:%d', st.w, st.f), fmt(math.max(1, math.ceil(gcra_up(st.w - now, st.f) / 1000))))
+  seen[key] = st -- its w and f are what a later check of key in this call reads
   st.token = 0
 end
 

@@ -45,9 +45,9 @@ end
 function sliding_window_counter.commit(key, st, limit, window, cost, now)
   st.curr = math.min(st.curr + cost, max_count)
   -- This window's count is read as "previous" through the whole next window.
-  write_later(key, fmt(st.token) .. ':' .. fmt(st.curr) .. ':' .. fmt(st.prev),
+  write_later(key, string.format('%d:%d:%d', st.token, st.curr, st.prev),
     not st.keep and fmt(math.ceil((2 * window - st.elapsed) / 1000)) or nil)
-  seen[key] = { prev = st.prev, curr = st.curr, token = st.token, keep = st.keep }
+  seen[key] = st -- what a later check of key in this call reads
 end
 
 -- refund takes up to units back from this window's count, never below zero

@@ -75,7 +75,7 @@ function sliding_window_log.commit(key, st, limit, window, cost, now)
   st.used = st.used + cost
   st.token = score -- names the members, for a refund
   st.newest = score
-  seen[key] = { used = st.used, newest = score }
+  seen[key] = st -- its used and newest are what a later check of key reads
 end
 
 -- refund removes up to units of the newest members still in the window: the
