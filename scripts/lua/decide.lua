@@ -50,12 +50,7 @@ local function decide(keys, args)
   -- and costs of a few rules): each distinct string is parsed once a call.
   local numbers = {}
   local function num(s)
-    local n = numbers[s]
-    if not n then
-      n = tonumber(s)
-      numbers[s] = n
-    end
-    return n
+    return cached(numbers, tonumber, s)
   end
   -- Parse every request first, to read every string counter of the batch
   -- with one MGET (see prefetch); the log's sorted sets are read one by one.

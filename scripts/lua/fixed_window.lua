@@ -19,7 +19,6 @@ function fixed_window.check(key, limit, window, cost, now)
     st.used, st.token, st.keep = st.prior.used, st.prior.token, st.prior.keep
   else
     local stored, count = parse_windows(get(key))
-    st.used = 0
     if stored and stored >= idx then
       -- This window; or a later one, after Redis's clock stepped back (a
       -- failover): its count still stands, and a charge keeps its index,

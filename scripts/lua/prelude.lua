@@ -24,25 +24,31 @@ local function parse_windows(v)
 end
 
 -- seen holds what one decide call learnt about its keys, and unwritten the
--- window counters it charged, each written once when the call ends (both,
--- and stored below, set anew by every call: a function library's locals
--- outlive the call).
+-- window counters it charged, each written once when the call ends (these
+-- tables, and stored below, are set anew by every call: a function
+-- library's locals outlive the call).
 local seen = {}
 local unwritten = {} -- key to its value
 local expiries = {} -- key to its ttl in ms, or false to keep it
 local formatted = {} -- fmt_once's
 
--- fmt_once is fmt for the numbers a call formats for many hits (its clock,
--- where each window starts), formatted once per call (see formatted). They
--- are microsecond instants: as table keys they go to the hash part, where
--- the embedded store's Lua would fill an array up to a small whole number.
-local function fmt_once(n)
-  local s = formatted[n]
-  if not s then
-    s = fmt(n)
-    formatted[n] = s
+-- cached returns f(x), computed once per call: cache is one of the call's
+-- tables, and f depends on x alone.
+local function cached(cache, f, x)
+  local v = cache[x]
+  if v == nil then
+    v = f(x)
+    cache[x] = v
   end
-  return s
+  return v
+end
+
+-- fmt_once is fmt for the numbers a call formats for many hits (its clock,
+-- where each window starts). They are microsecond instants: as table keys
+-- they go to the hash part, where the embedded store's Lua would fill an
+-- array up to a small whole number.
+local function fmt_once(n)
+  return cached(formatted, fmt, n)
 end
 
 -- stored holds the values of the window counters and GCRA TATs of one

@@ -33,9 +33,7 @@ function sliding_window_counter.check(key, limit, window, cost, now)
       -- and its expiry (keep).
       st.curr, st.prev, st.token, st.keep = curr, prev, stored, true
     elseif stored == idx - 1 then
-      st.curr, st.prev = 0, curr
-    else
-      st.curr, st.prev = 0, 0
+      st.prev = curr -- this window's count is new (0)
     end
   end
   st.admit = sliding_window_counter.estimate(st, st.elapsed) + cost <= limit
