@@ -22,12 +22,13 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/slidingwindow/ratelimit/pkg/config"
+	"github.com/slidingwindow/ratelimit/pkg/grpcunary"
 	"github.com/slidingwindow/ratelimit/pkg/limiter"
 	"github.com/slidingwindow/ratelimit/pkg/metrics"
 	"github.com/slidingwindow/ratelimit/pkg/service"
@@ -361,11 +362,10 @@ func serve(ctx context.Context, s *settings) error {
 	defer xds.close()
 	log.Info("memory", zap.Int64("soft_limit_bytes", setRuntimeDefaults(int64(s.memoryLimit))))
 
-	grpcOpts, redisTLS, err := tlsSettings(s, log)
+	grpcTLS, redisTLS, err := tlsSettings(s, log)
 	if err != nil {
 		return err
 	}
-	grpcOpts = append(grpcOpts, xds.serverOptions()...)
 	if s.redisURL == "" && s.redisClusterURL == "" && s.redisSentinelURL == "" && s.redisSettings() {
 		// Each replica would count alone: limits N times too loose, silently.
 		return errors.New("a Redis setting is given but no Redis URL (--redis-url, --redis-cluster-url, --redis-sentinel-url, REDIS_URL): refusing to start on the embedded store")
@@ -468,21 +468,9 @@ func serve(ctx context.Context, s *settings) error {
 	grpcLn, httpLn, adminLn, debugLn, metricsLn := lns[0], lns[1], lns[2], lns[3], lns[4]
 
 	shedder := service.NewShedder(s.maxInFlight, m)
-	// WaitForHandlers: a stop waits for handlers to return, so the limiter
-	// is closed only after the calls that use it.
-	// The codec decodes rate limit requests whatever bytes their values
-	// hold; the tap refuses calls past --max-inflight before reading them.
-	// A few stream workers per core (streamWorkersPerCore): a call runs on
-	// a goroutine whose stack has already grown, and calls past them on new
-	// goroutines, which the runtime starts at its average stack size. As
-	// many workers as --max-inflight (512) cost the same CPU at steady load
-	// (within 5 % in make bench), but the first burst after a start then ran
-	// on never-used workers, most likely growing their stacks during it: in
-	// 4 alternating runs of make bench's bursts, that first burst let
-	// 132-863 of 2000 calls through Envoy (mean 365) with 512 workers, 3-719
-	// (mean 216) with 16.
 	// The interceptors keep envoyproxy/ratelimit's total_requests and
-	// response_time, and trace calls with --tracing.
+	// response_time, refuse calls while xDS has given no config yet, and
+	// trace calls with --tracing.
 	traceInterceptor, stopTracing, err := startTracing(ctx, s)
 	if err != nil {
 		return err
@@ -495,16 +483,31 @@ func serve(ctx context.Context, s *settings) error {
 		}
 	}()
 	interceptors := []grpc.UnaryServerInterceptor{m.UnaryServerInterceptor()}
+	if xdsInterceptor := xds.interceptor(); xdsInterceptor != nil {
+		interceptors = append([]grpc.UnaryServerInterceptor{xdsInterceptor}, interceptors...)
+	}
 	if traceInterceptor != nil {
 		interceptors = append(interceptors, traceInterceptor)
 		log.Info("tracing gRPC calls", zap.String("protocol", s.tracingProtocol), zap.Float64("sampling_rate", s.tracingSamplingRate))
 	}
-	grpcServer := grpc.NewServer(append(grpcOpts, grpc.WaitForHandlers(true),
-		grpc.ForceServerCodecV2(svc.Codec()), grpc.MaxRecvMsgSize(s.maxRequestBytes), grpc.InTapHandle(shedder.TapHandle()),
-		grpc.NumStreamWorkers(uint32(streamWorkersPerCore*runtime.GOMAXPROCS(0))), grpc.ChainUnaryInterceptor(interceptors...),
-		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionAge: s.grpcMaxConnAge, MaxConnectionAgeGrace: s.grpcMaxConnAgeGrace,
-		}))...)
+	// The gRPC port is served by grpcunary, which spends less CPU per
+	// call than grpc-go's server (docs/bench.md). The codec decodes rate
+	// limit requests whatever bytes their values hold; the tap refuses
+	// calls past --max-inflight before reading them. Stream workers: a call
+	// runs on a goroutine whose stack has already grown; a few per core
+	// serve as well as more, and the first burst after a start ran on
+	// never-used goroutines with 512 of them (132-863 of 2000 calls let
+	// through Envoy in 4 runs, against 3-719 with 16).
+	grpcServer := grpcunary.NewServer(grpcunary.Options{
+		TLS:                   grpcTLS,
+		Codec:                 svc.Codec(),
+		Interceptors:          interceptors,
+		Tap:                   shedder.TapHandle(),
+		MaxRecvMsgSize:        s.maxRequestBytes,
+		MaxConnectionAge:      s.grpcMaxConnAge,
+		MaxConnectionAgeGrace: s.grpcMaxConnAgeGrace,
+		Workers:               streamWorkersPerCore * runtime.GOMAXPROCS(0),
+	})
 	rlsv3.RegisterRateLimitServiceServer(grpcServer, svc)
 	healthServer := health.NewServer()
 	healthpb.RegisterHealthServer(grpcServer, healthServer)
@@ -555,7 +558,11 @@ func serve(ctx context.Context, s *settings) error {
 	// certificate, decides who may reset limits; it takes the same TLS.
 	var adminServer *grpc.Server
 	if adminLn != nil {
-		adminServer = grpc.NewServer(append(grpcOpts, grpc.WaitForHandlers(true))...)
+		adminOpts := []grpc.ServerOption{grpc.WaitForHandlers(true)}
+		if grpcTLS != nil {
+			adminOpts = append(adminOpts, grpc.Creds(credentials.NewTLS(grpcTLS)))
+		}
+		adminServer = grpc.NewServer(adminOpts...)
 		service.RegisterAdmin(adminServer, service.NewAdmin(svc, lim))
 		reflection.Register(adminServer)
 		go func() { errc <- adminServer.Serve(adminLn) }()

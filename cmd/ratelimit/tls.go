@@ -10,8 +10,6 @@ import (
 	"strings"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/slidingwindow/ratelimit/pkg/tlsconfig"
 )
@@ -29,11 +27,10 @@ func tlsFlags(fs *flag.FlagSet, s *settings) {
 	fs.BoolVar(&s.redisTLSSkipHostnameVerification, "redis-tls-skip-hostname-verification", false, "verify the Redis server's certificate chain but not its name, as envoyproxy/ratelimit's REDIS_TLS_SKIP_HOSTNAME_VERIFICATION (rediss:// only)")
 }
 
-// tlsSettings builds the gRPC server options (TLS credentials, or none for
+// tlsSettings builds the TLS config of the gRPC listeners (nil for
 // plaintext) and the Redis TLS config (nil for go-redis's default) from the
 // flags. Reload failures are logged; the previous files stay in use.
-func tlsSettings(s *settings, log *zap.Logger) ([]grpc.ServerOption, *tls.Config, error) {
-	var opts []grpc.ServerOption
+func tlsSettings(s *settings, log *zap.Logger) (grpcTLS, redisTLS *tls.Config, err error) {
 	switch {
 	case (s.grpcTLSCert == "") != (s.grpcTLSKey == ""):
 		return nil, nil, errors.New("--grpc-tls-cert and --grpc-tls-key go together: set both or neither")
@@ -47,7 +44,7 @@ func tlsSettings(s *settings, log *zap.Logger) ([]grpc.ServerOption, *tls.Config
 		if s.grpcTLSClientSAN != "" {
 			requireClientSAN(cfg, s.grpcTLSClientSAN)
 		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg)))
+		grpcTLS = cfg
 		log.Info("gRPC TLS on", zap.String("cert", s.grpcTLSCert), zap.Bool("mutual", s.grpcTLSClientCA != ""))
 	case s.grpcTLSClientCA != "":
 		return nil, nil, errors.New("--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key")
@@ -57,7 +54,7 @@ func tlsSettings(s *settings, log *zap.Logger) ([]grpc.ServerOption, *tls.Config
 	}
 
 	if s.redisTLSCA == "" && s.redisTLSCert == "" && s.redisTLSKey == "" && s.redisTLSServerName == "" && !s.redisTLSSkipHostnameVerification {
-		return opts, nil, nil
+		return grpcTLS, nil, nil
 	}
 	if !slices.ContainsFunc([]string{s.redisURL, s.redisClusterURL, s.redisSentinelURL}, func(u string) bool {
 		return strings.HasPrefix(u, "rediss://")
@@ -76,7 +73,7 @@ func tlsSettings(s *settings, log *zap.Logger) ([]grpc.ServerOption, *tls.Config
 	if s.redisTLSSkipHostnameVerification {
 		skipHostnameVerification(cfg)
 	}
-	return opts, cfg, nil
+	return grpcTLS, cfg, nil
 }
 
 // skipHostnameVerification makes cfg verify the server's chain against its

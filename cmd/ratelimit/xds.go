@@ -254,21 +254,21 @@ func (x *xdsSource) first(ctx context.Context) (*config.Config, error) {
 	return x.given, nil
 }
 
-// serverOptions make ShouldRateLimit fail with UNAVAILABLE while no config
+// interceptor makes ShouldRateLimit fail with UNAVAILABLE while no config
 // has arrived, which only a --force-start-without-initial-config service
 // serves through: the reference answers an error then too, so that Envoy's
-// failure_mode_deny decides, rather than admitting everything. Nil-safe.
-func (x *xdsSource) serverOptions() []grpc.ServerOption {
+// failure_mode_deny decides, rather than admitting everything. Nil (no
+// interceptor) without xDS.
+func (x *xdsSource) interceptor() grpc.UnaryServerInterceptor {
 	if x == nil {
 		return nil
 	}
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(
-		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-			if info.FullMethod == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName && !x.configured.Load() {
-				return nil, status.Error(codes.Unavailable, "no rate limit config received over xDS yet")
-			}
-			return handler(ctx, req)
-		})}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName && !x.configured.Load() {
+			return nil, status.Error(codes.Unavailable, "no rate limit config received over xDS yet")
+		}
+		return handler(ctx, req)
+	}
 }
 
 // attach hands every later config to svc, and the one accepted since first

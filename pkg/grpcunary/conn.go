@@ -1,0 +1,739 @@
+package grpcunary
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// Flow control of what clients send: a stream may send initialWindow bytes
+// before it gets more, and a connection connWindow, which is given back as
+// the reader takes the bytes (they are then in the calls' buffers, which
+// the stream windows, the message size and the stream count bound).
+const (
+	initialWindow = 64 << 10
+	connWindow    = 1 << 20
+	bufferSize    = 32 << 10
+	// goAwayPing marks the PING that follows the first GOAWAY of a drain.
+	goAwayPing = 0x676f61776179 // "goaway"
+)
+
+var clientPreface = []byte(http2.ClientPreface)
+
+// conn is one client connection. Its reader goroutine (serve) owns the
+// read side; the write side (framer writes, the header encoder, send
+// windows) is guarded by wmu.
+type conn struct {
+	srv    *Server
+	nc     net.Conn
+	fr     *http2.Framer
+	ctx    context.Context // canceled when the connection ends
+	cancel context.CancelFunc
+
+	// Read side: the reader goroutine only.
+	maxStreamID  atomic.Uint32 // the highest stream id the client opened (written by the reader only)
+	connUnacked  uint32        // bytes read and not yet given back by WINDOW_UPDATE
+	connRecvLeft int64         // bytes the client may still send on the connection
+
+	// Streams by id, from their headers until they end; smu guards it.
+	smu     sync.Mutex
+	streams map[uint32]*stream
+	// draining: the final GOAWAY went (at lastID): no stream past it starts,
+	// and the connection closes when the last stream ends.
+	draining bool
+	lastID   uint32
+
+	// Write side. Frames are appended to out, which the flusher goroutine
+	// writes to the connection.
+	wmu sync.Mutex
+	// wcond is signaled when a send window grows, out was written, or the
+	// connection closed.
+	wcond       *sync.Cond
+	out, spare  []byte
+	flushQueued bool
+	flush       chan struct{} // wakes the flusher
+	henc        *hpack.Encoder
+	hbuf        bytes.Buffer
+	data        []byte // one DATA payload being built
+	sendWindow  int64  // the connection's send window
+	peerWindow  int64  // the client's initial stream window
+	peerFrame   uint32 // the largest frame the client takes
+	closed      bool   // writes fail from now on
+	goAwaySent  bool   // the first GOAWAY of a drain went
+	ageTimer    *time.Timer
+}
+
+// stream is one call.
+type stream struct {
+	c      *conn
+	id     uint32
+	method *method
+	path   string
+	ctx    context.Context
+	cancel context.CancelFunc
+	buf    []byte // the request as received: 5-byte prefix and message
+
+	// Read side (reader goroutine).
+	unacked       uint32 // bytes read and not yet given back to the stream
+	recvLeft      int64
+	received      int64 // DATA bytes, padding aside
+	contentLength int64 // as the headers say; negative: not said
+	refusal       *httpError
+	inbox         *inbox // a streaming call's messages
+	ended         bool   // END_STREAM received
+	started       bool   // dispatched to a handler
+
+	// Write side (wmu).
+	sendWindow int64
+	reset      bool // reset by the client, or answered: nothing more is written
+}
+
+func newConn(s *Server, nc net.Conn) *conn {
+	c := &conn{
+		srv:          s,
+		nc:           nc,
+		streams:      map[uint32]*stream{},
+		connRecvLeft: initialWindow - 1, // RFC 9113's 65,535
+		sendWindow:   initialWindow - 1,
+		peerWindow:   initialWindow - 1,
+		peerFrame:    16 << 10,
+		flush:        make(chan struct{}, 1),
+	}
+	c.wcond = sync.NewCond(&c.wmu)
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.fr = http2.NewFramer(outWriter{c}, bufio.NewReaderSize(nc, bufferSize))
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.fr.MaxHeaderListSize = maxHeaderListSize
+	c.fr.SetMaxReadFrameSize(16 << 10) // HTTP/2's default, which the settings keep
+	c.fr.SetReuseFrames()
+	c.henc = hpack.NewEncoder(&c.hbuf)
+	return c
+}
+
+// serve reads the connection until it ends, then closes it.
+func (c *conn) serve() {
+	defer c.close()
+	c.nc.SetReadDeadline(time.Now().Add(DefaultHandshakeTimeout))
+	preface := make([]byte, len(clientPreface))
+	if _, err := io.ReadFull(c.nc, preface); err != nil {
+		return
+	}
+	if !bytes.Equal(preface, clientPreface) {
+		// Not HTTP/2: a FIN, then what the client still sends is read
+		// briefly, so that the close is not a reset that loses the FIN.
+		if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		c.nc.SetReadDeadline(time.Now().Add(time.Second))
+		io.Copy(io.Discard, io.LimitReader(c.nc, 64<<10))
+		return
+	}
+	c.nc.SetReadDeadline(time.Time{})
+	err := c.write(func() error {
+		if err := c.fr.WriteSettings(
+			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.srv.opts.MaxConcurrentStreams},
+			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListSize},
+		); err != nil {
+			return err
+		}
+		c.connRecvLeft += connWindow - (initialWindow - 1)
+		return c.fr.WriteWindowUpdate(0, connWindow-(initialWindow-1))
+	})
+	if err != nil {
+		return
+	}
+	go c.flusher()
+	if age := c.srv.opts.MaxConnectionAge; age > 0 {
+		jitter := time.Duration(rand.Int64N(int64(age)/5+1)) - age/10
+		c.ageTimer = time.AfterFunc(age+jitter, c.drain)
+	}
+
+	first := true
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			var se http2.StreamError
+			if errors.As(err, &se) {
+				if se.StreamID%2 == 1 && se.StreamID > c.maxStreamID.Load() {
+					c.maxStreamID.Store(se.StreamID) // opened, and reset at once
+				}
+				c.resetStream(se.StreamID, se.Code)
+				continue
+			}
+			var ce http2.ConnectionError
+			switch {
+			case errors.As(err, &ce):
+				c.goAwayNow(http2.ErrCode(ce))
+			case errors.Is(err, http2.ErrFrameTooLarge):
+				c.goAwayNow(http2.ErrCodeFrameSize)
+			}
+			return
+		}
+		if first {
+			// The client's preface ends with a SETTINGS frame.
+			if sf, ok := f.(*http2.SettingsFrame); !ok || sf.IsAck() {
+				c.goAwayNow(http2.ErrCodeProtocol)
+				return
+			}
+			first = false
+		}
+		var code http2.ErrCode
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			code = c.onHeaders(f)
+		case *http2.DataFrame:
+			code = c.onData(f)
+		case *http2.SettingsFrame:
+			code = c.onSettings(f)
+		case *http2.PingFrame:
+			code = c.onPing(f)
+		case *http2.WindowUpdateFrame:
+			code = c.onWindowUpdate(f)
+		case *http2.RSTStreamFrame:
+			code = c.onReset(f)
+		case *http2.PriorityFrame:
+			if f.StreamDep == f.StreamID {
+				c.resetStream(f.StreamID, http2.ErrCodeProtocol) // depends on itself
+			}
+		case *http2.GoAwayFrame:
+			// The client opens no more streams; those in flight finish.
+		case *http2.PushPromiseFrame:
+			code = http2.ErrCodeProtocol // only a server may push
+		}
+		if code != http2.ErrCodeNo {
+			c.goAwayNow(code)
+			return
+		}
+	}
+}
+
+// onHeaders starts a call, or ends one when they are its trailers.
+func (c *conn) onHeaders(f *http2.MetaHeadersFrame) http2.ErrCode {
+	id := f.StreamID
+	if id%2 == 0 {
+		return http2.ErrCodeProtocol
+	}
+	if id <= c.maxStreamID.Load() {
+		c.smu.Lock()
+		st := c.streams[id]
+		c.smu.Unlock()
+		if st == nil || st.ended {
+			return http2.ErrCodeStreamClosed
+		}
+		if !f.StreamEnded() {
+			return http2.ErrCodeProtocol // trailers end the stream
+		}
+		return c.end(st)
+	}
+	c.maxStreamID.Store(id)
+	c.smu.Lock()
+	draining, lastID, open := c.draining, c.lastID, len(c.streams)
+	c.smu.Unlock()
+	if draining && id > lastID {
+		return http2.ErrCodeNo // past the GOAWAY: the client knows it was not served
+	}
+	if f.Truncated {
+		c.resetStream(id, http2.ErrCodeFrameSize)
+		return http2.ErrCodeNo
+	}
+	if f.HasPriority() && f.Priority.StreamDep == id {
+		c.resetStream(id, http2.ErrCodeProtocol) // a stream depending on itself
+		return http2.ErrCodeNo
+	}
+	if open >= int(c.srv.opts.MaxConcurrentStreams) {
+		c.resetStream(id, http2.ErrCodeRefusedStream)
+		return http2.ErrCodeNo
+	}
+	req, err := parseHeaders(f.Fields)
+	if errors.Is(err, errMalformed) {
+		c.resetStream(id, http2.ErrCodeProtocol)
+		return http2.ErrCodeNo
+	}
+
+	// peerWindow changes on the reader goroutine only (onSettings).
+	st := &stream{c: c, id: id, recvLeft: initialWindow - 1, sendWindow: c.peerWindow, contentLength: req.contentLength}
+	var he *httpError
+	if errors.As(err, &he) {
+		// Not gRPC: answered once the request has come, as HTTP servers do.
+		st.refusal = he
+		c.smu.Lock()
+		c.streams[id] = st
+		c.smu.Unlock()
+		if f.StreamEnded() {
+			return c.end(st)
+		}
+		return http2.ErrCodeNo
+	}
+	if err == nil {
+		st.path = req.path
+		if req.timeout >= 0 {
+			st.ctx, st.cancel = context.WithTimeout(c.ctx, req.timeout)
+		} else {
+			st.ctx, st.cancel = context.WithCancel(c.ctx)
+		}
+		if len(req.md) > 0 {
+			st.ctx = newIncomingContext(st.ctx, req.md)
+		}
+		err = c.srv.lookup(st)
+	}
+	if err == nil && c.srv.opts.Tap != nil {
+		var tapped context.Context
+		tapped, err = c.srv.opts.Tap(st.ctx, tapInfo(req))
+		if err == nil && tapped != nil {
+			st.ctx = tapped
+		}
+	}
+	st.ended = f.StreamEnded()
+	if err == nil && st.method.stream != nil {
+		st.inbox = &inbox{ready: make(chan struct{}, 1)}
+		st.started = true
+	}
+	c.smu.Lock()
+	c.streams[id] = st
+	c.smu.Unlock()
+	switch {
+	case err != nil:
+		// Refused before its message is read (grpc-go's early abort).
+		c.answerEarly(st, err)
+		return http2.ErrCodeNo
+	case st.inbox != nil:
+		// A streaming handler starts now and reads messages as they come.
+		c.srv.handlers.Add(1)
+		go c.handleStream(st)
+		if st.ended {
+			st.inbox.end()
+		}
+		return http2.ErrCodeNo
+	case st.ended:
+		return c.end(st)
+	}
+	return http2.ErrCodeNo
+}
+
+// onData adds a DATA frame to its call's message.
+func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
+	n := f.Length
+	c.connRecvLeft -= int64(n)
+	if c.connRecvLeft < 0 {
+		return http2.ErrCodeFlowControl
+	}
+	c.connUnacked += n
+	if c.connUnacked >= connWindow/2 {
+		unacked := c.connUnacked
+		c.connUnacked = 0
+		c.connRecvLeft += int64(unacked)
+		if c.write(func() error { return c.fr.WriteWindowUpdate(0, unacked) }) != nil {
+			return http2.ErrCodeInternal
+		}
+	}
+	id := f.StreamID
+	c.smu.Lock()
+	st := c.streams[id]
+	c.smu.Unlock()
+	switch {
+	case st == nil && id > c.maxStreamID.Load():
+		return http2.ErrCodeProtocol // DATA on a stream never opened
+	case st == nil, st.ended:
+		c.resetStream(id, http2.ErrCodeStreamClosed)
+		return http2.ErrCodeNo
+	}
+	st.recvLeft -= int64(n)
+	if st.recvLeft < 0 {
+		c.resetStream(id, http2.ErrCodeFlowControl)
+		return http2.ErrCodeNo
+	}
+	st.received += int64(len(f.Data()))
+	if st.contentLength >= 0 && st.received > st.contentLength {
+		c.resetStream(id, http2.ErrCodeProtocol)
+		return http2.ErrCodeNo
+	}
+	if st.inbox != nil {
+		if err := st.inbox.add(f.Data(), c.srv.opts.MaxRecvMsgSize); err != nil {
+			c.resetStream(id, http2.ErrCodeEnhanceYourCalm)
+			return http2.ErrCodeNo
+		}
+	} else if st.refusal == nil {
+		if size, ok := st.take(f.Data(), c.srv.opts.MaxRecvMsgSize); !ok {
+			c.answerEarly(st, errTooLarge(size, c.srv.opts.MaxRecvMsgSize))
+			return http2.ErrCodeNo
+		}
+	}
+	if f.StreamEnded() {
+		return c.end(st)
+	}
+	st.unacked += n
+	if st.unacked >= initialWindow/2 {
+		unacked := st.unacked
+		st.unacked = 0
+		st.recvLeft += int64(unacked)
+		if c.write(func() error { return c.fr.WriteWindowUpdate(id, unacked) }) != nil {
+			return http2.ErrCodeInternal
+		}
+	}
+	return http2.ErrCodeNo
+}
+
+// take appends a DATA payload to the request, sizing the buffer for the
+// whole message once its length is known. Past max it keeps nothing and
+// returns the message's size (as announced, or as received so far).
+func (st *stream) take(p []byte, max int) (int, bool) {
+	if st.buf == nil && len(p) >= 5 {
+		n := int(uint32(p[1])<<24 | uint32(p[2])<<16 | uint32(p[3])<<8 | uint32(p[4]))
+		if n > max {
+			return n, false
+		}
+		st.buf = make([]byte, 0, 5+n)
+	}
+	if len(st.buf)+len(p) > 5+max {
+		return len(st.buf) + len(p) - 5, false
+	}
+	st.buf = append(st.buf, p...)
+	return 0, true
+}
+
+// end marks st's request whole and dispatches it to a handler, or
+// answers a request that is not gRPC.
+func (c *conn) end(st *stream) http2.ErrCode {
+	st.ended = true
+	if st.contentLength >= 0 && st.received != st.contentLength {
+		c.resetStream(st.id, http2.ErrCodeProtocol)
+		return http2.ErrCodeNo
+	}
+	if st.inbox != nil {
+		st.inbox.end()
+		return http2.ErrCodeNo
+	}
+	st.started = true
+	if st.refusal != nil {
+		// Its body waits for flow control, which the reader must not.
+		c.srv.handlers.Add(1)
+		go c.answerHTTP(st)
+		return http2.ErrCodeNo
+	}
+	c.srv.dispatch(st)
+	return http2.ErrCodeNo
+}
+
+// finish forgets st: its handler returned, or it never had one. It closes
+// a draining connection whose last stream this was.
+func (c *conn) finish(st *stream) {
+	if st.cancel != nil {
+		st.cancel()
+	}
+	c.smu.Lock()
+	delete(c.streams, st.id)
+	done := c.draining && len(c.streams) == 0
+	c.smu.Unlock()
+	if done {
+		c.close()
+	}
+}
+
+func (c *conn) onSettings(f *http2.SettingsFrame) http2.ErrCode {
+	if f.IsAck() {
+		return http2.ErrCodeNo
+	}
+	var code http2.ErrCode
+	err := c.write(func() error {
+		err := f.ForeachSetting(func(s http2.Setting) error {
+			if err := s.Valid(); err != nil {
+				return err
+			}
+			switch s.ID {
+			case http2.SettingInitialWindowSize:
+				delta := int64(s.Val) - c.peerWindow
+				c.peerWindow = int64(s.Val)
+				c.smu.Lock()
+				for _, st := range c.streams {
+					st.sendWindow += delta
+				}
+				c.smu.Unlock()
+				c.wcond.Broadcast()
+			case http2.SettingMaxFrameSize:
+				c.peerFrame = s.Val
+			case http2.SettingHeaderTableSize:
+				c.henc.SetMaxDynamicTableSizeLimit(s.Val)
+			}
+			return nil
+		})
+		if err != nil {
+			var ce http2.ConnectionError
+			if errors.As(err, &ce) {
+				code = http2.ErrCode(ce)
+			} else {
+				code = http2.ErrCodeProtocol
+			}
+			return nil
+		}
+		return c.fr.WriteSettingsAck()
+	})
+	if err != nil && code == http2.ErrCodeNo {
+		code = http2.ErrCodeInternal
+	}
+	return code
+}
+
+func (c *conn) onPing(f *http2.PingFrame) http2.ErrCode {
+	if f.IsAck() {
+		if f.Data == pingData(goAwayPing) {
+			c.goAwayFinal()
+		}
+		return http2.ErrCodeNo
+	}
+	if c.write(func() error { return c.fr.WritePing(true, f.Data) }) != nil {
+		return http2.ErrCodeInternal
+	}
+	return http2.ErrCodeNo
+}
+
+func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) http2.ErrCode {
+	var st *stream
+	if f.StreamID != 0 {
+		c.smu.Lock()
+		st = c.streams[f.StreamID]
+		c.smu.Unlock()
+		if st == nil {
+			if f.StreamID > c.maxStreamID.Load() {
+				return http2.ErrCodeProtocol // a stream never opened
+			}
+			return http2.ErrCodeNo // over already
+		}
+	}
+	var code http2.ErrCode
+	c.write(func() error {
+		w := &c.sendWindow
+		if st != nil {
+			w = &st.sendWindow
+		}
+		*w += int64(f.Increment)
+		if *w > math.MaxInt32 {
+			if st == nil {
+				code = http2.ErrCodeFlowControl
+			} else {
+				st.reset = true
+				c.fr.WriteRSTStream(st.id, http2.ErrCodeFlowControl)
+			}
+		}
+		c.wcond.Broadcast()
+		return nil
+	})
+	return code
+}
+
+// onReset ends a stream the client reset: its handler's context is
+// canceled and nothing more is written on it.
+func (c *conn) onReset(f *http2.RSTStreamFrame) http2.ErrCode {
+	c.smu.Lock()
+	st := c.streams[f.StreamID]
+	c.smu.Unlock()
+	if st == nil {
+		if f.StreamID > c.maxStreamID.Load() {
+			return http2.ErrCodeProtocol // a stream never opened
+		}
+		return http2.ErrCodeNo
+	}
+	c.write(func() error {
+		st.reset = true
+		c.wcond.Broadcast()
+		return nil
+	})
+	if st.cancel != nil {
+		st.cancel()
+	}
+	if !st.started {
+		c.finish(st)
+	}
+	return http2.ErrCodeNo
+}
+
+// resetStream resets stream id: a handler running sees its context
+// canceled, a stream not yet dispatched is forgotten.
+func (c *conn) resetStream(id uint32, code http2.ErrCode) {
+	c.smu.Lock()
+	st := c.streams[id]
+	c.smu.Unlock()
+	c.write(func() error {
+		if st != nil {
+			st.reset = true
+			c.wcond.Broadcast()
+		}
+		return c.fr.WriteRSTStream(id, code)
+	})
+	if st == nil {
+		return
+	}
+	if st.cancel != nil {
+		st.cancel()
+	}
+	if !st.started {
+		c.finish(st)
+	}
+}
+
+// drain starts a graceful close: a GOAWAY that lets streams in flight
+// finish, and a PING; when its answer is back, every stream the client
+// opened before the GOAWAY has arrived, and a second GOAWAY names the last.
+// A client that does not answer gets the second GOAWAY after a second.
+func (c *conn) drain() {
+	err := c.write(func() error {
+		if c.goAwaySent || c.closed {
+			return errAlreadyDraining
+		}
+		c.goAwaySent = true
+		if err := c.fr.WriteGoAway(math.MaxInt32, http2.ErrCodeNo, nil); err != nil {
+			return err
+		}
+		return c.fr.WritePing(false, pingData(goAwayPing))
+	})
+	if err != nil {
+		return
+	}
+	time.AfterFunc(time.Second, c.goAwayFinal)
+	if grace := c.srv.opts.MaxConnectionAgeGrace; grace > 0 {
+		time.AfterFunc(grace+time.Second, c.close)
+	}
+}
+
+var errAlreadyDraining = errors.New("draining already")
+
+// goAwayFinal sends the GOAWAY naming the last stream served, and closes
+// the connection if none is in flight.
+func (c *conn) goAwayFinal() {
+	c.smu.Lock()
+	if c.draining {
+		c.smu.Unlock()
+		return
+	}
+	c.draining = true
+	// The reader is the only writer of maxStreamID; a stream it reads
+	// after this is past lastID and dropped, and the client retries it.
+	c.lastID = c.maxStreamID.Load()
+	lastID, idle := c.lastID, len(c.streams) == 0
+	c.smu.Unlock()
+	c.write(func() error { return c.fr.WriteGoAway(lastID, http2.ErrCodeNo, nil) })
+	if idle {
+		c.close()
+	}
+}
+
+// goAwayNow ends the connection for a protocol error.
+func (c *conn) goAwayNow(code http2.ErrCode) {
+	c.write(func() error { return c.fr.WriteGoAway(c.maxStreamID.Load(), code, nil) })
+}
+
+// close closes the connection, after writing what is pending (with a
+// short deadline: a client that does not read is not waited for); calls in
+// flight see their contexts canceled.
+func (c *conn) close() {
+	c.wmu.Lock()
+	already := c.closed
+	c.closed = true
+	pending := c.out
+	c.out = nil
+	c.wcond.Broadcast()
+	c.wmu.Unlock()
+	if already {
+		return
+	}
+	if c.ageTimer != nil {
+		c.ageTimer.Stop()
+	}
+	c.cancel()
+	if len(pending) > 0 {
+		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		c.nc.Write(pending)
+	}
+	c.nc.Close()
+}
+
+// errClosed is the error of a write on a closed connection.
+var errClosed = errors.New("grpcunary: connection closed")
+
+// maxPending bounds the bytes waiting for the flusher: past it, writers
+// wait, the reader among them, so a client that does not read its answers
+// stops being read.
+const maxPending = 1 << 20
+
+// write runs fn with the write side held; the frames fn writes go out
+// with the flusher's next write.
+func (c *conn) write(fn func() error) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	for len(c.out) > maxPending && !c.closed {
+		c.wcond.Wait()
+	}
+	if c.closed {
+		return errClosed
+	}
+	err := fn()
+	c.queueFlush()
+	return err
+}
+
+// queueFlush wakes the flusher if frames wait (wmu held).
+func (c *conn) queueFlush() {
+	if len(c.out) > 0 && !c.flushQueued {
+		c.flushQueued = true
+		c.flush <- struct{}{}
+	}
+}
+
+// flusher writes the frames the connection's writers leave in out. Woken,
+// it first yields the processor, as grpc-go's writer does: the handlers
+// runnable then add their answers, and one system call sends them all.
+func (c *conn) flusher() {
+	for {
+		select {
+		case <-c.flush:
+		case <-c.ctx.Done():
+			return
+		}
+		runtime.Gosched()
+		c.wmu.Lock()
+		buf := c.out
+		c.out, c.spare = c.spare[:0], nil
+		c.flushQueued = false
+		c.wmu.Unlock()
+		if len(buf) == 0 {
+			continue
+		}
+		_, err := c.nc.Write(buf)
+		if err != nil {
+			c.close()
+			return
+		}
+		c.wmu.Lock()
+		if cap(buf) <= 4*bufferSize {
+			c.spare = buf[:0]
+		}
+		c.wcond.Broadcast()
+		c.wmu.Unlock()
+	}
+}
+
+// outWriter is the framer's writer: frames go to out (wmu held).
+type outWriter struct{ c *conn }
+
+func (w outWriter) Write(p []byte) (int, error) {
+	w.c.out = append(w.c.out, p...)
+	return len(p), nil
+}
+
+func pingData(v uint64) (d [8]byte) {
+	for i := range d {
+		d[7-i] = byte(v >> (8 * i))
+	}
+	return d
+}
