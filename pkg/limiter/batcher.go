@@ -221,7 +221,9 @@ type send struct {
 	asking bool // an ASK redirection: ASKING goes first
 	// resends counts the re-sends for other reasons than TRYAGAIN.
 	resends int
-	cmd     *redis.Cmd
+	// cmd is the command as last sent: a *redis.Cmd for a script call, a
+	// *redis.IntSliceCmd for a decide call.
+	cmd redis.Cmder
 }
 
 // form is how a command reaches Redis.
@@ -240,10 +242,10 @@ func (b *batcher) exec(batch []*call) {
 	sends := b.perform(ctx, b.sends(batch))
 	for _, s := range sends {
 		if s.script != nil {
-			s.calls[0].done <- outcome{cmd: s.cmd}
+			s.calls[0].done <- outcome{cmd: s.cmd.(*redis.Cmd)}
 			continue
 		}
-		vals, err := s.cmd.Int64Slice()
+		vals, err := s.cmd.(*redis.IntSliceCmd).Result()
 		if err == nil && len(vals) != 4*len(s.keys) {
 			err = fmt.Errorf("%w: %d values for %d hits", errBadReply, len(vals), len(s.keys))
 		}
@@ -352,7 +354,9 @@ func (s *send) split(ctx context.Context) []*send {
 	}
 	parts := make([]*send, len(s.calls))
 	for i, c := range s.calls {
-		parts[i] = &send{calls: []*call{c}, keys: c.keys, args: c.args, form: s.form, target: s.target, asking: s.asking, resends: s.resends, cmd: errCmd(ctx, s.cmd.Err())}
+		cmd := redis.NewIntSliceCmd(ctx)
+		cmd.SetErr(s.cmd.Err())
+		parts[i] = &send{calls: []*call{c}, keys: c.keys, args: c.args, form: s.form, target: s.target, asking: s.asking, resends: s.resends, cmd: cmd}
 	}
 	return parts
 }
@@ -360,18 +364,19 @@ func (s *send) split(ctx context.Context) []*send {
 // pipeline sends group to target in one pipeline.
 func (b *batcher) pipeline(ctx context.Context, target redis.UniversalClient, group []*send) {
 	pipe := target.Pipeline()
-	cmds := make([]*redis.Cmd, 0, len(group))
+	cmds := make([]redis.Cmder, 0, len(group))
 	for _, s := range group {
 		if s.asking {
 			pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
 		}
 		switch {
-		case s.script == nil && s.form == formFunction:
-			s.cmd = pipe.FCall(ctx, lua.DecideFunction, s.keys, s.args...)
+		case s.script == nil:
+			s.cmd = decideCmd(ctx, s.form, s.keys, s.args)
+			pipe.Process(ctx, s.cmd)
 		case s.form == formEval:
-			s.cmd = s.scriptOrDecide().Eval(ctx, pipe, s.keys, s.args...)
+			s.cmd = s.script.Eval(ctx, pipe, s.keys, s.args...)
 		default:
-			s.cmd = s.scriptOrDecide().EvalSha(ctx, pipe, s.keys, s.args...)
+			s.cmd = s.script.EvalSha(ctx, pipe, s.keys, s.args...)
 		}
 		cmds = append(cmds, s.cmd)
 	}
@@ -379,11 +384,25 @@ func (b *batcher) pipeline(ctx context.Context, target redis.UniversalClient, gr
 	failCommandsNotRun(cmds, err)
 }
 
-func (s *send) scriptOrDecide() *redis.Script {
-	if s.script != nil {
-		return s.script
+// decideCmd is the decide call in form f: the command go-redis's FCall,
+// EvalSha and Eval build, word for word, but reading the reply straight
+// into integers rather than boxing each in an interface.
+func decideCmd(ctx context.Context, f form, keys []string, args []any) *redis.IntSliceCmd {
+	name, code := "fcall", lua.DecideFunction
+	switch f {
+	case formSHA:
+		name, code = "evalsha", decideScript.Hash()
+	case formEval:
+		name, code = "eval", lua.Decide
 	}
-	return decideScript
+	cmdArgs := make([]any, 3, 3+len(keys)+len(args))
+	cmdArgs[0], cmdArgs[1], cmdArgs[2] = name, code, len(keys)
+	for _, key := range keys {
+		cmdArgs = append(cmdArgs, key)
+	}
+	cmd := redis.NewIntSliceCmd(ctx, append(cmdArgs, args...)...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
 }
 
 // resending is what retry says of a command.
@@ -492,15 +511,26 @@ func (b *batcher) prepare(ctx context.Context) error {
 // without an answer: go-redis reports a failure before sending (a refused
 // connection, a wrong password) only from Exec, and leaves the commands
 // untouched.
-func failCommandsNotRun(cmds []*redis.Cmd, err error) {
+func failCommandsNotRun(cmds []redis.Cmder, err error) {
 	if err == nil {
 		return
 	}
 	for _, cmd := range cmds {
-		if cmd.Err() == nil && cmd.Val() == nil {
+		if cmd.Err() == nil && !answered(cmd) {
 			cmd.SetErr(err)
 		}
 	}
+}
+
+// answered reports whether cmd, one of the batcher's, holds a reply.
+func answered(cmd redis.Cmder) bool {
+	switch cmd := cmd.(type) {
+	case *redis.Cmd:
+		return cmd.Val() != nil
+	case *redis.IntSliceCmd:
+		return cmd.Val() != nil
+	}
+	return true
 }
 
 func errCmd(ctx context.Context, err error) *redis.Cmd {
