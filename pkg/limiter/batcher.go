@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -214,6 +216,7 @@ func (b *batcher) deadline(batch []*call) time.Time {
 type send struct {
 	calls  []*call
 	script *redis.Script // nil: decide
+	slot   int           // a decide's
 	keys   []string
 	args   []any
 	form   form
@@ -269,17 +272,29 @@ func (b *batcher) sends(batch []*call) []*send {
 		decideForm = formSHA
 	}
 	var sends []*send
-	slots := map[int]*send{}
+	// last is the decide of the slot seen last; slots, made when a second
+	// slot shows up (never outside a cluster), holds every slot's.
+	var last *send
+	var slots map[int]*send
 	for _, c := range batch {
 		if c.script != nil {
 			sends = append(sends, &send{calls: []*call{c}, script: c.script, keys: c.keys, args: c.args, form: formSHA, target: b.server})
 			continue
 		}
-		s := slots[c.slot]
-		if s == nil {
-			s = &send{form: decideForm, target: b.server}
-			slots[c.slot] = s
-			sends = append(sends, s)
+		s := last
+		if s == nil || s.slot != c.slot {
+			if last != nil && slots == nil {
+				slots = map[int]*send{last.slot: last}
+			}
+			s = slots[c.slot]
+			if s == nil {
+				s = &send{slot: c.slot, form: decideForm, target: b.server}
+				if slots != nil {
+					slots[c.slot] = s
+				}
+				sends = append(sends, s)
+			}
+			last = s
 		}
 		s.calls = append(s.calls, c)
 		s.keys = append(s.keys, c.keys...)
@@ -305,12 +320,8 @@ func (b *batcher) perform(ctx context.Context, ss []*send) []*send {
 	var last []*send
 	wait := time.Millisecond
 	for len(ss) > 0 {
-		byTarget := map[redis.UniversalClient][]*send{}
-		for _, s := range ss {
-			byTarget[s.target] = append(byTarget[s.target], s)
-		}
-		for target, group := range byTarget {
-			b.pipeline(ctx, target, group)
+		for _, group := range byTarget(ss) {
+			b.pipeline(ctx, group[0].target, group)
 		}
 		var again []*send
 		tryAgain := false
@@ -341,6 +352,21 @@ func (b *batcher) perform(ctx context.Context, ss []*send) []*send {
 		ss = again
 	}
 	return last
+}
+
+// byTarget groups ss by target, keeping their order. Outside a cluster,
+// and on a cluster but for redirections, there is one target.
+func byTarget(ss []*send) [][]*send {
+	for _, s := range ss {
+		if s.target != ss[0].target {
+			groups := map[redis.UniversalClient][]*send{}
+			for _, s := range ss {
+				groups[s.target] = append(groups[s.target], s)
+			}
+			return slices.Collect(maps.Values(groups))
+		}
+	}
+	return [][]*send{ss}
 }
 
 // split turns a decide call of several requests, which Redis refused with

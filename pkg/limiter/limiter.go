@@ -409,12 +409,14 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	}
 	ctx, cancel := l.withDeadline(ctx)
 	defer cancel()
-	tokens := make([]int64, len(hits))
-	slots, groups := l.groups(hits, sent)
-	if len(groups) == 1 {
-		return verdicts, l.run(ctx, hits, slots[0], groups[0], charge, true, verdicts, tokens)
+	if slot := l.router.slot(hits[sent[0]].Key); l.inSlot(hits, sent, slot) {
+		// Nearly always (always outside a cluster): one group, which needs
+		// no refund tokens.
+		return verdicts, l.run(ctx, hits, slot, sent, charge, true, verdicts, nil)
 	}
 
+	tokens := make([]int64, len(hits))
+	slots, groups := l.groups(hits, sent)
 	errs := make([]error, len(groups))
 	var wg sync.WaitGroup
 	for g, group := range groups {
@@ -443,6 +445,16 @@ func (l *Limiter) withDeadline(ctx context.Context) (context.Context, context.Ca
 	return context.WithDeadline(ctx, deadline)
 }
 
+// inSlot reports whether the hits at indexes sent are all in slot.
+func (l *Limiter) inSlot(hits []Hit, sent []int, slot int) bool {
+	for _, i := range sent {
+		if l.router.slot(hits[i].Key) != slot {
+			return false
+		}
+	}
+	return true
+}
+
 // groups splits the hits at indexes sent by hash slot, keeping their order.
 func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 	for _, i := range sent {
@@ -459,9 +471,9 @@ func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 }
 
 // run decides the hits at indexes group, which share slot, as one request
-// of a batch, and writes their verdicts and refund tokens. With quotas
-// false, quota hits go as shadow hits. On an error the verdicts follow each
-// hit's failure mode.
+// of a batch, and writes their verdicts, and their refund tokens when
+// tokens is not nil. With quotas false, quota hits go as shadow hits. On an
+// error the verdicts follow each hit's failure mode.
 func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, charge, quotas bool, verdicts []Verdict, tokens []int64) error {
 	keys := make([]string, len(group))
 	args := make([]any, 1, 1+4*len(group))
@@ -507,7 +519,9 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 			Remaining:  uint64(max(r[1], 0)),
 			ResetAfter: time.Duration(r[2]) * time.Microsecond,
 		}
-		tokens[i] = r[3]
+		if tokens != nil {
+			tokens[i] = r[3]
+		}
 	}
 	return nil
 }
