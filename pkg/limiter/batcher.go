@@ -49,10 +49,13 @@ type batcher struct {
 
 // call is one store call waiting for its batch.
 type call struct {
-	// ctx is the caller's, with the deadline by which the answer is still
-	// of use: a call whose caller left is not sent.
-	ctx  context.Context
-	slot int
+	// ctx is the caller's: a call whose caller left is not sent.
+	ctx context.Context
+	// deadline is when the answer stops being of use, at most the caller's
+	// own deadline: a call not sent by then is not sent, and its caller
+	// stops waiting then.
+	deadline time.Time
+	slot     int
 	// script is the script to run, or nil for a decide request, which
 	// shares one decide call with the other requests of its slot.
 	script *redis.Script
@@ -96,28 +99,42 @@ func newBatcher(server redis.UniversalClient, timeout time.Duration, node func(c
 }
 
 // decide queues a decide request of the hits at keys, with their args in
-// decide.lua's form, and returns its four values per hit.
-func (b *batcher) decide(ctx context.Context, slot int, keys []string, args []any) ([]int64, error) {
-	o := b.enqueue(&call{ctx: ctx, slot: slot, keys: keys, args: args})
+// decide.lua's form, to be answered by deadline, and returns its four values
+// per hit.
+func (b *batcher) decide(ctx context.Context, deadline time.Time, slot int, keys []string, args []any) ([]int64, error) {
+	o := b.enqueue(&call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, args: args})
 	return o.vals, o.err
 }
 
-// do runs script on its own (not merged with others) in the next batch.
+// do runs script on its own (not merged with others) in the next batch, by
+// ctx's deadline and at most the store timeout from now.
 func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
-	o := b.enqueue(&call{ctx: ctx, script: script, keys: keys, args: args})
+	deadline := time.Now().Add(b.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	o := b.enqueue(&call{ctx: ctx, deadline: deadline, script: script, keys: keys, args: args})
 	if o.err != nil {
 		return errCmd(ctx, o.err)
 	}
 	return o.cmd
 }
 
-// enqueue queues c and waits for its outcome or its caller's deadline.
+// enqueue queues c and waits for its outcome, its deadline or its caller's
+// leaving. The caller's context ends after the deadline (see
+// maxAnswerMargin), so a timer ends the wait: a call still queued when
+// both workers are stuck, or sent in a batch that waits for later
+// deadlines than its own, is answered in time.
 func (b *batcher) enqueue(c *call) outcome {
 	c.done = make(chan outcome, 1)
+	expiry := time.NewTimer(time.Until(c.deadline))
+	defer expiry.Stop()
 	select {
 	case b.calls <- c:
 	case <-c.ctx.Done():
 		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, c.ctx.Err())}
+	case <-expiry.C:
+		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, context.DeadlineExceeded)}
 	case <-b.stop:
 		return outcome{err: errBatcherStopped}
 	}
@@ -125,15 +142,9 @@ func (b *batcher) enqueue(c *call) outcome {
 	case o := <-c.done:
 		return o
 	case <-c.ctx.Done():
-		select {
-		case o := <-c.done: // decided (and maybe charged) just in time
-			return o
-		default:
-		}
-		if c.sent.Load() {
-			return outcome{err: c.ctx.Err()} // the store was too slow
-		}
-		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, c.ctx.Err())}
+		return c.late(c.ctx.Err())
+	case <-expiry.C:
+		return c.late(context.DeadlineExceeded)
 	case <-b.stop:
 		select {
 		case o := <-c.done:
@@ -142,6 +153,19 @@ func (b *batcher) enqueue(c *call) outcome {
 		}
 		return outcome{err: errBatcherStopped}
 	}
+}
+
+// late is the outcome of a queued call whose wait ended by err.
+func (c *call) late(err error) outcome {
+	select {
+	case o := <-c.done: // decided (and maybe charged) just in time
+		return o
+	default:
+	}
+	if c.sent.Load() {
+		return outcome{err: err} // the store was too slow
+	}
+	return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}
 }
 
 // errBatcherStopped answers the calls a batcher stopped before sending:
@@ -178,12 +202,16 @@ func (b *batcher) work() {
 	}
 }
 
-// add appends c to batch unless its caller has already been answered (its
-// deadline passed while it queued): sending it now would charge a request
-// that was answered by failure mode.
+// add appends c to batch unless its caller has already been answered (it
+// left, or its deadline passed while it queued): sending it now would
+// charge a request that was answered by failure mode.
 func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
 	c.sent.Store(true) // before the check: a caller that saw it unset was not sent
-	if err := c.ctx.Err(); err != nil {
+	err := c.ctx.Err()
+	if err == nil && !time.Now().Before(c.deadline) {
+		err = context.DeadlineExceeded
+	}
+	if err != nil {
 		c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}
 		return batch, hits
 	}
@@ -197,12 +225,8 @@ func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
 	for _, c := range batch {
-		d, ok := c.ctx.Deadline()
-		if !ok {
-			return limit
-		}
-		if d.After(latest) {
-			latest = d
+		if c.deadline.After(latest) {
+			latest = c.deadline
 		}
 	}
 	if latest.After(limit) {
