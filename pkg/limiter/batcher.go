@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,10 +49,13 @@ type batcher struct {
 
 // call is one store call waiting for its batch.
 type call struct {
-	// ctx is the caller's, with the deadline by which the answer is still
-	// of use: a call whose caller left is not sent.
-	ctx  context.Context
-	slot int
+	// ctx is the caller's: a call whose caller left is not sent.
+	ctx context.Context
+	// deadline is when the answer stops being of use, at most the caller's
+	// own deadline: a call not sent by then is not sent, and its caller
+	// stops waiting then.
+	deadline time.Time
+	slot     int
 	// script is the script to run, or nil for a decide request, which
 	// shares one decide call with the other requests of its slot.
 	script *redis.Script
@@ -94,28 +99,42 @@ func newBatcher(server redis.UniversalClient, timeout time.Duration, node func(c
 }
 
 // decide queues a decide request of the hits at keys, with their args in
-// decide.lua's form, and returns its four values per hit.
-func (b *batcher) decide(ctx context.Context, slot int, keys []string, args []any) ([]int64, error) {
-	o := b.enqueue(&call{ctx: ctx, slot: slot, keys: keys, args: args})
+// decide.lua's form, to be answered by deadline, and returns its four values
+// per hit.
+func (b *batcher) decide(ctx context.Context, deadline time.Time, slot int, keys []string, args []any) ([]int64, error) {
+	o := b.enqueue(&call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, args: args})
 	return o.vals, o.err
 }
 
-// do runs script on its own (not merged with others) in the next batch.
+// do runs script on its own (not merged with others) in the next batch, by
+// ctx's deadline and at most the store timeout from now.
 func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
-	o := b.enqueue(&call{ctx: ctx, script: script, keys: keys, args: args})
+	deadline := time.Now().Add(b.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	o := b.enqueue(&call{ctx: ctx, deadline: deadline, script: script, keys: keys, args: args})
 	if o.err != nil {
 		return errCmd(ctx, o.err)
 	}
 	return o.cmd
 }
 
-// enqueue queues c and waits for its outcome or its caller's deadline.
+// enqueue queues c and waits for its outcome, its deadline or its caller's
+// leaving. The caller's context ends after the deadline (see
+// maxAnswerMargin), so a timer ends the wait: a call still queued when
+// both workers are stuck, or sent in a batch that waits for later
+// deadlines than its own, is answered in time.
 func (b *batcher) enqueue(c *call) outcome {
 	c.done = make(chan outcome, 1)
+	expiry := time.NewTimer(time.Until(c.deadline))
+	defer expiry.Stop()
 	select {
 	case b.calls <- c:
 	case <-c.ctx.Done():
 		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, c.ctx.Err())}
+	case <-expiry.C:
+		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, context.DeadlineExceeded)}
 	case <-b.stop:
 		return outcome{err: errBatcherStopped}
 	}
@@ -123,15 +142,9 @@ func (b *batcher) enqueue(c *call) outcome {
 	case o := <-c.done:
 		return o
 	case <-c.ctx.Done():
-		select {
-		case o := <-c.done: // decided (and maybe charged) just in time
-			return o
-		default:
-		}
-		if c.sent.Load() {
-			return outcome{err: c.ctx.Err()} // the store was too slow
-		}
-		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, c.ctx.Err())}
+		return c.late(c.ctx.Err())
+	case <-expiry.C:
+		return c.late(context.DeadlineExceeded)
 	case <-b.stop:
 		select {
 		case o := <-c.done:
@@ -140,6 +153,19 @@ func (b *batcher) enqueue(c *call) outcome {
 		}
 		return outcome{err: errBatcherStopped}
 	}
+}
+
+// late is the outcome of a queued call whose wait ended by err.
+func (c *call) late(err error) outcome {
+	select {
+	case o := <-c.done: // decided (and maybe charged) just in time
+		return o
+	default:
+	}
+	if c.sent.Load() {
+		return outcome{err: err} // the store was too slow
+	}
+	return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}
 }
 
 // errBatcherStopped answers the calls a batcher stopped before sending:
@@ -176,12 +202,16 @@ func (b *batcher) work() {
 	}
 }
 
-// add appends c to batch unless its caller has already been answered (its
-// deadline passed while it queued): sending it now would charge a request
-// that was answered by failure mode.
+// add appends c to batch unless its caller has already been answered (it
+// left, or its deadline passed while it queued): sending it now would
+// charge a request that was answered by failure mode.
 func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
 	c.sent.Store(true) // before the check: a caller that saw it unset was not sent
-	if err := c.ctx.Err(); err != nil {
+	err := c.ctx.Err()
+	if err == nil && !time.Now().Before(c.deadline) {
+		err = context.DeadlineExceeded
+	}
+	if err != nil {
 		c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}
 		return batch, hits
 	}
@@ -195,12 +225,8 @@ func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
 	for _, c := range batch {
-		d, ok := c.ctx.Deadline()
-		if !ok {
-			return limit
-		}
-		if d.After(latest) {
-			latest = d
+		if c.deadline.After(latest) {
+			latest = c.deadline
 		}
 	}
 	if latest.After(limit) {
@@ -214,6 +240,7 @@ func (b *batcher) deadline(batch []*call) time.Time {
 type send struct {
 	calls  []*call
 	script *redis.Script // nil: decide
+	slot   int           // a decide's
 	keys   []string
 	args   []any
 	form   form
@@ -221,7 +248,9 @@ type send struct {
 	asking bool // an ASK redirection: ASKING goes first
 	// resends counts the re-sends for other reasons than TRYAGAIN.
 	resends int
-	cmd     *redis.Cmd
+	// cmd is the command as last sent: a *redis.Cmd for a script call, a
+	// *redis.IntSliceCmd for a decide call.
+	cmd redis.Cmder
 }
 
 // form is how a command reaches Redis.
@@ -240,10 +269,10 @@ func (b *batcher) exec(batch []*call) {
 	sends := b.perform(ctx, b.sends(batch))
 	for _, s := range sends {
 		if s.script != nil {
-			s.calls[0].done <- outcome{cmd: s.cmd}
+			s.calls[0].done <- outcome{cmd: s.cmd.(*redis.Cmd)}
 			continue
 		}
-		vals, err := s.cmd.Int64Slice()
+		vals, err := s.cmd.(*redis.IntSliceCmd).Result()
 		if err == nil && len(vals) != 4*len(s.keys) {
 			err = fmt.Errorf("%w: %d values for %d hits", errBadReply, len(vals), len(s.keys))
 		}
@@ -267,17 +296,29 @@ func (b *batcher) sends(batch []*call) []*send {
 		decideForm = formSHA
 	}
 	var sends []*send
-	slots := map[int]*send{}
+	// last is the decide of the slot seen last; slots, made when a second
+	// slot shows up (never outside a cluster), holds every slot's.
+	var last *send
+	var slots map[int]*send
 	for _, c := range batch {
 		if c.script != nil {
 			sends = append(sends, &send{calls: []*call{c}, script: c.script, keys: c.keys, args: c.args, form: formSHA, target: b.server})
 			continue
 		}
-		s := slots[c.slot]
-		if s == nil {
-			s = &send{form: decideForm, target: b.server}
-			slots[c.slot] = s
-			sends = append(sends, s)
+		s := last
+		if s == nil || s.slot != c.slot {
+			if last != nil && slots == nil {
+				slots = map[int]*send{last.slot: last}
+			}
+			s = slots[c.slot]
+			if s == nil {
+				s = &send{slot: c.slot, form: decideForm, target: b.server}
+				if slots != nil {
+					slots[c.slot] = s
+				}
+				sends = append(sends, s)
+			}
+			last = s
 		}
 		s.calls = append(s.calls, c)
 		s.keys = append(s.keys, c.keys...)
@@ -303,12 +344,8 @@ func (b *batcher) perform(ctx context.Context, ss []*send) []*send {
 	var last []*send
 	wait := time.Millisecond
 	for len(ss) > 0 {
-		byTarget := map[redis.UniversalClient][]*send{}
-		for _, s := range ss {
-			byTarget[s.target] = append(byTarget[s.target], s)
-		}
-		for target, group := range byTarget {
-			b.pipeline(ctx, target, group)
+		for _, group := range byTarget(ss) {
+			b.pipeline(ctx, group[0].target, group)
 		}
 		var again []*send
 		tryAgain := false
@@ -341,6 +378,21 @@ func (b *batcher) perform(ctx context.Context, ss []*send) []*send {
 	return last
 }
 
+// byTarget groups ss by target, keeping their order. Outside a cluster,
+// and on a cluster but for redirections, there is one target.
+func byTarget(ss []*send) [][]*send {
+	for _, s := range ss {
+		if s.target != ss[0].target {
+			groups := map[redis.UniversalClient][]*send{}
+			for _, s := range ss {
+				groups[s.target] = append(groups[s.target], s)
+			}
+			return slices.Collect(maps.Values(groups))
+		}
+	}
+	return [][]*send{ss}
+}
+
 // split turns a decide call of several requests, which Redis refused with
 // TRYAGAIN, into one call per request: a request whose keys are all on one
 // node of a slot in migration runs there (ASK names the node), whatever
@@ -352,7 +404,9 @@ func (s *send) split(ctx context.Context) []*send {
 	}
 	parts := make([]*send, len(s.calls))
 	for i, c := range s.calls {
-		parts[i] = &send{calls: []*call{c}, keys: c.keys, args: c.args, form: s.form, target: s.target, asking: s.asking, resends: s.resends, cmd: errCmd(ctx, s.cmd.Err())}
+		cmd := redis.NewIntSliceCmd(ctx)
+		cmd.SetErr(s.cmd.Err())
+		parts[i] = &send{calls: []*call{c}, keys: c.keys, args: c.args, form: s.form, target: s.target, asking: s.asking, resends: s.resends, cmd: cmd}
 	}
 	return parts
 }
@@ -360,18 +414,19 @@ func (s *send) split(ctx context.Context) []*send {
 // pipeline sends group to target in one pipeline.
 func (b *batcher) pipeline(ctx context.Context, target redis.UniversalClient, group []*send) {
 	pipe := target.Pipeline()
-	cmds := make([]*redis.Cmd, 0, len(group))
+	cmds := make([]redis.Cmder, 0, len(group))
 	for _, s := range group {
 		if s.asking {
 			pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
 		}
 		switch {
-		case s.script == nil && s.form == formFunction:
-			s.cmd = pipe.FCall(ctx, lua.DecideFunction, s.keys, s.args...)
+		case s.script == nil:
+			s.cmd = decideCmd(ctx, s.form, s.keys, s.args)
+			pipe.Process(ctx, s.cmd)
 		case s.form == formEval:
-			s.cmd = s.scriptOrDecide().Eval(ctx, pipe, s.keys, s.args...)
+			s.cmd = s.script.Eval(ctx, pipe, s.keys, s.args...)
 		default:
-			s.cmd = s.scriptOrDecide().EvalSha(ctx, pipe, s.keys, s.args...)
+			s.cmd = s.script.EvalSha(ctx, pipe, s.keys, s.args...)
 		}
 		cmds = append(cmds, s.cmd)
 	}
@@ -379,11 +434,25 @@ func (b *batcher) pipeline(ctx context.Context, target redis.UniversalClient, gr
 	failCommandsNotRun(cmds, err)
 }
 
-func (s *send) scriptOrDecide() *redis.Script {
-	if s.script != nil {
-		return s.script
+// decideCmd is the decide call in form f: the command go-redis's FCall,
+// EvalSha and Eval build, word for word, but reading the reply straight
+// into integers rather than boxing each in an interface.
+func decideCmd(ctx context.Context, f form, keys []string, args []any) *redis.IntSliceCmd {
+	name, code := "fcall", lua.DecideFunction
+	switch f {
+	case formSHA:
+		name, code = "evalsha", decideScript.Hash()
+	case formEval:
+		name, code = "eval", lua.Decide
 	}
-	return decideScript
+	cmdArgs := make([]any, 3, 3+len(keys)+len(args))
+	cmdArgs[0], cmdArgs[1], cmdArgs[2] = name, code, len(keys)
+	for _, key := range keys {
+		cmdArgs = append(cmdArgs, key)
+	}
+	cmd := redis.NewIntSliceCmd(ctx, append(cmdArgs, args...)...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
 }
 
 // resending is what retry says of a command.
@@ -492,15 +561,26 @@ func (b *batcher) prepare(ctx context.Context) error {
 // without an answer: go-redis reports a failure before sending (a refused
 // connection, a wrong password) only from Exec, and leaves the commands
 // untouched.
-func failCommandsNotRun(cmds []*redis.Cmd, err error) {
+func failCommandsNotRun(cmds []redis.Cmder, err error) {
 	if err == nil {
 		return
 	}
 	for _, cmd := range cmds {
-		if cmd.Err() == nil && cmd.Val() == nil {
+		if cmd.Err() == nil && !answered(cmd) {
 			cmd.SetErr(err)
 		}
 	}
+}
+
+// answered reports whether cmd, one of the batcher's, holds a reply.
+func answered(cmd redis.Cmder) bool {
+	switch cmd := cmd.(type) {
+	case *redis.Cmd:
+		return cmd.Val() != nil
+	case *redis.IntSliceCmd:
+		return cmd.Val() != nil
+	}
+	return true
 }
 
 func errCmd(ctx context.Context, err error) *redis.Cmd {

@@ -154,3 +154,53 @@ func TestAFailureBeforeSendingIsTheCommandsError(t *testing.T) {
 		t.Fatalf("error %v (kind %q), want Redis's WRONGPASS, of kind redis", err, ErrorKind(err))
 	}
 }
+
+// TestSendsGroupDecidesBySlot: a batch's decide requests become one decide
+// per slot, in the order the slots first appear, each holding its slot's
+// requests in queue order; a script call goes on its own.
+func TestSendsGroupDecidesBySlot(t *testing.T) {
+	const script = -1 // a script call, not a decide request
+	for _, tc := range []struct {
+		name  string
+		slots []int
+		want  [][]int // the calls of each send, by index in the batch
+	}{
+		{"one call", []int{0}, [][]int{{0}}},
+		{"one slot", []int{0, 0, 0}, [][]int{{0, 1, 2}}},
+		{"slots interleaved", []int{5, 7, 5, 9, 7, 5}, [][]int{{0, 2, 5}, {1, 4}, {3}}},
+		{"a script among them", []int{3, script, 3, 4}, [][]int{{0, 2}, {1}, {3}}},
+		{"scripts only", []int{script, script}, [][]int{{0}, {1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			batch := make([]*call, len(tc.slots))
+			index := map[*call]int{}
+			for i, slot := range tc.slots {
+				c := &call{slot: slot, keys: []string{fmt.Sprint(i)}, args: []any{i}}
+				if slot == script {
+					c.script = refundScript
+				}
+				batch[i], index[c] = c, i
+			}
+			sends := (&batcher{}).sends(batch)
+			if len(sends) != len(tc.want) {
+				t.Fatalf("%d sends, want %d", len(sends), len(tc.want))
+			}
+			for j, s := range sends {
+				var got []int
+				var keys []string
+				var args []any
+				for _, c := range s.calls {
+					got = append(got, index[c])
+					keys = append(keys, fmt.Sprint(index[c]))
+					args = append(args, index[c])
+				}
+				if fmt.Sprint(got) != fmt.Sprint(tc.want[j]) {
+					t.Errorf("send %d holds calls %v, want %v", j, got, tc.want[j])
+				}
+				if fmt.Sprint(s.keys) != fmt.Sprint(keys) || fmt.Sprint(s.args) != fmt.Sprint(args) {
+					t.Errorf("send %d has keys %v and args %v, want %v and %v: its calls' in order", j, s.keys, s.args, keys, args)
+				}
+			}
+		})
+	}
+}

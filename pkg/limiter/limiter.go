@@ -407,20 +407,21 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	if len(sent) == 0 {
 		return verdicts, nil
 	}
-	ctx, cancel := l.withDeadline(ctx)
-	defer cancel()
-	tokens := make([]int64, len(hits))
-	slots, groups := l.groups(hits, sent)
-	if len(groups) == 1 {
-		return verdicts, l.run(ctx, hits, slots[0], groups[0], charge, true, verdicts, tokens)
+	deadline := l.deadline(ctx)
+	if slot := l.router.slot(hits[sent[0]].Key); l.inSlot(hits, sent, slot) {
+		// Nearly always (always outside a cluster): one group, which needs
+		// no refund tokens.
+		return verdicts, l.run(ctx, deadline, hits, slot, sent, charge, true, verdicts, nil)
 	}
 
+	tokens := make([]int64, len(hits))
+	slots, groups := l.groups(hits, sent)
 	errs := make([]error, len(groups))
 	var wg sync.WaitGroup
 	for g, group := range groups {
 		// A slot does not see the quota hits of the others: its quota hits go
 		// as shadow hits, and the refund below applies the quota rule.
-		wg.Go(func() { errs[g] = l.run(ctx, hits, slots[g], group, charge, false, verdicts, tokens) })
+		wg.Go(func() { errs[g] = l.run(ctx, deadline, hits, slots[g], group, charge, false, verdicts, tokens) })
 	}
 	wg.Wait()
 	if charge && deniedAny(hits, verdicts) {
@@ -429,9 +430,11 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	return verdicts, errors.Join(errs...)
 }
 
-// withDeadline bounds a request's store work: by its caller's deadline
-// less a margin to send the answer, and by the limiter's timeout.
-func (l *Limiter) withDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+// deadline is when a request's store work must end: its caller's deadline
+// less a margin to send the answer, and at most the limiter's timeout from
+// now. It goes with the request rather than in a context of its own, which
+// would start a second timer per request besides the caller's.
+func (l *Limiter) deadline(ctx context.Context) time.Time {
 	now := time.Now()
 	deadline := now.Add(l.timeout)
 	if d, ok := ctx.Deadline(); ok {
@@ -440,7 +443,17 @@ func (l *Limiter) withDeadline(ctx context.Context) (context.Context, context.Ca
 			deadline = d
 		}
 	}
-	return context.WithDeadline(ctx, deadline)
+	return deadline
+}
+
+// inSlot reports whether the hits at indexes sent are all in slot.
+func (l *Limiter) inSlot(hits []Hit, sent []int, slot int) bool {
+	for _, i := range sent {
+		if l.router.slot(hits[i].Key) != slot {
+			return false
+		}
+	}
+	return true
 }
 
 // groups splits the hits at indexes sent by hash slot, keeping their order.
@@ -459,10 +472,10 @@ func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 }
 
 // run decides the hits at indexes group, which share slot, as one request
-// of a batch, and writes their verdicts and refund tokens. With quotas
-// false, quota hits go as shadow hits. On an error the verdicts follow each
-// hit's failure mode.
-func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, charge, quotas bool, verdicts []Verdict, tokens []int64) error {
+// of a batch, and writes their verdicts, and their refund tokens when
+// tokens is not nil. With quotas false, quota hits go as shadow hits. On an
+// error the verdicts follow each hit's failure mode.
+func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge, quotas bool, verdicts []Verdict, tokens []int64) error {
 	keys := make([]string, len(group))
 	args := make([]any, 1, 1+4*len(group))
 	args[0] = len(group)
@@ -478,10 +491,10 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 		}
 	}
 	start := time.Now()
-	server, err := l.router.server(ctx, keys[0])
+	server, err := l.server(ctx, deadline, keys[0])
 	var reply []int64
 	if err == nil {
-		reply, err = l.batcher(server).decide(ctx, slot, keys, args)
+		reply, err = l.batcher(server).decide(ctx, deadline, slot, keys, args)
 	}
 	defer l.rememberDenials(hits, group, verdicts, start)
 	if err != nil {
@@ -493,7 +506,7 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 			return fmt.Errorf("decide: %w", err)
 		}
 		l.observe(time.Since(start), err)
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && time.Now().Before(deadline) {
 			l.router.failed(err)
 		}
 		return fmt.Errorf("%w: decide: %w", ErrStore, err)
@@ -507,9 +520,22 @@ func (l *Limiter) run(ctx context.Context, hits []Hit, slot int, group []int, ch
 			Remaining:  uint64(max(r[1], 0)),
 			ResetAfter: time.Duration(r[2]) * time.Microsecond,
 		}
-		tokens[i] = r[3]
+		if tokens != nil {
+			tokens[i] = r[3]
+		}
 	}
 	return nil
+}
+
+// server returns the server of key's slot. On a cluster that can wait for
+// the slot map, which the request's deadline bounds.
+func (l *Limiter) server(ctx context.Context, deadline time.Time, key string) (redis.UniversalClient, error) {
+	if _, single := l.router.(singleRouter); !single {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	return l.router.server(ctx, key)
 }
 
 // rememberDenials puts the group's enforced denials in the deny cache, and
