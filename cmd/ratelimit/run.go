@@ -493,7 +493,7 @@ func serve(ctx context.Context, s *settings) error {
 	// The gRPC port is served by grpcunary, which spends less CPU per
 	// call than grpc-go's server (docs/bench.md). The codec decodes rate
 	// limit requests whatever bytes their values hold; the tap refuses
-	// calls past --max-inflight before reading them. Stream workers: a call
+	// calls past --max-inflight before reading them (Admit). Stream workers: a call
 	// runs on a goroutine whose stack has already grown; a few per core
 	// serve as well as more, and the first burst after a start ran on
 	// never-used goroutines with 512 of them (132-863 of 2000 calls let
@@ -502,7 +502,7 @@ func serve(ctx context.Context, s *settings) error {
 		TLS:                   grpcTLS,
 		Codec:                 svc.Codec(),
 		Interceptors:          interceptors,
-		Tap:                   shedder.TapHandle(),
+		Admit:                 shedder.Admit,
 		MaxRecvMsgSize:        s.maxRequestBytes,
 		MaxConnectionAge:      s.grpcMaxConnAge,
 		MaxConnectionAgeGrace: s.grpcMaxConnAgeGrace,

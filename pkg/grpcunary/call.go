@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -179,10 +178,6 @@ func parseTimeout(v string) (time.Duration, bool) {
 
 func newIncomingContext(ctx context.Context, md metadata.MD) context.Context {
 	return metadata.NewIncomingContext(ctx, md)
-}
-
-func tapInfo(req request) *tap.Info {
-	return &tap.Info{FullMethodName: req.path, Header: req.md}
 }
 
 // lookup finds st's method, or says why there is none as grpc-go does.

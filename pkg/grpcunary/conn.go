@@ -54,6 +54,7 @@ type conn struct {
 	// and the connection closes when the last stream ends.
 	draining bool
 	lastID   uint32
+	gone     bool // closed: the streams' contexts are canceled
 
 	// Write side. Frames are appended to out, which the flusher goroutine
 	// writes to the connection.
@@ -91,6 +92,7 @@ type stream struct {
 	received      int64 // DATA bytes, padding aside
 	contentLength int64 // as the headers say; negative: not said
 	refusal       *httpError
+	admitted      func() // Admit's done
 	inbox         *inbox // a streaming call's messages
 	ended         bool   // END_STREAM received
 	started       bool   // dispatched to a handler
@@ -278,22 +280,20 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) http2.ErrCode {
 	}
 	if err == nil {
 		st.path = req.path
+		// Not derived from the connection's context, which would keep a
+		// child per call: close cancels the calls of its streams.
 		if req.timeout >= 0 {
-			st.ctx, st.cancel = context.WithTimeout(c.ctx, req.timeout)
+			st.ctx, st.cancel = context.WithTimeout(context.Background(), req.timeout)
 		} else {
-			st.ctx, st.cancel = context.WithCancel(c.ctx)
+			st.ctx, st.cancel = context.WithCancel(context.Background())
 		}
 		if len(req.md) > 0 {
 			st.ctx = newIncomingContext(st.ctx, req.md)
 		}
 		err = c.srv.lookup(st)
 	}
-	if err == nil && c.srv.opts.Tap != nil {
-		var tapped context.Context
-		tapped, err = c.srv.opts.Tap(st.ctx, tapInfo(req))
-		if err == nil && tapped != nil {
-			st.ctx = tapped
-		}
+	if err == nil && c.srv.opts.Admit != nil {
+		st.admitted, err = c.srv.opts.Admit(req.path)
 	}
 	st.ended = f.StreamEnded()
 	if err == nil && st.method.stream != nil {
@@ -302,7 +302,11 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) http2.ErrCode {
 	}
 	c.smu.Lock()
 	c.streams[id] = st
+	gone := c.gone
 	c.smu.Unlock()
+	if gone && st.cancel != nil {
+		st.cancel() // closed meanwhile: its handler sees it
+	}
 	switch {
 	case err != nil:
 		// Refused before its message is read (grpc-go's early abort).
@@ -429,13 +433,20 @@ func (c *conn) end(st *stream) http2.ErrCode {
 // finish forgets st: its handler returned, or it never had one. It closes
 // a draining connection whose last stream this was.
 func (c *conn) finish(st *stream) {
-	if st.cancel != nil {
-		st.cancel()
-	}
 	c.smu.Lock()
+	if c.streams[st.id] != st {
+		c.smu.Unlock()
+		return // finished already
+	}
 	delete(c.streams, st.id)
 	done := c.draining && len(c.streams) == 0
 	c.smu.Unlock()
+	if st.cancel != nil {
+		st.cancel()
+	}
+	if st.admitted != nil {
+		st.admitted()
+	}
 	if done {
 		c.close()
 	}
@@ -651,6 +662,14 @@ func (c *conn) close() {
 		c.ageTimer.Stop()
 	}
 	c.cancel()
+	c.smu.Lock()
+	c.gone = true
+	for _, st := range c.streams {
+		if st.cancel != nil {
+			st.cancel()
+		}
+	}
+	c.smu.Unlock()
 	if len(pending) > 0 {
 		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
 		c.nc.Write(pending)

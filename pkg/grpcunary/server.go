@@ -15,8 +15,8 @@
 // (generated RegisterXxxServer functions take a Server), over cleartext
 // HTTP/2 with prior knowledge (as grpc-go's plaintext) or TLS with ALPN h2;
 // request metadata, grpc-timeout deadlines, RST_STREAM cancellation, flow
-// control both ways, a bound on message size and on concurrent streams, a
-// tap that can refuse a call before its message is read, graceful stop and
+// control both ways, a bound on message size and on concurrent streams, an
+// admission hook that can refuse a call before its message is read, graceful stop and
 // a maximum connection age (two-step GOAWAY, as grpc-go). Streaming methods
 // (server reflection, health's Watch) are served simply (stream.go). Not
 // served: compressed messages (UNIMPLEMENTED, as grpc-go without the
@@ -36,7 +36,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
-	"google.golang.org/grpc/tap"
 )
 
 // Defaults where Options leave a field zero.
@@ -67,10 +66,11 @@ type Options struct {
 	Codec encoding.CodecV2
 	// Interceptors run around every handler, the first outermost.
 	Interceptors []grpc.UnaryServerInterceptor
-	// Tap is called when a call's headers arrive, before its message is
-	// read; an error answers the call with that error's status. The
-	// context it gets is canceled when the call ends.
-	Tap tap.ServerInHandle
+	// Admit, when set, is called when a call's headers arrive, before its
+	// message is read: an error answers the call with that error's status,
+	// and done, when not nil, is called once the call is over, however it
+	// ends.
+	Admit func(fullMethod string) (done func(), err error)
 	// MaxRecvMsgSize bounds a request message; a larger one is answered
 	// RESOURCE_EXHAUSTED without being read whole.
 	MaxRecvMsgSize int

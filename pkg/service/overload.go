@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 
 	"github.com/slidingwindow/ratelimit/pkg/metrics"
 )
@@ -30,6 +28,8 @@ type Shedder struct {
 	max      int64
 	inFlight atomic.Int64
 	metrics  *metrics.Metrics
+	prefix   string // the rate limit service's methods
+	done     func() // release, made once: Admit allocates nothing
 }
 
 // NewShedder returns a Shedder for maxInFlight requests (zero or less means
@@ -38,7 +38,9 @@ func NewShedder(maxInFlight int, m *metrics.Metrics) *Shedder {
 	if maxInFlight <= 0 {
 		maxInFlight = DefaultMaxInFlight
 	}
-	return &Shedder{max: int64(maxInFlight), metrics: m}
+	s := &Shedder{max: int64(maxInFlight), metrics: m, prefix: "/" + rlsv3.RateLimitService_ServiceDesc.ServiceName + "/"}
+	s.done = s.release
+	return s
 }
 
 // acquire takes a place, or reports that none is left.
@@ -53,24 +55,20 @@ func (s *Shedder) acquire() bool {
 
 func (s *Shedder) release() { s.inFlight.Add(-1) }
 
-// TapHandle (for grpc.InTapHandle) refuses a rate limit call past the bound
-// with RESOURCE_EXHAUSTED as soon as its headers arrive, before its message
-// is read: a refused call costs no message buffer. Its place is given back
-// when its stream ends, however it ends (its context is canceled then).
-// Other services, health checks among them, are never refused: a busy
-// server is not a dead one.
-func (s *Shedder) TapHandle() tap.ServerInHandle {
-	prefix := "/" + rlsv3.RateLimitService_ServiceDesc.ServiceName + "/"
-	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		if !strings.HasPrefix(info.FullMethodName, prefix) {
-			return ctx, nil
-		}
-		if !s.acquire() {
-			return nil, status.Errorf(codes.ResourceExhausted, "overloaded: more than %d requests in flight", s.max)
-		}
-		context.AfterFunc(ctx, s.release)
-		return ctx, nil
+// Admit (for grpcunary.Options.Admit) refuses a rate limit call past the
+// bound with RESOURCE_EXHAUSTED as soon as its headers arrive, before its
+// message is read: a refused call costs no message buffer. The place is
+// given back by done, which the server calls when the call ends, however it
+// ends. Other services, health checks among them, are never refused: a
+// busy server is not a dead one.
+func (s *Shedder) Admit(fullMethod string) (done func(), err error) {
+	if !strings.HasPrefix(fullMethod, s.prefix) {
+		return nil, nil
 	}
+	if !s.acquire() {
+		return nil, status.Errorf(codes.ResourceExhausted, "overloaded: more than %d requests in flight", s.max)
+	}
+	return s.done, nil
 }
 
 // Handler refuses HTTP requests past the bound with 503.

@@ -1,61 +1,53 @@
 package service
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 )
 
-func TestShedTapRefusesPastTheBound(t *testing.T) {
+func TestShedderAdmitsUpToTheBound(t *testing.T) {
 	shedder := NewShedder(2, nil)
-	shed := shedder.TapHandle()
-	rls := &tap.Info{FullMethodName: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"}
-	// Two streams in flight: their contexts live until they end.
-	var ends []context.CancelFunc
-	for i := 0; i < 2; i++ {
-		ctx, end := context.WithCancel(context.Background())
-		ends = append(ends, end)
-		if _, err := shed(ctx, rls); err != nil {
+	const rls = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	// Two calls in flight: their places are held until done.
+	var dones []func()
+	for range 2 {
+		done, err := shedder.Admit(rls)
+		if err != nil || done == nil {
 			t.Fatalf("within the bound: %v", err)
 		}
+		dones = append(dones, done)
 	}
-	if _, err := shed(context.Background(), rls); status.Code(err) != codes.ResourceExhausted {
+	if _, err := shedder.Admit(rls); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("third call in flight: %v, want RESOURCE_EXHAUSTED", err)
 	}
 	for _, method := range []string{"/grpc.health.v1.Health/Check", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"} {
-		if _, err := shed(context.Background(), &tap.Info{FullMethodName: method}); err != nil {
-			t.Fatalf("%s was shed: %v", method, err)
+		if done, err := shedder.Admit(method); err != nil || done != nil {
+			t.Fatalf("%s: shed (%v) or counted (%v)", method, err, done != nil)
 		}
 	}
-	// A stream's end, however it comes, gives its place back.
-	ends[0]()
-	waitInFlight(t, shedder, 1)
-	ctx, end := context.WithCancel(context.Background())
-	defer end()
-	if _, err := shed(ctx, rls); err != nil {
-		t.Fatalf("after a stream ended: %v", err)
+	// A call's end gives its place back.
+	dones[0]()
+	if got := shedder.inFlight.Load(); got != 1 {
+		t.Fatalf("%d in flight after one ended, want 1", got)
 	}
-	ends[1]()
-	end()
-	waitInFlight(t, shedder, 0)
-}
-
-// waitInFlight waits for the places to be given back: context.AfterFunc
-// runs in its own goroutine.
-func waitInFlight(t *testing.T, s *Shedder, want int64) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for s.inFlight.Load() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d in flight, want %d", s.inFlight.Load(), want)
-		}
-		time.Sleep(time.Millisecond)
+	done, err := shedder.Admit(rls)
+	if err != nil {
+		t.Fatalf("after a call ended: %v", err)
+	}
+	dones[1]()
+	done()
+	if got := shedder.inFlight.Load(); got != 0 {
+		t.Fatalf("%d in flight after all ended, want 0", got)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		done, _ := shedder.Admit(rls)
+		done()
+	}); n != 0 {
+		t.Errorf("Admit allocates %v times per call, want 0", n)
 	}
 }
 
@@ -70,8 +62,7 @@ func TestShedderBoundsJSONToo(t *testing.T) {
 	go slow.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/json", nil))
 	<-entered
 	// The gRPC side shares the bound.
-	rls := &tap.Info{FullMethodName: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"}
-	if _, err := shedder.TapHandle()(context.Background(), rls); status.Code(err) != codes.ResourceExhausted {
+	if _, err := shedder.Admit("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("gRPC call while /json holds the only place: %v", err)
 	}
 	rec := httptest.NewRecorder()
