@@ -37,7 +37,7 @@ bench:
 
 ## bench-micro: the Go micro-benchmarks, with allocations
 bench-micro:
-	$(GO) test -run '^$$' -bench . -benchmem ./pkg/config ./pkg/limiter ./pkg/service
+	$(GO) test -run '^$$' -bench . -benchmem ./pkg/config ./pkg/limiter ./pkg/service ./pkg/grpcunary
 
 FUZZTIME ?= 30s
 FUZZFLAGS ?= -fuzztime=$(FUZZTIME) -fuzzminimizetime=5s

@@ -98,7 +98,7 @@ func (s *testService) FullDuplexCall(stream testgrpc.TestService_FullDuplexCallS
 
 // start serves svc on a Server with opts on a loopback port, and returns a
 // client connection to it; both end with the test.
-func start(t *testing.T, opts Options, svc *testService, dialOpts ...grpc.DialOption) (*Server, *grpc.ClientConn) {
+func start(t testing.TB, opts Options, svc *testService, dialOpts ...grpc.DialOption) (*Server, *grpc.ClientConn) {
 	t.Helper()
 	s := NewServer(opts)
 	testgrpc.RegisterTestServiceServer(s, svc)
