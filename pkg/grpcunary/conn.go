@@ -43,6 +43,9 @@ type conn struct {
 	cancel context.CancelFunc
 
 	// Read side: the reader goroutine only.
+	hdec         *hpack.Decoder
+	hp           headerParser
+	block        headerBlock
 	maxStreamID  atomic.Uint32 // the highest stream id the client opened (written by the reader only)
 	connUnacked  uint32        // bytes read and not yet given back by WINDOW_UPDATE
 	connRecvLeft int64         // bytes the client may still send on the connection
@@ -116,8 +119,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c.wcond = sync.NewCond(&c.wmu)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.fr = http2.NewFramer(outWriter{c}, bufio.NewReaderSize(nc, bufferSize))
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	c.fr.MaxHeaderListSize = maxHeaderListSize
+	c.hdec = hpack.NewDecoder(4096, c.hp.field)
+	c.hdec.SetMaxStringLength(maxHeaderListSize)
 	c.fr.SetMaxReadFrameSize(16 << 10) // HTTP/2's default, which the settings keep
 	c.fr.SetReuseFrames()
 	c.henc = hpack.NewEncoder(&c.hbuf)
@@ -193,8 +196,12 @@ func (c *conn) serve() {
 		}
 		var code http2.ErrCode
 		switch f := f.(type) {
-		case *http2.MetaHeadersFrame:
-			code = c.onHeaders(f)
+		case *http2.HeadersFrame:
+			c.hp.reset()
+			c.block = headerBlock{streamID: f.StreamID, endStream: f.StreamEnded(), selfDep: f.HasPriority() && f.Priority.StreamDep == f.StreamID}
+			code = c.decodeHeaders(f.HeaderBlockFragment(), f.HeadersEnded())
+		case *http2.ContinuationFrame:
+			code = c.decodeHeaders(f.HeaderBlockFragment(), f.HeadersEnded())
 		case *http2.DataFrame:
 			code = c.onData(f)
 		case *http2.SettingsFrame:
@@ -221,9 +228,26 @@ func (c *conn) serve() {
 	}
 }
 
+// decodeHeaders decodes a fragment of the header block being read (the
+// framer checks that CONTINUATIONs follow their HEADERS), and takes the
+// block once it has ended. A block that does not decode leaves the
+// connection's header table unknown: a connection error.
+func (c *conn) decodeHeaders(fragment []byte, ended bool) http2.ErrCode {
+	if _, err := c.hdec.Write(fragment); err != nil {
+		return http2.ErrCodeCompression
+	}
+	if !ended {
+		return http2.ErrCodeNo
+	}
+	if err := c.hdec.Close(); err != nil {
+		return http2.ErrCodeCompression
+	}
+	return c.onHeaders()
+}
+
 // onHeaders starts a call, or ends one when they are its trailers.
-func (c *conn) onHeaders(f *http2.MetaHeadersFrame) http2.ErrCode {
-	id := f.StreamID
+func (c *conn) onHeaders() http2.ErrCode {
+	id := c.block.streamID
 	if id%2 == 0 {
 		return http2.ErrCodeProtocol
 	}
@@ -234,7 +258,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) http2.ErrCode {
 		if st == nil || st.ended {
 			return http2.ErrCodeStreamClosed
 		}
-		if !f.StreamEnded() {
+		if !c.block.endStream {
 			return http2.ErrCodeProtocol // trailers end the stream
 		}
 		return c.end(st)
@@ -246,19 +270,19 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) http2.ErrCode {
 	if draining && id > lastID {
 		return http2.ErrCodeNo // past the GOAWAY: the client knows it was not served
 	}
-	if f.Truncated {
-		c.resetStream(id, http2.ErrCodeFrameSize)
+	if c.hp.truncated {
+		c.resetStream(id, http2.ErrCodeFrameSize) // as grpc-go
 		return http2.ErrCodeNo
 	}
-	if f.HasPriority() && f.Priority.StreamDep == id {
-		c.resetStream(id, http2.ErrCodeProtocol) // a stream depending on itself
+	if c.block.selfDep {
+		c.resetStream(id, http2.ErrCodeProtocol)
 		return http2.ErrCodeNo
 	}
 	if open >= int(c.srv.opts.MaxConcurrentStreams) {
 		c.resetStream(id, http2.ErrCodeRefusedStream)
 		return http2.ErrCodeNo
 	}
-	req, err := parseHeaders(f.Fields)
+	req, err := c.hp.result()
 	if errors.Is(err, errMalformed) {
 		c.resetStream(id, http2.ErrCodeProtocol)
 		return http2.ErrCodeNo
@@ -273,7 +297,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) http2.ErrCode {
 		c.smu.Lock()
 		c.streams[id] = st
 		c.smu.Unlock()
-		if f.StreamEnded() {
+		if c.block.endStream {
 			return c.end(st)
 		}
 		return http2.ErrCodeNo
@@ -295,7 +319,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) http2.ErrCode {
 	if err == nil && c.srv.opts.Admit != nil {
 		st.admitted, err = c.srv.opts.Admit(req.path)
 	}
-	st.ended = f.StreamEnded()
+	st.ended = c.block.endStream
 	if err == nil && st.method.stream != nil {
 		st.inbox = &inbox{ready: make(chan struct{}, 1)}
 		st.started = true

@@ -264,11 +264,12 @@ var errBadReply = errors.New("unexpected reply")
 // "reply" (an answer of the wrong shape), "connection" (anything else:
 // refused, reset, closed); "" for nil.
 func ErrorKind(err error) string {
+	if err == nil {
+		return "" // before the targets of errors.As, which escape
+	}
 	var redisErr redis.Error
 	var netErr net.Error
 	switch {
-	case err == nil:
-		return ""
 	case errors.Is(err, ErrOverloaded):
 		return "overload"
 	case errors.Is(err, context.Canceled):

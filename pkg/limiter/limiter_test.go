@@ -541,6 +541,13 @@ func TestMergingShadowAndEnforcedKeepsTheEnforcedLimit(t *testing.T) {
 	}
 }
 
+// TestErrorKindOfNoErrorAllocatesNothing: it runs for every store call.
+func TestErrorKindOfNoErrorAllocatesNothing(t *testing.T) {
+	if n := testing.AllocsPerRun(100, func() { ErrorKind(nil) }); n != 0 {
+		t.Fatalf("ErrorKind(nil) allocates %v times", n)
+	}
+}
+
 func TestErrorKindOfACancelledCall(t *testing.T) {
 	if k := ErrorKind(fmt.Errorf("%w: %w", ErrStore, context.Canceled)); k != "canceled" {
 		t.Fatalf("kind %q, want canceled", k)
