@@ -130,6 +130,7 @@ func (c *conn) handle(st *stream) {
 	defer c.srv.handlers.Done()
 	defer c.finish(st)
 	resp, err := c.call(st)
+	st.release() // if the handler never decoded its request
 	if err != nil {
 		sts, ok := status.FromError(err)
 		if !ok {
@@ -159,7 +160,14 @@ func (c *conn) call(st *stream) (any, error) {
 		return nil, status.Errorf(codes.Internal, "grpc: a unary call carries one message: %d bytes announced, %d sent", n, len(b)-5)
 	}
 	dec := func(v any) error {
-		if err := c.srv.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b[5:])}, v); err != nil {
+		// The codecs copy what they keep: the bytes go back at once, not
+		// after the decision.
+		if st.buf == nil {
+			return status.Error(codes.Internal, "grpc: the request was decoded already")
+		}
+		err := c.srv.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(st.buf[5:])}, v)
+		st.release()
+		if err != nil {
 			return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
 		}
 		return nil

@@ -413,9 +413,11 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 	return http2.ErrCodeNo
 }
 
-// take appends a DATA payload to the request, sizing the buffer for the
-// whole message once its length is known. Past max it keeps nothing and
-// returns the message's size (as announced, or as received so far).
+// take appends a DATA payload to the request, in a buffer sized for the
+// whole message once its length is known (not from grpc-go's buffer pool,
+// whose size classes would give a 256 KiB message a 1 MiB buffer). Past
+// max it keeps nothing and returns the message's size (as announced, or as
+// received so far).
 func (st *stream) take(p []byte, max int) (int, bool) {
 	if st.buf == nil && len(p) >= 5 {
 		n := int(uint32(p[1])<<24 | uint32(p[2])<<16 | uint32(p[3])<<8 | uint32(p[4]))
@@ -429,6 +431,14 @@ func (st *stream) take(p []byte, max int) (int, bool) {
 	}
 	st.buf = append(st.buf, p...)
 	return 0, true
+}
+
+// release drops the request's bytes once decoded, so that a flood of
+// large requests holds each message once (as decoded), not twice. By the
+// goroutine that owns the stream: the reader before dispatch, the handler
+// after.
+func (st *stream) release() {
+	st.buf = nil
 }
 
 // end marks st's request whole and dispatches it to a handler, or
@@ -465,6 +475,9 @@ func (c *conn) finish(st *stream) {
 	delete(c.streams, st.id)
 	done := c.draining && len(c.streams) == 0
 	c.smu.Unlock()
+	if !st.started {
+		st.release() // the handler releases its own
+	}
 	if st.cancel != nil {
 		st.cancel()
 	}
