@@ -70,13 +70,13 @@ type conn struct {
 	flush       chan struct{} // wakes the flusher
 	henc        *hpack.Encoder
 	hbuf        bytes.Buffer
-	data        []byte // one DATA payload being built
-	sendWindow  int64  // the connection's send window
-	peerWindow  int64  // the client's initial stream window
-	peerFrame   uint32 // the largest frame the client takes
-	closed      bool   // writes fail from now on
-	goAwaySent  bool   // the first GOAWAY of a drain went
-	ageTimer    *time.Timer
+	data        []byte        // one DATA payload being built
+	sendWindow  int64         // the connection's send window
+	peerWindow  int64         // the client's initial stream window
+	peerFrame   uint32        // the largest frame the client takes
+	closed      bool          // writes fail from now on
+	goAwaySent  bool          // the first GOAWAY of a drain went
+	timers      []*time.Timer // stopped by close
 }
 
 // stream is one call.
@@ -162,7 +162,7 @@ func (c *conn) serve() {
 	go c.flusher()
 	if age := c.srv.opts.MaxConnectionAge; age > 0 {
 		jitter := time.Duration(rand.Int64N(int64(age)/5+1)) - age/10
-		c.ageTimer = time.AfterFunc(age+jitter, c.drain)
+		c.after(age+jitter, c.drain)
 	}
 
 	first := true
@@ -648,9 +648,18 @@ func (c *conn) drain() {
 	if err != nil {
 		return
 	}
-	time.AfterFunc(time.Second, c.goAwayFinal)
+	c.after(time.Second, c.goAwayFinal)
 	if grace := c.srv.opts.MaxConnectionAgeGrace; grace > 0 {
-		time.AfterFunc(grace+time.Second, c.close)
+		c.after(grace+time.Second, c.close)
+	}
+}
+
+// after runs f in d, unless the connection closes first.
+func (c *conn) after(d time.Duration, f func()) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if !c.closed {
+		c.timers = append(c.timers, time.AfterFunc(d, f))
 	}
 }
 
@@ -688,15 +697,15 @@ func (c *conn) close() {
 	c.wmu.Lock()
 	already := c.closed
 	c.closed = true
-	pending := c.out
-	c.out = nil
+	pending, timers := c.out, c.timers
+	c.out, c.timers = nil, nil
 	c.wcond.Broadcast()
 	c.wmu.Unlock()
 	if already {
 		return
 	}
-	if c.ageTimer != nil {
-		c.ageTimer.Stop()
+	for _, t := range timers {
+		t.Stop()
 	}
 	c.cancel()
 	c.smu.Lock()
