@@ -31,10 +31,7 @@ func decideCall(t *testing.T, client *redis.Client, reqs ...request) [][4]int64 
 		args = append(args, n)
 		for _, h := range r.hits {
 			keys = append(keys, h.Key)
-			args = append(args, hitCode(h, true), h.Limit, int64(h.Window/time.Second), luaCost(h))
-			if h.Algorithm == config.GCRA {
-				args = append(args, h.burst())
-			}
+			args = append(args, hitArg(&h, true))
 		}
 	}
 	vals, err := decideScript.Run(context.Background(), client, keys, args...).Int64Slice()

@@ -4,12 +4,12 @@
 -- keys     the base keys of every hit of every request, request after
 --          request (each key carries its hash tag)
 -- args     per request: n, the number of its hits, negated to only check
---          (never charge); then per hit: code, limit, window in seconds,
---          cost, and for a GCRA hit a fifth value, burst (the bucket's size
---          in units). code = algorithm (1 log, 2 counter, 3 fixed, 4 gcra)
---          + 8 for a shadow hit + 16 for a cost that is recorded even when
---          it does not fit + 32 for a refund of cost units + 64 for a quota
---          hit (quota_mode)
+--          (never charge); then one string per hit, its rule:
+--          "code:limit:window:cost", with ":burst" after the cost for a GCRA
+--          hit (the bucket's size in units). window is in seconds; code =
+--          algorithm (1 log, 2 counter, 3 fixed, 4 gcra) + 8 for a shadow
+--          hit + 16 for a cost that is recorded even when it does not fit
+--          + 32 for a refund of cost units + 64 for a quota hit (quota_mode)
 --
 -- A request is charged only when every enforced (non-shadow, non-quota) hit
 -- fits and, when it has quota hits, at least one of them fits. A shadow hit,
@@ -37,84 +37,111 @@
 -- refund takes the hit's limit and window instead).
 local algorithms = { sliding_window_log, sliding_window_counter, fixed_window, gcra }
 
+-- rules maps a hit's argument string to what it says, parsed once: the
+-- hits of a batch mostly repeat the few rules of a config, and so do the
+-- batches. A function library's locals outlive the call, so the table is
+-- emptied when it grows past max_rules (costs vary with hits_addend).
+local rules, nrules, max_rules = {}, 0, 1000
+
+local function parse_rule(s)
+  local code, limit, window, cost, burst = string.match(s, '^(%d+):(%d+):(%d+):(%d+):?(%d*)$')
+  code, cost = tonumber(code), tonumber(cost)
+  if not code then
+    error('decide: malformed hit argument ' .. s)
+  end
+  local alg = code % 8
+  local rule = {
+    alg = algorithms[alg],
+    limit = tonumber(limit),
+    window = tonumber(window) * 1000000,
+    cost = cost,
+    need = math.max(cost, 1),
+    burst = tonumber(burst), -- nil but for GCRA
+    shadow = code % 16 >= 8,
+    record = code % 32 >= 16,
+    refund = code % 64 >= 32,
+    quota = code >= 64,
+    string = alg ~= 1, -- kept in a string, read by prefetch
+  }
+  if nrules >= max_rules then
+    rules, nrules = {}, 0
+  end
+  rules[s], nrules = rule, nrules + 1
+  return rule
+end
+
+-- The states of a refund, and of a hit denied again from the call's memory:
+-- shared, as nothing writes to them (neither is ever committed).
+local refunded = { admit = true, token = 0 }
+local repeated = { admit = false, token = 0 }
+
 local function decide(keys, args)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   seen, unwritten, expiries, stored, formatted = {}, {}, {}, {}, {}
-  -- denied[key] is the last denial of key in this batch: a later hit with the
-  -- same limit and cost is denied again without asking Redis, until a charge
-  -- of key changes its state.
-  local denied = {}
-  local reply, r = {}, 0
-  -- num is tonumber for the arguments, which repeat (the limits, windows
-  -- and costs of a few rules): each distinct string is parsed once a call.
-  local numbers = {}
-  local function num(s)
-    return cached(numbers, tonumber, s)
-  end
   -- Parse every request first, to read every string counter of the batch
   -- with one MGET (see prefetch); the log's sorted sets are read one by one.
-  local requests, strings, listed = {}, {}, {}
-  local k, a, nargs = 1, 1, #args
+  -- Hit h (keys[h]) has the rule hit_rules[h]; request q holds hits
+  -- starts[q] to starts[q + 1] - 1.
+  local hit_rules, starts, charges, nreq = {}, {}, {}, 0
+  local strings, listed = {}, {}
+  local h, a, nargs = 0, 1, #args
   while a <= nargs do
     local n = tonumber(args[a])
-    a = a + 1
-    local hits = {}
-    for i = 1, math.abs(n) do
-      local code = num(args[a])
-      local key = keys[k]
-      local cost = num(args[a + 3])
-      local hit = {
-        key = key,
-        alg = algorithms[code % 8],
-        limit = num(args[a + 1]),
-        window = num(args[a + 2]) * 1000000,
-        cost = cost,
-        need = math.max(cost, 1),
-        shadow = code % 16 >= 8,
-        record = code % 32 >= 16,
-        refund = code % 64 >= 32,
-        quota = code >= 64,
-      }
-      if code % 8 == 4 then
-        hit.burst = num(args[a + 4]) -- gcra's fifth value
-        a = a + 1
-      end
-      if code % 8 ~= 1 and not listed[key] then
+    nreq = nreq + 1
+    starts[nreq], charges[nreq] = h + 1, n > 0
+    local last = a + math.abs(n)
+    for i = a + 1, last do
+      local s = args[i]
+      local rule = rules[s] or parse_rule(s)
+      h = h + 1
+      hit_rules[h] = rule
+      local key = keys[h]
+      if rule.string and not listed[key] then
         listed[key] = true
         strings[#strings + 1] = key
       end
-      hits[i] = hit
-      a, k = a + 4, k + 1
     end
-    requests[#requests + 1] = { charge = n > 0, hits = hits }
+    a = last + 1
   end
+  starts[nreq + 1] = h + 1
   prefetch(strings)
-  for _, request in ipairs(requests) do
-    local charge, hits = request.charge, request.hits
+  -- denied[key] is the last denial of key in this batch: a later hit of the
+  -- same rule is denied again without asking Redis, until a charge of key
+  -- changes its state.
+  local denied = {}
+  local states, agains = {}, {}
+  local reply, r = {}, 0
+  for q = 1, nreq do
+    local first, last, charge = starts[q], starts[q + 1] - 1, charges[q]
     -- The request's refunds first: the checks below, and the charges they
     -- lead to, start from the state the refunds leave.
-    for _, hit in ipairs(hits) do
-      if hit.refund then
-        hit.alg.refund(hit.key, hit.cost, hit.limit, hit.window, now)
-        denied[hit.key] = nil
-        hit.st = { admit = true }
+    for i = first, last do
+      local rule = hit_rules[i]
+      if rule.refund then
+        rule.alg.refund(keys[i], rule.cost, rule.limit, rule.window, now)
+        denied[keys[i]] = nil
+        states[i] = refunded
       end
     end
     local quotas, quota_fits = false, false
-    for _, hit in ipairs(hits) do
-      if not hit.refund then
-        local d = denied[hit.key]
-        if d and d.limit == hit.limit and d.cost == hit.cost and d.burst == hit.burst and not hit.record then
-          hit.again = d
-          hit.st = { admit = false }
+    for i = first, last do
+      local rule = hit_rules[i]
+      if not rule.refund then
+        local key = keys[i]
+        local d = denied[key]
+        local st
+        if d and d.rule == rule then -- a denial is never of a recorded hit
+          agains[i] = d
+          st = repeated
         else
-          hit.st = hit.alg.check(hit.key, hit.limit, hit.window, hit.need, now, hit.burst)
+          st = rule.alg.check(key, rule.limit, rule.window, rule.need, now, rule.burst)
         end
-        if hit.quota then
+        states[i] = st
+        if rule.quota then
           quotas = true
-          quota_fits = quota_fits or hit.st.admit
-        elseif not hit.st.admit and not hit.shadow then
+          quota_fits = quota_fits or st.admit
+        elseif not st.admit and not rule.shadow then
           charge = false
         end
       end
@@ -122,38 +149,41 @@ local function decide(keys, args)
     if quotas and not quota_fits then
       charge = false
     end
-    for _, hit in ipairs(hits) do
-      local charged = not hit.refund and hit.cost > 0 and (hit.record or charge and hit.st.admit)
+    for i = first, last do
+      local rule, key, st = hit_rules[i], keys[i], states[i]
+      local alg = rule.alg
+      local charged = not rule.refund and rule.cost > 0 and (rule.record or charge and st.admit)
       local remaining, reset
-      if hit.again then
-        remaining, reset = hit.again.remaining, hit.again.reset
-      elseif hit.refund or charged and not hit.st.admit then
+      local again = agains[i]
+      if again then
+        remaining, reset = again.remaining, again.reset
+      elseif rule.refund or charged and not st.admit then
         -- A refund (applied above), or a recorded cost past the limit: the
         -- state changed, so the answer is about the next unit.
-        if not hit.refund then
-          hit.alg.commit(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
-          denied[hit.key] = nil
+        if not rule.refund then
+          alg.commit(key, st, rule.limit, rule.window, rule.cost, now)
+          denied[key] = nil
         end
-        local st = hit.alg.check(hit.key, hit.limit, hit.window, 1, now, hit.burst)
-        remaining, reset = hit.alg.result(hit.key, st, hit.limit, hit.window, 1, now)
+        local next = alg.check(key, rule.limit, rule.window, 1, now, rule.burst)
+        remaining, reset = alg.result(key, next, rule.limit, rule.window, 1, now)
       else
         if charged then
-          hit.alg.commit(hit.key, hit.st, hit.limit, hit.window, hit.cost, now)
-          denied[hit.key] = nil
+          alg.commit(key, st, rule.limit, rule.window, rule.cost, now)
+          denied[key] = nil
         end
-        remaining, reset = hit.alg.result(hit.key, hit.st, hit.limit, hit.window, hit.need, now)
-        if not hit.st.admit then
-          denied[hit.key] = { limit = hit.limit, cost = hit.cost, burst = hit.burst, remaining = remaining, reset = reset }
+        remaining, reset = alg.result(key, st, rule.limit, rule.window, rule.need, now)
+        if not st.admit then
+          denied[key] = { rule = rule, remaining = remaining, reset = reset }
         end
       end
-      local state = hit.st.admit and 1 or 0
+      local state = st.admit and 1 or 0
       if charged then
-        state = hit.st.admit and 2 or 3
+        state = st.admit and 2 or 3
       end
       reply[r + 1] = state
       reply[r + 2] = math.floor(remaining)
       reply[r + 3] = math.floor(reset)
-      reply[r + 4] = charged and hit.st.token or 0
+      reply[r + 4] = charged and st.token or 0
       r = r + 4
     end
   end
