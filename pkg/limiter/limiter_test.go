@@ -300,6 +300,25 @@ func TestKeysExpireWithTheWindow(t *testing.T) {
 	}
 }
 
+// TestLogExpiryFollowsNewestHit: a log key's first hit sets its expiry, and
+// each later one moves it to a window past that hit.
+func TestLogExpiryFollowsNewestHit(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	h := hit(config.SlidingWindowLog, "log", 5, time.Minute, 1)
+	for i := range 3 {
+		decide1(t, l, h)
+		keys := c.m.Keys()
+		if len(keys) != 1 {
+			t.Fatalf("hit %d: keys %q, want one", i, keys)
+		}
+		if ttl := c.m.TTL(keys[0]); ttl != time.Minute {
+			t.Fatalf("hit %d: TTL %v, want a minute", i, ttl)
+		}
+		c.add(20 * time.Second)
+		c.m.FastForward(20 * time.Second)
+	}
+}
+
 // TestLogMembersStayUnique: hits in the same microsecond, and a clock that
 // steps back, must still each be recorded.
 func TestLogMembersStayUnique(t *testing.T) {

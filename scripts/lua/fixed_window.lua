@@ -32,7 +32,7 @@ end
 
 function fixed_window.commit(key, st, limit, window, cost, now)
   st.used = math.min(st.used + cost, max_count)
-  write_later(key, string.format('%d:%d', st.token, st.used), not st.keep and fmt(math.ceil((window - st.elapsed) / 1000)) or nil)
+  write_later(key, string.format('%d:%d', st.token, st.used), not st.keep and fmt_ttl(math.ceil((window - st.elapsed) / 1000)) or nil)
   seen[key] = st -- what a later check of key in this call reads
 end
 

@@ -51,6 +51,19 @@ local function fmt_once(n)
   return cached(formatted, fmt, n)
 end
 
+-- fmt_ttl is fmt_once for a whole number of milliseconds (a key's time to
+-- live, which repeats for the hits of a window), cached under its negation:
+-- small positive keys are the ones the embedded store's Lua would fill an
+-- array up to.
+local function fmt_ttl(ms)
+  local v = formatted[-ms]
+  if v == nil then
+    v = fmt(ms)
+    formatted[-ms] = v
+  end
+  return v
+end
+
 -- stored holds the values of the window counters and GCRA TATs of one
 -- decide call, read together by prefetch (false: no such key). Redis calls
 -- cost more than the commands they run, and a batch of a hundred requests on

@@ -44,7 +44,7 @@ function sliding_window_counter.commit(key, st, limit, window, cost, now)
   st.curr = math.min(st.curr + cost, max_count)
   -- This window's count is read as "previous" through the whole next window.
   write_later(key, string.format('%d:%d:%d', st.token, st.curr, st.prev),
-    not st.keep and fmt(math.ceil((2 * window - st.elapsed) / 1000)) or nil)
+    not st.keep and fmt_ttl(math.ceil((2 * window - st.elapsed) / 1000)) or nil)
   seen[key] = st -- what a later check of key in this call reads
 end
 

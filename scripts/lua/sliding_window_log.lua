@@ -67,9 +67,13 @@ function sliding_window_log.commit(key, st, limit, window, cost, now)
   end
   -- The key lives until its newest member leaves the window. GT keeps a
   -- longer life, which a member newer than TIME needs (after the clock
-  -- stepped back); a key just created has none yet and gets it plainly.
-  local ttl = fmt(math.ceil((score + window - now) / 1000))
-  if redis.call('PEXPIRE', key, ttl, 'GT') == 0 and redis.call('PTTL', key) == -1 then
+  -- stepped back); a key just created has none yet and gets it plainly
+  -- (GT never sets a first expiry). check found no member: the key was
+  -- created just now.
+  local ttl = fmt_ttl(math.ceil((score + window - now) / 1000))
+  if st.used == 0 and not st.prior then
+    redis.call('PEXPIRE', key, ttl)
+  elseif redis.call('PEXPIRE', key, ttl, 'GT') == 0 and redis.call('PTTL', key) == -1 then
     redis.call('PEXPIRE', key, ttl)
   end
   st.used = st.used + cost
