@@ -31,13 +31,13 @@ local function gcra_mulmod(a, b, m)
 end
 
 -- gcra_times returns n * T as whole microseconds and a remainder in 1/limit
--- of a microsecond; st holds T as st.wq + st.wr / st.limit.
-local function gcra_times(st, n)
-  local r = gcra_mulmod(math.fmod(n, st.limit), st.wr, st.limit)
+-- of a microsecond; rule holds T as rule.wq + rule.wr / rule.limit.
+local function gcra_times(rule, n)
+  local r = gcra_mulmod(math.fmod(n, rule.limit), rule.wr, rule.limit)
   -- n * wr - r is a multiple of limit: the float quotient is within 2^-20
   -- of it, and rounding finds it.
-  local q = math.floor((n * st.wr - r) / st.limit + 0.5)
-  return n * st.wq + q, r
+  local q = math.floor((n * rule.wr - r) / rule.limit + 0.5)
+  return n * rule.wq + q, r
 end
 
 -- gcra_add returns (aw, af) + (bw, bf), the remainder below limit.
@@ -66,9 +66,9 @@ local function gcra_up(w, f)
   return w
 end
 
--- gcra_state reads key's TAT for a bucket of st.limit, as max(TAT, now).
--- A remainder written under another limit (a reload changed it) rounds up.
-local function gcra_state(key, st, now)
+-- gcra_state reads key's TAT for a bucket of limit, as max(TAT, now). A
+-- remainder written under another limit (a reload changed it) rounds up.
+local function gcra_state(key, limit, now)
   local w, f
   local prior = seen[key] -- charged earlier in this call: TAT known
   if prior then
@@ -78,7 +78,7 @@ local function gcra_state(key, st, now)
     if v then
       w, f = string.match(v, '^(%d+):(%d+)$')
       w, f = tonumber(w), tonumber(f)
-      if f and f >= st.limit then
+      if f and f >= limit then
         w, f = w + 1, 0
       end
     end
@@ -89,17 +89,17 @@ local function gcra_state(key, st, now)
   return w, f
 end
 
--- gcra_setup fills st with T split as whole microseconds and remainder.
-local function gcra_setup(st, limit, window)
-  st.limit = limit
-  st.wq = math.floor(window / limit)
-  st.wr = window - st.wq * limit
-  if st.wr < 0 then -- the float quotient rounded up
-    st.wq, st.wr = st.wq - 1, st.wr + limit
-  elseif st.wr >= limit then
-    st.wq, st.wr = st.wq + 1, st.wr - limit
+-- gcra_setup fills rule with T split as whole microseconds and remainder.
+local function gcra_setup(rule, limit, window)
+  rule.limit = limit
+  rule.wq = math.floor(window / limit)
+  rule.wr = window - rule.wq * limit
+  if rule.wr < 0 then -- the float quotient rounded up
+    rule.wq, rule.wr = rule.wq - 1, rule.wr + limit
+  elseif rule.wr >= limit then
+    rule.wq, rule.wr = rule.wq + 1, rule.wr - limit
   end
-  return st
+  return rule
 end
 
 -- gcra_rule returns T and the bucket's time for limit, window and burst.
@@ -125,21 +125,22 @@ function gcra.check(key, limit, window, cost, now, burst)
     -- No rate or no bucket (a limit override of 0): only a check fits.
     return { admit = cost <= 0, none = true, token = 0 }
   end
-  -- Every field named in the constructor: Lua then sizes the table once.
-  local st = { burst = burst, limit = limit, wq = 0, wr = 0, w = 0, f = 0,
-    cw = 0, cf = 0, bw = 0, bf = 0, admit = false, token = 0 }
   local rule = gcra_rule(limit, window, burst)
-  st.wq, st.wr, st.bw, st.bf = rule.wq, rule.wr, rule.bw, rule.bf
-  st.w, st.f = gcra_state(key, st, now)
-  if cost == 1 then
-    st.cw, st.cf = rule.wq, rule.wr
-  else
-    st.cw, st.cf = gcra_times(st, cost)
+  -- Every field named in the constructor: Lua then sizes the table once.
+  -- units: what the bucket lacks in whole units, while known without
+  -- arithmetic (a full bucket lacks none, and after a charge of c, c).
+  local st = { rule = rule, w = 0, f = 0, cw = rule.wq, cf = rule.wr, units = false, admit = false, token = 0 }
+  st.w, st.f = gcra_state(key, limit, now)
+  if st.w == now and st.f == 0 then
+    st.units = 0
+  end
+  if cost ~= 1 then
+    st.cw, st.cf = gcra_times(rule, cost)
   end
   -- What would be owed after the hit, over the bucket's size: fits at or
   -- below zero.
   local ow, of = gcra_add(limit, st.w - now, st.f, st.cw, st.cf)
-  ow, of = gcra_sub(limit, ow, of, st.bw, st.bf)
+  ow, of = gcra_sub(limit, ow, of, rule.bw, rule.bf)
   st.admit = ow < 0 or (ow == 0 and of == 0)
   return st
 end
@@ -152,11 +153,12 @@ function gcra.commit(key, st, limit, window, cost, now)
     return
   end
   st.w, st.f = gcra_add(limit, st.w, st.f, st.cw, st.cf)
+  st.units = st.units and st.units + cost
   if st.w - now >= gcra_max_debt then
     -- A recorded cost on a slow rate (2^32 units at one a month) would owe
     -- past any TTL Redis takes, and past exact doubles: the debt stops at
     -- 100 years, which denies as long as anyone waits.
-    st.w, st.f = now + gcra_max_debt, 0
+    st.w, st.f, st.units = now + gcra_max_debt, 0, false
   end
   write_later(key, string.format('%d:%d', st.w, st.f), fmt(math.max(1, math.ceil(gcra_up(st.w - now, st.f) / 1000))))
   seen[key] = st -- its w and f are what a later check of key in this call reads
@@ -165,19 +167,27 @@ end
 
 -- gcra_owed_units returns how many whole units the bucket lacks: the least
 -- k with k * T >= owed, owed being (ow, of) past now.
-local function gcra_owed_units(st, ow, of)
+local function gcra_owed_units(rule, ow, of)
   if ow == 0 and of == 0 then
     return 0
   end
-  local k = math.max(1, math.ceil((ow + of / st.limit) / (st.wq + st.wr / st.limit)))
+  local q = (ow + of / rule.limit) / (rule.wq + rule.wr / rule.limit)
+  local k = math.ceil(q)
+  -- q is owed / T in floats, a few roundings of 2^-53 each from the exact
+  -- quotient: below 2^32, less than 1e-6 off. Unless it lies that close to
+  -- a whole number, its ceiling is the exact one.
+  if q > 0 and q < 4294967296 and k - q > 1e-4 and k - q < 1 - 1e-4 then
+    return k
+  end
+  k = math.max(1, k)
   for _ = 1, 4 do -- the float guess is at most a unit off: settle it exactly
-    local kw, kf = gcra_times(st, k)
+    local kw, kf = gcra_times(rule, k)
     if kw < ow or (kw == ow and kf < of) then
       k = k + 1
     elseif k == 1 then
       break
     else
-      local pw, pf = gcra_times(st, k - 1)
+      local pw, pf = gcra_times(rule, k - 1)
       if pw > ow or (pw == ow and pf >= of) then
         k = k - 1
       else
@@ -195,13 +205,14 @@ function gcra.result(key, st, limit, window, cost, now)
   if st.none then
     return 0, st.admit and 0 or window
   end
-  local remaining = math.max(0, st.burst - gcra_owed_units(st, st.w - now, st.f))
+  local rule = st.rule
+  local remaining = math.max(0, rule.burst - (st.units or gcra_owed_units(rule, st.w - now, st.f)))
   if st.admit then
     return remaining, gcra_up(st.w - now, st.f)
   end
   -- From the TAT as it is now (a commit may have moved it since check).
   local ow, of = gcra_add(limit, st.w - now, st.f, st.cw, st.cf)
-  return remaining, math.max(1, gcra_up(gcra_sub(limit, ow, of, st.bw, st.bf)))
+  return remaining, math.max(1, gcra_up(gcra_sub(limit, ow, of, rule.bw, rule.bf)))
 end
 
 -- refund gives back cost units of a charge on key, never past now (a
@@ -211,19 +222,19 @@ function gcra.refund(key, cost, limit, window, now)
   if limit <= 0 then
     return 0 -- no rate: nothing was charged (see check)
   end
-  local st = gcra_setup({}, limit, window)
-  local w, f = gcra_state(key, st, now)
+  local rule = gcra_setup({}, limit, window)
+  local w, f = gcra_state(key, limit, now)
   if w == now and f == 0 then
     return 0 -- full
   end
-  local cw, cf = gcra_times(st, cost)
+  local cw, cf = gcra_times(rule, cost)
   local nw, nf = gcra_sub(limit, w, f, cw, cf)
   if nw < now or (nw == now and nf == 0) then
     -- Full again: no key, and no write of this call's to come back.
     redis.call('DEL', key)
     unwritten[key] = nil
     seen[key] = { w = now, f = 0 }
-    return cost - gcra_owed_units(st, gcra_sub(limit, cw, cf, w - now, f)) -- what had refilled stays
+    return cost - gcra_owed_units(rule, gcra_sub(limit, cw, cf, w - now, f)) -- what had refilled stays
   end
   -- Written with the call's other writes (write_all), and known to the
   -- call's later hits of key (seen), as a charge is.
