@@ -76,6 +76,7 @@ local refunded = { admit = true, token = 0 }
 local repeated = { admit = false, token = 0 }
 
 local function decide(keys, args)
+  local floor = math.floor -- a library's code sees math only when it runs
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   seen, unwritten, expiries, stored, formatted = {}, {}, {}, {}, {}
@@ -83,14 +84,15 @@ local function decide(keys, args)
   -- with one MGET (see prefetch); the log's sorted sets are read one by one.
   -- Hit h (keys[h]) has the rule hit_rules[h]; request q holds hits
   -- starts[q] to starts[q + 1] - 1.
-  local hit_rules, starts, charges, nreq = {}, {}, {}, 0
-  local strings, listed = {}, {}
+  -- refunds[q] is true when request q has a refund.
+  local hit_rules, starts, charges, refunds, nreq = {}, {}, {}, {}, 0
+  local strings, nstrings, listed = {}, 0, {}
   local h, a, nargs = 0, 1, #args
   while a <= nargs do
     local n = tonumber(args[a])
     nreq = nreq + 1
     starts[nreq], charges[nreq] = h + 1, n > 0
-    local last = a + math.abs(n)
+    local last = a + (n > 0 and n or -n)
     for i = a + 1, last do
       local s = args[i]
       local rule = rules[s] or parse_rule(s)
@@ -99,7 +101,11 @@ local function decide(keys, args)
       local key = keys[h]
       if rule.string and not listed[key] then
         listed[key] = true
-        strings[#strings + 1] = key
+        nstrings = nstrings + 1
+        strings[nstrings] = key
+      end
+      if rule.refund then
+        refunds[nreq] = true
       end
     end
     a = last + 1
@@ -116,12 +122,14 @@ local function decide(keys, args)
     local first, last, charge = starts[q], starts[q + 1] - 1, charges[q]
     -- The request's refunds first: the checks below, and the charges they
     -- lead to, start from the state the refunds leave.
-    for i = first, last do
-      local rule = hit_rules[i]
-      if rule.refund then
-        rule.alg.refund(keys[i], rule.cost, rule.limit, rule.window, now)
-        denied[keys[i]] = nil
-        states[i] = refunded
+    if refunds[q] then
+      for i = first, last do
+        local rule = hit_rules[i]
+        if rule.refund then
+          rule.alg.refund(keys[i], rule.cost, rule.limit, rule.window, now)
+          denied[keys[i]] = nil
+          states[i] = refunded
+        end
       end
     end
     local quotas, quota_fits = false, false
@@ -181,8 +189,8 @@ local function decide(keys, args)
         state = st.admit and 2 or 3
       end
       reply[r + 1] = state
-      reply[r + 2] = math.floor(remaining)
-      reply[r + 3] = math.floor(reset)
+      reply[r + 2] = floor(remaining)
+      reply[r + 3] = floor(reset)
       reply[r + 4] = charged and st.token or 0
       r = r + 4
     end
