@@ -136,3 +136,35 @@ func TestWindowCountersSurviveAClockStepBack(t *testing.T) {
 		})
 	}
 }
+
+// TestLogExpirySetOncePerCall: a log key charged by several requests of one
+// call lives until its newest member leaves the window, whether the call
+// created it, found it with a shorter life, or found it made persistent.
+func TestLogExpirySetOncePerCall(t *testing.T) {
+	m := miniredis.RunT(t)
+	m.SetTime(epoch)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+	h := hit(config.SlidingWindowLog, "hot", 100, time.Minute, 1)
+	// Three charges in one microsecond: members at now, now+1 and now+2 µs.
+	want := time.Minute + time.Millisecond // ceil((2 µs + 1 min) / 1 ms)
+	for _, before := range []string{"created", "shorter life", "persistent"} {
+		switch before {
+		case "shorter life":
+			m.FastForward(30 * time.Second)
+			m.SetTime(epoch.Add(30 * time.Second))
+		case "persistent":
+			if err := client.Persist(context.Background(), h.Key).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		decideCall(t, client,
+			request{hits: []Hit{h}, charge: true},
+			request{hits: []Hit{h}, charge: true},
+			request{hits: []Hit{h}, charge: true},
+		)
+		if ttl := m.TTL(h.Key); ttl != want {
+			t.Errorf("%s: TTL %v, want %v", before, ttl, want)
+		}
+	}
+}

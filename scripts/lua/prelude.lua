@@ -30,6 +30,8 @@ end
 local seen = {}
 local unwritten = {} -- key to its value
 local expiries = {} -- key to its ttl in ms, or false to keep it
+local lives = {} -- a log key to the ms it must live from now (see live_later)
+local created = {} -- a log key to true when this call created it
 local formatted = {} -- fmt_once's
 
 -- cached returns f(x), computed once per call: cache is one of the call's
@@ -105,6 +107,19 @@ local function write_later(key, value, ttl)
   expiries[key] = ttl or false
 end
 
+-- live_later records that a log key must live ms more milliseconds, for
+-- write_all, which sets each key's expiry once per call however many times
+-- the call charged it. new says the key did not exist before this call.
+local function live_later(key, ms, new)
+  local prior = lives[key]
+  if not prior or ms > prior then
+    lives[key] = ms
+  end
+  if new then
+    created[key] = true
+  end
+end
+
 local function write_all()
   for key, value in pairs(unwritten) do
     local ttl = expiries[key]
@@ -112,6 +127,18 @@ local function write_all()
       redis.call('SET', key, value, 'PX', ttl)
     else
       redis.call('SET', key, value, 'KEEPTTL')
+    end
+  end
+  -- GT keeps a longer life, which a member newer than TIME needs (after
+  -- the clock stepped back); a key this call created has none yet and gets
+  -- it plainly (GT never sets a first expiry), as does one someone made
+  -- persistent.
+  for key, ms in pairs(lives) do
+    local ttl = fmt_ttl(ms)
+    if created[key] then
+      redis.call('PEXPIRE', key, ttl)
+    elseif redis.call('PEXPIRE', key, ttl, 'GT') == 0 and redis.call('PTTL', key) == -1 then
+      redis.call('PEXPIRE', key, ttl)
     end
   end
 end

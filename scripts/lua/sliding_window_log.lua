@@ -65,17 +65,10 @@ function sliding_window_log.commit(key, st, limit, window, cost, now)
       redis.call('ZADD', key, unpack(args))
     end
   end
-  -- The key lives until its newest member leaves the window. GT keeps a
-  -- longer life, which a member newer than TIME needs (after the clock
-  -- stepped back); a key just created has none yet and gets it plainly
-  -- (GT never sets a first expiry). check found no member: the key was
-  -- created just now.
-  local ttl = fmt_ttl(math.ceil((score + window - now) / 1000))
-  if st.used == 0 and not st.prior then
-    redis.call('PEXPIRE', key, ttl)
-  elseif redis.call('PEXPIRE', key, ttl, 'GT') == 0 and redis.call('PTTL', key) == -1 then
-    redis.call('PEXPIRE', key, ttl)
-  end
+  -- The key lives until its newest member leaves the window, set when the
+  -- call ends (live_later). check found no member and this call had not
+  -- charged the key: it was created just now.
+  live_later(key, math.ceil((score + window - now) / 1000), st.used == 0 and not st.prior)
   st.used = st.used + cost
   st.token = score -- names the members, for a refund
   st.newest = score
