@@ -131,6 +131,9 @@ func (c *conn) handle(st *stream) {
 	defer c.finish(st)
 	resp, err := c.call(st)
 	st.release() // if the handler never decoded its request
+	// The work Admit bounds is done: a client slow to take the answer does
+	// not keep the place.
+	st.admitDone()
 	if err != nil {
 		sts, ok := status.FromError(err)
 		if !ok {
@@ -224,10 +227,10 @@ func (c *conn) fits(st *stream, size int) bool {
 // meanwhile. buf must not be shared if it may wait: others write then.
 func (c *conn) sendData(st *stream, buf []byte, endStream bool) error {
 	for sent := 0; ; {
-		for sent < len(buf) && !c.closed && !st.reset && (c.sendWindow <= 0 || st.sendWindow <= 0) {
-			// Let the client see what went, and wait for its window.
-			c.queueFlush()
-			c.wcond.Wait()
+		if sent < len(buf) && !c.closed && !st.reset && (c.sendWindow <= 0 || st.sendWindow <= 0) {
+			if err := c.awaitWindow(st); err != nil {
+				return err
+			}
 		}
 		if c.closed {
 			return errClosed
@@ -348,4 +351,32 @@ func encodeGRPCMessage(msg string) string {
 		}
 	}
 	return sb.String()
+}
+
+// awaitWindow waits (wmu held) until the client's windows let st send, the
+// stream is reset, the connection closes, or st's context ends: a client
+// that keeps its window shut past its deadline has the stream reset.
+func (c *conn) awaitWindow(st *stream) error {
+	var done <-chan struct{}
+	if st.ctx != nil {
+		done = st.ctx.Done()
+		stop := context.AfterFunc(st.ctx, func() {
+			c.wmu.Lock()
+			c.wcond.Broadcast()
+			c.wmu.Unlock()
+		})
+		defer stop()
+	}
+	for !c.closed && !st.reset && (c.sendWindow <= 0 || st.sendWindow <= 0) {
+		select {
+		case <-done:
+			st.reset = true
+			return c.fr.WriteRSTStream(st.id, http2.ErrCodeCancel)
+		default:
+		}
+		// Let the client see what went, and wait for its window.
+		c.queueFlush()
+		c.wcond.Wait()
+	}
+	return nil
 }

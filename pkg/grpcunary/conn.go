@@ -95,14 +95,33 @@ type stream struct {
 	received      int64 // DATA bytes, padding aside
 	contentLength int64 // as the headers say; negative: not said
 	refusal       *httpError
-	admitted      func() // Admit's done
-	inbox         *inbox // a streaming call's messages
-	ended         bool   // END_STREAM received
-	started       bool   // dispatched to a handler
+	admitted      func()      // Admit's done: call admitDone
+	expiry        *time.Timer // resets a unary stream whose message is late
+	inbox         *inbox      // a streaming call's messages
+	ended         bool        // END_STREAM received
+	started       bool        // dispatched to a handler
 
 	// Write side (wmu).
 	sendWindow int64
 	reset      bool // reset by the client, or answered: nothing more is written
+
+	admitReleased atomic.Bool // admitted was called
+	expired       atomic.Bool // expiry fired: the stream was reset
+}
+
+// bodyTimeout bounds how long a unary call's message may take to arrive
+// after its headers, when its deadline does not say less: Envoy sends a
+// request whole, and a stream left open without its message would keep
+// its place in Admit.
+const bodyTimeout = 2 * time.Second
+
+// admitDone gives st's place back to Admit, once, from whichever goroutine
+// gets there first: its handler returning, its message coming too late, or
+// its connection closing.
+func (st *stream) admitDone() {
+	if st.admitted != nil && st.admitReleased.CompareAndSwap(false, true) {
+		st.admitted()
+	}
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -324,12 +343,26 @@ func (c *conn) onHeaders() http2.ErrCode {
 		st.inbox = &inbox{ready: make(chan struct{}, 1)}
 		st.started = true
 	}
+	if err == nil && st.inbox == nil && !st.ended {
+		wait := bodyTimeout
+		if req.timeout >= 0 {
+			wait = min(wait, req.timeout)
+		}
+		st.expiry = time.AfterFunc(wait, func() { c.expire(st) })
+	}
 	c.smu.Lock()
 	c.streams[id] = st
 	gone := c.gone
 	c.smu.Unlock()
-	if gone && st.cancel != nil {
-		st.cancel() // closed meanwhile: its handler sees it
+	if gone {
+		// close has run: nobody else gives its place back.
+		st.admitDone()
+		if st.expiry != nil {
+			st.expiry.Stop()
+		}
+		if st.cancel != nil {
+			st.cancel() // its handler, if it gets one, sees it
+		}
 	}
 	switch {
 	case err != nil:
@@ -375,6 +408,9 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 		return http2.ErrCodeProtocol // DATA on a stream never opened
 	case st == nil, st.ended:
 		c.resetStream(id, http2.ErrCodeStreamClosed)
+		return http2.ErrCodeNo
+	case st.expired.Load():
+		c.finish(st) // reset by expire already
 		return http2.ErrCodeNo
 	}
 	st.recvLeft -= int64(n)
@@ -445,6 +481,10 @@ func (st *stream) release() {
 // answers a request that is not gRPC.
 func (c *conn) end(st *stream) http2.ErrCode {
 	st.ended = true
+	if st.expiry != nil && !st.expiry.Stop() {
+		c.finish(st) // its message came too late: expire reset it
+		return http2.ErrCodeNo
+	}
 	if st.contentLength >= 0 && st.received != st.contentLength {
 		c.resetStream(st.id, http2.ErrCodeProtocol)
 		return http2.ErrCodeNo
@@ -478,15 +518,31 @@ func (c *conn) finish(st *stream) {
 	if !st.started {
 		st.release() // the handler releases its own
 	}
+	if st.expiry != nil {
+		st.expiry.Stop()
+	}
 	if st.cancel != nil {
 		st.cancel()
 	}
-	if st.admitted != nil {
-		st.admitted()
-	}
+	st.admitDone()
 	if done {
 		c.close()
 	}
+}
+
+// expire resets a unary stream whose message did not come whole within
+// its deadline (or bodyTimeout), and gives its place in Admit back at once.
+// It runs on the timer's goroutine: the reader forgets the stream when the
+// client sends on it again, or with the connection.
+func (c *conn) expire(st *stream) {
+	st.expired.Store(true)
+	st.admitDone()
+	st.cancel()
+	c.write(func() error {
+		st.reset = true
+		c.wcond.Broadcast()
+		return c.fr.WriteRSTStream(st.id, http2.ErrCodeCancel)
+	})
 }
 
 func (c *conn) onSettings(f *http2.SettingsFrame) http2.ErrCode {
@@ -635,23 +691,24 @@ func (c *conn) resetStream(id uint32, code http2.ErrCode) {
 // opened before the GOAWAY has arrived, and a second GOAWAY names the last.
 // A client that does not answer gets the second GOAWAY after a second.
 func (c *conn) drain() {
-	err := c.write(func() error {
-		if c.goAwaySent || c.closed {
-			return errAlreadyDraining
-		}
-		c.goAwaySent = true
+	c.wmu.Lock()
+	if c.goAwaySent || c.closed {
+		c.wmu.Unlock()
+		return
+	}
+	c.goAwaySent = true
+	c.wmu.Unlock()
+	// Armed first: the GOAWAY may wait for a client that does not read.
+	c.after(time.Second, c.goAwayFinal)
+	if grace := c.srv.opts.MaxConnectionAgeGrace; grace > 0 {
+		c.after(grace+time.Second, c.close)
+	}
+	c.writeControl(func() error {
 		if err := c.fr.WriteGoAway(math.MaxInt32, http2.ErrCodeNo, nil); err != nil {
 			return err
 		}
 		return c.fr.WritePing(false, pingData(goAwayPing))
 	})
-	if err != nil {
-		return
-	}
-	c.after(time.Second, c.goAwayFinal)
-	if grace := c.srv.opts.MaxConnectionAgeGrace; grace > 0 {
-		c.after(grace+time.Second, c.close)
-	}
 }
 
 // after runs f in d, unless the connection closes first.
@@ -662,8 +719,6 @@ func (c *conn) after(d time.Duration, f func()) {
 		c.timers = append(c.timers, time.AfterFunc(d, f))
 	}
 }
-
-var errAlreadyDraining = errors.New("draining already")
 
 // goAwayFinal sends the GOAWAY naming the last stream served, and closes
 // the connection if none is in flight.
@@ -679,7 +734,7 @@ func (c *conn) goAwayFinal() {
 	c.lastID = c.maxStreamID.Load()
 	lastID, idle := c.lastID, len(c.streams) == 0
 	c.smu.Unlock()
-	c.write(func() error { return c.fr.WriteGoAway(lastID, http2.ErrCodeNo, nil) })
+	c.writeControl(func() error { return c.fr.WriteGoAway(lastID, http2.ErrCodeNo, nil) })
 	if idle {
 		c.close()
 	}
@@ -687,7 +742,7 @@ func (c *conn) goAwayFinal() {
 
 // goAwayNow ends the connection for a protocol error.
 func (c *conn) goAwayNow(code http2.ErrCode) {
-	c.write(func() error { return c.fr.WriteGoAway(c.maxStreamID.Load(), code, nil) })
+	c.writeControl(func() error { return c.fr.WriteGoAway(c.maxStreamID.Load(), code, nil) })
 }
 
 // close closes the connection, after writing what is pending (with a
@@ -713,6 +768,13 @@ func (c *conn) close() {
 	for _, st := range c.streams {
 		if st.cancel != nil {
 			st.cancel()
+		}
+		// A stream whose message had not come whole has no handler to
+		// give its place back; a handler still running is told by its
+		// context, and its place is not the closed connection's to keep.
+		st.admitDone()
+		if st.expiry != nil {
+			st.expiry.Stop()
 		}
 	}
 	c.smu.Unlock()
@@ -747,6 +809,25 @@ func (c *conn) write(fn func() error) error {
 	return err
 }
 
+// writeControl is write for the few frames that end a connection
+// (GOAWAY): they do not wait for pending bytes to go, so that a drain is
+// not held up by a client that does not read (the flusher's write
+// deadline closes that one).
+func (c *conn) writeControl(fn func() error) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.closed {
+		return errClosed
+	}
+	err := fn()
+	c.queueFlush()
+	return err
+}
+
+// writeTimeout bounds one write of the flusher: a client that leaves its
+// answers unread that long is closed, which ends the writers waiting on it.
+const writeTimeout = 10 * time.Second
+
 // queueFlush wakes the flusher if frames wait (wmu held).
 func (c *conn) queueFlush() {
 	if len(c.out) > 0 && !c.flushQueued {
@@ -774,6 +855,7 @@ func (c *conn) flusher() {
 		if len(buf) == 0 {
 			continue
 		}
+		c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
 		_, err := c.nc.Write(buf)
 		if err != nil {
 			c.close()

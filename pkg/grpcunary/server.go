@@ -208,9 +208,9 @@ func (s *Server) Serve(ln net.Listener) error {
 				return ErrServerStopped
 			default:
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				// Out of file descriptors and the like: wait, as net/http does.
+			if temporary(err) {
+				// Out of file descriptors and the like: wait, as net/http
+				// and grpc-go do, rather than stop serving.
 				pause = min(max(2*pause, 5*time.Millisecond), time.Second)
 				select {
 				case <-time.After(pause):
@@ -356,4 +356,16 @@ func withH2(cfg *tls.Config) *tls.Config {
 		}
 	}
 	return cfg
+}
+
+// temporary reports an accept error worth waiting out: a timeout, or what
+// net.Error's deprecated Temporary still says of EMFILE, ENFILE and the
+// like (grpc-go and net/http wait on it too).
+func temporary(err error) bool {
+	var ne interface{ Temporary() bool }
+	if errors.As(err, &ne) && ne.Temporary() {
+		return true
+	}
+	var te net.Error
+	return errors.As(err, &te) && te.Timeout()
 }

@@ -1,0 +1,278 @@
+package grpcunary
+
+// Tests of what a client that misbehaves (or a connection that breaks) must
+// not do to the server: keep Admit's places, wedge a drain, stop Serve.
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/protobuf/proto"
+)
+
+// rawClient is a hand-driven HTTP/2 client.
+type rawClient struct {
+	nc   net.Conn
+	fr   *http2.Framer
+	hbuf bytes.Buffer
+	henc *hpack.Encoder
+}
+
+func dialRaw(t *testing.T, addr string, settings ...http2.Setting) *rawClient {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &rawClient{nc: nc, fr: http2.NewFramer(nc, nc)}
+	rc.henc = hpack.NewEncoder(&rc.hbuf)
+	if _, err := nc.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.fr.WriteSettings(settings...); err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+func (rc *rawClient) headers(t *testing.T, id uint32, path string, endStream bool, extra ...hpack.HeaderField) {
+	t.Helper()
+	rc.hbuf.Reset()
+	for _, f := range append([]hpack.HeaderField{
+		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "http"},
+		{Name: ":path", Value: path}, {Name: ":authority", Value: "x"},
+		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
+	}, extra...) {
+		rc.henc.WriteField(f)
+	}
+	if err := rc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: rc.hbuf.Bytes(), EndHeaders: true, EndStream: endStream}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func grpcMsg(m proto.Message) []byte {
+	b, _ := proto.Marshal(m)
+	n := len(b)
+	return append([]byte{0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, b...)
+}
+
+func serveRaw(t *testing.T, opts Options, svc *testService) (*Server, string) {
+	s := NewServer(opts)
+	testgrpc.RegisterTestServiceServer(s, svc)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(s.Stop)
+	return s, ln.Addr().String()
+}
+
+func countingAdmit(admitted, done *atomic.Int32) func(string) (func(), error) {
+	return func(string) (func(), error) {
+		admitted.Add(1)
+		return func() { done.Add(1) }, nil
+	}
+}
+
+// waitFor polls cond for up to d: generous bounds, for what the defects
+// made never happen, not latency targets.
+func waitFor(cond func() bool, d time.Duration) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// TestAdmitPlaceBackWhenMessageNeverComes: a call whose headers came but
+// not its message gives its place back once its deadline passes, with the
+// connection still open, and when the connection closes.
+func TestAdmitPlaceBackWhenMessageNeverComes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timeout string // grpc-timeout, none if empty
+		close   bool
+	}{
+		{"deadline passes", "50m", false},
+		{"no deadline: bodyTimeout", "", false},
+		{"connection closes", "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var admitted, done atomic.Int32
+			_, addr := serveRaw(t, Options{Admit: countingAdmit(&admitted, &done)}, &testService{})
+			rc := dialRaw(t, addr)
+			defer rc.nc.Close()
+			var extra []hpack.HeaderField
+			if tc.timeout != "" {
+				extra = append(extra, hpack.HeaderField{Name: "grpc-timeout", Value: tc.timeout})
+			}
+			rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, extra...)
+			if !waitFor(func() bool { return admitted.Load() == 1 }, 10*time.Second) {
+				t.Fatal("not admitted")
+			}
+			if tc.close {
+				rc.nc.Close()
+			}
+			if !waitFor(func() bool { return done.Load() == 1 }, 15*time.Second) {
+				t.Errorf("admitted %d, done %d: the place is kept", admitted.Load(), done.Load())
+			}
+		})
+	}
+}
+
+// TestAdmitPlaceBackWhenHandlerReturns: a client that keeps its window shut
+// does not keep the place of a call whose handler has returned.
+func TestAdmitPlaceBackWhenHandlerReturns(t *testing.T) {
+	var admitted, done atomic.Int32
+	_, addr := serveRaw(t, Options{Admit: countingAdmit(&admitted, &done)}, &testService{})
+	rc := dialRaw(t, addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	defer rc.nc.Close()
+	reset := make(chan struct{})
+	go func() { // read what the server sends
+		for {
+			f, err := rc.fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			if r, ok := f.(*http2.RSTStreamFrame); ok && r.StreamID == 1 {
+				close(reset)
+			}
+		}
+	}()
+	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "grpc-timeout", Value: "100m"})
+	if err := rc.fr.WriteData(1, true, grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hi")}})); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(func() bool { return done.Load() == 1 }, 10*time.Second) {
+		t.Errorf("admitted %d, done %d: the handler returned, the place is kept", admitted.Load(), done.Load())
+	}
+	// Its deadline passes with the window still shut: the stream is reset.
+	select {
+	case <-reset:
+	case <-time.After(15 * time.Second):
+		t.Error("no RST_STREAM after the deadline passed with the window shut")
+	}
+}
+
+// flood fills the server's writes to rc, which does not read them: PINGs
+// the server answers until its pending bytes are at their bound.
+func flood(rc *rawClient) {
+	rc.nc.(*net.TCPConn).SetReadBuffer(4 << 10)
+	var batch bytes.Buffer
+	bf := http2.NewFramer(&batch, nil)
+	for i := range 4096 {
+		bf.WritePing(false, [8]byte{byte(i)})
+	}
+	for {
+		rc.nc.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+		if _, err := rc.nc.Write(batch.Bytes()); err != nil {
+			return
+		}
+	}
+}
+
+// TestNonReadingClientClosedAfterAgeAndGrace: a client that stops reading
+// does not keep its connection past MaxConnectionAge and its grace.
+func TestNonReadingClientClosedAfterAgeAndGrace(t *testing.T) {
+	s, addr := serveRaw(t, Options{MaxConnectionAge: 2 * time.Second, MaxConnectionAgeGrace: 200 * time.Millisecond}, &testService{})
+	rc := dialRaw(t, addr)
+	defer rc.nc.Close()
+	flood(rc)
+	// Age 2 s (+10 %), 1 s to the final GOAWAY, grace and 1 s more, and a
+	// second for close's own write: closed in about 5.4 s.
+	open := func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.conns)
+	}
+	if !waitFor(func() bool { return open() == 0 }, 30*time.Second) {
+		t.Errorf("the non-reading connection outlived age and grace: %d open", open())
+	}
+}
+
+// TestGracefulStopNotHeldByOneConnection: one connection whose client does
+// not read does not keep GracefulStop's GOAWAY from the others.
+func TestGracefulStopNotHeldByOneConnection(t *testing.T) {
+	s, addr := serveRaw(t, Options{}, &testService{})
+	stuck := dialRaw(t, addr)
+	defer stuck.nc.Close()
+	flood(stuck)
+	const healthy = 7
+	var goAways, pongs atomic.Int32
+	for range healthy {
+		rc := dialRaw(t, addr)
+		defer rc.nc.Close()
+		go func() {
+			for {
+				f, err := rc.fr.ReadFrame()
+				if err != nil {
+					return
+				}
+				switch f := f.(type) {
+				case *http2.PingFrame:
+					if f.IsAck() {
+						pongs.Add(1)
+					}
+				case *http2.GoAwayFrame:
+					goAways.Add(1)
+					return
+				}
+			}
+		}()
+		rc.fr.WritePing(false, [8]byte{1})
+	}
+	if !waitFor(func() bool { return pongs.Load() == healthy }, 10*time.Second) {
+		t.Fatalf("%d of %d connections served", pongs.Load(), healthy)
+	}
+	stopped := make(chan struct{})
+	go func() { s.GracefulStop(); close(stopped) }()
+	if !waitFor(func() bool { return goAways.Load() == healthy }, 10*time.Second) {
+		t.Errorf("%d of %d healthy connections got a GOAWAY", goAways.Load(), healthy)
+	}
+	stuck.nc.Close()
+	s.Stop()
+	<-stopped
+}
+
+// emfileListener fails its first Accept as a process out of descriptors
+// does, then accepts.
+type emfileListener struct {
+	net.Listener
+	calls atomic.Int32
+}
+
+func (l *emfileListener) Accept() (net.Conn, error) {
+	if l.calls.Add(1) == 1 {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestServeWaitsOutEMFILE: running out of descriptors for a moment does not
+// stop Serve (the service would exit).
+func TestServeWaitsOutEMFILE(t *testing.T) {
+	s := NewServer(Options{})
+	defer s.Stop()
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(&emfileListener{Listener: inner}) }()
+	select {
+	case err := <-served:
+		t.Errorf("Serve returned on EMFILE: %v", err)
+	case <-time.After(time.Second):
+	}
+}
