@@ -449,20 +449,28 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 	return http2.ErrCodeNo
 }
 
-// take appends a DATA payload to the request, in a buffer sized for the
-// whole message once its length is known (not from grpc-go's buffer pool,
-// whose size classes would give a 256 KiB message a 1 MiB buffer). Past
-// max it keeps nothing and returns the message's size (as announced, or as
+// take appends a DATA payload to the request. For a call Admit counts, the
+// buffer is sized for the whole message once its length is known (not from
+// grpc-go's buffer pool, whose size classes would give a 256 KiB message a
+// 1 MiB buffer). Past
+// limit it keeps nothing and returns the message's size (as announced, or as
 // received so far).
-func (st *stream) take(p []byte, max int) (int, bool) {
+func (st *stream) take(p []byte, limit int) (int, bool) {
 	if st.buf == nil && len(p) >= 5 {
 		n := int(uint32(p[1])<<24 | uint32(p[2])<<16 | uint32(p[3])<<8 | uint32(p[4]))
-		if n > max {
+		if n > limit {
 			return n, false
 		}
-		st.buf = make([]byte, 0, 5+n)
+		size := 5 + n
+		if st.admitted == nil {
+			// Not counted by Admit (a health check, or no Admit at all):
+			// a buffer for what came, not for what is announced, which
+			// a client could announce on every stream at little cost.
+			size = min(size, max(len(p), 4<<10))
+		}
+		st.buf = make([]byte, 0, size)
 	}
-	if len(st.buf)+len(p) > 5+max {
+	if len(st.buf)+len(p) > 5+limit {
 		return len(st.buf) + len(p) - 5, false
 	}
 	st.buf = append(st.buf, p...)
@@ -623,16 +631,17 @@ func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) http2.ErrCode {
 		}
 		*w += int64(f.Increment)
 		if *w > math.MaxInt32 {
-			if st == nil {
-				code = http2.ErrCodeFlowControl
-			} else {
-				st.reset = true
-				c.fr.WriteRSTStream(st.id, http2.ErrCodeFlowControl)
-			}
+			code = http2.ErrCodeFlowControl
 		}
 		c.wcond.Broadcast()
 		return nil
 	})
+	if code != http2.ErrCodeNo && st != nil {
+		// The stream's error: reset like any other, which cancels its call
+		// or forgets it if it had not started.
+		c.resetStream(st.id, code)
+		return http2.ErrCodeNo
+	}
 	return code
 }
 

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"net"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -14,6 +15,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/protobuf/proto"
@@ -274,5 +277,58 @@ func TestServeWaitsOutEMFILE(t *testing.T) {
 	case err := <-served:
 		t.Errorf("Serve returned on EMFILE: %v", err)
 	case <-time.After(time.Second):
+	}
+}
+
+// TestAnnouncedSizeNotAllocatedUnadmitted: a call Admit does not count (a
+// health check) gets a buffer for the bytes that came, not for the message
+// size it announces: a thousand streams each announcing 256 KiB in 5 bytes
+// took 258 MiB before.
+func TestAnnouncedSizeNotAllocatedUnadmitted(t *testing.T) {
+	s := NewServer(Options{MaxRecvMsgSize: 256 << 10})
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	defer s.Stop()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	rc := dialRaw(t, ln.Addr().String())
+	defer rc.nc.Close()
+	pong := make(chan struct{})
+	go func() {
+		for {
+			f, err := rc.fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			if p, ok := f.(*http2.PingFrame); ok && p.IsAck() {
+				close(pong)
+			}
+		}
+	}()
+	const streams = 1000
+	n := 256 << 10
+	prefix := []byte{0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
+	for i := range streams {
+		id := uint32(2*i + 1)
+		rc.headers(t, id, "/grpc.health.v1.Health/Check", false)
+		if err := rc.fr.WriteData(id, false, prefix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc.fr.WritePing(false, [8]byte{9}) // answered once everything before it was read
+	select {
+	case <-pong:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no PING answer")
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 64<<20 {
+		t.Errorf("%d streams of 5 bytes each: the heap grew by %d MiB", streams, grew>>20)
 	}
 }
