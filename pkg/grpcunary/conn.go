@@ -68,15 +68,18 @@ type conn struct {
 	out, spare  []byte
 	flushQueued bool
 	flush       chan struct{} // wakes the flusher
-	henc        *hpack.Encoder
-	hbuf        bytes.Buffer
-	data        []byte        // one DATA payload being built
-	sendWindow  int64         // the connection's send window
-	peerWindow  int64         // the client's initial stream window
-	peerFrame   uint32        // the largest frame the client takes
-	closed      bool          // writes fail from now on
-	goAwaySent  bool          // the first GOAWAY of a drain went
-	timers      []*time.Timer // stopped by close
+	// netMu orders the writes to nc: the flusher takes it before it lets
+	// go of wmu, so close's last write follows the frames taken before.
+	netMu      sync.Mutex
+	henc       *hpack.Encoder
+	hbuf       bytes.Buffer
+	data       []byte        // one DATA payload being built
+	sendWindow int64         // the connection's send window
+	peerWindow int64         // the client's initial stream window
+	peerFrame  uint32        // the largest frame the client takes
+	closed     bool          // writes fail from now on
+	goAwaySent bool          // the first GOAWAY of a drain went
+	timers     []*time.Timer // stopped by close
 }
 
 // stream is one call.
@@ -789,7 +792,9 @@ func (c *conn) close() {
 	c.smu.Unlock()
 	if len(pending) > 0 {
 		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		c.netMu.Lock()
 		c.nc.Write(pending)
+		c.netMu.Unlock()
 	}
 	c.nc.Close()
 }
@@ -860,12 +865,16 @@ func (c *conn) flusher() {
 		buf := c.out
 		c.out, c.spare = c.spare[:0], nil
 		c.flushQueued = false
-		c.wmu.Unlock()
 		if len(buf) == 0 {
+			c.wmu.Unlock()
 			continue
 		}
+		// Under wmu: close, which shortens the deadline, comes after.
 		c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
+		c.netMu.Lock()
+		c.wmu.Unlock()
 		_, err := c.nc.Write(buf)
+		c.netMu.Unlock()
 		if err != nil {
 			c.close()
 			return
