@@ -100,6 +100,7 @@ type stream struct {
 	refusal       *httpError
 	admitted      func()      // Admit's done: call admitDone
 	expiry        *time.Timer // resets a unary stream whose message is late
+	bodyDeadline  time.Time   // when the message must be whole
 	inbox         *inbox      // a streaming call's messages
 	ended         bool        // END_STREAM received
 	started       bool        // dispatched to a handler
@@ -112,11 +113,15 @@ type stream struct {
 	expired       atomic.Bool // expiry fired: the stream was reset
 }
 
-// bodyTimeout bounds how long a unary call's message may take to arrive
-// after its headers, when its deadline does not say less: Envoy sends a
-// request whole, and a stream left open without its message would keep
-// its place in Admit.
-const bodyTimeout = 2 * time.Second
+// A unary call's message must be whole by its deadline (60 s after its
+// headers without one), and its stream must not go bodyIdleTimeout without
+// DATA: a stream left open without its message would keep its place in
+// Admit. Envoy sends a request whole; a large one on a loaded server keeps
+// coming, if slowly.
+const (
+	bodyTimeout     = 60 * time.Second
+	bodyIdleTimeout = 10 * time.Second
+)
 
 // admitDone gives st's place back to Admit, once, from whichever goroutine
 // gets there first: its handler returning, its message coming too late, or
@@ -347,11 +352,12 @@ func (c *conn) onHeaders() http2.ErrCode {
 		st.started = true
 	}
 	if err == nil && st.inbox == nil && !st.ended {
-		wait := bodyTimeout
+		total := bodyTimeout
 		if req.timeout >= 0 {
-			wait = min(wait, req.timeout)
+			total = req.timeout
 		}
-		st.expiry = time.AfterFunc(wait, func() { c.expire(st) })
+		st.bodyDeadline = time.Now().Add(total)
+		st.expiry = time.AfterFunc(min(total, c.srv.bodyIdle), func() { c.expire(st) })
 	}
 	c.smu.Lock()
 	c.streams[id] = st
@@ -415,6 +421,13 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 	case st.expired.Load():
 		c.finish(st) // reset by expire already
 		return http2.ErrCodeNo
+	case st.expiry != nil && !f.StreamEnded():
+		// Not idle: wait again, within the body's deadline.
+		if !st.expiry.Stop() {
+			c.finish(st) // expire is resetting it
+			return http2.ErrCodeNo
+		}
+		st.expiry.Reset(min(time.Until(st.bodyDeadline), c.srv.bodyIdle))
 	}
 	st.recvLeft -= int64(n)
 	if st.recvLeft < 0 {
@@ -541,8 +554,9 @@ func (c *conn) finish(st *stream) {
 	}
 }
 
-// expire resets a unary stream whose message did not come whole within
-// its deadline (or bodyTimeout), and gives its place in Admit back at once.
+// expire resets a unary stream whose message did not come whole by its
+// deadline, or whose DATA stopped coming (see bodyTimeout), and gives its
+// place in Admit back at once.
 // It runs on the timer's goroutine: the reader forgets the stream when the
 // client sends on it again, or with the connection.
 func (c *conn) expire(st *stream) {

@@ -68,8 +68,11 @@ func grpcMsg(m proto.Message) []byte {
 	return append([]byte{0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, b...)
 }
 
-func serveRaw(t *testing.T, opts Options, svc *testService) (*Server, string) {
+func serveRaw(t *testing.T, opts Options, svc *testService, setup ...func(*Server)) (*Server, string) {
 	s := NewServer(opts)
+	for _, f := range setup {
+		f(s)
+	}
 	testgrpc.RegisterTestServiceServer(s, svc)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -99,8 +102,9 @@ func waitFor(cond func() bool, d time.Duration) bool {
 }
 
 // TestAdmitPlaceBackWhenMessageNeverComes: a call whose headers came but
-// not its message gives its place back once its deadline passes, with the
-// connection still open, and when the connection closes.
+// not its message gives its place back once its deadline passes, or its
+// stream has been idle too long, with the connection still open, and when
+// the connection closes.
 func TestAdmitPlaceBackWhenMessageNeverComes(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -108,12 +112,13 @@ func TestAdmitPlaceBackWhenMessageNeverComes(t *testing.T) {
 		close   bool
 	}{
 		{"deadline passes", "50m", false},
-		{"no deadline: bodyTimeout", "", false},
+		{"no deadline: idle", "", false},
 		{"connection closes", "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var admitted, done atomic.Int32
-			_, addr := serveRaw(t, Options{Admit: countingAdmit(&admitted, &done)}, &testService{})
+			_, addr := serveRaw(t, Options{Admit: countingAdmit(&admitted, &done)}, &testService{},
+				func(s *Server) { s.bodyIdle = 200 * time.Millisecond })
 			rc := dialRaw(t, addr)
 			defer rc.nc.Close()
 			var extra []hpack.HeaderField
@@ -330,5 +335,46 @@ func TestAnnouncedSizeNotAllocatedUnadmitted(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 64<<20 {
 		t.Errorf("%d streams of 5 bytes each: the heap grew by %d MiB", streams, grew>>20)
+	}
+}
+
+// TestSlowMessageKeepsComing: a message whose DATA keeps coming, slower
+// than the idle bound in all but well within it between frames, is served.
+func TestSlowMessageKeepsComing(t *testing.T) {
+	_, addr := serveRaw(t, Options{}, &testService{}, func(s *Server) { s.bodyIdle = time.Second })
+	rc := dialRaw(t, addr)
+	defer rc.nc.Close()
+	answered := make(chan bool, 1)
+	go func() {
+		for {
+			f, err := rc.fr.ReadFrame()
+			if err != nil {
+				answered <- false
+				return
+			}
+			switch f := f.(type) {
+			case *http2.RSTStreamFrame:
+				answered <- false
+				return
+			case *http2.DataFrame:
+				if f.StreamID == 1 {
+					answered <- true
+					return
+				}
+			}
+		}
+	}()
+	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false)
+	msg := grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: bytes.Repeat([]byte("x"), 64)}})
+	// Eight pieces 150 ms apart: 1.2 s in all, past the idle bound.
+	for i := range 8 {
+		piece := msg[i*len(msg)/8 : (i+1)*len(msg)/8]
+		if err := rc.fr.WriteData(1, i == 7, piece); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+	if !<-answered {
+		t.Error("the call was reset, not answered")
 	}
 }

@@ -105,6 +105,8 @@ type Server struct {
 	handlers  sync.WaitGroup // calls dispatched to a handler
 	workers   sync.WaitGroup
 	stopOnce  sync.Once
+
+	bodyIdle time.Duration // bodyIdleTimeout, shorter in tests
 }
 
 // method is a registered method: unary (handler) or streaming (stream).
@@ -132,6 +134,7 @@ func NewServer(opts Options) *Server {
 		opts.TLS = withH2(opts.TLS)
 	}
 	s := &Server{
+		bodyIdle:    bodyIdleTimeout,
 		opts:        opts,
 		codec:       opts.Codec,
 		interceptor: chain(opts.Interceptors),
