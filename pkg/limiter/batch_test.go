@@ -45,6 +45,16 @@ func decideCall(t *testing.T, client *redis.Client, reqs ...request) [][4]int64 
 	return out
 }
 
+// decideClient returns a client of a fresh miniredis whose clock is at start.
+func decideClient(t *testing.T, start time.Time) (*miniredis.Miniredis, *redis.Client) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.SetTime(start)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { client.Close() })
+	return m, client
+}
+
 // TestOneCallDecidesRequestsInOrder: a batch holding a burst at one key is
 // decided as if the requests had come one by one, each all or nothing.
 func TestOneCallDecidesRequestsInOrder(t *testing.T) {
@@ -55,10 +65,7 @@ func TestOneCallDecidesRequestsInOrder(t *testing.T) {
 	)
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {
-			m := miniredis.RunT(t)
-			m.SetTime(epoch.Add(time.Second))
-			client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-			defer client.Close()
+			_, client := decideClient(t, epoch.Add(time.Second))
 			hot := hit(a, "hot", 3, time.Minute, 1)
 			other := hit(a, "other", 10, time.Minute, 1)
 			heavy := hit(a, "hot", 3, time.Minute, 2)
@@ -93,10 +100,7 @@ func TestOneCallDecidesRequestsInOrder(t *testing.T) {
 // TestLogMembersOfOneCallStayDistinct: the log records every unit charged
 // by one call at one TIME under its own member.
 func TestLogMembersOfOneCallStayDistinct(t *testing.T) {
-	m := miniredis.RunT(t)
-	m.SetTime(epoch)
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	defer client.Close()
+	m, client := decideClient(t, epoch)
 	h := hit(config.SlidingWindowLog, "same", 10, time.Minute, 1)
 	w := hit(config.SlidingWindowLog, "same", 10, time.Minute, 3)
 	decideCall(t, client, request{hits: []Hit{h}, charge: true}, request{hits: []Hit{w}, charge: true}, request{hits: []Hit{h}, charge: true})
@@ -118,11 +122,8 @@ func TestLogMembersOfOneCallStayDistinct(t *testing.T) {
 func TestWindowCountersSurviveAClockStepBack(t *testing.T) {
 	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.FixedWindow} {
 		t.Run(a.String(), func(t *testing.T) {
-			m := miniredis.RunT(t)
-			client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-			defer client.Close()
+			m, client := decideClient(t, epoch.Add(time.Minute+time.Second)) // window 1
 			h := hit(a, "step", 3, time.Minute, 1)
-			m.SetTime(epoch.Add(time.Minute + time.Second)) // window 1
 			decideCall(t, client, request{hits: []Hit{h, hit(a, "other", 3, time.Minute, 1)}, charge: true}, request{hits: []Hit{h}, charge: true})
 			m.SetTime(epoch.Add(59 * time.Second)) // back into window 0
 			got := decideCall(t, client, request{hits: []Hit{h}, charge: true}, request{hits: []Hit{h}, charge: true})
@@ -141,10 +142,7 @@ func TestWindowCountersSurviveAClockStepBack(t *testing.T) {
 // call lives until its newest member leaves the window, whether the call
 // created it, found it with a shorter life, or found it made persistent.
 func TestLogExpirySetOncePerCall(t *testing.T) {
-	m := miniredis.RunT(t)
-	m.SetTime(epoch)
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	defer client.Close()
+	m, client := decideClient(t, epoch)
 	h := hit(config.SlidingWindowLog, "hot", 100, time.Minute, 1)
 	// Three charges in one microsecond: members at now, now+1 and now+2 µs.
 	want := time.Minute + time.Millisecond // ceil((2 µs + 1 min) / 1 ms)
