@@ -110,7 +110,6 @@ type stream struct {
 	reset      bool // reset by the client, or answered: nothing more is written
 
 	admitReleased atomic.Bool // admitted was called
-	expired       atomic.Bool // expiry fired: the stream was reset
 }
 
 // A unary call's message must be whole by its deadline (60 s after its
@@ -418,13 +417,10 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 	case st == nil, st.ended:
 		c.resetStream(id, http2.ErrCodeStreamClosed)
 		return http2.ErrCodeNo
-	case st.expired.Load():
-		c.finish(st) // reset by expire already
-		return http2.ErrCodeNo
 	case st.expiry != nil && !f.StreamEnded():
 		// Not idle: wait again, within the body's deadline.
 		if !st.expiry.Stop() {
-			c.finish(st) // expire is resetting it
+			c.finish(st) // expire has reset it
 			return http2.ErrCodeNo
 		}
 		st.expiry.Reset(min(time.Until(st.bodyDeadline), c.srv.bodyIdle))
@@ -468,9 +464,8 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 // take appends a DATA payload to the request. For a call Admit counts, the
 // buffer is sized for the whole message once its length is known (not from
 // grpc-go's buffer pool, whose size classes would give a 256 KiB message a
-// 1 MiB buffer). Past
-// limit it keeps nothing and returns the message's size (as announced, or as
-// received so far).
+// 1 MiB buffer). Past limit it keeps nothing and returns the message's size
+// (as announced, or as received so far).
 func (st *stream) take(p []byte, limit int) (int, bool) {
 	if st.buf == nil && len(p) >= 5 {
 		n := int(uint32(p[1])<<24 | uint32(p[2])<<16 | uint32(p[3])<<8 | uint32(p[4]))
@@ -556,18 +551,14 @@ func (c *conn) finish(st *stream) {
 
 // expire resets a unary stream whose message did not come whole by its
 // deadline, or whose DATA stopped coming (see bodyTimeout), and gives its
-// place in Admit back at once.
-// It runs on the timer's goroutine: the reader forgets the stream when the
-// client sends on it again, or with the connection.
+// place in Admit back at once. It runs on the timer's goroutine and leaves
+// the stream's buffer and entry to the reader, which sees the timer fired
+// (Stop false) when the client sends on the stream again, or drops them
+// with the connection.
 func (c *conn) expire(st *stream) {
-	st.expired.Store(true)
 	st.admitDone()
 	st.cancel()
-	c.write(func() error {
-		st.reset = true
-		c.wcond.Broadcast()
-		return c.fr.WriteRSTStream(st.id, http2.ErrCodeCancel)
-	})
+	c.writeReset(st, st.id, http2.ErrCodeCancel)
 }
 
 func (c *conn) onSettings(f *http2.SettingsFrame) http2.ErrCode {
@@ -694,13 +685,7 @@ func (c *conn) resetStream(id uint32, code http2.ErrCode) {
 	c.smu.Lock()
 	st := c.streams[id]
 	c.smu.Unlock()
-	c.write(func() error {
-		if st != nil {
-			st.reset = true
-			c.wcond.Broadcast()
-		}
-		return c.fr.WriteRSTStream(id, code)
-	})
+	c.writeReset(st, id, code)
 	if st == nil {
 		return
 	}
@@ -710,6 +695,18 @@ func (c *conn) resetStream(id uint32, code http2.ErrCode) {
 	if !st.started {
 		c.finish(st)
 	}
+}
+
+// writeReset sends RST_STREAM for stream id, and marks st (if any) reset so
+// that its writers stop.
+func (c *conn) writeReset(st *stream, id uint32, code http2.ErrCode) {
+	c.write(func() error {
+		if st != nil {
+			st.reset = true
+			c.wcond.Broadcast()
+		}
+		return c.fr.WriteRSTStream(id, code)
+	})
 }
 
 // drain starts a graceful close: a GOAWAY that lets streams in flight
@@ -829,12 +826,7 @@ func (c *conn) write(fn func() error) error {
 	for len(c.out) > maxPending && !c.closed {
 		c.wcond.Wait()
 	}
-	if c.closed {
-		return errClosed
-	}
-	err := fn()
-	c.queueFlush()
-	return err
+	return c.writeLocked(fn)
 }
 
 // writeControl is write for the few frames that end a connection
@@ -844,6 +836,11 @@ func (c *conn) write(fn func() error) error {
 func (c *conn) writeControl(fn func() error) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	return c.writeLocked(fn)
+}
+
+// writeLocked runs fn (wmu held) unless the connection is closed.
+func (c *conn) writeLocked(fn func() error) error {
 	if c.closed {
 		return errClosed
 	}
