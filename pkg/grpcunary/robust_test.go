@@ -341,7 +341,7 @@ func TestAnnouncedSizeNotAllocatedUnadmitted(t *testing.T) {
 // TestSlowMessageKeepsComing: a message whose DATA keeps coming, slower
 // than the idle bound in all but well within it between frames, is served.
 func TestSlowMessageKeepsComing(t *testing.T) {
-	_, addr := serveRaw(t, Options{}, &testService{}, func(s *Server) { s.bodyIdle = time.Second })
+	_, addr := serveRaw(t, Options{}, &testService{}, func(s *Server) { s.bodyIdle = 2 * time.Second })
 	rc := dialRaw(t, addr)
 	defer rc.nc.Close()
 	answered := make(chan bool, 1)
@@ -366,13 +366,14 @@ func TestSlowMessageKeepsComing(t *testing.T) {
 	}()
 	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false)
 	msg := grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: bytes.Repeat([]byte("x"), 64)}})
-	// Eight pieces 150 ms apart: 1.2 s in all, past the idle bound.
+	// Eight pieces 300 ms apart: 2.4 s in all, past the idle bound, with
+	// 1.7 s to spare between two pieces for a busy machine.
 	for i := range 8 {
 		piece := msg[i*len(msg)/8 : (i+1)*len(msg)/8]
 		if err := rc.fr.WriteData(1, i == 7, piece); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond)
 	}
 	if !<-answered {
 		t.Error("the call was reset, not answered")
