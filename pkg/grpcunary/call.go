@@ -250,10 +250,6 @@ func (c *conn) sendData(st *stream, buf []byte, endStream bool) error {
 	}
 }
 
-// maxStatusMessage bounds grpc-message, so that a status fits in one
-// HEADERS frame whatever the client's frame size.
-const maxStatusMessage = 1024
-
 func truncate(msg string) string {
 	if len(msg) > maxStatusMessage {
 		return msg[:maxStatusMessage]

@@ -9,7 +9,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,37 +17,33 @@ import (
 	"golang.org/x/net/http2/hpack"
 )
 
-// Flow control of what clients send: a stream may send initialWindow bytes
-// before it gets more, and a connection connWindow, which is given back as
-// the reader takes the bytes (they are then in the calls' buffers, which
-// the stream windows, the message size and the stream count bound).
-const (
-	initialWindow = 64 << 10
-	connWindow    = 1 << 20
-	bufferSize    = 32 << 10
-	// goAwayPing marks the PING that follows the first GOAWAY of a drain.
-	goAwayPing = 0x676f61776179 // "goaway"
-)
+// goAwayPing marks the PING that follows the first GOAWAY of a drain.
+const goAwayPing = 0x676f61776179 // "goaway"
 
 var clientPreface = []byte(http2.ClientPreface)
 
-// conn is one client connection. Its reader goroutine (serve) owns the
-// read side; the write side (framer writes, the header encoder, send
-// windows) is guarded by wmu.
+// conn is one client connection. Its reader goroutine (serve, in this
+// file) owns the read side and the streams' lifecycle up to dispatch; the
+// write side (writer.go) is guarded by wmu; flow.go gives back the
+// connection window from any goroutine.
 type conn struct {
 	srv    *Server
 	nc     net.Conn
 	fr     *http2.Framer
 	ctx    context.Context // canceled when the connection ends
 	cancel context.CancelFunc
+	admit  AdmitFunc // this connection's, nil when the server has none
+	flow   connFlow
 
 	// Read side: the reader goroutine only.
-	hdec         *hpack.Decoder
-	hp           headerParser
-	block        headerBlock
-	maxStreamID  atomic.Uint32 // the highest stream id the client opened (written by the reader only)
-	connUnacked  uint32        // bytes read and not yet given back by WINDOW_UPDATE
-	connRecvLeft int64         // bytes the client may still send on the connection
+	hdec        *hpack.Decoder
+	hp          headerParser
+	block       headerBlock
+	maxStreamID atomic.Uint32 // the highest stream id the client opened (written by the reader only)
+	streamBytes atomic.Int64  // what the streams not over hold (see canOpen)
+	// PINGs and SETTINGS to answer since the last request or second.
+	controls     int
+	controlsFrom time.Time
 
 	// Streams by id, from their headers until they end; smu guards it.
 	smu     sync.Mutex
@@ -59,8 +54,8 @@ type conn struct {
 	lastID   uint32
 	gone     bool // closed: the streams' contexts are canceled
 
-	// Write side. Frames are appended to out, which the flusher goroutine
-	// writes to the connection.
+	// Write side (writer.go). Frames are appended to out, which the
+	// flusher goroutine writes to the connection.
 	wmu sync.Mutex
 	// wcond is signaled when a send window grows, out was written, or the
 	// connection closed.
@@ -93,12 +88,10 @@ type stream struct {
 	buf    []byte // the request as received: 5-byte prefix and message
 
 	// Read side (reader goroutine).
-	unacked       uint32 // bytes read and not yet given back to the stream
-	recvLeft      int64
+	window        recvWindow
 	received      int64 // DATA bytes, padding aside
 	contentLength int64 // as the headers say; negative: not said
 	refusal       *httpError
-	admitted      func()      // Admit's done: call admitDone
 	expiry        *time.Timer // resets a unary stream whose message is late
 	bodyDeadline  time.Time   // when the message must be whole
 	inbox         *inbox      // a streaming call's messages
@@ -109,38 +102,41 @@ type stream struct {
 	sendWindow int64
 	reset      bool // reset by the client, or answered: nothing more is written
 
-	admitReleased atomic.Bool // admitted was called
+	held          heldBytes    // connection window bytes of its message
+	streamBytes   atomic.Int64 // its share of conn.streamBytes, until it is over
+	admitted      func()       // the AdmitFunc's done: call admitDone
+	admitReleased atomic.Bool  // admitted was called
 }
 
-// A unary call's message must be whole by its deadline (60 s after its
-// headers without one), and its stream must not go bodyIdleTimeout without
-// DATA: a stream left open without its message would keep its place in
-// Admit. Envoy sends a request whole; a large one on a loaded server keeps
-// coming, if slowly.
-const (
-	bodyTimeout     = 60 * time.Second
-	bodyIdleTimeout = 10 * time.Second
-)
-
 // admitDone gives st's place back to Admit, once, from whichever goroutine
-// gets there first: its handler returning, its message coming too late, or
-// its connection closing.
+// gets there first: its handler returning, or its connection closing.
 func (st *stream) admitDone() {
 	if st.admitted != nil && st.admitReleased.CompareAndSwap(false, true) {
 		st.admitted()
 	}
 }
 
+// release drops the request's bytes once decoded, so that a flood of
+// large requests holds each message once (as decoded), not twice, and
+// gives their connection window back. By the handler's goroutine.
+func (st *stream) release() {
+	st.buf = nil
+	st.c.giveBack(st.held.release())
+}
+
 func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{
-		srv:          s,
-		nc:           nc,
-		streams:      map[uint32]*stream{},
-		connRecvLeft: initialWindow - 1, // RFC 9113's 65,535
-		sendWindow:   initialWindow - 1,
-		peerWindow:   initialWindow - 1,
-		peerFrame:    16 << 10,
-		flush:        make(chan struct{}, 1),
+		srv:        s,
+		nc:         nc,
+		streams:    map[uint32]*stream{},
+		flow:       connFlow{w: recvWindow{left: initialWindow - 1, size: s.connWindow}}, // RFC 9113's 65,535
+		sendWindow: initialWindow - 1,
+		peerWindow: initialWindow - 1,
+		peerFrame:  16 << 10,
+		flush:      make(chan struct{}, 1),
+	}
+	if s.opts.NewConnAdmit != nil {
+		c.admit = s.opts.NewConnAdmit()
 	}
 	c.wcond = sync.NewCond(&c.wmu)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -156,6 +152,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 // serve reads the connection until it ends, then closes it.
 func (c *conn) serve() {
 	defer c.close()
+	// The preface and the first SETTINGS must come within the handshake
+	// bound: a connection that sends neither holds nothing for long.
 	c.nc.SetReadDeadline(time.Now().Add(DefaultHandshakeTimeout))
 	preface := make([]byte, len(clientPreface))
 	if _, err := io.ReadFull(c.nc, preface); err != nil {
@@ -171,7 +169,6 @@ func (c *conn) serve() {
 		io.Copy(io.Discard, io.LimitReader(c.nc, 64<<10))
 		return
 	}
-	c.nc.SetReadDeadline(time.Time{})
 	err := c.write(func() error {
 		if err := c.fr.WriteSettings(
 			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.srv.opts.MaxConcurrentStreams},
@@ -179,8 +176,9 @@ func (c *conn) serve() {
 		); err != nil {
 			return err
 		}
-		c.connRecvLeft += connWindow - (initialWindow - 1)
-		return c.fr.WriteWindowUpdate(0, connWindow-(initialWindow-1))
+		inc := c.srv.connWindow - (initialWindow - 1)
+		c.flow.w.left += inc
+		return c.fr.WriteWindowUpdate(0, uint32(inc))
 	})
 	if err != nil {
 		return
@@ -218,11 +216,13 @@ func (c *conn) serve() {
 				c.goAwayNow(http2.ErrCodeProtocol)
 				return
 			}
+			c.nc.SetReadDeadline(time.Time{})
 			first = false
 		}
 		var code http2.ErrCode
 		switch f := f.(type) {
 		case *http2.HeadersFrame:
+			c.controls = 0
 			c.hp.reset()
 			c.block = headerBlock{streamID: f.StreamID, endStream: f.StreamEnded(), selfDep: f.HasPriority() && f.Priority.StreamDep == f.StreamID}
 			code = c.decodeHeaders(f.HeaderBlockFragment(), f.HeadersEnded())
@@ -257,8 +257,12 @@ func (c *conn) serve() {
 // decodeHeaders decodes a fragment of the header block being read (the
 // framer checks that CONTINUATIONs follow their HEADERS), and takes the
 // block once it has ended. A block that does not decode leaves the
-// connection's header table unknown: a connection error.
+// connection's header table unknown, and one past maxHeaderBlockBytes
+// would keep the reader decoding: connection errors both.
 func (c *conn) decodeHeaders(fragment []byte, ended bool) http2.ErrCode {
+	if c.block.size += len(fragment); c.block.size > maxHeaderBlockBytes {
+		return http2.ErrCodeEnhanceYourCalm
+	}
 	if _, err := c.hdec.Write(fragment); err != nil {
 		return http2.ErrCodeCompression
 	}
@@ -293,18 +297,16 @@ func (c *conn) onHeaders() http2.ErrCode {
 	c.smu.Lock()
 	draining, lastID, open := c.draining, c.lastID, len(c.streams)
 	c.smu.Unlock()
-	if draining && id > lastID {
+	switch {
+	case draining && id > lastID:
 		return http2.ErrCodeNo // past the GOAWAY: the client knows it was not served
-	}
-	if c.hp.truncated {
+	case c.hp.truncated:
 		c.resetStream(id, http2.ErrCodeFrameSize) // as grpc-go
 		return http2.ErrCodeNo
-	}
-	if c.block.selfDep {
+	case c.block.selfDep:
 		c.resetStream(id, http2.ErrCodeProtocol)
 		return http2.ErrCodeNo
-	}
-	if open >= int(c.srv.opts.MaxConcurrentStreams) {
+	case open >= int(c.srv.opts.MaxConcurrentStreams), !c.canOpen(streamCost + int64(c.hp.size)):
 		c.resetStream(id, http2.ErrCodeRefusedStream)
 		return http2.ErrCodeNo
 	}
@@ -315,7 +317,8 @@ func (c *conn) onHeaders() http2.ErrCode {
 	}
 
 	// peerWindow changes on the reader goroutine only (onSettings).
-	st := &stream{c: c, id: id, recvLeft: initialWindow - 1, sendWindow: c.peerWindow, contentLength: req.contentLength}
+	st := &stream{c: c, id: id, window: recvWindow{left: initialWindow - 1, size: initialWindow}, sendWindow: c.peerWindow, contentLength: req.contentLength}
+	c.charge(st, streamCost+int64(c.hp.size))
 	var he *httpError
 	if errors.As(err, &he) {
 		// Not gRPC: answered once the request has come, as HTTP servers do.
@@ -342,18 +345,17 @@ func (c *conn) onHeaders() http2.ErrCode {
 		}
 		err = c.srv.lookup(st)
 	}
-	if err == nil && c.srv.opts.Admit != nil {
-		st.admitted, err = c.srv.opts.Admit(req.path)
-	}
 	st.ended = c.block.endStream
 	if err == nil && st.method.stream != nil {
 		st.inbox = &inbox{ready: make(chan struct{}, 1)}
 		st.started = true
 	}
 	if err == nil && st.inbox == nil && !st.ended {
-		total := bodyTimeout
+		// The server's bound, which the call's own deadline may shorten
+		// but not extend.
+		total := c.srv.bodyTotal
 		if req.timeout >= 0 {
-			total = req.timeout
+			total = min(total, req.timeout)
 		}
 		st.bodyDeadline = time.Now().Add(total)
 		st.expiry = time.AfterFunc(min(total, c.srv.bodyIdle), func() { c.expire(st) })
@@ -362,15 +364,9 @@ func (c *conn) onHeaders() http2.ErrCode {
 	c.streams[id] = st
 	gone := c.gone
 	c.smu.Unlock()
-	if gone {
-		// close has run: nobody else gives its place back.
-		st.admitDone()
-		if st.expiry != nil {
-			st.expiry.Stop()
-		}
-		if st.cancel != nil {
-			st.cancel() // its handler, if it gets one, sees it
-		}
+	if gone && st.cancel != nil {
+		// close has run: its handler, if it gets one, sees it.
+		st.cancel()
 	}
 	switch {
 	case err != nil:
@@ -391,22 +387,46 @@ func (c *conn) onHeaders() http2.ErrCode {
 	return http2.ErrCodeNo
 }
 
+// canOpen reports whether a new stream holding n bytes may open: within
+// the connection's bound and the server's. The last quarter of the
+// server's bound is kept for connections holding little (a fair share of
+// it each), so that clients holding streams open on a few connections
+// cannot keep the others from opening theirs.
+func (c *conn) canOpen(n int64) bool {
+	mine, all, bound := c.streamBytes.Load()+n, c.srv.streamBytes.Load()+n, c.srv.opts.MaxStreamBytes
+	switch {
+	case mine > maxConnStreamBytes, all > bound:
+		return false
+	case all > bound-bound/4:
+		return mine <= bound/(4*(c.srv.connCount.Load()+1))
+	}
+	return true
+}
+
+// charge counts the n bytes st holds until it is over; uncharge gives
+// them back, once.
+func (c *conn) charge(st *stream, n int64) {
+	st.streamBytes.Store(n)
+	c.streamBytes.Add(n)
+	c.srv.streamBytes.Add(n)
+}
+
+func (c *conn) uncharge(st *stream) {
+	n := st.streamBytes.Swap(0)
+	c.streamBytes.Add(-n)
+	c.srv.streamBytes.Add(-n)
+}
+
 // onData adds a DATA frame to its call's message.
 func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
-	n := f.Length
-	c.connRecvLeft -= int64(n)
-	if c.connRecvLeft < 0 {
+	n := int64(f.Length)
+	if !c.flow.take(n) {
 		return http2.ErrCodeFlowControl
 	}
-	c.connUnacked += n
-	if c.connUnacked >= connWindow/2 {
-		unacked := c.connUnacked
-		c.connUnacked = 0
-		c.connRecvLeft += int64(unacked)
-		if c.write(func() error { return c.fr.WriteWindowUpdate(0, unacked) }) != nil {
-			return http2.ErrCodeInternal
-		}
-	}
+	data := f.Data()
+	// Padding is not kept: its window goes back at once.
+	c.giveBack(n - int64(len(data)))
+	n = int64(len(data))
 	id := f.StreamID
 	c.smu.Lock()
 	st := c.streams[id]
@@ -415,33 +435,40 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 	case st == nil && id > c.maxStreamID.Load():
 		return http2.ErrCodeProtocol // DATA on a stream never opened
 	case st == nil, st.ended:
+		c.giveBack(n)
 		c.resetStream(id, http2.ErrCodeStreamClosed)
 		return http2.ErrCodeNo
 	case st.expiry != nil && !f.StreamEnded():
 		// Not idle: wait again, within the body's deadline.
 		if !st.expiry.Stop() {
-			c.finish(st) // expire has reset it
+			c.giveBack(n) // expire has reset it
 			return http2.ErrCodeNo
 		}
 		st.expiry.Reset(min(time.Until(st.bodyDeadline), c.srv.bodyIdle))
 	}
-	st.recvLeft -= int64(n)
-	if st.recvLeft < 0 {
+	if !st.window.take(int64(f.Length)) {
+		c.giveBack(n)
 		c.resetStream(id, http2.ErrCodeFlowControl)
 		return http2.ErrCodeNo
 	}
-	st.received += int64(len(f.Data()))
+	st.received += n
 	if st.contentLength >= 0 && st.received > st.contentLength {
+		c.giveBack(n)
 		c.resetStream(id, http2.ErrCodeProtocol)
 		return http2.ErrCodeNo
 	}
-	if st.inbox != nil {
-		if err := st.inbox.add(f.Data(), c.srv.opts.MaxRecvMsgSize); err != nil {
+	switch {
+	case st.inbox != nil:
+		c.giveBack(st.held.hold(n)) // given back as the handler takes each message
+		if err := st.inbox.add(data, c.srv.opts.MaxRecvMsgSize); err != nil {
 			c.resetStream(id, http2.ErrCodeEnhanceYourCalm)
 			return http2.ErrCodeNo
 		}
-	} else if st.refusal == nil {
-		if size, ok := st.take(f.Data(), c.srv.opts.MaxRecvMsgSize); !ok {
+	case st.refusal != nil:
+		c.giveBack(n) // not kept
+	default:
+		c.giveBack(st.held.hold(n)) // given back once decoded
+		if size, ok := st.take(data, c.srv.opts.MaxRecvMsgSize); !ok {
 			c.answerEarly(st, errTooLarge(size, c.srv.opts.MaxRecvMsgSize))
 			return http2.ErrCodeNo
 		}
@@ -449,37 +476,26 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 	if f.StreamEnded() {
 		return c.end(st)
 	}
-	st.unacked += n
-	if st.unacked >= initialWindow/2 {
-		unacked := st.unacked
-		st.unacked = 0
-		st.recvLeft += int64(unacked)
-		if c.write(func() error { return c.fr.WriteWindowUpdate(id, unacked) }) != nil {
+	if inc := st.window.give(int64(f.Length)); inc > 0 {
+		if c.write(func() error { return c.fr.WriteWindowUpdate(id, inc) }) != nil {
 			return http2.ErrCodeInternal
 		}
 	}
 	return http2.ErrCodeNo
 }
 
-// take appends a DATA payload to the request. For a call Admit counts, the
-// buffer is sized for the whole message once its length is known (not from
-// grpc-go's buffer pool, whose size classes would give a 256 KiB message a
-// 1 MiB buffer). Past limit it keeps nothing and returns the message's size
-// (as announced, or as received so far).
+// take appends a DATA payload to the request. The buffer grows with the
+// bytes that came, never to a size only announced: a client could announce
+// the largest message on every stream at little cost. A message that comes
+// in one frame gets one buffer of its size. Past limit it keeps nothing and
+// returns the message's size (as announced, or as received so far).
 func (st *stream) take(p []byte, limit int) (int, bool) {
 	if st.buf == nil && len(p) >= 5 {
 		n := int(uint32(p[1])<<24 | uint32(p[2])<<16 | uint32(p[3])<<8 | uint32(p[4]))
 		if n > limit {
 			return n, false
 		}
-		size := 5 + n
-		if st.admitted == nil {
-			// Not counted by Admit (a health check, or no Admit at all):
-			// a buffer for what came, not for what is announced, which
-			// a client could announce on every stream at little cost.
-			size = min(size, max(len(p), 4<<10))
-		}
-		st.buf = make([]byte, 0, size)
+		st.buf = make([]byte, 0, min(5+n, len(p)))
 	}
 	if len(st.buf)+len(p) > 5+limit {
 		return len(st.buf) + len(p) - 5, false
@@ -488,21 +504,12 @@ func (st *stream) take(p []byte, limit int) (int, bool) {
 	return 0, true
 }
 
-// release drops the request's bytes once decoded, so that a flood of
-// large requests holds each message once (as decoded), not twice. By the
-// goroutine that owns the stream: the reader before dispatch, the handler
-// after.
-func (st *stream) release() {
-	st.buf = nil
-}
-
-// end marks st's request whole and dispatches it to a handler, or
-// answers a request that is not gRPC.
+// end marks st's request whole and dispatches it to a handler once Admit
+// gives it a place, or answers a request that is not gRPC.
 func (c *conn) end(st *stream) http2.ErrCode {
 	st.ended = true
 	if st.expiry != nil && !st.expiry.Stop() {
-		c.finish(st) // its message came too late: expire reset it
-		return http2.ErrCodeNo
+		return http2.ErrCodeNo // its message came too late: expire reset it
 	}
 	if st.contentLength >= 0 && st.received != st.contentLength {
 		c.resetStream(st.id, http2.ErrCodeProtocol)
@@ -512,19 +519,30 @@ func (c *conn) end(st *stream) http2.ErrCode {
 		st.inbox.end()
 		return http2.ErrCodeNo
 	}
-	st.started = true
 	if st.refusal != nil {
 		// Its body waits for flow control, which the reader must not.
+		st.started = true
 		c.srv.handlers.Add(1)
 		go c.answerHTTP(st)
 		return http2.ErrCodeNo
 	}
+	if c.admit != nil {
+		done, err := c.admit(st.path)
+		if err != nil {
+			c.answerEarly(st, err)
+			return http2.ErrCodeNo
+		}
+		st.admitted = done
+	}
+	st.started = true
 	c.srv.dispatch(st)
 	return http2.ErrCodeNo
 }
 
-// finish forgets st: its handler returned, or it never had one. It closes
-// a draining connection whose last stream this was.
+// finish forgets st: its handler returned, it never had one, or its
+// message came too late. It closes a draining connection whose last stream
+// this was. The reader may still hold st for a frame being read: its
+// buffer is left to the collector, not dropped here.
 func (c *conn) finish(st *stream) {
 	c.smu.Lock()
 	if c.streams[st.id] != st {
@@ -534,9 +552,8 @@ func (c *conn) finish(st *stream) {
 	delete(c.streams, st.id)
 	done := c.draining && len(c.streams) == 0
 	c.smu.Unlock()
-	if !st.started {
-		st.release() // the handler releases its own
-	}
+	c.uncharge(st)
+	c.giveBack(st.held.release())
 	if st.expiry != nil {
 		st.expiry.Stop()
 	}
@@ -550,20 +567,32 @@ func (c *conn) finish(st *stream) {
 }
 
 // expire resets a unary stream whose message did not come whole by its
-// deadline, or whose DATA stopped coming (see bodyTimeout), and gives its
-// place in Admit back at once. It runs on the timer's goroutine and leaves
-// the stream's buffer and entry to the reader, which sees the timer fired
-// (Stop false) when the client sends on the stream again, or drops them
-// with the connection.
+// deadline, or whose DATA stopped coming (see bodyTimeout), and forgets it,
+// giving back its bytes. It runs on the timer's goroutine; the reader sees
+// the timer fired (Stop false) if the client sends on the stream again.
 func (c *conn) expire(st *stream) {
-	st.admitDone()
-	st.cancel()
 	c.writeReset(st, st.id, http2.ErrCodeCancel)
+	c.finish(st)
+}
+
+// tooManyControls counts a PING or SETTINGS frame to answer, and reports
+// a flood: more than maxControlFrames of them within a second with no
+// request between. Each costs an answer and a write; a client that only
+// sends those is closed (as grpc-go closes one that pings too often).
+func (c *conn) tooManyControls() bool {
+	if now := time.Now(); now.Sub(c.controlsFrom) > time.Second {
+		c.controls, c.controlsFrom = 0, now
+	}
+	c.controls++
+	return c.controls > maxControlFrames
 }
 
 func (c *conn) onSettings(f *http2.SettingsFrame) http2.ErrCode {
 	if f.IsAck() {
 		return http2.ErrCodeNo
+	}
+	if c.tooManyControls() {
+		return http2.ErrCodeEnhanceYourCalm
 	}
 	var code http2.ErrCode
 	err := c.write(func() error {
@@ -611,6 +640,9 @@ func (c *conn) onPing(f *http2.PingFrame) http2.ErrCode {
 			c.goAwayFinal()
 		}
 		return http2.ErrCodeNo
+	}
+	if c.tooManyControls() {
+		return http2.ErrCodeEnhanceYourCalm
 	}
 	if c.write(func() error { return c.fr.WritePing(true, f.Data) }) != nil {
 		return http2.ErrCodeInternal
@@ -695,221 +727,4 @@ func (c *conn) resetStream(id uint32, code http2.ErrCode) {
 	if !st.started {
 		c.finish(st)
 	}
-}
-
-// writeReset sends RST_STREAM for stream id, and marks st (if any) reset so
-// that its writers stop.
-func (c *conn) writeReset(st *stream, id uint32, code http2.ErrCode) {
-	c.write(func() error {
-		if st != nil {
-			st.reset = true
-			c.wcond.Broadcast()
-		}
-		return c.fr.WriteRSTStream(id, code)
-	})
-}
-
-// drain starts a graceful close: a GOAWAY that lets streams in flight
-// finish, and a PING; when its answer is back, every stream the client
-// opened before the GOAWAY has arrived, and a second GOAWAY names the last.
-// A client that does not answer gets the second GOAWAY after a second.
-func (c *conn) drain() {
-	c.wmu.Lock()
-	if c.goAwaySent || c.closed {
-		c.wmu.Unlock()
-		return
-	}
-	c.goAwaySent = true
-	c.wmu.Unlock()
-	// Armed first: the GOAWAY may wait for a client that does not read.
-	c.after(time.Second, c.goAwayFinal)
-	if grace := c.srv.opts.MaxConnectionAgeGrace; grace > 0 {
-		c.after(grace+time.Second, c.close)
-	}
-	c.writeControl(func() error {
-		if err := c.fr.WriteGoAway(math.MaxInt32, http2.ErrCodeNo, nil); err != nil {
-			return err
-		}
-		return c.fr.WritePing(false, pingData(goAwayPing))
-	})
-}
-
-// after runs f in d, unless the connection closes first.
-func (c *conn) after(d time.Duration, f func()) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if !c.closed {
-		c.timers = append(c.timers, time.AfterFunc(d, f))
-	}
-}
-
-// goAwayFinal sends the GOAWAY naming the last stream served, and closes
-// the connection if none is in flight.
-func (c *conn) goAwayFinal() {
-	c.smu.Lock()
-	if c.draining {
-		c.smu.Unlock()
-		return
-	}
-	c.draining = true
-	// The reader is the only writer of maxStreamID; a stream it reads
-	// after this is past lastID and dropped, and the client retries it.
-	c.lastID = c.maxStreamID.Load()
-	lastID, idle := c.lastID, len(c.streams) == 0
-	c.smu.Unlock()
-	c.writeControl(func() error { return c.fr.WriteGoAway(lastID, http2.ErrCodeNo, nil) })
-	if idle {
-		c.close()
-	}
-}
-
-// goAwayNow ends the connection for a protocol error.
-func (c *conn) goAwayNow(code http2.ErrCode) {
-	c.writeControl(func() error { return c.fr.WriteGoAway(c.maxStreamID.Load(), code, nil) })
-}
-
-// close closes the connection, after writing what is pending (with a
-// short deadline: a client that does not read is not waited for); calls in
-// flight see their contexts canceled.
-func (c *conn) close() {
-	c.wmu.Lock()
-	already := c.closed
-	c.closed = true
-	pending, timers := c.out, c.timers
-	c.out, c.timers = nil, nil
-	c.wcond.Broadcast()
-	c.wmu.Unlock()
-	if already {
-		return
-	}
-	for _, t := range timers {
-		t.Stop()
-	}
-	c.cancel()
-	c.smu.Lock()
-	c.gone = true
-	for _, st := range c.streams {
-		if st.cancel != nil {
-			st.cancel()
-		}
-		// A stream whose message had not come whole has no handler to
-		// give its place back; a handler still running is told by its
-		// context, and its place is not the closed connection's to keep.
-		st.admitDone()
-		if st.expiry != nil {
-			st.expiry.Stop()
-		}
-	}
-	c.smu.Unlock()
-	if len(pending) > 0 {
-		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-		c.netMu.Lock()
-		c.nc.Write(pending)
-		c.netMu.Unlock()
-	}
-	c.nc.Close()
-}
-
-// errClosed is the error of a write on a closed connection.
-var errClosed = errors.New("grpcunary: connection closed")
-
-// maxPending bounds the bytes waiting for the flusher: past it, writers
-// wait, the reader among them, so a client that does not read its answers
-// stops being read.
-const maxPending = 1 << 20
-
-// write runs fn with the write side held; the frames fn writes go out
-// with the flusher's next write.
-func (c *conn) write(fn func() error) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	for len(c.out) > maxPending && !c.closed {
-		c.wcond.Wait()
-	}
-	return c.writeLocked(fn)
-}
-
-// writeControl is write for the few frames that end a connection
-// (GOAWAY): they do not wait for pending bytes to go, so that a drain is
-// not held up by a client that does not read (the flusher's write
-// deadline closes that one).
-func (c *conn) writeControl(fn func() error) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return c.writeLocked(fn)
-}
-
-// writeLocked runs fn (wmu held) unless the connection is closed.
-func (c *conn) writeLocked(fn func() error) error {
-	if c.closed {
-		return errClosed
-	}
-	err := fn()
-	c.queueFlush()
-	return err
-}
-
-// writeTimeout bounds one write of the flusher: a client that leaves its
-// answers unread that long is closed, which ends the writers waiting on it.
-const writeTimeout = 10 * time.Second
-
-// queueFlush wakes the flusher if frames wait (wmu held).
-func (c *conn) queueFlush() {
-	if len(c.out) > 0 && !c.flushQueued {
-		c.flushQueued = true
-		c.flush <- struct{}{}
-	}
-}
-
-// flusher writes the frames the connection's writers leave in out. Woken,
-// it first yields the processor, as grpc-go's writer does: the handlers
-// runnable then add their answers, and one system call sends them all.
-func (c *conn) flusher() {
-	for {
-		select {
-		case <-c.flush:
-		case <-c.ctx.Done():
-			return
-		}
-		runtime.Gosched()
-		c.wmu.Lock()
-		buf := c.out
-		c.out, c.spare = c.spare[:0], nil
-		c.flushQueued = false
-		if len(buf) == 0 {
-			c.wmu.Unlock()
-			continue
-		}
-		// Under wmu: close, which shortens the deadline, comes after.
-		c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
-		c.netMu.Lock()
-		c.wmu.Unlock()
-		_, err := c.nc.Write(buf)
-		c.netMu.Unlock()
-		if err != nil {
-			c.close()
-			return
-		}
-		c.wmu.Lock()
-		if cap(buf) <= 4*bufferSize {
-			c.spare = buf[:0]
-		}
-		c.wcond.Broadcast()
-		c.wmu.Unlock()
-	}
-}
-
-// outWriter is the framer's writer: frames go to out (wmu held).
-type outWriter struct{ c *conn }
-
-func (w outWriter) Write(p []byte) (int, error) {
-	w.c.out = append(w.c.out, p...)
-	return len(p), nil
-}
-
-func pingData(v uint64) (d [8]byte) {
-	for i := range d {
-		d[7-i] = byte(v >> (8 * i))
-	}
-	return d
 }

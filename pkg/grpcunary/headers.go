@@ -16,6 +16,7 @@ type headerBlock struct {
 	streamID  uint32
 	endStream bool
 	selfDep   bool // the stream depends on itself (a stream error)
+	size      int  // encoded bytes so far (maxHeaderBlockBytes)
 }
 
 // Pseudo-headers of a request, as bits of headerParser.pseudo.

@@ -1,13 +1,16 @@
 package grpcunary
 
 // Tests of what a client that misbehaves (or a connection that breaks) must
-// not do to the server: keep Admit's places, wedge a drain, stop Serve.
+// not do to the server: take Admit's places without a message, hold
+// memory, wedge a drain, stop Serve.
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -15,6 +18,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -83,10 +88,12 @@ func serveRaw(t *testing.T, opts Options, svc *testService, setup ...func(*Serve
 	return s, ln.Addr().String()
 }
 
-func countingAdmit(admitted, done *atomic.Int32) func(string) (func(), error) {
-	return func(string) (func(), error) {
-		admitted.Add(1)
-		return func() { done.Add(1) }, nil
+func countingAdmit(admitted, done *atomic.Int32) func() AdmitFunc {
+	return func() AdmitFunc {
+		return func(string) (func(), error) {
+			admitted.Add(1)
+			return func() { done.Add(1) }, nil
+		}
 	}
 }
 
@@ -101,11 +108,11 @@ func waitFor(cond func() bool, d time.Duration) bool {
 	return cond()
 }
 
-// TestAdmitPlaceBackWhenMessageNeverComes: a call whose headers came but
-// not its message gives its place back once its deadline passes, or its
-// stream has been idle too long, with the connection still open, and when
-// the connection closes.
-func TestAdmitPlaceBackWhenMessageNeverComes(t *testing.T) {
+// TestNoPlaceWithoutTheMessage: a call whose headers came but not its
+// message takes no place in Admit, and its stream is reset and forgotten
+// once its deadline passes or it has been idle too long, or when the
+// connection closes.
+func TestNoPlaceWithoutTheMessage(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		timeout string // grpc-timeout, none if empty
@@ -117,33 +124,79 @@ func TestAdmitPlaceBackWhenMessageNeverComes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var admitted, done atomic.Int32
-			_, addr := serveRaw(t, Options{Admit: countingAdmit(&admitted, &done)}, &testService{},
+			s, addr := serveRaw(t, Options{NewConnAdmit: countingAdmit(&admitted, &done)}, &testService{},
 				func(s *Server) { s.bodyIdle = 200 * time.Millisecond })
 			rc := dialRaw(t, addr)
 			defer rc.nc.Close()
+			reset := make(chan struct{})
+			go func() {
+				for {
+					f, err := rc.fr.ReadFrame()
+					if err != nil {
+						return
+					}
+					if r, ok := f.(*http2.RSTStreamFrame); ok && r.StreamID == 1 {
+						close(reset)
+					}
+				}
+			}()
 			var extra []hpack.HeaderField
 			if tc.timeout != "" {
 				extra = append(extra, hpack.HeaderField{Name: "grpc-timeout", Value: tc.timeout})
 			}
 			rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, extra...)
-			if !waitFor(func() bool { return admitted.Load() == 1 }, 10*time.Second) {
-				t.Fatal("not admitted")
+			// Half a message: still no place.
+			if err := rc.fr.WriteData(1, false, grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hello")}})[:8]); err != nil {
+				t.Fatal(err)
 			}
 			if tc.close {
 				rc.nc.Close()
+				if !waitFor(func() bool { return len(openConns(s)) == 0 }, 15*time.Second) {
+					t.Error("the connection is kept")
+				}
+			} else {
+				select {
+				case <-reset:
+				case <-time.After(15 * time.Second):
+					t.Fatal("the stream without its message was not reset")
+				}
+				if !waitFor(func() bool { return streamsOpen(s) == 0 }, 15*time.Second) {
+					t.Errorf("%d streams kept after the reset", streamsOpen(s))
+				}
 			}
-			if !waitFor(func() bool { return done.Load() == 1 }, 15*time.Second) {
-				t.Errorf("admitted %d, done %d: the place is kept", admitted.Load(), done.Load())
+			if admitted.Load() != 0 {
+				t.Errorf("a call without its message took %d places", admitted.Load())
 			}
 		})
 	}
+}
+
+func openConns(s *Server) []*conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var cs []*conn
+	for c := range s.conns {
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// streamsOpen counts the streams the server's connections hold.
+func streamsOpen(s *Server) int {
+	n := 0
+	for _, c := range openConns(s) {
+		c.smu.Lock()
+		n += len(c.streams)
+		c.smu.Unlock()
+	}
+	return n
 }
 
 // TestAdmitPlaceBackWhenHandlerReturns: a client that keeps its window shut
 // does not keep the place of a call whose handler has returned.
 func TestAdmitPlaceBackWhenHandlerReturns(t *testing.T) {
 	var admitted, done atomic.Int32
-	_, addr := serveRaw(t, Options{Admit: countingAdmit(&admitted, &done)}, &testService{})
+	_, addr := serveRaw(t, Options{NewConnAdmit: countingAdmit(&admitted, &done)}, &testService{})
 	rc := dialRaw(t, addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
 	defer rc.nc.Close()
 	reset := make(chan struct{})
@@ -173,16 +226,30 @@ func TestAdmitPlaceBackWhenHandlerReturns(t *testing.T) {
 	}
 }
 
-// flood fills the server's writes to rc, which does not read them: PINGs
-// the server answers until its pending bytes are at their bound.
+// flood fills the server's writes to rc, which does not read them: calls
+// with 16 KiB answers, each followed by PINGs (fewer than the server
+// allows between requests), until the server's pending bytes are at
+// their bound and it stops reading.
 func flood(rc *rawClient) {
 	rc.nc.(*net.TCPConn).SetReadBuffer(4 << 10)
+	call := grpcMsg(&testpb.SimpleRequest{ResponseSize: 16 << 10})
 	var batch bytes.Buffer
 	bf := http2.NewFramer(&batch, nil)
-	for i := range 4096 {
-		bf.WritePing(false, [8]byte{byte(i)})
-	}
-	for {
+	for id := uint32(1); ; id += 2 {
+		batch.Reset()
+		rc.hbuf.Reset()
+		for _, f := range []hpack.HeaderField{
+			{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "http"},
+			{Name: ":path", Value: "/grpc.testing.TestService/UnaryCall"}, {Name: ":authority", Value: "x"},
+			{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
+		} {
+			rc.henc.WriteField(f)
+		}
+		bf.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: rc.hbuf.Bytes(), EndHeaders: true})
+		bf.WriteData(id, true, call)
+		for i := range 50 {
+			bf.WritePing(false, [8]byte{byte(i)})
+		}
 		rc.nc.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
 		if _, err := rc.nc.Write(batch.Bytes()); err != nil {
 			return
@@ -285,10 +352,9 @@ func TestServeWaitsOutEMFILE(t *testing.T) {
 	}
 }
 
-// TestAnnouncedSizeNotAllocatedUnadmitted: a call Admit does not count (a
-// health check) gets a buffer for the bytes that came, not for the message
-// size it announces: a thousand streams each announcing 256 KiB in 5 bytes
-// took 258 MiB before.
+// TestAnnouncedSizeNotAllocatedUnadmitted: a call gets a buffer for the
+// bytes that came, not for the message size it announces: a thousand
+// streams each announcing 256 KiB in 5 bytes took 258 MiB before.
 func TestAnnouncedSizeNotAllocatedUnadmitted(t *testing.T) {
 	s := NewServer(Options{MaxRecvMsgSize: 256 << 10})
 	healthpb.RegisterHealthServer(s, health.NewServer())
@@ -377,5 +443,221 @@ func TestSlowMessageKeepsComing(t *testing.T) {
 	}
 	if !<-answered {
 		t.Error("the call was reset, not answered")
+	}
+}
+
+// TestTrickleResetWithinTheServersBound: a message that keeps coming, a few
+// bytes at a time, is reset once the server's bound passes, whatever
+// deadline the call's grpc-timeout gives.
+func TestTrickleResetWithinTheServersBound(t *testing.T) {
+	_, addr := serveRaw(t, Options{}, &testService{}, func(s *Server) { s.bodyTotal = 500 * time.Millisecond })
+	rc := dialRaw(t, addr)
+	defer rc.nc.Close()
+	reset := make(chan struct{})
+	go func() {
+		for {
+			f, err := rc.fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			if r, ok := f.(*http2.RSTStreamFrame); ok && r.StreamID == 1 {
+				close(reset)
+				return
+			}
+		}
+	}()
+	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "grpc-timeout", Value: "99999999H"})
+	msg := grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: bytes.Repeat([]byte("x"), 1000)}})
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-reset:
+			return
+		case <-tick.C:
+		}
+		if i >= len(msg)-1 {
+			t.Fatal("the trickled message was never reset")
+		}
+		if err := rc.fr.WriteData(1, false, msg[i:i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestIncompleteMessagesHoldAtMostTheWindow: streams whose messages never
+// finish cannot make the server hold more than the connection window: the
+// window is not given back while the bytes are held, and is given back once
+// the streams are reset.
+func TestIncompleteMessagesHoldAtMostTheWindow(t *testing.T) {
+	s, addr := serveRaw(t, Options{MaxRecvMsgSize: 256 << 10}, &testService{},
+		func(s *Server) { s.bodyIdle = time.Second })
+	rc := dialRaw(t, addr)
+	defer rc.nc.Close()
+	var granted atomic.Int64 // connection window the server gave, past the initial 65,535
+	go func() {
+		for {
+			f, err := rc.fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			if w, ok := f.(*http2.WindowUpdateFrame); ok && w.StreamID == 0 {
+				granted.Add(int64(w.Increment))
+			}
+		}
+	}()
+	window := s.connWindow
+	if !waitFor(func() bool { return granted.Load() == window-(initialWindow-1) }, 10*time.Second) {
+		t.Fatalf("initial connection window %d, want %d", granted.Load()+initialWindow-1, window)
+	}
+	// Each stream announces 200,000 bytes and sends 16 KiB, until the
+	// window is spent.
+	n := 200_000
+	piece := append([]byte{0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, make([]byte, 16<<10-5)...)
+	streams := int(window) / len(piece)
+	for i := range streams {
+		id := uint32(2*i + 1)
+		rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false)
+		if err := rc.fr.WriteData(id, false, piece); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := func() int64 {
+		var sum int64
+		for _, c := range openConns(s) {
+			c.smu.Lock()
+			for _, st := range c.streams {
+				sum += max(st.held.n.Load(), 0)
+			}
+			c.smu.Unlock()
+		}
+		return sum
+	}
+	if !waitFor(func() bool { return held() == int64(streams*len(piece)) }, 10*time.Second) {
+		t.Fatalf("held %d bytes, want %d", held(), streams*len(piece))
+	}
+	if g := granted.Load(); g != window-(initialWindow-1) {
+		t.Errorf("the server gave %d bytes more window while holding the messages", g-(window-(initialWindow-1)))
+	}
+	// The streams go idle and are reset: the window comes back.
+	if !waitFor(func() bool { return granted.Load() >= window-(initialWindow-1)+int64(streams*len(piece))/2 }, 15*time.Second) {
+		t.Errorf("window not given back after the resets: %d granted in all", granted.Load())
+	}
+	if !waitFor(func() bool { return held() == 0 }, 15*time.Second) {
+		t.Errorf("%d bytes still held", held())
+	}
+}
+
+// TestHeldStreamsLeaveRoomForOthers: connections that open streams and
+// never send their messages are refused new streams past their bounds
+// (REFUSED_STREAM), and hold no more than the server's bound in all; a
+// call on another connection is served.
+func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
+	const bound = 1 << 20
+	s, addr := serveRaw(t, Options{MaxStreamBytes: bound}, &testService{})
+	big := strings.Repeat("v", 4<<10)
+	for range 4 {
+		rc := dialRaw(t, addr)
+		defer rc.nc.Close()
+		refused := make(chan struct{})
+		go func() {
+			for {
+				f, err := rc.fr.ReadFrame()
+				if err != nil {
+					return
+				}
+				if r, ok := f.(*http2.RSTStreamFrame); ok && r.ErrCode == http2.ErrCodeRefusedStream {
+					close(refused)
+					return
+				}
+			}
+		}()
+		for i := 0; ; i++ {
+			// Never indexed: each stream's value is a string of its own.
+			rc.headers(t, uint32(2*i+1), "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "x-big", Value: big, Sensitive: true})
+			select {
+			case <-refused:
+			default:
+				continue
+			}
+			break
+		}
+	}
+	if held := s.streamBytes.Load(); held > bound {
+		t.Errorf("held streams hold %d bytes, past the bound %d", held, bound)
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{}); err != nil {
+		t.Errorf("a call on another connection: %v", err)
+	}
+}
+
+// TestPingFloodClosed: a client that sends PINGs (or SETTINGS) and nothing
+// else, more than the server answers a second, is closed with
+// ENHANCE_YOUR_CALM; one whose PINGs come between requests is not.
+func TestPingFloodClosed(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		withCalls  bool
+		settings   bool
+		wantGoAway bool
+	}{
+		{"pings alone", false, false, true},
+		{"settings alone", false, true, true},
+		{"pings between calls", true, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, addr := serveRaw(t, Options{}, &testService{})
+			rc := dialRaw(t, addr)
+			defer rc.nc.Close()
+			goAway := make(chan http2.ErrCode, 1)
+			go func() {
+				for {
+					f, err := rc.fr.ReadFrame()
+					if err != nil {
+						return
+					}
+					if g, ok := f.(*http2.GoAwayFrame); ok {
+						goAway <- g.ErrCode
+						return
+					}
+				}
+			}()
+			id := uint32(1)
+			for i := range 3 * maxControlFrames {
+				if tc.withCalls && i%(maxControlFrames/2) == 0 {
+					rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false)
+					rc.fr.WriteData(id, true, grpcMsg(&testpb.SimpleRequest{}))
+					id += 2
+				}
+				var err error
+				if tc.settings {
+					err = rc.fr.WriteSettings()
+				} else {
+					err = rc.fr.WritePing(false, [8]byte{byte(i)})
+				}
+				if err != nil {
+					break // closed
+				}
+			}
+			// A last PING, answered unless the connection was closed.
+			rc.fr.WritePing(false, [8]byte{0xff})
+			select {
+			case code := <-goAway:
+				if !tc.wantGoAway || code != http2.ErrCodeEnhanceYourCalm {
+					t.Errorf("GOAWAY %v", code)
+				}
+			case <-time.After(3 * time.Second):
+				if tc.wantGoAway {
+					t.Error("the flood was not closed")
+				}
+			}
+		})
 	}
 }

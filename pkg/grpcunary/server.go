@@ -5,23 +5,31 @@
 // transport (a goroutine per connection reading frames, per-stream
 // buffers and flow control goroutines, a writer goroutine fed through a
 // control queue) spent more of the service's CPU than the decision itself.
-// Here a connection has one reader goroutine; a request is decided by a
-// worker once its message is whole; the answer (headers, message and
-// trailers) is written by that worker under the connection's write lock,
-// and the last of the writers waiting flushes, so that answers finishing
-// together share one system call.
+// Here a connection has one reader goroutine (conn.go); a request is
+// decided by a worker once its message is whole; the answer (headers,
+// message and trailers) is written by that worker into the connection's
+// pending bytes, which one flusher goroutine writes, so that answers
+// finishing together share one system call (writer.go).
+//
+// No client may take the server from the others: a call competes for a
+// place (Options.NewConnAdmit) only once its message is whole; the
+// connection window is given back only as messages are decoded, so it
+// bounds the message bytes a connection holds (flow.go); a message must
+// come within a server-side bound; header blocks, the headers of open
+// streams, the streams and the unread answers of a connection are bounded,
+// all in limits.go.
 //
 // What it serves: the methods of services registered with RegisterService
 // (generated RegisterXxxServer functions take a Server), over cleartext
 // HTTP/2 with prior knowledge (as grpc-go's plaintext) or TLS with ALPN h2;
 // request metadata, grpc-timeout deadlines, RST_STREAM cancellation, flow
-// control both ways, a bound on message size and on concurrent streams, an
-// admission hook that can refuse a call before its message is read, graceful stop and
-// a maximum connection age (two-step GOAWAY, as grpc-go). Streaming methods
-// (server reflection, health's Watch) are served simply (stream.go). Not
-// served: compressed messages (UNIMPLEMENTED, as grpc-go without the
-// compressor), stream interceptors, stats handlers. It passes h2spec's
-// HTTP/2 conformance suite (docs/bench.md says how it was run).
+// control both ways, a bound on message size and on concurrent streams,
+// graceful stop and a maximum connection age (two-step GOAWAY, as
+// grpc-go). Streaming methods (server reflection, health's Watch) are
+// served simply (stream.go). Not served: compressed messages
+// (UNIMPLEMENTED, as grpc-go without the compressor), stream interceptors,
+// stats handlers. It passes h2spec's HTTP/2 conformance suite, which make
+// test runs.
 package grpcunary
 
 import (
@@ -31,29 +39,13 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
 )
-
-// Defaults where Options leave a field zero.
-const (
-	// DefaultMaxRecvMsgSize is grpc-go's default bound on a request message.
-	DefaultMaxRecvMsgSize = 4 << 20
-	// DefaultMaxConcurrentStreams bounds the calls of one connection in
-	// flight, a stream counting until its handler returns: a client that
-	// opens and resets streams cannot start more work than that.
-	DefaultMaxConcurrentStreams = 1024
-	// DefaultHandshakeTimeout bounds a TLS handshake and the client's
-	// connection preface.
-	DefaultHandshakeTimeout = 10 * time.Second
-)
-
-// maxHeaderListSize bounds the decoded request headers of one call; a
-// larger list resets the stream (FRAME_SIZE_ERROR, as grpc-go).
-const maxHeaderListSize = 64 << 10
 
 // Options configure a Server. The zero value serves cleartext HTTP/2 with
 // grpc-go's proto codec and the defaults above.
@@ -66,16 +58,18 @@ type Options struct {
 	Codec encoding.CodecV2
 	// Interceptors run around every handler, the first outermost.
 	Interceptors []grpc.UnaryServerInterceptor
-	// Admit, when set, is called when a call's headers arrive, before its
-	// message is read: an error answers the call with that error's status,
-	// and done, when not nil, is called once the call is over, however it
-	// ends.
-	Admit func(fullMethod string) (done func(), err error)
+	// NewConnAdmit, when set, is called once per connection; the AdmitFunc
+	// it returns is called for each of that connection's unary calls once
+	// its message has come whole, before its handler runs (see AdmitFunc).
+	NewConnAdmit func() AdmitFunc
 	// MaxRecvMsgSize bounds a request message; a larger one is answered
 	// RESOURCE_EXHAUSTED without being read whole.
 	MaxRecvMsgSize int
 	// MaxConcurrentStreams is advertised to clients and enforced.
 	MaxConcurrentStreams uint32
+	// MaxStreamBytes bounds what the streams not yet over hold, headers
+	// and state, over all connections (default DefaultMaxStreamBytes).
+	MaxStreamBytes int64
 	// MaxConnectionAge, when positive, asks a client to move to a new
 	// connection after about that long (±10 %, so that a fleet's
 	// connections do not all move at once); MaxConnectionAgeGrace, when
@@ -85,6 +79,13 @@ type Options struct {
 	// a call arriving when all are busy runs on a new goroutine.
 	Workers int
 }
+
+// AdmitFunc decides whether a call whose message has come whole may run:
+// an error answers the call with that error's status; done, when not nil,
+// is called once the call's handler has returned (or the call ended before
+// it ran). A call still arriving holds nothing, so a client that sends
+// slowly or not at all cannot take another's place.
+type AdmitFunc func(fullMethod string) (done func(), err error)
 
 // Server serves unary gRPC methods. Register services, then Serve; stop
 // with GracefulStop or Stop.
@@ -106,7 +107,11 @@ type Server struct {
 	workers   sync.WaitGroup
 	stopOnce  sync.Once
 
-	bodyIdle time.Duration // bodyIdleTimeout, shorter in tests
+	connWindow  int64        // connWindowFor(MaxRecvMsgSize)
+	connCount   atomic.Int64 // connections served
+	streamBytes atomic.Int64 // what their streams hold (conn.canOpen)
+	// bodyTimeout and bodyIdleTimeout, shorter in tests.
+	bodyTotal, bodyIdle time.Duration
 }
 
 // method is a registered method: unary (handler) or streaming (stream).
@@ -127,6 +132,9 @@ func NewServer(opts Options) *Server {
 	if opts.MaxConcurrentStreams == 0 {
 		opts.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
+	if opts.MaxStreamBytes <= 0 {
+		opts.MaxStreamBytes = DefaultMaxStreamBytes
+	}
 	if opts.Workers <= 0 {
 		opts.Workers = 8 * runtime.GOMAXPROCS(0)
 	}
@@ -134,6 +142,8 @@ func NewServer(opts Options) *Server {
 		opts.TLS = withH2(opts.TLS)
 	}
 	s := &Server{
+		connWindow:  connWindowFor(opts.MaxRecvMsgSize),
+		bodyTotal:   bodyTimeout,
 		bodyIdle:    bodyIdleTimeout,
 		opts:        opts,
 		codec:       opts.Codec,
@@ -267,6 +277,8 @@ func (s *Server) serveConn(nc net.Conn) {
 		nc.Close()
 		return
 	}
+	s.connCount.Add(1)
+	defer s.connCount.Add(-1)
 	c.serve()
 	s.mu.Lock()
 	delete(s.conns, c)

@@ -352,19 +352,21 @@ func TestCancelReachesTheHandler(t *testing.T) {
 	}
 }
 
-func TestAdmitRefusesBeforeTheMessage(t *testing.T) {
+func TestAdmitRefusesOnceTheMessageIsWhole(t *testing.T) {
 	var admitted, done atomic.Int32
-	admit := func(method string) (func(), error) {
-		if method != "/grpc.testing.TestService/UnaryCall" {
-			return nil, nil
+	admit := func() AdmitFunc {
+		return func(method string) (func(), error) {
+			if method != "/grpc.testing.TestService/UnaryCall" {
+				return nil, nil
+			}
+			if admitted.Add(1) > 1 {
+				return nil, status.Error(codes.ResourceExhausted, "one at a time")
+			}
+			return func() { done.Add(1) }, nil
 		}
-		if admitted.Add(1) > 1 {
-			return nil, status.Error(codes.ResourceExhausted, "one at a time")
-		}
-		return func() { done.Add(1) }, nil
 	}
 	svc := &testService{seen: make(chan context.Context, 1), release: make(chan struct{})}
-	_, cc := start(t, Options{Admit: admit}, svc)
+	_, cc := start(t, Options{NewConnAdmit: admit}, svc)
 	client := testgrpc.NewTestServiceClient(cc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -374,7 +376,7 @@ func TestAdmitRefusesBeforeTheMessage(t *testing.T) {
 		first <- err
 	}()
 	<-svc.seen
-	// Refused at its headers, before its 1 MiB message is read.
+	// Refused once its 1 MiB message is whole, before its handler.
 	_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: make([]byte, 1<<20)}})
 	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || st.Message() != "one at a time" {
 		t.Errorf("second call: %v, want RESOURCE_EXHAUSTED from Admit", err)

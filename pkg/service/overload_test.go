@@ -12,20 +12,22 @@ import (
 func TestShedderAdmitsUpToTheBound(t *testing.T) {
 	shedder := NewShedder(2, nil)
 	const rls = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-	// Two calls in flight: their places are held until done.
+	// Two calls in flight, on two connections: their places are held until
+	// done.
 	var dones []func()
 	for range 2 {
-		done, err := shedder.Admit(rls)
+		done, err := shedder.NewConn().Admit(rls)
 		if err != nil || done == nil {
 			t.Fatalf("within the bound: %v", err)
 		}
 		dones = append(dones, done)
 	}
-	if _, err := shedder.Admit(rls); status.Code(err) != codes.ResourceExhausted {
+	conn := shedder.NewConn()
+	if _, err := conn.Admit(rls); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("third call in flight: %v, want RESOURCE_EXHAUSTED", err)
 	}
 	for _, method := range []string{"/grpc.health.v1.Health/Check", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"} {
-		if done, err := shedder.Admit(method); err != nil || done != nil {
+		if done, err := conn.Admit(method); err != nil || done != nil {
 			t.Fatalf("%s: shed (%v) or counted (%v)", method, err, done != nil)
 		}
 	}
@@ -34,7 +36,7 @@ func TestShedderAdmitsUpToTheBound(t *testing.T) {
 	if got := shedder.inFlight.Load(); got != 1 {
 		t.Fatalf("%d in flight after one ended, want 1", got)
 	}
-	done, err := shedder.Admit(rls)
+	done, err := conn.Admit(rls)
 	if err != nil {
 		t.Fatalf("after a call ended: %v", err)
 	}
@@ -44,7 +46,7 @@ func TestShedderAdmitsUpToTheBound(t *testing.T) {
 		t.Fatalf("%d in flight after all ended, want 0", got)
 	}
 	if n := testing.AllocsPerRun(100, func() {
-		done, _ := shedder.Admit(rls)
+		done, _ := conn.Admit(rls)
 		done()
 	}); n != 0 {
 		t.Errorf("Admit allocates %v times per call, want 0", n)
@@ -62,7 +64,7 @@ func TestShedderBoundsJSONToo(t *testing.T) {
 	go slow.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/json", nil))
 	<-entered
 	// The gRPC side shares the bound.
-	if _, err := shedder.Admit("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"); status.Code(err) != codes.ResourceExhausted {
+	if _, err := shedder.NewConn().Admit("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("gRPC call while /json holds the only place: %v", err)
 	}
 	rec := httptest.NewRecorder()
@@ -71,4 +73,65 @@ func TestShedderBoundsJSONToo(t *testing.T) {
 		t.Fatalf("second /json request: %d, want 503", rec.Code)
 	}
 	close(release)
+}
+
+// TestNoConnectionTakesEveryPlace: past half the places, a connection may
+// hold no more than max/(n+1) of them, n being the connections holding
+// any. Connections that came first may hold more until their calls end;
+// then they get back no more than their share, and a newcomer finds room.
+func TestNoConnectionTakesEveryPlace(t *testing.T) {
+	const rls = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	shedder := NewShedder(512, nil)
+	// take admits calls on conn until it is refused, and returns their dones.
+	take := func(conn *Conn) []func() {
+		var dones []func()
+		for {
+			done, err := conn.Admit(rls)
+			if err != nil {
+				return dones
+			}
+			dones = append(dones, done)
+		}
+	}
+	first, second, third := shedder.NewConn(), shedder.NewConn(), shedder.NewConn()
+	firsts := take(first)
+	var held [][]func()
+	for i, c := range []*Conn{second, third} {
+		held = append(held, take(c))
+		if want := []int{170, 86}[i]; len(held[i]) != want {
+			t.Errorf("connection %d took %d places, want %d", i+2, len(held[i]), want)
+		}
+	}
+	if len(firsts) != 256 {
+		t.Errorf("the first connection took %d places alone, want half, 256", len(firsts))
+	}
+	// Every place is taken: a newcomer waits for calls to end.
+	if _, err := shedder.NewConn().Admit(rls); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a newcomer with every place taken: %v", err)
+	}
+	for _, done := range firsts {
+		done()
+	}
+	// The first connection's calls ended: it gets back only its share, with
+	// three connections holding places: 512/(3+1).
+	if firsts = take(first); len(firsts) != 128 {
+		t.Errorf("the first connection took %d places back, want 128", len(firsts))
+	}
+	newcomer := take(shedder.NewConn())
+	if len(newcomer) != 102 {
+		t.Errorf("a newcomer took %d places, want its share of 512/5, 102", len(newcomer))
+	}
+	if done, err := shedder.NewConn().Admit(rls); err != nil {
+		t.Errorf("a fifth connection with %d places free: %v", 512-shedder.inFlight.Load(), err)
+	} else {
+		done()
+	}
+	for _, dones := range append(held, firsts, newcomer) {
+		for _, done := range dones {
+			done()
+		}
+	}
+	if shedder.inFlight.Load() != 0 || shedder.holders.Load() != 0 {
+		t.Errorf("after every call ended: %d in flight, %d holders", shedder.inFlight.Load(), shedder.holders.Load())
+	}
 }

@@ -1,0 +1,88 @@
+package grpcunary
+
+import "time"
+
+// What one client may make the server hold, in one place. docs/reliability.md
+// adds them up per connection.
+
+// Defaults where Options leave a field zero.
+const (
+	// DefaultMaxRecvMsgSize is grpc-go's default bound on a request message.
+	DefaultMaxRecvMsgSize = 4 << 20
+	// DefaultMaxConcurrentStreams bounds the calls of one connection in
+	// flight, a stream counting until its handler returns: a client that
+	// opens and resets streams cannot start more work than that.
+	DefaultMaxConcurrentStreams = 1024
+	// DefaultMaxStreamBytes bounds what the streams not yet over hold over
+	// all connections (see maxConnStreamBytes).
+	DefaultMaxStreamBytes = 64 << 20
+	// DefaultHandshakeTimeout bounds a TLS handshake, the client's
+	// connection preface and its first SETTINGS frame.
+	DefaultHandshakeTimeout = 10 * time.Second
+)
+
+// Headers.
+const (
+	// maxHeaderListSize bounds the decoded request headers of one call; a
+	// larger list resets the stream (FRAME_SIZE_ERROR, as grpc-go).
+	maxHeaderListSize = 64 << 10
+	// maxHeaderBlockBytes bounds the encoded bytes of one header block,
+	// HEADERS and CONTINUATIONs together: past it the connection is closed,
+	// so that an endless block cannot keep a reader busy (the CONTINUATION
+	// flood of 2024). An honest block within maxHeaderListSize is smaller.
+	maxHeaderBlockBytes = 2 * maxHeaderListSize
+	// maxConnStreamBytes bounds what a connection's streams not yet over
+	// hold: their decoded headers and streamCost each. A stream past it,
+	// or past the server's Options.MaxStreamBytes (whose last quarter is
+	// kept for connections holding little, see conn.canOpen), is refused
+	// (REFUSED_STREAM): streams that never send their message hold little.
+	maxConnStreamBytes = 2 << 20
+	// streamCost is about what a stream holds beside its headers: its
+	// state, context, timer and map entry.
+	streamCost = 1 << 10
+)
+
+// Messages.
+const (
+	// initialWindow is HTTP/2's stream window, which the server keeps: a
+	// stream may send that much before the server reads it.
+	initialWindow = 64 << 10
+	// minConnWindow is the least connection window. The window is given
+	// back as calls decode their messages, not as bytes arrive, so it bounds
+	// the message bytes a connection holds; it is at least twice the
+	// largest message, so that one message always fits (connWindowFor).
+	minConnWindow = 1 << 20
+	// bodyTimeout bounds how long a unary call's message may take to come
+	// whole after its headers, whatever the call's own deadline says; a
+	// stream idle for bodyIdleTimeout is reset sooner. A call holds no
+	// place in Admit meanwhile; these free its stream and its bytes.
+	bodyTimeout     = 30 * time.Second
+	bodyIdleTimeout = 10 * time.Second
+)
+
+// Writes.
+const (
+	// maxControlFrames bounds the PING and SETTINGS frames, each answered,
+	// that a client may send within a second with no request between:
+	// past it the connection is closed (ENHANCE_YOUR_CALM).
+	maxControlFrames = 100
+	// bufferSize is the read buffer of a connection.
+	bufferSize = 32 << 10
+	// maxPending bounds the bytes waiting for the flusher: past it, writers
+	// wait, the reader among them, so a client that does not read its
+	// answers stops being read.
+	maxPending = 64 << 10
+	// writeTimeout bounds one write of the flusher: a client that leaves its
+	// answers unread that long is closed, which ends the writers waiting
+	// on it.
+	writeTimeout = 10 * time.Second
+	// maxStatusMessage bounds grpc-message, so that a status fits in one
+	// HEADERS frame whatever the client's frame size.
+	maxStatusMessage = 1024
+)
+
+// connWindowFor is the connection window for messages of up to maxMsg
+// bytes.
+func connWindowFor(maxMsg int) int64 {
+	return max(minConnWindow, 2*(int64(maxMsg)+5))
+}
