@@ -87,23 +87,29 @@ func burst(servers []*server, callers, requests int, deadline time.Duration, key
 // requests at one descriptor whose limit is 3, on 1 and on 3 instances of
 // the service at their default flags: exactly 3 are admitted, every other
 // request is answered OVER_LIMIT, and none is an error (which Envoy would
-// let through).
+// let through). On each gRPC server.
 func TestBurstAtOneKeyAdmitsExactlyTheLimit(t *testing.T) {
-	r := startRedis(t)
-	servers := []*server{startServer(t, r, burstConfig), startServer(t, r, burstConfig), startServer(t, r, burstConfig)}
-	avoidHourEdge(t, 30*time.Second)
-	for _, instances := range []int{1, 3} {
-		for _, key := range []string{"log", "counter", "fixed", "gcra"} {
-			t.Run(fmt.Sprintf("%d instances/%s", instances, key), func(t *testing.T) {
-				res := burst(servers[:instances], 200, 2000, 5*time.Second, key, fmt.Sprint("on-", instances))
-				t.Logf("%s", res)
-				if res.admitted.Load() != 3 || res.errorCount() != 0 {
-					t.Fatalf("%s: want exactly 3 admitted and no errors", res)
-				}
-			})
+	onEachGRPCServer(t, func(t *testing.T, kind string) {
+		r := startRedis(t)
+		servers := []*server{
+			startServer(t, r, burstConfig, "--grpc-server", kind),
+			startServer(t, r, burstConfig, "--grpc-server", kind),
+			startServer(t, r, burstConfig, "--grpc-server", kind),
 		}
-	}
-	noFailureMode(t, servers...)
+		avoidHourEdge(t, 30*time.Second)
+		for _, instances := range []int{1, 3} {
+			for _, key := range []string{"log", "counter", "fixed", "gcra"} {
+				t.Run(fmt.Sprintf("%d instances/%s", instances, key), func(t *testing.T) {
+					res := burst(servers[:instances], 200, 2000, 5*time.Second, key, fmt.Sprint("on-", instances))
+					t.Logf("%s", res)
+					if res.admitted.Load() != 3 || res.errorCount() != 0 {
+						t.Fatalf("%s: want exactly 3 admitted and no errors", res)
+					}
+				})
+			}
+		}
+		noFailureMode(t, servers...)
+	})
 }
 
 // TestBurstWithEnvoyDeadlines: the same burst with Envoy's default 20 ms
@@ -115,27 +121,30 @@ func TestBurstAtOneKeyAdmitsExactlyTheLimit(t *testing.T) {
 // OK (the rules name no failure_mode, so a request the service could not
 // decide in time is an error, never an OK), and every error a missed
 // deadline, an overload refusal, or a store call that outlived its deadline.
+// On each gRPC server.
 func TestBurstWithEnvoyDeadlines(t *testing.T) {
-	r := startRedis(t)
-	s := withBinary(plainBinary(t), func() *server { return startServer(t, r, burstConfig) })
-	avoidHourEdge(t, 30*time.Second)
-	for _, key := range []string{"log", "counter", "fixed", "gcra"} {
-		t.Run(key, func(t *testing.T) {
-			res := burst([]*server{s}, 200, 2000, 20*time.Millisecond, key, "envoy")
-			t.Logf("%s (Envoy would let %d through: the limit is 3)", res, res.admitted.Load()+res.errorCount())
-			if res.admitted.Load() > 3 {
-				t.Fatalf("%s: more than the limit of 3 answered OK", res)
-			}
-			res.errors.Range(func(code, _ any) bool {
-				switch c := code.(codes.Code); c {
-				case codes.DeadlineExceeded, codes.ResourceExhausted, codes.Unavailable:
-				default:
-					t.Errorf("%s: an error %v; want only missed deadlines, overload refusals and late store calls", res, c)
+	onEachGRPCServer(t, func(t *testing.T, kind string) {
+		r := startRedis(t)
+		s := withBinary(plainBinary(t), func() *server { return startServer(t, r, burstConfig, "--grpc-server", kind) })
+		avoidHourEdge(t, 30*time.Second)
+		for _, key := range []string{"log", "counter", "fixed", "gcra"} {
+			t.Run(key, func(t *testing.T) {
+				res := burst([]*server{s}, 200, 2000, 20*time.Millisecond, key, "envoy")
+				t.Logf("%s (Envoy would let %d through: the limit is 3)", res, res.admitted.Load()+res.errorCount())
+				if res.admitted.Load() > 3 {
+					t.Fatalf("%s: more than the limit of 3 answered OK", res)
 				}
-				return true
+				res.errors.Range(func(code, _ any) bool {
+					switch c := code.(codes.Code); c {
+					case codes.DeadlineExceeded, codes.ResourceExhausted, codes.Unavailable:
+					default:
+						t.Errorf("%s: an error %v; want only missed deadlines, overload refusals and late store calls", res, c)
+					}
+					return true
+				})
 			})
-		})
-	}
+		}
+	})
 }
 
 // avoidHourEdge waits for the next hour when fewer than margin are left, so

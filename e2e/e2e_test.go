@@ -339,53 +339,57 @@ func TestScriptFlushMidRun(t *testing.T) {
 }
 
 func TestFailureModes(t *testing.T) {
-	r := startRedis(t)
-	s := startServer(t, r, testConfig, "--store-timeout", "200ms")
-	r.stop()
-	start := time.Now()
-	resp := s.ask(t, request("e2e", descriptor("fail_deny", "x"), descriptor("fail_allow", "x"), descriptor("open", "x")))
-	if took := time.Since(start); took > 2*time.Second {
-		t.Fatalf("answer took %v with the store down", took)
-	}
-	if resp.OverallCode != over || resp.Statuses[0].Code != over || resp.Statuses[1].Code != ok || resp.Statuses[2].Code != ok {
-		t.Fatalf("store down: %v, want deny, allow, unlimited", resp)
-	}
-	if retry, _ := headerValue(resp, "retry-after"); retry != "1" {
-		t.Fatalf("retry-after %q, want 1", retry)
-	}
-	s.waitLog(t, "store unavailable")
+	onEachGRPCServer(t, func(t *testing.T, kind string) {
+		r := startRedis(t)
+		s := startServer(t, r, testConfig, "--store-timeout", "200ms", "--grpc-server", kind)
+		r.stop()
+		start := time.Now()
+		resp := s.ask(t, request("e2e", descriptor("fail_deny", "x"), descriptor("fail_allow", "x"), descriptor("open", "x")))
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("answer took %v with the store down", took)
+		}
+		if resp.OverallCode != over || resp.Statuses[0].Code != over || resp.Statuses[1].Code != ok || resp.Statuses[2].Code != ok {
+			t.Fatalf("store down: %v, want deny, allow, unlimited", resp)
+		}
+		if retry, _ := headerValue(resp, "retry-after"); retry != "1" {
+			t.Fatalf("retry-after %q, want 1", retry)
+		}
+		s.waitLog(t, "store unavailable")
+	})
 }
 
 func TestGracefulShutdown(t *testing.T) {
-	s := startServer(t, startRedis(t), testConfig, "--shutdown-delay", "1s")
-	s.ask(t, request("e2e", descriptor("log", "g")))
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	// During the delay: still answering, but saying it is going away.
-	waitFor(t, 900*time.Millisecond, func() error {
-		h, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{})
-		if err != nil {
-			return err
+	onEachGRPCServer(t, func(t *testing.T, kind string) {
+		s := startServer(t, startRedis(t), testConfig, "--shutdown-delay", "1s", "--grpc-server", kind)
+		s.ask(t, request("e2e", descriptor("log", "g")))
+		if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
 		}
-		if h.Status != healthpb.HealthCheckResponse_NOT_SERVING {
-			return fmt.Errorf("health %v", h.Status)
+		// During the delay: still answering, but saying it is going away.
+		waitFor(t, 900*time.Millisecond, func() error {
+			h, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+			if err != nil {
+				return err
+			}
+			if h.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+				return fmt.Errorf("health %v", h.Status)
+			}
+			return nil
+		})
+		if resp, err := http.Get("http://" + s.httpAddr + "/readyz"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("/readyz while draining: %v %v, want 503", resp, err)
 		}
-		return nil
+		s.ask(t, request("e2e", descriptor("log", "g")))
+		select {
+		case err := <-s.exited:
+			s.exited <- err
+			if err != nil {
+				t.Fatalf("exit after SIGTERM: %v, want status 0", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("still running 15s after SIGTERM")
+		}
 	})
-	if resp, err := http.Get("http://" + s.httpAddr + "/readyz"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("/readyz while draining: %v %v, want 503", resp, err)
-	}
-	s.ask(t, request("e2e", descriptor("log", "g")))
-	select {
-	case err := <-s.exited:
-		s.exited <- err
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v, want status 0", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("still running 15s after SIGTERM")
-	}
 }
 
 func TestEmbeddedStore(t *testing.T) {

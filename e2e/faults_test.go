@@ -856,55 +856,57 @@ func TestFaultOverload(t *testing.T) {
 // over an allow. POST /json says 503 where gRPC says UNAVAILABLE. Once Redis
 // is back the same rule is decided again.
 func TestFaultRedisDownDefersToEnvoy(t *testing.T) {
-	r := faultStartRedis(t)
-	s := startServer(t, r, faultConfig, "--store-timeout", faultStoreTimeout.String())
-	call := func(ds ...*rlcommon.RateLimitDescriptor) (*rlsv3.RateLimitResponse, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return s.rls.ShouldRateLimit(ctx, request("faults", ds...))
-	}
-	if resp, err := call(descriptor("envoy_when_down", "d")); status.Code(err) != codes.OK || resp.OverallCode != ok {
-		t.Fatalf("Redis up: %v %v, want a decided OK", resp, err)
-	}
+	onEachGRPCServer(t, func(t *testing.T, kind string) {
+		r := faultStartRedis(t)
+		s := startServer(t, r, faultConfig, "--store-timeout", faultStoreTimeout.String(), "--grpc-server", kind)
+		call := func(ds ...*rlcommon.RateLimitDescriptor) (*rlsv3.RateLimitResponse, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return s.rls.ShouldRateLimit(ctx, request("faults", ds...))
+		}
+		if resp, err := call(descriptor("envoy_when_down", "d")); status.Code(err) != codes.OK || resp.OverallCode != ok {
+			t.Fatalf("Redis up: %v %v, want a decided OK", resp, err)
+		}
 
-	r.stop()
-	envoy, open, closed := descriptor("envoy_when_down", "d"), descriptor("open_when_down", "d"), descriptor("closed_when_down", "d")
-	for _, tt := range []struct {
-		name    string
-		ds      []*rlcommon.RateLimitDescriptor
-		code    codes.Code
-		overall rlsv3.RateLimitResponse_Code // when code is OK
-	}{
-		{"no failure_mode", []*rlcommon.RateLimitDescriptor{envoy}, codes.Unavailable, 0},
-		{"deny", []*rlcommon.RateLimitDescriptor{closed}, codes.OK, over},
-		{"allow", []*rlcommon.RateLimitDescriptor{open}, codes.OK, ok},
-		{"deny and none", []*rlcommon.RateLimitDescriptor{envoy, closed}, codes.OK, over},
-		{"allow and none", []*rlcommon.RateLimitDescriptor{open, envoy}, codes.Unavailable, 0},
-	} {
-		resp, err := call(tt.ds...)
-		if got := status.Code(err); got != tt.code || (got == codes.OK && resp.OverallCode != tt.overall) {
-			t.Errorf("Redis down, %s: %v %v, want %v %v", tt.name, resp, err, tt.code, tt.overall)
+		r.stop()
+		envoy, open, closed := descriptor("envoy_when_down", "d"), descriptor("open_when_down", "d"), descriptor("closed_when_down", "d")
+		for _, tt := range []struct {
+			name    string
+			ds      []*rlcommon.RateLimitDescriptor
+			code    codes.Code
+			overall rlsv3.RateLimitResponse_Code // when code is OK
+		}{
+			{"no failure_mode", []*rlcommon.RateLimitDescriptor{envoy}, codes.Unavailable, 0},
+			{"deny", []*rlcommon.RateLimitDescriptor{closed}, codes.OK, over},
+			{"allow", []*rlcommon.RateLimitDescriptor{open}, codes.OK, ok},
+			{"deny and none", []*rlcommon.RateLimitDescriptor{envoy, closed}, codes.OK, over},
+			{"allow and none", []*rlcommon.RateLimitDescriptor{open, envoy}, codes.Unavailable, 0},
+		} {
+			resp, err := call(tt.ds...)
+			if got := status.Code(err); got != tt.code || (got == codes.OK && resp.OverallCode != tt.overall) {
+				t.Errorf("Redis down, %s: %v %v, want %v %v", tt.name, resp, err, tt.code, tt.overall)
+			}
 		}
-	}
-	for rule, want := range map[string]int{"envoy_when_down": 503, "closed_when_down": 429, "open_when_down": 200} {
-		code, body := httpPost(t, "http://"+s.httpAddr+"/json", `{"domain":"faults","descriptors":[{"entries":[{"key":"`+rule+`","value":"d"}]}]}`)
-		if code != want {
-			t.Errorf("Redis down, POST /json for %s: %d %s, want %d", rule, code, body, want)
+		for rule, want := range map[string]int{"envoy_when_down": 503, "closed_when_down": 429, "open_when_down": 200} {
+			code, body := httpPost(t, "http://"+s.httpAddr+"/json", `{"domain":"faults","descriptors":[{"entries":[{"key":"`+rule+`","value":"d"}]}]}`)
+			if code != want {
+				t.Errorf("Redis down, POST /json for %s: %d %s, want %d", rule, code, body, want)
+			}
 		}
-	}
-	if got := metric(t, s, `ratelimit_decisions_total{domain="faults",outcome="failure_defer",rule="envoy_when_down"}`); got != "4" {
-		t.Errorf("failure_defer decisions: %q, want 4 (3 gRPC, 1 JSON)", got)
-	}
+		if got := metric(t, s, `ratelimit_decisions_total{domain="faults",outcome="failure_defer",rule="envoy_when_down"}`); got != "4" {
+			t.Errorf("failure_defer decisions: %q, want 4 (3 gRPC, 1 JSON)", got)
+		}
 
-	faultRestartRedis(t, r)
-	waitFor(t, 5*time.Second, func() error {
-		resp, err := call(envoy, open)
-		if err != nil {
-			return err
-		}
-		if resp.OverallCode != ok || resp.Statuses[0].LimitRemaining >= faultLimit {
-			return fmt.Errorf("%v: not a decided answer", resp)
-		}
-		return nil
+		faultRestartRedis(t, r)
+		waitFor(t, 5*time.Second, func() error {
+			resp, err := call(envoy, open)
+			if err != nil {
+				return err
+			}
+			if resp.OverallCode != ok || resp.Statuses[0].LimitRemaining >= faultLimit {
+				return fmt.Errorf("%v: not a decided answer", resp)
+			}
+			return nil
+		})
 	})
 }

@@ -128,6 +128,19 @@ type server struct {
 	exited    chan error
 }
 
+// grpcServers are the choices of --grpc-server: the core cases run on each,
+// so that the escape hatch keeps the service's guarantees.
+var grpcServers = []string{"lean", "grpc-go"}
+
+// onEachGRPCServer runs f as a subtest for each of grpcServers; f passes
+// "--grpc-server", kind to the service it starts.
+func onEachGRPCServer(t *testing.T, f func(t *testing.T, kind string)) {
+	t.Helper()
+	for _, kind := range grpcServers {
+		t.Run(kind, func(t *testing.T) { f(t, kind) })
+	}
+}
+
 // startServer runs the binary on configYAML with its own ports; extra flags
 // come last and win.
 func startServer(t *testing.T, r *redisServer, configYAML string, extra ...string) *server {

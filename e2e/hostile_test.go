@@ -86,82 +86,84 @@ func (s *server) askRaw(t *testing.T, req *rlsv3.RateLimitRequest) *rlsv3.RateLi
 }
 
 func TestHostileInput(t *testing.T) {
-	r := startRedis(t)
-	s := startServer(t, r, hostileConfig) // default bounds
-	empty := func() *rlcommon.RateLimitDescriptor { return &rlcommon.RateLimitDescriptor{} }
-	cases := []struct {
-		name  string
-		value string // of user_agent; "" for the empty descriptor case
-	}{
-		{"10 KiB value", strings.Repeat("a", 10<<10)},
-		{"100 KiB value", strings.Repeat("b", 100<<10)},
-		{"invalid UTF-8", "curl/\xff\xfe\xc3(\x80"},
-		{"long invalid UTF-8", strings.Repeat("\xff", 1000)},
-		{"empty descriptor", ""},
-	}
-	for i, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			addr := "192.0.2." + strconv.Itoa(i+1)
-			hostile := descriptor("user_agent", tc.value)
-			if tc.value == "" {
-				hostile = empty()
-			}
-			// Four requests: the address admits exactly 3; the hostile
-			// descriptor, limited to 3 too, fills with it; the empty one is
-			// never limited. The fourth is denied, nothing charged.
-			for n := 1; n <= 4; n++ {
-				resp := s.askRaw(t, request("hostile", descriptor("remote_address", addr), hostile, empty()))
-				wantCode, wantLeft := ok, uint32(3-n)
-				if n == 4 {
-					wantCode, wantLeft = over, 0
-				}
-				if len(resp.Statuses) != 3 {
-					t.Fatalf("request %d: %d statuses, want 3", n, len(resp.Statuses))
-				}
-				if st := resp.Statuses[0]; st.Code != wantCode || st.LimitRemaining != wantLeft || st.CurrentLimit == nil {
-					t.Fatalf("request %d: address %v, want %v with %d left", n, st, wantCode, wantLeft)
-				}
-				if st := resp.Statuses[2]; st.Code != ok || st.CurrentLimit != nil {
-					t.Fatalf("request %d: empty descriptor %v, want OK without a limit", n, st)
-				}
-				st := resp.Statuses[1]
+	onEachGRPCServer(t, func(t *testing.T, kind string) {
+		r := startRedis(t)
+		s := startServer(t, r, hostileConfig, "--grpc-server", kind) // default bounds
+		empty := func() *rlcommon.RateLimitDescriptor { return &rlcommon.RateLimitDescriptor{} }
+		cases := []struct {
+			name  string
+			value string // of user_agent; "" for the empty descriptor case
+		}{
+			{"10 KiB value", strings.Repeat("a", 10<<10)},
+			{"100 KiB value", strings.Repeat("b", 100<<10)},
+			{"invalid UTF-8", "curl/\xff\xfe\xc3(\x80"},
+			{"long invalid UTF-8", strings.Repeat("\xff", 1000)},
+			{"empty descriptor", ""},
+		}
+		for i, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				addr := "192.0.2." + strconv.Itoa(i+1)
+				hostile := descriptor("user_agent", tc.value)
 				if tc.value == "" {
-					if st.Code != ok || st.CurrentLimit != nil {
+					hostile = empty()
+				}
+				// Four requests: the address admits exactly 3; the hostile
+				// descriptor, limited to 3 too, fills with it; the empty one is
+				// never limited. The fourth is denied, nothing charged.
+				for n := 1; n <= 4; n++ {
+					resp := s.askRaw(t, request("hostile", descriptor("remote_address", addr), hostile, empty()))
+					wantCode, wantLeft := ok, uint32(3-n)
+					if n == 4 {
+						wantCode, wantLeft = over, 0
+					}
+					if len(resp.Statuses) != 3 {
+						t.Fatalf("request %d: %d statuses, want 3", n, len(resp.Statuses))
+					}
+					if st := resp.Statuses[0]; st.Code != wantCode || st.LimitRemaining != wantLeft || st.CurrentLimit == nil {
+						t.Fatalf("request %d: address %v, want %v with %d left", n, st, wantCode, wantLeft)
+					}
+					if st := resp.Statuses[2]; st.Code != ok || st.CurrentLimit != nil {
 						t.Fatalf("request %d: empty descriptor %v, want OK without a limit", n, st)
 					}
-					continue
+					st := resp.Statuses[1]
+					if tc.value == "" {
+						if st.Code != ok || st.CurrentLimit != nil {
+							t.Fatalf("request %d: empty descriptor %v, want OK without a limit", n, st)
+						}
+						continue
+					}
+					if st.Code != wantCode || st.LimitRemaining != wantLeft || st.CurrentLimit == nil {
+						t.Fatalf("request %d: hostile value %v, want %v with %d left", n, st, wantCode, wantLeft)
+					}
 				}
-				if st.Code != wantCode || st.LimitRemaining != wantLeft || st.CurrentLimit == nil {
-					t.Fatalf("request %d: hostile value %v, want %v with %d left", n, st, wantCode, wantLeft)
+				if tc.value == "" {
+					return
 				}
-			}
-			if tc.value == "" {
-				return
-			}
-			// The hostile value's own counter is full, from any address;
-			// one byte more is another counter.
-			if st := s.askRaw(t, request("hostile", hostile)).Statuses[0]; st.Code != over {
-				t.Fatalf("the hostile value alone: %v, want OVER_LIMIT", st)
-			}
-			if st := s.askRaw(t, request("hostile", descriptor("user_agent", tc.value+"x"))).Statuses[0]; st.Code != ok || st.LimitRemaining != 2 {
-				t.Fatalf("the hostile value and one byte: %v, want OK with 2 left", st)
-			}
-		})
-	}
-	// Keys stay short whatever the values: a long one is keyed by its
-	// digest.
-	keys, err := r.client.Keys(context.Background(), "rl:*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range keys {
-		if len(k) > 128 {
-			t.Errorf("key of %d bytes: %.80q...", len(k), k)
+				// The hostile value's own counter is full, from any address;
+				// one byte more is another counter.
+				if st := s.askRaw(t, request("hostile", hostile)).Statuses[0]; st.Code != over {
+					t.Fatalf("the hostile value alone: %v, want OVER_LIMIT", st)
+				}
+				if st := s.askRaw(t, request("hostile", descriptor("user_agent", tc.value+"x"))).Statuses[0]; st.Code != ok || st.LimitRemaining != 2 {
+					t.Fatalf("the hostile value and one byte: %v, want OK with 2 left", st)
+				}
+			})
 		}
-	}
-	if got := metric(t, s, `ratelimit_invalid_requests_total{reason="empty_descriptor"}`); got != "" {
-		t.Errorf("empty descriptors counted as invalid: %s", got)
-	}
+		// Keys stay short whatever the values: a long one is keyed by its
+		// digest.
+		keys, err := r.client.Keys(context.Background(), "rl:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if len(k) > 128 {
+				t.Errorf("key of %d bytes: %.80q...", len(k), k)
+			}
+		}
+		if got := metric(t, s, `ratelimit_invalid_requests_total{reason="empty_descriptor"}`); got != "" {
+			t.Errorf("empty descriptors counted as invalid: %s", got)
+		}
+	})
 }
 
 // TestMessageSizeBound: --max-request-bytes (256 KiB by default) is gRPC's

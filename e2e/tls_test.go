@@ -123,50 +123,52 @@ func storeKeys(t *testing.T, r *redisServer) []string {
 }
 
 func TestGRPCMutualTLS(t *testing.T) {
-	dir := t.TempDir()
-	ca := tlsconfigtest.NewCA(t, "ca")
-	other := tlsconfigtest.NewCA(t, "other")
-	certFile, keyFile := ca.Server(t, "ratelimit").Write(t, dir, "server")
-	caFile := ca.WriteCA(t, dir, "clients")
-	envoy := tlsClient(t, ca, ca.Client(t, "envoy"))
+	onEachGRPCServer(t, func(t *testing.T, kind string) {
+		dir := t.TempDir()
+		ca := tlsconfigtest.NewCA(t, "ca")
+		other := tlsconfigtest.NewCA(t, "other")
+		certFile, keyFile := ca.Server(t, "ratelimit").Write(t, dir, "server")
+		caFile := ca.WriteCA(t, dir, "clients")
+		envoy := tlsClient(t, ca, ca.Client(t, "envoy"))
 
-	r := startRedis(t)
-	s := startServerTLS(t, r, envoy,
-		"--grpc-tls-cert", certFile, "--grpc-tls-key", keyFile, "--grpc-tls-client-ca", caFile)
-	tripsAfterThree(t, s, "mtls")
-	if len(storeKeys(t, r)) == 0 {
-		t.Fatal("no key in Redis")
-	}
-
-	if err := healthCheck(s.grpcAddr, credentials.NewTLS(tlsClient(t, ca, nil))); err == nil {
-		t.Fatal("a client without a certificate passed a health check")
-	}
-	if err := healthCheck(s.grpcAddr, credentials.NewTLS(tlsClient(t, ca, other.Client(t, "mallory")))); err == nil {
-		t.Fatal("a client with a certificate of another CA passed a health check")
-	}
-	if err := healthCheck(s.grpcAddr, insecure.NewCredentials()); err == nil {
-		t.Fatal("a plaintext client passed a health check")
-	}
-
-	// Rotation without a restart: new handshakes get the new certificate.
-	rotated := ca.Server(t, "ratelimit-rotated")
-	rotated.Write(t, dir, "server")
-	waitFor(t, tlsconfig.CheckInterval+10*time.Second, func() error {
-		c, err := tls.Dial("tcp", s.grpcAddr, envoy)
-		if err != nil {
-			return err
+		r := startRedis(t)
+		s := startServerTLS(t, r, envoy,
+			"--grpc-tls-cert", certFile, "--grpc-tls-key", keyFile, "--grpc-tls-client-ca", caFile, "--grpc-server", kind)
+		tripsAfterThree(t, s, "mtls")
+		if len(storeKeys(t, r)) == 0 {
+			t.Fatal("no key in Redis")
 		}
-		defer c.Close()
-		if cn := c.ConnectionState().PeerCertificates[0].Subject.CommonName; cn != "ratelimit-rotated" {
-			return fmt.Errorf("server presents %s", cn)
+
+		if err := healthCheck(s.grpcAddr, credentials.NewTLS(tlsClient(t, ca, nil))); err == nil {
+			t.Fatal("a client without a certificate passed a health check")
 		}
-		return nil
+		if err := healthCheck(s.grpcAddr, credentials.NewTLS(tlsClient(t, ca, other.Client(t, "mallory")))); err == nil {
+			t.Fatal("a client with a certificate of another CA passed a health check")
+		}
+		if err := healthCheck(s.grpcAddr, insecure.NewCredentials()); err == nil {
+			t.Fatal("a plaintext client passed a health check")
+		}
+
+		// Rotation without a restart: new handshakes get the new certificate.
+		rotated := ca.Server(t, "ratelimit-rotated")
+		rotated.Write(t, dir, "server")
+		waitFor(t, tlsconfig.CheckInterval+10*time.Second, func() error {
+			c, err := tls.Dial("tcp", s.grpcAddr, envoy)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if cn := c.ConnectionState().PeerCertificates[0].Subject.CommonName; cn != "ratelimit-rotated" {
+				return fmt.Errorf("server presents %s", cn)
+			}
+			return nil
+		})
+		if err := healthCheck(s.grpcAddr, credentials.NewTLS(envoy)); err != nil {
+			t.Fatalf("after the rotation: %v", err)
+		}
+		// The connection made before the rotation still works.
+		s.ask(t, request("sec", descriptor("k", "after-rotation")))
 	})
-	if err := healthCheck(s.grpcAddr, credentials.NewTLS(envoy)); err != nil {
-		t.Fatalf("after the rotation: %v", err)
-	}
-	// The connection made before the rotation still works.
-	s.ask(t, request("sec", descriptor("k", "after-rotation")))
 }
 
 func TestGRPCTLSFlagErrors(t *testing.T) {

@@ -11,7 +11,6 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -28,7 +27,6 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/slidingwindow/ratelimit/pkg/config"
-	"github.com/slidingwindow/ratelimit/pkg/grpcunary"
 	"github.com/slidingwindow/ratelimit/pkg/limiter"
 	"github.com/slidingwindow/ratelimit/pkg/metrics"
 	"github.com/slidingwindow/ratelimit/pkg/service"
@@ -89,6 +87,7 @@ type settings struct {
 	keyPrefix           string
 	grpcMaxConnAge      time.Duration
 	grpcMaxConnAgeGrace time.Duration
+	grpcServer          string
 
 	// Config over xDS, see xds.go.
 	xds xdsSettings
@@ -127,6 +126,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.keyPrefix, "key-prefix", "", "prefix of every Redis key, to keep apart the counters of services sharing one Redis (no '{' or '}')")
 	fs.DurationVar(&s.grpcMaxConnAge, "grpc-max-connection-age", 24*time.Hour, "a gRPC connection older than this (±10%) is asked to go away, so clients spread over new replicas; 0: never")
 	fs.DurationVar(&s.grpcMaxConnAgeGrace, "grpc-max-connection-age-grace", time.Hour, "how long calls may go on after --grpc-max-connection-age before the connection closes")
+	fs.StringVar(&s.grpcServer, "grpc-server", grpcServerLean, "gRPC server of --grpc-addr: lean (this service's own HTTP/2 transport) or grpc-go (grpc-go's server, the same services, limits and TLS)")
 	fs.StringVar(&s.redisURL, "redis-url", "", "redis:// or rediss:// URL of a standalone Redis; with no Redis flag, an embedded in-process store runs (one replica, not shared, not persistent)")
 	fs.StringVar(&s.redisClusterURL, "redis-cluster-url", "", "Redis Cluster seed nodes: redis://[user:password@]host:port?addr=host2:port&addr=host3:port (or rediss://)")
 	fs.StringVar(&s.redisSentinelURL, "redis-sentinel-url", "", "Redis Sentinel: redis://[sentinel-user:sentinel-password@]host:port?master_name=NAME&addr=host2:port[&username=U&password=P] (or rediss://)")
@@ -225,6 +225,7 @@ func checkRanges(s *settings) error {
 		{!(s.nearLimitRatio > 0 && s.nearLimitRatio <= 1), "near-limit-ratio", s.nearLimitRatio, "a share above 0 and at most 1"},
 		{s.grpcMaxConnAge < 0, "grpc-max-connection-age", s.grpcMaxConnAge, "a duration, 0 for never"},
 		{s.grpcMaxConnAgeGrace < 0, "grpc-max-connection-age-grace", s.grpcMaxConnAgeGrace, "a duration, 0 for none"},
+		{s.grpcServer != grpcServerLean && s.grpcServer != grpcServerGRPCGo, "grpc-server", s.grpcServer, grpcServerLean + " or " + grpcServerGRPCGo},
 		{strings.ContainsAny(s.keyPrefix, "{}"), "key-prefix", s.keyPrefix, "no '{' or '}', which would change the Redis Cluster hash tag"},
 		{!strings.HasPrefix(s.metricsPath, "/"), "metrics-path", s.metricsPath, "a path starting with /"},
 	} {
@@ -339,7 +340,7 @@ func newLogger(s *settings) (*zap.Logger, error) {
 }
 
 // streamWorkersPerCore sizes the gRPC server's pool of stream workers (see
-// serve).
+// newGRPCServer).
 const streamWorkersPerCore = 8
 
 // storeReadyWait bounds how long serve waits for the store at start.
@@ -490,26 +491,12 @@ func serve(ctx context.Context, s *settings) error {
 		interceptors = append(interceptors, traceInterceptor)
 		log.Info("tracing gRPC calls", zap.String("protocol", s.tracingProtocol), zap.Float64("sampling_rate", s.tracingSamplingRate))
 	}
-	// The gRPC port is served by grpcunary, which spends less CPU per
-	// call than grpc-go's server (docs/bench.md); the admin port keeps
-	// grpc-go. The codec decodes rate limit requests whatever bytes their
-	// values hold; Admit refuses calls past --max-inflight before reading
-	// them. Workers: a call runs on a goroutine whose stack has already
-	// grown; a few per core serve as well as more (512 cost about 10 % more CPU
-	// per decision in 2 alternating rounds), and with grpc-go's server the
-	// first burst after a start ran on never-used goroutines with 512 of
-	// them (132-863 of 2000 calls let through Envoy in 4 runs, against
-	// 3-719 with 16).
-	grpcServer := grpcunary.NewServer(grpcunary.Options{
-		TLS:                   grpcTLS,
-		Codec:                 svc.Codec(),
-		Interceptors:          interceptors,
-		Admit:                 shedder.Admit,
-		MaxRecvMsgSize:        s.maxRequestBytes,
-		MaxConnectionAge:      s.grpcMaxConnAge,
-		MaxConnectionAgeGrace: s.grpcMaxConnAgeGrace,
-		Workers:               streamWorkersPerCore * runtime.GOMAXPROCS(0),
-	})
+	// The gRPC port is served by grpcunary unless --grpc-server says
+	// grpc-go (grpcserver.go); the admin port keeps grpc-go either way.
+	grpcServer, err := newGRPCServer(s, grpcTLS, svc.Codec(), shedder, interceptors)
+	if err != nil {
+		return err
+	}
 	rlsv3.RegisterRateLimitServiceServer(grpcServer, svc)
 	healthServer := health.NewServer()
 	healthpb.RegisterHealthServer(grpcServer, healthServer)
@@ -527,9 +514,12 @@ func serve(ctx context.Context, s *settings) error {
 	}
 	// A client gets 5 s for its headers and 10 s for the whole request, so
 	// that a body sent slowly, or never, cannot hold a --max-inflight place
-	// for long; idle keep-alive connections close after a minute.
+	// for long; idle keep-alive connections close after a minute. Each
+	// connection gets its own hold on the shedder's places, so that no one
+	// client of POST /json takes them all.
 	httpServer := &http.Server{
 		Handler:           httpHandler(ready, svc, shedder, registry, s.pprof),
+		ConnContext:       shedder.ConnContext,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		IdleTimeout:       time.Minute,
@@ -585,7 +575,7 @@ func serve(ctx context.Context, s *settings) error {
 	} else {
 		setHealth(healthpb.HealthCheckResponse_SERVING)
 	}
-	log.Info("serving", zap.String("grpc", grpcLn.Addr().String()), zap.String("http", httpLn.Addr().String()))
+	log.Info("serving", zap.String("grpc", grpcLn.Addr().String()), zap.String("grpc server", s.grpcServer), zap.String("http", httpLn.Addr().String()))
 
 	var serveErr error
 	select {
