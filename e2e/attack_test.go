@@ -1,0 +1,333 @@
+package e2e
+
+// Attacks on the gRPC port by one client that speaks HTTP/2 badly (issue
+// 22). Envoy fails open when its rate limit calls fail, so an attack that
+// makes the service stop answering lifts every limit: whatever an attacker
+// does to its own connections, other clients' calls are answered, a new
+// connection is served, connections that break the protocol or never
+// finish their handshake are closed, and peers that never read cannot
+// make the service hold memory without bound. Each attack runs against
+// both servers --grpc-server offers.
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/slidingwindow/ratelimit/internal/h2attack"
+)
+
+const attackConfig = `
+domain: attack
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+`
+
+// attackRSSBound is the most resident memory the service may hold while
+// the peers of a flood leave its answers unread: docs/reliability.md's
+// bound for an attacker's peers.
+const attackRSSBound = 128 << 20
+
+// Durations of the attacks: long enough for their effect to show on a
+// busy machine, short enough for the whole test to stay within a few
+// minutes. The preface-only attack waits for the handshake deadline,
+// which no flag shortens.
+const (
+	attackFor    = 5 * time.Second
+	trickleFor   = 5 * time.Second // past the second trickle tick
+	handshakeFor = 12 * time.Second
+	protocolFor  = 2 * time.Second // the server answers these at once
+)
+
+// legitCall is the legitimate clients' request: a counter of its own, far
+// from its limit.
+var legitCall = h2attack.Call{Domain: "attack", Key: "k", Value: "legit"}
+
+// attackCase is one attack and what the service must do about it beyond
+// answering the legitimate clients.
+type attackCase struct {
+	name   string
+	runFor time.Duration
+	// plain runs the service without the race detector, whose memory
+	// would distort a memory bound.
+	plain  bool
+	attack func(ctx context.Context, addr string) h2attack.Result
+	// check asserts what is particular to the attack.
+	check func(t *testing.T, res h2attack.Result, peakRSS int64)
+}
+
+var attackCases = []attackCase{
+	{
+		name: "trickle", runFor: trickleFor,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.Trickle(ctx, addr, h2attack.TrickleOptions{Conns: 1, Streams: 1000, Interval: 4 * time.Second, Timeout: h2attack.HugeTimeout})
+		},
+	},
+	{
+		name: "headers only", runFor: attackFor,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.HeadersOnly(ctx, addr, h2attack.HeadersOnlyOptions{Conns: 8})
+		},
+	},
+	{
+		name: "length prefix", runFor: attackFor,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.LengthPrefix(ctx, addr, h2attack.LengthPrefixOptions{Streams: 1000, Announced: 262000, Sent: 16})
+		},
+	},
+	{
+		name: "continuation", runFor: attackFor,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.Continuation(ctx, addr, h2attack.ContinuationOptions{})
+		},
+		check: mustClose,
+	},
+	{
+		name: "settings flood", runFor: attackFor, plain: true,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.Flood(ctx, addr, h2attack.FloodOptions{Peers: 64, Frame: h2attack.FloodSettings})
+		},
+		check: rssUnder(attackRSSBound),
+	},
+	{
+		name: "ping flood", runFor: attackFor, plain: true,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.Flood(ctx, addr, h2attack.FloodOptions{Peers: 64, Frame: h2attack.FloodPing})
+		},
+		check: rssUnder(attackRSSBound),
+	},
+	{
+		name: "preface only", runFor: handshakeFor,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.PrefaceOnly(ctx, addr, h2attack.PrefaceOnlyOptions{})
+		},
+		check: mustClose,
+	},
+	{
+		name: "rapid reset", runFor: attackFor,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.RapidReset(ctx, addr, h2attack.RapidResetOptions{Message: true})
+		},
+	},
+	{
+		name: "hpack bomb", runFor: attackFor,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.HPACKBomb(ctx, addr, h2attack.HPACKBombOptions{})
+		},
+	},
+	{
+		name: "zero window", runFor: attackFor,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.ZeroWindow(ctx, addr, h2attack.ZeroWindowOptions{Streams: 1000})
+		},
+	},
+	{
+		name: "oversized frame", runFor: protocolFor,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.OversizedFrame(ctx, addr, h2attack.OversizedFrameOptions{})
+		},
+		// grpc-go's server closes such a connection without a GOAWAY;
+		// the lean one says why.
+		check: func(t *testing.T, res h2attack.Result, _ int64) {
+			mustClose(t, res, 0)
+			if len(res.GoAways) > 0 && !res.GoAway(http2.ErrCodeFrameSize) {
+				t.Errorf("GOAWAY other than FRAME_SIZE_ERROR for a frame past SETTINGS_MAX_FRAME_SIZE: %v", res)
+			}
+		},
+	},
+	invalidCase(h2attack.DataOnStreamZero),
+	invalidCase(h2attack.HeadersOnEvenStream),
+	invalidCase(h2attack.WindowUpdateZero),
+}
+
+// invalidCase sends a frame HTTP/2 makes a connection error: the
+// connection must close, after a GOAWAY PROTOCOL_ERROR if a GOAWAY comes
+// (RFC 9113 says a server should send one, not that it must).
+func invalidCase(frame h2attack.InvalidFrame) attackCase {
+	return attackCase{
+		name: frame.String(), runFor: protocolFor,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.Invalid(ctx, addr, h2attack.InvalidOptions{Frame: frame})
+		},
+		check: func(t *testing.T, res h2attack.Result, _ int64) {
+			mustClose(t, res, 0)
+			for code := range res.GoAways {
+				if code != http2.ErrCodeProtocol {
+					t.Errorf("GOAWAY %v, want PROTOCOL_ERROR: %v", code, res)
+				}
+			}
+			if len(res.GoAways) == 0 {
+				t.Logf("closed without a GOAWAY")
+			}
+		},
+	}
+}
+
+// mustClose: the server closed the attacker's connection.
+func mustClose(t *testing.T, res h2attack.Result, _ int64) {
+	t.Helper()
+	if res.Closed == 0 {
+		t.Errorf("the attacker's connection was never closed: %v", res)
+	}
+}
+
+// rssUnder: the service's resident memory stayed under bound.
+func rssUnder(bound int64) func(t *testing.T, res h2attack.Result, peakRSS int64) {
+	return func(t *testing.T, res h2attack.Result, peakRSS int64) {
+		t.Helper()
+		if peakRSS >= bound {
+			t.Errorf("peak RSS %d MiB, want under %d MiB: %v", peakRSS>>20, bound>>20, res)
+		}
+	}
+}
+
+// attackRow is one run's line of the summary.
+type attackRow struct {
+	server, attack string
+	started        bool
+	legit          h2attack.LegitResult
+	res            h2attack.Result
+	peakRSS        int64
+	plain          bool
+	pass           bool
+}
+
+// TestAttack runs every attack against each --grpc-server, one at a time,
+// with eight legitimate callers beside it whose calls have a deadline of
+// five seconds (a bound on a failure, not a latency goal: the test must
+// pass on a busy machine). At least 99 % of their calls are answered (OK
+// or OVER_LIMIT), a connection dialed during the attack is served, and
+// each attack's own guarantee holds (see attackCases).
+func TestAttack(t *testing.T) {
+	began := time.Now()
+	var rows []attackRow
+	for _, kind := range []string{"lean", "grpc-go"} {
+		t.Run(kind, func(t *testing.T) {
+			for _, tc := range attackCases {
+				row := attackRow{server: kind, attack: tc.name, plain: tc.plain}
+				row.pass = t.Run(tc.name, func(t *testing.T) { runAttack(t, kind, tc, &row) })
+				rows = append(rows, row)
+			}
+		})
+	}
+	t.Logf("attacks against both servers took %v:\n%s", time.Since(began).Round(time.Second), attackTable(rows))
+}
+
+// runAttack starts redis and the service, runs tc's attack and the
+// legitimate clients side by side, and checks the outcome into row.
+func runAttack(t *testing.T, kind string, tc attackCase, row *attackRow) {
+	r := startRedis(t)
+	// Info, not the harness's debug: a line per refused stream would slow
+	// the service under attack and bury the failure report.
+	start := func() *server { return startServer(t, r, attackConfig, "--grpc-server", kind, "--log-level", "info") }
+	var s *server
+	if tc.plain {
+		s = withBinary(plainBinary(t), start)
+	} else {
+		s = start()
+	}
+	row.started = true
+
+	dialCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	legit, err := h2attack.DialLegit(dialCtx, s.grpcAddr, legitCall)
+	if err != nil {
+		t.Fatalf("before the attack: %v", err)
+	}
+	defer legit.Close()
+
+	ctx, stop := context.WithTimeout(context.Background(), tc.runFor)
+	defer stop()
+	attacked := make(chan h2attack.Result, 1)
+	go func() { attacked <- tc.attack(ctx, s.grpcAddr) }()
+	sampled := make(chan int64, 1)
+	go func() { sampled <- peakRSS(ctx, s.cmd.Process.Pid) }()
+	lr := legit.Run(ctx, h2attack.LegitOptions{Call: legitCall, Callers: 8, Deadline: 5 * time.Second})
+	res := <-attacked
+	row.legit, row.res, row.peakRSS = lr, res, <-sampled
+
+	t.Logf("attack: %v", res)
+	t.Logf("legitimate clients: %v", lr)
+	t.Logf("peak RSS %d MiB%s", row.peakRSS>>20, map[bool]string{true: "", false: " (race detector)"}[tc.plain])
+
+	select {
+	case err := <-s.exited:
+		s.exited <- err
+		t.Fatalf("the service exited during the attack: %v", err)
+	default:
+	}
+	if res.Err != nil {
+		t.Errorf("the attack could not run as meant: %v", res.Err)
+	}
+	if lr.Calls == 0 {
+		t.Fatalf("no legitimate call was made")
+	}
+	if share := lr.AnsweredShare(); share < 0.99 {
+		t.Errorf("%.2f%% of the legitimate calls answered, want at least 99%%: %v", 100*share, lr)
+	}
+	if lr.NewConnAnswered == 0 {
+		t.Errorf("a connection dialed during the attack was not served: %v", lr)
+	}
+	if tc.check != nil {
+		tc.check(t, res, row.peakRSS)
+	}
+}
+
+// peakRSS samples the resident memory of process pid until ctx ends and
+// returns the most it saw.
+func peakRSS(ctx context.Context, pid int) int64 {
+	var peak int64
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if rss, err := procStatus(pid, "VmRSS"); err == nil {
+			peak = max(peak, rss)
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return peak
+		}
+	}
+}
+
+// attackTable is the summary of the runs, as a Markdown table.
+func attackTable(rows []attackRow) string {
+	var b strings.Builder
+	b.WriteString("| attack | server | legit answered | legit latency mean / max | new conn served | attacker closed | GOAWAY | peak RSS | result |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, r := range rows {
+		result := "pass"
+		if !r.pass {
+			result = "FAIL"
+		}
+		if !r.started {
+			fmt.Fprintf(&b, "| %s | %s | - | - | - | - | - | - | FAIL (did not start) |\n", r.attack, r.server)
+			continue
+		}
+		closed := "no"
+		if r.res.Closed > 0 {
+			closed = fmt.Sprintf("yes (%d, first after %v)", r.res.Closed, r.res.FirstClose.Round(100*time.Millisecond))
+		}
+		var goAways []string
+		for _, code := range slices.Sorted(maps.Keys(r.res.GoAways)) {
+			goAways = append(goAways, code.String())
+		}
+		rss := fmt.Sprintf("%d MiB", r.peakRSS>>20)
+		if !r.plain {
+			rss += " (race)"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.2f%% of %d | %v / %v | %d/%d | %s | %s | %s | %s |\n",
+			r.attack, r.server, 100*r.legit.AnsweredShare(), r.legit.Calls,
+			r.legit.MeanLatency.Round(time.Millisecond), r.legit.MaxLatency.Round(time.Millisecond),
+			r.legit.NewConnAnswered, r.legit.NewConnCalls, closed, strings.Join(goAways, ", "), rss, result)
+	}
+	return b.String()
+}
