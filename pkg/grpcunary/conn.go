@@ -40,7 +40,7 @@ type conn struct {
 	hp          headerParser
 	block       headerBlock
 	maxStreamID atomic.Uint32 // the highest stream id the client opened (written by the reader only)
-	streamBytes atomic.Int64  // what the streams not over hold (see canOpen)
+	streamBytes atomic.Int64  // what the streams not over hold (see canHold)
 	// PINGs and SETTINGS to answer since the last request or second.
 	controls     int
 	controlsFrom time.Time
@@ -121,7 +121,7 @@ func (st *stream) admitDone() {
 // gives their connection window back. By the handler's goroutine.
 func (st *stream) release() {
 	st.buf = nil
-	st.c.giveBack(st.held.release())
+	st.c.unhold(st.held.release())
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -306,7 +306,7 @@ func (c *conn) onHeaders() http2.ErrCode {
 	case c.block.selfDep:
 		c.resetStream(id, http2.ErrCodeProtocol)
 		return http2.ErrCodeNo
-	case open >= int(c.srv.opts.MaxConcurrentStreams), !c.canOpen(streamCost + int64(c.hp.size)):
+	case open >= int(c.srv.opts.MaxConcurrentStreams), !c.canHold(streamCost + int64(c.hp.size)):
 		c.resetStream(id, http2.ErrCodeRefusedStream)
 		return http2.ErrCodeNo
 	}
@@ -387,15 +387,16 @@ func (c *conn) onHeaders() http2.ErrCode {
 	return http2.ErrCodeNo
 }
 
-// canOpen reports whether a new stream holding n bytes may open: within
-// the connection's bound and the server's. The last quarter of the
-// server's bound is kept for connections holding little (a fair share of
-// it each), so that clients holding streams open on a few connections
-// cannot keep the others from opening theirs.
-func (c *conn) canOpen(n int64) bool {
+// canHold reports whether the connection's streams may hold n more bytes
+// (a new stream's headers and state, or message bytes): within the
+// connection's bound and the server's. The last quarter of the server's
+// bound is kept for connections holding little (a fair share of it each),
+// so that clients holding streams and messages on a few connections cannot
+// keep the others from opening theirs.
+func (c *conn) canHold(n int64) bool {
 	mine, all, bound := c.streamBytes.Load()+n, c.srv.streamBytes.Load()+n, c.srv.opts.MaxStreamBytes
 	switch {
-	case mine > maxConnStreamBytes, all > bound:
+	case mine > maxConnStreamBytes+c.srv.connWindow, all > bound:
 		return false
 	case all > bound-bound/4:
 		return mine <= bound/(4*(c.srv.connCount.Load()+1))
@@ -457,9 +458,15 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 		c.resetStream(id, http2.ErrCodeProtocol)
 		return http2.ErrCodeNo
 	}
+	if st.refusal == nil && !c.hold(st, n) {
+		// Past the bounds of what streams may hold: this stream goes.
+		c.giveBack(n)
+		c.resetStream(id, http2.ErrCodeRefusedStream)
+		return http2.ErrCodeNo
+	}
 	switch {
 	case st.inbox != nil:
-		c.giveBack(st.held.hold(n)) // given back as the handler takes each message
+		// Held until the handler takes each message.
 		if err := st.inbox.add(data, c.srv.opts.MaxRecvMsgSize); err != nil {
 			c.resetStream(id, http2.ErrCodeEnhanceYourCalm)
 			return http2.ErrCodeNo
@@ -467,7 +474,7 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 	case st.refusal != nil:
 		c.giveBack(n) // not kept
 	default:
-		c.giveBack(st.held.hold(n)) // given back once decoded
+		// Held until decoded.
 		if size, ok := st.take(data, c.srv.opts.MaxRecvMsgSize); !ok {
 			c.answerEarly(st, errTooLarge(size, c.srv.opts.MaxRecvMsgSize))
 			return http2.ErrCodeNo
@@ -553,7 +560,7 @@ func (c *conn) finish(st *stream) {
 	done := c.draining && len(c.streams) == 0
 	c.smu.Unlock()
 	c.uncharge(st)
-	c.giveBack(st.held.release())
+	c.unhold(st.held.release())
 	if st.expiry != nil {
 		st.expiry.Stop()
 	}

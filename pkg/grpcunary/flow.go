@@ -87,6 +87,29 @@ func (h *heldBytes) release() int64 {
 	return max(h.n.Swap(released), 0)
 }
 
+// hold counts n message bytes st keeps, in its connection's and the
+// server's totals of what streams hold; false, with nothing counted, when
+// their bounds refuse them (canHold).
+func (c *conn) hold(st *stream, n int64) bool {
+	if !c.canHold(n) {
+		return false
+	}
+	c.streamBytes.Add(n)
+	c.srv.streamBytes.Add(n)
+	c.unhold(st.held.hold(n))
+	return true
+}
+
+// unhold gives back n held message bytes: to the totals and the window.
+func (c *conn) unhold(n int64) {
+	if n <= 0 {
+		return
+	}
+	c.streamBytes.Add(-n)
+	c.srv.streamBytes.Add(-n)
+	c.giveBack(n)
+}
+
 // giveBack returns n bytes to the connection window, announcing them when
 // worth it. Any goroutine may call it; the update does not wait behind
 // pending answers (a WINDOW_UPDATE is small, and goes once per half a

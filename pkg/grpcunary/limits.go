@@ -32,10 +32,12 @@ const (
 	// flood of 2024). An honest block within maxHeaderListSize is smaller.
 	maxHeaderBlockBytes = 2 * maxHeaderListSize
 	// maxConnStreamBytes bounds what a connection's streams not yet over
-	// hold: their decoded headers and streamCost each. A stream past it,
-	// or past the server's Options.MaxStreamBytes (whose last quarter is
-	// kept for connections holding little, see conn.canOpen), is refused
-	// (REFUSED_STREAM): streams that never send their message hold little.
+	// hold beside their messages (which the connection window bounds):
+	// their decoded headers and streamCost each. A stream past it is
+	// refused (REFUSED_STREAM), and so is one past the server's bound
+	// (Options.MaxStreamBytes, messages included, whose last quarter is
+	// kept for connections holding little: conn.canHold), so that streams
+	// that never send their message hold little in all.
 	maxConnStreamBytes = 2 << 20
 	// streamCost is about what a stream holds beside its headers: its
 	// state, context, timer and map entry.

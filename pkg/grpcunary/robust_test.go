@@ -549,52 +549,72 @@ func TestIncompleteMessagesHoldAtMostTheWindow(t *testing.T) {
 }
 
 // TestHeldStreamsLeaveRoomForOthers: connections that open streams and
-// never send their messages are refused new streams past their bounds
-// (REFUSED_STREAM), and hold no more than the server's bound in all; a
-// call on another connection is served.
+// never finish them, holding large headers or parts of large messages, are
+// refused past their bounds (REFUSED_STREAM) and hold no more than the
+// server's bound in all; a call on another connection is served.
 func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 	const bound = 1 << 20
-	s, addr := serveRaw(t, Options{MaxStreamBytes: bound}, &testService{})
 	big := strings.Repeat("v", 4<<10)
-	for range 4 {
-		rc := dialRaw(t, addr)
-		defer rc.nc.Close()
-		refused := make(chan struct{})
-		go func() {
-			for {
-				f, err := rc.fr.ReadFrame()
-				if err != nil {
-					return
-				}
-				if r, ok := f.(*http2.RSTStreamFrame); ok && r.ErrCode == http2.ErrCodeRefusedStream {
-					close(refused)
-					return
-				}
-			}
-		}()
-		for i := 0; ; i++ {
+	n := 200_000
+	piece := append([]byte{0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, make([]byte, 8<<10)...)
+	for _, tc := range []struct {
+		name string
+		open func(rc *rawClient, id uint32)
+	}{
+		{"headers", func(rc *rawClient, id uint32) {
 			// Never indexed: each stream's value is a string of its own.
-			rc.headers(t, uint32(2*i+1), "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "x-big", Value: big, Sensitive: true})
-			select {
-			case <-refused:
-			default:
-				continue
+			rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "x-big", Value: big, Sensitive: true})
+		}},
+		{"messages", func(rc *rawClient, id uint32) {
+			rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false)
+			rc.fr.WriteData(id, false, piece)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, addr := serveRaw(t, Options{MaxStreamBytes: bound, MaxRecvMsgSize: 256 << 10}, &testService{})
+			for range 4 {
+				rc := dialRaw(t, addr)
+				defer rc.nc.Close()
+				refused := make(chan struct{})
+				go func() {
+					for {
+						f, err := rc.fr.ReadFrame()
+						if err != nil {
+							return
+						}
+						if r, ok := f.(*http2.RSTStreamFrame); ok && r.ErrCode == http2.ErrCodeRefusedStream {
+							close(refused)
+							return
+						}
+					}
+				}()
+				for id := uint32(1); ; id += 2 {
+					if id > 4000 {
+						t.Fatal("2000 streams held on one connection, none refused")
+					}
+					tc.open(rc, id)
+					select {
+					case <-refused:
+					case <-time.After(time.Millisecond):
+						continue
+					}
+					break
+				}
 			}
-			break
-		}
-	}
-	if held := s.streamBytes.Load(); held > bound {
-		t.Errorf("held streams hold %d bytes, past the bound %d", held, bound)
-	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{}); err != nil {
-		t.Errorf("a call on another connection: %v", err)
+			if held := s.streamBytes.Load(); held > bound {
+				t.Errorf("held streams hold %d bytes, past the bound %d", held, bound)
+			}
+			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{}); err != nil {
+				t.Errorf("a call on another connection: %v", err)
+			}
+		})
 	}
 }
 

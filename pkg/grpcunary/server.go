@@ -67,8 +67,9 @@ type Options struct {
 	MaxRecvMsgSize int
 	// MaxConcurrentStreams is advertised to clients and enforced.
 	MaxConcurrentStreams uint32
-	// MaxStreamBytes bounds what the streams not yet over hold, headers
-	// and state, over all connections (default DefaultMaxStreamBytes).
+	// MaxStreamBytes bounds what the streams not yet over hold, headers,
+	// state and message bytes, over all connections (default
+	// DefaultMaxStreamBytes).
 	MaxStreamBytes int64
 	// MaxConnectionAge, when positive, asks a client to move to a new
 	// connection after about that long (±10 %, so that a fleet's
@@ -109,7 +110,7 @@ type Server struct {
 
 	connWindow  int64        // connWindowFor(MaxRecvMsgSize)
 	connCount   atomic.Int64 // connections served
-	streamBytes atomic.Int64 // what their streams hold (conn.canOpen)
+	streamBytes atomic.Int64 // what their streams hold (conn.canHold)
 	// bodyTimeout and bodyIdleTimeout, shorter in tests.
 	bodyTotal, bodyIdle time.Duration
 }

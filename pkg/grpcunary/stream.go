@@ -206,7 +206,7 @@ func (ss *serverStream) RecvMsg(m any) error {
 	if err != nil {
 		return err
 	}
-	ss.c.giveBack(ss.st.held.put(5 + int64(len(msg))))
+	ss.c.unhold(ss.st.held.put(5 + int64(len(msg))))
 	if err := ss.c.srv.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(msg)}, m); err != nil {
 		return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
 	}
