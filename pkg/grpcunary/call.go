@@ -308,8 +308,8 @@ func (c *conn) answerHTTP(st *stream) {
 }
 
 // answerEarly answers a call refused before its handler (unknown method,
-// tap, message too large), resets it if the client is still sending, and
-// forgets it.
+// message too large, refused by the AdmitFunc), resets it if the client is
+// still sending, and forgets it.
 func (c *conn) answerEarly(st *stream, err error) {
 	c.write(func() error {
 		if st.reset {

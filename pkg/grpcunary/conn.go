@@ -582,25 +582,28 @@ func (c *conn) expire(st *stream) {
 	c.finish(st)
 }
 
-// tooManyControls counts a PING or SETTINGS frame to answer, and reports
-// a flood: more than maxControlFrames of them within a second with no
-// request between. Each costs an answer and a write; a client that only
-// sends those is closed (as grpc-go closes one that pings too often).
-func (c *conn) tooManyControls() bool {
-	if now := time.Now(); now.Sub(c.controlsFrom) > time.Second {
+// throttleControls counts a PING or SETTINGS frame to answer and, past
+// maxControlFrames within a second with no request between, stops reading
+// the connection until the second is over: each costs an answer and a
+// write, and a client that floods them is slowed down to that rate by its
+// own TCP window, without being closed (a closed one comes back at once
+// with a new connection, which costs more).
+func (c *conn) throttleControls() {
+	now := time.Now()
+	if now.Sub(c.controlsFrom) > time.Second {
 		c.controls, c.controlsFrom = 0, now
 	}
-	c.controls++
-	return c.controls > maxControlFrames
+	if c.controls++; c.controls > maxControlFrames {
+		time.Sleep(time.Until(c.controlsFrom.Add(time.Second)))
+		c.controls, c.controlsFrom = 1, time.Now()
+	}
 }
 
 func (c *conn) onSettings(f *http2.SettingsFrame) http2.ErrCode {
 	if f.IsAck() {
 		return http2.ErrCodeNo
 	}
-	if c.tooManyControls() {
-		return http2.ErrCodeEnhanceYourCalm
-	}
+	c.throttleControls()
 	var code http2.ErrCode
 	err := c.write(func() error {
 		err := f.ForeachSetting(func(s http2.Setting) error {
@@ -648,9 +651,7 @@ func (c *conn) onPing(f *http2.PingFrame) http2.ErrCode {
 		}
 		return http2.ErrCodeNo
 	}
-	if c.tooManyControls() {
-		return http2.ErrCodeEnhanceYourCalm
-	}
+	c.throttleControls()
 	if c.write(func() error { return c.fr.WritePing(true, f.Data) }) != nil {
 		return http2.ErrCodeInternal
 	}

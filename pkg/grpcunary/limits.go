@@ -66,7 +66,7 @@ const (
 const (
 	// maxControlFrames bounds the PING and SETTINGS frames, each answered,
 	// that a client may send within a second with no request between:
-	// past it the connection is closed (ENHANCE_YOUR_CALM).
+	// past it the connection is not read until the second is over.
 	maxControlFrames = 100
 	// bufferSize is the read buffer of a connection.
 	bufferSize = 32 << 10
