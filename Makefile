@@ -1,14 +1,15 @@
 GO ?= go
 GOFLAGS_TEST ?= -race -count=1
 
-.PHONY: run test build vet clean proto tools bench bench-micro fuzz accuracy
+.PHONY: run test build vet clean proto tools bench bench-attacks bench-micro fuzz accuracy
 
 ## run: serve the example config on the embedded store (gRPC :8081, HTTP :8080, admin localhost:9090)
 run:
 	$(GO) run ./cmd/ratelimit --config examples/config --log-format console --admin-addr localhost:9090
 
-## test: vet and every test, with the race detector (needs redis-server on PATH
-## and the code generators of `make tools`, for the generated-code check)
+## test: vet and every test, with the race detector (needs redis-server on PATH,
+## and the tools of `make tools`: the code generators, for the generated-code
+## check, and h2spec, for pkg/grpcunary's HTTP/2 conformance test)
 test: vet
 	$(GO) test $(GOFLAGS_TEST) ./...
 
@@ -25,7 +26,7 @@ clean:
 proto:
 	proto/generate.sh
 
-## tools: install protoc and the protoc plugins at the pinned versions
+## tools: install protoc, the protoc plugins and h2spec at the pinned versions
 tools:
 	.ci/tools.sh
 
@@ -34,6 +35,11 @@ tools:
 ## BENCH_QUICK=1: a representative subset (< 1 min); BENCH_FLAGS: more flags (docs/bench.md)
 bench:
 	$(GO) run ./cmd/ratelimit-bench $(BENCH_FLAGS)
+
+## bench-attacks: e2e TestAttack as a measurement: each HTTP/2 attack for 20 s against
+## both gRPC servers, legitimate calls with Envoy's 50 ms deadline (docs/reliability.md)
+bench-attacks:
+	ATTACK_FOR=20s ATTACK_DEADLINE=50ms $(GO) test -count=1 -timeout 30m -run '^TestAttack$$' -v ./e2e/ | grep -v '^=== '
 
 ## bench-micro: the Go micro-benchmarks, with allocations
 bench-micro:
@@ -47,6 +53,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' $(FUZZFLAGS) ./pkg/config
 	$(GO) test -run='^$$' -fuzz='^FuzzMatch$$' $(FUZZFLAGS) ./pkg/config
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyInjective$$' $(FUZZFLAGS) ./pkg/limiter
+	$(GO) test -run='^$$' -fuzz='^FuzzConn$$' $(FUZZFLAGS) ./pkg/grpcunary
 
 ## accuracy: each algorithm against an exact sliding window (see docs/accuracy.md)
 accuracy:

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Installs the code generators at the versions the committed generated code
-# was made with, so that CI, `make proto` and proto/generate_test.go agree:
+# was made with, so that CI, `make proto` and proto/generate_test.go agree,
+# and the test tools at pinned versions:
 #
 #   protoc              3.21.12  Debian 12's protobuf-compiler, with
 #                                libprotobuf-dev for the well-known types
 #   protoc-gen-go       google.golang.org/protobuf's version in go.mod
 #   protoc-gen-go-grpc  PROTOC_GEN_GO_GRPC_VERSION below
+#   h2spec              H2SPEC_VERSION below: HTTP/2 conformance, run by
+#                       pkg/grpcunary/h2spec_test.go (which reads the pin
+#                       here, as its list of grpc-go's known failures is
+#                       that version's)
 #
-# The Go plugins go to GOBIN (default: $(go env GOPATH)/bin). Whatever is
+# The Go tools go to GOBIN (default: $(go env GOPATH)/bin). Whatever is
 # already there at the right version is left alone.
 #
 # usage: .ci/tools.sh            install what is missing or at another version
@@ -18,6 +23,10 @@ cd "$(dirname "$0")/.."
 PROTOC_VERSION=3.21.12
 # The newest release; its code needs grpc >= 1.64 (SupportPackageIsVersion9).
 PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
+# The last release (2019); it has no go.mod, hence +incompatible. Its
+# --version says "2.0.0 ((Unknown))" when built by go install: the version
+# is read from the binary's module information instead (go version -m).
+H2SPEC_VERSION=v2.2.1+incompatible
 
 export PATH="/usr/local/go/bin:$PATH"
 gobin="$(go env GOBIN)"
@@ -34,6 +43,13 @@ case "${1:-}" in
   *) echo "usage: $0 [--check]" >&2; exit 2 ;;
 esac
 
+# module_version BINARY MODULE prints the version of MODULE that BINARY was
+# built from; "PATH@VERSION" when it was built from another module (empty
+# when not by go).
+module_version() {
+  go version -m "$1" 2>/dev/null | awk -v m="$2" '$1 == "mod" { print ($2 == m ? $3 : $2 "@" $3); exit }' || true
+}
+
 # version_of prints the version a tool reports, empty when it is missing.
 version_of() {
   command -v "$1" >/dev/null || return 0
@@ -41,6 +57,7 @@ version_of() {
     protoc) protoc --version 2>/dev/null | sed -n 's/^libprotoc //p' || true ;;
     protoc-gen-go) protoc-gen-go --version 2>/dev/null | sed -n 's/^protoc-gen-go //p' || true ;;
     protoc-gen-go-grpc) protoc-gen-go-grpc --version 2>/dev/null | sed -n 's/^protoc-gen-go-grpc /v/p' || true ;;
+    h2spec) module_version "$(command -v h2spec)" github.com/summerwind/h2spec ;;
   esac
 }
 
@@ -102,12 +119,14 @@ ensure protoc-gen-go "$PROTOC_GEN_GO_VERSION" \
   go install "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO_VERSION"
 ensure protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION" \
   go install "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$PROTOC_GEN_GO_GRPC_VERSION"
+ensure h2spec "$H2SPEC_VERSION" \
+  go install "github.com/summerwind/h2spec/cmd/h2spec@$H2SPEC_VERSION"
 
 if [ ${#wrong[@]} -gt 0 ]; then
   printf '%s\n' "${wrong[@]}" >&2
-  echo "run .ci/tools.sh to install the code generators at the pinned versions" >&2
+  echo "run .ci/tools.sh (make tools) to install the code generators and test tools at the pinned versions" >&2
   exit 1
 fi
 if ! $check; then
-  echo "protoc $(version_of protoc), protoc-gen-go $(version_of protoc-gen-go), protoc-gen-go-grpc $(version_of protoc-gen-go-grpc) (plugins in $gobin)"
+  echo "protoc $(version_of protoc), protoc-gen-go $(version_of protoc-gen-go), protoc-gen-go-grpc $(version_of protoc-gen-go-grpc), h2spec $(version_of h2spec) (Go tools in $gobin)"
 fi
