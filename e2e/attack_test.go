@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -53,8 +54,9 @@ var legitCall = h2attack.Call{Domain: "attack", Key: "k", Value: "legit"}
 // attackCase is one attack and what the service must do about it beyond
 // answering the legitimate clients.
 type attackCase struct {
-	name   string
-	runFor time.Duration
+	name     string
+	runFor   time.Duration
+	deadline time.Duration // the legitimate calls'; see measuring
 	// plain runs the service without the race detector, whose memory
 	// would distort a memory bound.
 	plain  bool
@@ -199,6 +201,28 @@ type attackRow struct {
 	pass           bool
 }
 
+// measuring reports the settings of a measurement run (make
+// bench-attacks): ATTACK_FOR, how long each attack lasts (the attacks of
+// preface-only and protocol-error attacks keep theirs), and ATTACK_DEADLINE,
+// the legitimate calls' deadline, as Envoy's. Such a run serves without
+// the race detector and asserts what the test asserts, against those.
+func measuring(t *testing.T) (runFor, deadline time.Duration, on bool) {
+	runFor, deadline = attackFor, 5*time.Second
+	for _, v := range []struct {
+		name string
+		d    *time.Duration
+	}{{"ATTACK_FOR", &runFor}, {"ATTACK_DEADLINE", &deadline}} {
+		if s := os.Getenv(v.name); s != "" {
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				t.Fatalf("%s: %v", v.name, err)
+			}
+			*v.d, on = d, true
+		}
+	}
+	return runFor, deadline, on
+}
+
 // TestAttack runs every attack against each --grpc-server, one at a time,
 // with eight legitimate callers beside it whose calls have a deadline of
 // five seconds (a bound on a failure, not a latency goal: the test must
@@ -207,10 +231,18 @@ type attackRow struct {
 // each attack's own guarantee holds (see attackCases).
 func TestAttack(t *testing.T) {
 	began := time.Now()
+	runFor, deadline, measure := measuring(t)
 	var rows []attackRow
 	for _, kind := range []string{"lean", "grpc-go"} {
 		t.Run(kind, func(t *testing.T) {
 			for _, tc := range attackCases {
+				if measure {
+					tc.plain = true
+					if tc.runFor == attackFor {
+						tc.runFor = runFor
+					}
+				}
+				tc.deadline = deadline
 				row := attackRow{server: kind, attack: tc.name, plain: tc.plain}
 				row.pass = t.Run(tc.name, func(t *testing.T) { runAttack(t, kind, tc, &row) })
 				rows = append(rows, row)
@@ -249,7 +281,7 @@ func runAttack(t *testing.T, kind string, tc attackCase, row *attackRow) {
 	go func() { attacked <- tc.attack(ctx, s.grpcAddr) }()
 	sampled := make(chan int64, 1)
 	go func() { sampled <- peakRSS(ctx, s.cmd.Process.Pid) }()
-	lr := legit.Run(ctx, h2attack.LegitOptions{Call: legitCall, Callers: 8, Deadline: 5 * time.Second})
+	lr := legit.Run(ctx, h2attack.LegitOptions{Call: legitCall, Callers: 8, Deadline: tc.deadline})
 	res := <-attacked
 	row.legit, row.res, row.peakRSS = lr, res, <-sampled
 
