@@ -61,8 +61,11 @@ type attackCase struct {
 	// would distort a memory bound.
 	plain  bool
 	attack func(ctx context.Context, addr string) h2attack.Result
-	// check asserts what is particular to the attack.
-	check func(t *testing.T, res h2attack.Result, peakRSS int64)
+	// check asserts what is particular to the attack; leanOnly: on the
+	// lean server only, where it is a bound of ours and not one grpc-go's
+	// server keeps (docs/reliability.md has its figures).
+	check    func(t *testing.T, res h2attack.Result, peakRSS int64)
+	leanOnly bool
 }
 
 var attackCases = []attackCase{
@@ -96,14 +99,14 @@ var attackCases = []attackCase{
 		attack: func(ctx context.Context, addr string) h2attack.Result {
 			return h2attack.Flood(ctx, addr, h2attack.FloodOptions{Peers: 64, Frame: h2attack.FloodSettings})
 		},
-		check: rssUnder(attackRSSBound),
+		check: rssUnder(attackRSSBound), leanOnly: true,
 	},
 	{
 		name: "ping flood", runFor: attackFor, plain: true,
 		attack: func(ctx context.Context, addr string) h2attack.Result {
 			return h2attack.Flood(ctx, addr, h2attack.FloodOptions{Peers: 64, Frame: h2attack.FloodPing})
 		},
-		check: rssUnder(attackRSSBound),
+		check: rssUnder(attackRSSBound), leanOnly: true,
 	},
 	{
 		name: "preface only", runFor: handshakeFor,
@@ -307,7 +310,7 @@ func runAttack(t *testing.T, kind string, tc attackCase, row *attackRow) {
 	if lr.NewConnAnswered == 0 {
 		t.Errorf("a connection dialed during the attack was not served: %v", lr)
 	}
-	if tc.check != nil {
+	if tc.check != nil && (kind == "lean" || !tc.leanOnly) {
 		tc.check(t, res, row.peakRSS)
 	}
 }
@@ -341,6 +344,9 @@ func attackTable(rows []attackRow) string {
 			result = "FAIL"
 		}
 		if !r.started {
+			if r.pass {
+				continue // not run: left out by -run
+			}
 			fmt.Fprintf(&b, "| %s | %s | - | - | - | - | - | - | FAIL (did not start) |\n", r.attack, r.server)
 			continue
 		}
