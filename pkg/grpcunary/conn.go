@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // goAwayPing marks the PING that follows the first GOAWAY of a drain.
@@ -32,8 +34,8 @@ type conn struct {
 	fr     *http2.Framer
 	ctx    context.Context // canceled when the connection ends
 	cancel context.CancelFunc
-	admit  AdmitFunc // this connection's, nil when the server has none
-	flow   connFlow
+	admit  AdmitFunc  // this connection's, nil when the server has none
+	flow   recvWindow // the connection's, reader goroutine
 
 	// Read side: the reader goroutine only.
 	hdec        *hpack.Decoder
@@ -41,7 +43,7 @@ type conn struct {
 	block       headerBlock
 	maxStreamID atomic.Uint32 // the highest stream id the client opened (written by the reader only)
 	streamBytes atomic.Int64  // what the streams not over hold (see canHold)
-	// PINGs and SETTINGS to answer since the last request or second.
+	// PINGs and SETTINGS to answer since the last call or second.
 	controls     int
 	controlsFrom time.Time
 
@@ -129,7 +131,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		srv:        s,
 		nc:         nc,
 		streams:    map[uint32]*stream{},
-		flow:       connFlow{w: recvWindow{left: initialWindow - 1, size: s.connWindow}}, // RFC 9113's 65,535
+		flow:       recvWindow{left: initialWindow - 1, size: connWindow}, // RFC 9113's 65,535
 		sendWindow: initialWindow - 1,
 		peerWindow: initialWindow - 1,
 		peerFrame:  16 << 10,
@@ -151,6 +153,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 
 // serve reads the connection until it ends, then closes it.
 func (c *conn) serve() {
+	defer c.dropStreams() // after close, once nothing more is read
 	defer c.close()
 	// The preface and the first SETTINGS must come within the handshake
 	// bound: a connection that sends neither holds nothing for long.
@@ -176,8 +179,8 @@ func (c *conn) serve() {
 		); err != nil {
 			return err
 		}
-		inc := c.srv.connWindow - (initialWindow - 1)
-		c.flow.w.left += inc
+		inc := int64(connWindow - (initialWindow - 1))
+		c.flow.left += inc
 		return c.fr.WriteWindowUpdate(0, uint32(inc))
 	})
 	if err != nil {
@@ -222,7 +225,6 @@ func (c *conn) serve() {
 		var code http2.ErrCode
 		switch f := f.(type) {
 		case *http2.HeadersFrame:
-			c.controls = 0
 			c.hp.reset()
 			c.block = headerBlock{streamID: f.StreamID, endStream: f.StreamEnded(), selfDep: f.HasPriority() && f.Priority.StreamDep == f.StreamID}
 			code = c.decodeHeaders(f.HeaderBlockFragment(), f.HeadersEnded())
@@ -350,9 +352,12 @@ func (c *conn) onHeaders() http2.ErrCode {
 		st.inbox = &inbox{ready: make(chan struct{}, 1)}
 		st.started = true
 	}
+	c.smu.Lock()
+	c.streams[id] = st
 	if err == nil && st.inbox == nil && !st.ended {
 		// The server's bound, which the call's own deadline may shorten
-		// but not extend.
+		// but not extend. Armed once st is in the map, where its expiry
+		// finds it however soon it fires.
 		total := c.srv.bodyTotal
 		if req.timeout >= 0 {
 			total = min(total, req.timeout)
@@ -360,8 +365,6 @@ func (c *conn) onHeaders() http2.ErrCode {
 		st.bodyDeadline = time.Now().Add(total)
 		st.expiry = time.AfterFunc(min(total, c.srv.bodyIdle), func() { c.expire(st) })
 	}
-	c.smu.Lock()
-	c.streams[id] = st
 	gone := c.gone
 	c.smu.Unlock()
 	if gone && st.cancel != nil {
@@ -390,16 +393,17 @@ func (c *conn) onHeaders() http2.ErrCode {
 // canHold reports whether the connection's streams may hold n more bytes
 // (a new stream's headers and state, or message bytes): within the
 // connection's bound and the server's. The last quarter of the server's
-// bound is kept for connections holding little (a fair share of it each),
-// so that clients holding streams and messages on a few connections cannot
-// keep the others from opening theirs.
+// bound is kept for connections holding less than smallHolding, as a
+// client's with a few calls in flight does, so that clients holding
+// streams and messages on a few connections cannot keep the others from
+// opening theirs.
 func (c *conn) canHold(n int64) bool {
-	mine, all, bound := c.streamBytes.Load()+n, c.srv.streamBytes.Load()+n, c.srv.opts.MaxStreamBytes
+	mine, all, bound := c.streamBytes.Load()+n, c.srv.totals.bytes.Load()+n, c.srv.opts.MaxStreamBytes
 	switch {
-	case mine > maxConnStreamBytes+c.srv.connWindow, all > bound:
+	case mine > c.srv.connHold, all > bound:
 		return false
 	case all > bound-bound/4:
-		return mine <= bound/(4*(c.srv.connCount.Load()+1))
+		return mine <= smallHolding
 	}
 	return true
 }
@@ -408,14 +412,36 @@ func (c *conn) canHold(n int64) bool {
 // them back, once.
 func (c *conn) charge(st *stream, n int64) {
 	st.streamBytes.Store(n)
-	c.streamBytes.Add(n)
-	c.srv.streamBytes.Add(n)
+	c.account(n)
 }
 
 func (c *conn) uncharge(st *stream) {
-	n := st.streamBytes.Swap(0)
-	c.streamBytes.Add(-n)
-	c.srv.streamBytes.Add(-n)
+	c.account(-st.streamBytes.Swap(0))
+}
+
+// account adds n to what the connection's streams hold, and to the
+// server's total.
+func (c *conn) account(n int64) {
+	if n != 0 {
+		c.streamBytes.Add(n)
+		c.srv.totals.bytes.Add(n)
+	}
+}
+
+// dropStreams forgets what the streams left at close hold, once the
+// reader has stopped: a stream whose message never came whole has no
+// handler to give its bytes back.
+func (c *conn) dropStreams() {
+	c.smu.Lock()
+	left := make([]*stream, 0, len(c.streams))
+	for _, st := range c.streams {
+		left = append(left, st)
+	}
+	c.smu.Unlock()
+	for _, st := range left {
+		c.uncharge(st)
+		c.account(-st.held.release())
+	}
 }
 
 // onData adds a DATA frame to its call's message.
@@ -424,10 +450,10 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 	if !c.flow.take(n) {
 		return http2.ErrCodeFlowControl
 	}
+	if c.giveBack(n) != nil {
+		return http2.ErrCodeInternal
+	}
 	data := f.Data()
-	// Padding is not kept: its window goes back at once.
-	c.giveBack(n - int64(len(data)))
-	n = int64(len(data))
 	id := f.StreamID
 	c.smu.Lock()
 	st := c.streams[id]
@@ -436,45 +462,35 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 	case st == nil && id > c.maxStreamID.Load():
 		return http2.ErrCodeProtocol // DATA on a stream never opened
 	case st == nil, st.ended:
-		c.giveBack(n)
 		c.resetStream(id, http2.ErrCodeStreamClosed)
 		return http2.ErrCodeNo
 	case st.expiry != nil && !f.StreamEnded():
 		// Not idle: wait again, within the body's deadline.
 		if !st.expiry.Stop() {
-			c.giveBack(n) // expire has reset it
-			return http2.ErrCodeNo
+			return http2.ErrCodeNo // expire has reset it
 		}
 		st.expiry.Reset(min(time.Until(st.bodyDeadline), c.srv.bodyIdle))
 	}
-	if !st.window.take(int64(f.Length)) {
-		c.giveBack(n)
+	if !st.window.take(n) {
 		c.resetStream(id, http2.ErrCodeFlowControl)
 		return http2.ErrCodeNo
 	}
-	st.received += n
+	st.received += int64(len(data))
 	if st.contentLength >= 0 && st.received > st.contentLength {
-		c.giveBack(n)
 		c.resetStream(id, http2.ErrCodeProtocol)
 		return http2.ErrCodeNo
 	}
-	if st.refusal == nil && !c.hold(st, n) {
-		// Past the bounds of what streams may hold: this stream goes.
-		c.giveBack(n)
-		c.resetStream(id, http2.ErrCodeRefusedStream)
+	if st.refusal == nil && !c.hold(st, int64(len(data))) {
+		c.answerEarly(st, errHoldingTooMuch)
 		return http2.ErrCodeNo
 	}
 	switch {
 	case st.inbox != nil:
-		// Held until the handler takes each message.
 		if err := st.inbox.add(data, c.srv.opts.MaxRecvMsgSize); err != nil {
 			c.resetStream(id, http2.ErrCodeEnhanceYourCalm)
 			return http2.ErrCodeNo
 		}
-	case st.refusal != nil:
-		c.giveBack(n) // not kept
-	default:
-		// Held until decoded.
+	case st.refusal == nil:
 		if size, ok := st.take(data, c.srv.opts.MaxRecvMsgSize); !ok {
 			c.answerEarly(st, errTooLarge(size, c.srv.opts.MaxRecvMsgSize))
 			return http2.ErrCodeNo
@@ -483,13 +499,17 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 	if f.StreamEnded() {
 		return c.end(st)
 	}
-	if inc := st.window.give(int64(f.Length)); inc > 0 {
+	if inc := st.window.give(n); inc > 0 {
 		if c.write(func() error { return c.fr.WriteWindowUpdate(id, inc) }) != nil {
 			return http2.ErrCodeInternal
 		}
 	}
 	return http2.ErrCodeNo
 }
+
+// errHoldingTooMuch answers a call whose message would take its
+// connection's streams, or all connections', past what they may hold.
+var errHoldingTooMuch = status.Error(codes.ResourceExhausted, "overloaded: too many request bytes still arriving")
 
 // take appends a DATA payload to the request. The buffer grows with the
 // bytes that came, never to a size only announced: a client could announce
@@ -542,6 +562,7 @@ func (c *conn) end(st *stream) http2.ErrCode {
 		st.admitted = done
 	}
 	st.started = true
+	c.controls = 0 // a call: PINGs between calls are not a flood
 	c.srv.dispatch(st)
 	return http2.ErrCodeNo
 }

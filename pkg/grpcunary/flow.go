@@ -2,19 +2,21 @@ package grpcunary
 
 import (
 	"math"
-	"sync"
 	"sync/atomic"
 )
 
-// Flow control of what clients send. A stream's window is given back as the
-// reader takes its bytes, since the connection window bounds them anyway;
-// the connection's is given back only as the bytes leave the server's
-// buffers (a call decodes its message, a streaming handler takes one, a
-// stream ends), so the message bytes a connection holds never pass its
-// window, however many streams send slowly.
+// Flow control of what clients send, and what their streams hold.
+//
+// Both windows are given back as the reader takes the bytes: a window
+// given back only once a message is whole would stall a client that sends
+// many large messages interleaved, 16 KiB of each in turn as grpc-go's
+// does, with none of them whole. What the bytes cost is bounded instead by
+// counting them (conn.canHold): a stream whose bytes would pass its
+// connection's bound or the server's is refused.
 
 // recvWindow is what a peer may still send, and what the server has taken
-// back but not yet announced. An update goes once half the window is back.
+// but not yet announced: an update goes once half the window is back. The
+// reader goroutine's only.
 type recvWindow struct {
 	left, back, size int64
 }
@@ -38,30 +40,13 @@ func (w *recvWindow) give(n int64) uint32 {
 	return uint32(inc)
 }
 
-// connFlow is the connection's recvWindow: taken by the reader, given back
-// by whichever goroutine frees the bytes.
-type connFlow struct {
-	mu sync.Mutex
-	w  recvWindow
-}
-
-func (f *connFlow) take(n int64) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.w.take(n)
-}
-
-func (f *connFlow) give(n int64) uint32 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.w.give(n)
-}
-
 // released marks a stream's held bytes as given back: what comes after
 // goes back at once.
 const released = math.MinInt64 / 2
 
-// heldBytes are the connection-window bytes one stream holds.
+// heldBytes are the message bytes one stream holds, from the reader's
+// take until its handler decodes them (or takes them, for a streaming
+// call) or the stream ends.
 type heldBytes struct{ n atomic.Int64 }
 
 // hold counts n more bytes; it returns n when the stream has released its
@@ -87,38 +72,30 @@ func (h *heldBytes) release() int64 {
 	return max(h.n.Swap(released), 0)
 }
 
-// hold counts n message bytes st keeps, in its connection's and the
-// server's totals of what streams hold; false, with nothing counted, when
-// their bounds refuse them (canHold).
+// hold counts n message bytes st keeps in what its connection's streams
+// hold; false, with nothing counted, when the bounds refuse them
+// (canHold).
 func (c *conn) hold(st *stream, n int64) bool {
 	if !c.canHold(n) {
 		return false
 	}
-	c.streamBytes.Add(n)
-	c.srv.streamBytes.Add(n)
+	c.account(n)
 	c.unhold(st.held.hold(n))
 	return true
 }
 
-// unhold gives back n held message bytes: to the totals and the window.
+// unhold gives back n held message bytes. Any goroutine may call it.
 func (c *conn) unhold(n int64) {
-	if n <= 0 {
-		return
+	if n > 0 {
+		c.account(-n)
 	}
-	c.streamBytes.Add(-n)
-	c.srv.streamBytes.Add(-n)
-	c.giveBack(n)
 }
 
 // giveBack returns n bytes to the connection window, announcing them when
-// worth it. Any goroutine may call it; the update does not wait behind
-// pending answers (a WINDOW_UPDATE is small, and goes once per half a
-// window at most).
-func (c *conn) giveBack(n int64) {
-	if n <= 0 {
-		return
-	}
+// worth it (reader goroutine).
+func (c *conn) giveBack(n int64) error {
 	if inc := c.flow.give(n); inc > 0 {
-		c.writeControl(func() error { return c.fr.WriteWindowUpdate(0, inc) })
+		return c.write(func() error { return c.fr.WriteWindowUpdate(0, inc) })
 	}
+	return nil
 }

@@ -14,7 +14,7 @@ const (
 	// opens and resets streams cannot start more work than that.
 	DefaultMaxConcurrentStreams = 1024
 	// DefaultMaxStreamBytes bounds what the streams not yet over hold over
-	// all connections (see maxConnStreamBytes).
+	// all connections (see smallHolding).
 	DefaultMaxStreamBytes = 64 << 20
 	// DefaultHandshakeTimeout bounds a TLS handshake, the client's
 	// connection preface and its first SETTINGS frame.
@@ -31,14 +31,12 @@ const (
 	// so that an endless block cannot keep a reader busy (the CONTINUATION
 	// flood of 2024). An honest block within maxHeaderListSize is smaller.
 	maxHeaderBlockBytes = 2 * maxHeaderListSize
-	// maxConnStreamBytes bounds what a connection's streams not yet over
-	// hold beside their messages (which the connection window bounds):
-	// their decoded headers and streamCost each. A stream past it is
-	// refused (REFUSED_STREAM), and so is one past the server's bound
-	// (Options.MaxStreamBytes, messages included, whose last quarter is
-	// kept for connections holding little: conn.canHold), so that streams
-	// that never send their message hold little in all.
-	maxConnStreamBytes = 2 << 20
+	// smallHolding: the last quarter of the server's bound on what open
+	// streams hold (Options.MaxStreamBytes) is kept for connections whose
+	// streams hold less, as a client's with a few calls in flight do
+	// (conn.canHold), so that streams held open on a few connections
+	// cannot keep others from opening theirs.
+	smallHolding = 64 << 10
 	// streamCost is about what a stream holds beside its headers: its
 	// state, context, timer and map entry.
 	streamCost = 1 << 10
@@ -49,11 +47,13 @@ const (
 	// initialWindow is HTTP/2's stream window, which the server keeps: a
 	// stream may send that much before the server reads it.
 	initialWindow = 64 << 10
-	// minConnWindow is the least connection window. The window is given
-	// back as calls decode their messages, not as bytes arrive, so it bounds
-	// the message bytes a connection holds; it is at least twice the
-	// largest message, so that one message always fits (connWindowFor).
-	minConnWindow = 1 << 20
+	// connWindow is the connection window, given back as bytes are read.
+	connWindow = 1 << 20
+	// minConnHold is the least a connection's open streams may hold:
+	// headers, streamCost each, and message bytes not yet decoded; a
+	// stream past it is refused. It is at least four of the largest
+	// messages (connHoldFor), which a client may send interleaved.
+	minConnHold = 8 << 20
 	// bodyTimeout bounds how long a unary call's message may take to come
 	// whole after its headers, whatever the call's own deadline says; a
 	// stream idle for bodyIdleTimeout is reset sooner. A call holds no
@@ -83,8 +83,8 @@ const (
 	maxStatusMessage = 1024
 )
 
-// connWindowFor is the connection window for messages of up to maxMsg
-// bytes.
-func connWindowFor(maxMsg int) int64 {
-	return max(minConnWindow, 2*(int64(maxMsg)+5))
+// connHoldFor is what a connection's open streams may hold with messages
+// of up to maxMsg bytes.
+func connHoldFor(maxMsg int) int64 {
+	return max(minConnHold, 4*(int64(maxMsg)+5))
 }

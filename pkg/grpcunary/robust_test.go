@@ -119,6 +119,7 @@ func TestNoPlaceWithoutTheMessage(t *testing.T) {
 		close   bool
 	}{
 		{"deadline passes", "50m", false},
+		{"deadline passed already", "0n", false},
 		{"no deadline: idle", "", false},
 		{"connection closes", "", true},
 	} {
@@ -485,73 +486,88 @@ func TestTrickleResetWithinTheServersBound(t *testing.T) {
 	}
 }
 
-// TestIncompleteMessagesHoldAtMostTheWindow: streams whose messages never
-// finish cannot make the server hold more than the connection window: the
-// window is not given back while the bytes are held, and is given back once
-// the streams are reset.
-func TestIncompleteMessagesHoldAtMostTheWindow(t *testing.T) {
+// TestIncompleteMessagesHeldWithinTheBound: streams whose messages never
+// finish cannot make one connection hold more than its bound: the stream
+// that would pass it is answered RESOURCE_EXHAUSTED; the bytes are given
+// back once the streams are reset.
+func TestIncompleteMessagesHeldWithinTheBound(t *testing.T) {
 	s, addr := serveRaw(t, Options{MaxRecvMsgSize: 256 << 10}, &testService{},
-		func(s *Server) { s.bodyIdle = time.Second })
+		func(s *Server) { s.bodyIdle = 2 * time.Second })
 	rc := dialRaw(t, addr)
 	defer rc.nc.Close()
-	var granted atomic.Int64 // connection window the server gave, past the initial 65,535
+	refused := make(chan uint32, 1)
 	go func() {
 		for {
 			f, err := rc.fr.ReadFrame()
 			if err != nil {
 				return
 			}
-			if w, ok := f.(*http2.WindowUpdateFrame); ok && w.StreamID == 0 {
-				granted.Add(int64(w.Increment))
+			if h, ok := f.(*http2.HeadersFrame); ok && h.StreamEnded() {
+				refused <- h.StreamID // trailers-only: RESOURCE_EXHAUSTED
+				return
 			}
 		}
 	}()
-	window := s.connWindow
-	if !waitFor(func() bool { return granted.Load() == window-(initialWindow-1) }, 10*time.Second) {
-		t.Fatalf("initial connection window %d, want %d", granted.Load()+initialWindow-1, window)
-	}
-	// Each stream announces 200,000 bytes and sends 16 KiB, until the
-	// window is spent.
+	// Each stream announces 200,000 bytes and sends 16 KiB.
 	n := 200_000
 	piece := append([]byte{0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, make([]byte, 16<<10-5)...)
-	streams := int(window) / len(piece)
-	for i := range streams {
-		id := uint32(2*i + 1)
+	var first uint32
+	for id := uint32(1); first == 0; id += 2 {
+		if id > 2*uint32(s.connHold)/uint32(len(piece))+100 {
+			t.Fatalf("%d bytes held on one connection, none refused", s.totals.bytes.Load())
+		}
 		rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false)
 		if err := rc.fr.WriteData(id, false, piece); err != nil {
 			t.Fatal(err)
 		}
-	}
-	held := func() int64 {
-		var sum int64
-		for _, c := range openConns(s) {
-			c.smu.Lock()
-			for _, st := range c.streams {
-				sum += max(st.held.n.Load(), 0)
-			}
-			c.smu.Unlock()
+		select {
+		case first = <-refused:
+		default:
 		}
-		return sum
+		if id > 1000 && first == 0 {
+			select {
+			case first = <-refused:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%d bytes held on one connection, none refused", s.totals.bytes.Load())
+			}
+		}
 	}
-	if !waitFor(func() bool { return held() == int64(streams*len(piece)) }, 10*time.Second) {
-		t.Fatalf("held %d bytes, want %d", held(), streams*len(piece))
+	if held := s.totals.bytes.Load(); held > s.connHold {
+		t.Errorf("held %d bytes, past the connection's bound %d", held, s.connHold)
 	}
-	if g := granted.Load(); g != window-(initialWindow-1) {
-		t.Errorf("the server gave %d bytes more window while holding the messages", g-(window-(initialWindow-1)))
+	// The streams go idle and are reset: their bytes are given back.
+	if !waitFor(func() bool { return s.totals.bytes.Load() == 0 }, 15*time.Second) {
+		t.Errorf("%d bytes still held", s.totals.bytes.Load())
 	}
-	// The streams go idle and are reset: the window comes back.
-	if !waitFor(func() bool { return granted.Load() >= window-(initialWindow-1)+int64(streams*len(piece))/2 }, 15*time.Second) {
-		t.Errorf("window not given back after the resets: %d granted in all", granted.Load())
+}
+
+// TestInterleavedLargeMessagesServed: many large messages at once on one
+// connection, which grpc-go's client sends 16 KiB of each in turn, are all
+// served: none waits for another to finish first.
+func TestInterleavedLargeMessagesServed(t *testing.T) {
+	_, cc := start(t, Options{MaxRecvMsgSize: 256 << 10}, &testService{})
+	client := testgrpc.NewTestServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make(chan error, 24)
+	for range 24 {
+		go func() {
+			_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: make([]byte, 250<<10)}})
+			errs <- err
+		}()
 	}
-	if !waitFor(func() bool { return held() == 0 }, 15*time.Second) {
-		t.Errorf("%d bytes still held", held())
+	for range 24 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }
 
 // TestHeldStreamsLeaveRoomForOthers: connections that open streams and
 // never finish them, holding large headers or parts of large messages, are
-// refused past their bounds (REFUSED_STREAM) and hold no more than the
-// server's bound in all; a call on another connection is served.
+// refused past their bounds (a new stream REFUSED_STREAM, a message
+// RESOURCE_EXHAUSTED) and hold no more than the server's bound in all; a
+// call on another connection is served.
 func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 	const bound = 1 << 20
 	big := strings.Repeat("v", 4<<10)
@@ -572,9 +588,11 @@ func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, addr := serveRaw(t, Options{MaxStreamBytes: bound, MaxRecvMsgSize: 256 << 10}, &testService{})
+			var hostile []*rawClient
 			for range 4 {
 				rc := dialRaw(t, addr)
 				defer rc.nc.Close()
+				hostile = append(hostile, rc)
 				refused := make(chan struct{})
 				go func() {
 					for {
@@ -582,7 +600,9 @@ func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 						if err != nil {
 							return
 						}
-						if r, ok := f.(*http2.RSTStreamFrame); ok && r.ErrCode == http2.ErrCodeRefusedStream {
+						r, reset := f.(*http2.RSTStreamFrame)
+						h, answered := f.(*http2.HeadersFrame)
+						if reset && r.ErrCode == http2.ErrCodeRefusedStream || answered && h.StreamEnded() {
 							close(refused)
 							return
 						}
@@ -601,7 +621,7 @@ func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 					break
 				}
 			}
-			if held := s.streamBytes.Load(); held > bound {
+			if held := s.totals.bytes.Load(); held > bound {
 				t.Errorf("held streams hold %d bytes, past the bound %d", held, bound)
 			}
 			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -613,6 +633,13 @@ func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 			defer cancel()
 			if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{}); err != nil {
 				t.Errorf("a call on another connection: %v", err)
+			}
+			// Their connections dropped, what they held is given back.
+			for _, rc := range hostile {
+				rc.nc.Close()
+			}
+			if !waitFor(func() bool { return s.totals.bytes.Load() == 0 }, 10*time.Second) {
+				t.Errorf("after the connections closed: %d bytes held", s.totals.bytes.Load())
 			}
 		})
 	}

@@ -12,12 +12,13 @@
 // finishing together share one system call (writer.go).
 //
 // No client may take the server from the others: a call competes for a
-// place (Options.NewConnAdmit) only once its message is whole; the
-// connection window is given back only as messages are decoded, so it
-// bounds the message bytes a connection holds (flow.go); a message must
-// come within a server-side bound; header blocks, the headers of open
-// streams, the streams and the unread answers of a connection are bounded,
-// all in limits.go.
+// place (Options.NewConnAdmit) only once its message is whole; what open
+// streams hold (headers, state, message bytes not yet decoded) is counted
+// per connection and for the server, and a stream past either bound is
+// refused, the last quarter of the server's kept for connections holding
+// little (flow.go, conn.canHold); a message must come within a server-side
+// bound; header blocks, PING and SETTINGS floods and the unread answers of
+// a connection are bounded too, all in limits.go.
 //
 // What it serves: the methods of services registered with RegisterService
 // (generated RegisterXxxServer functions take a Server), over cleartext
@@ -48,7 +49,7 @@ import (
 )
 
 // Options configure a Server. The zero value serves cleartext HTTP/2 with
-// grpc-go's proto codec and the defaults above.
+// grpc-go's proto codec and the defaults of limits.go.
 type Options struct {
 	// TLS, when set, makes the server serve TLS only; "h2" is offered by
 	// ALPN whatever NextProtos hold, also on configs GetConfigForClient
@@ -83,9 +84,10 @@ type Options struct {
 
 // AdmitFunc decides whether a call whose message has come whole may run:
 // an error answers the call with that error's status; done, when not nil,
-// is called once the call's handler has returned (or the call ended before
-// it ran). A call still arriving holds nothing, so a client that sends
-// slowly or not at all cannot take another's place.
+// is called once the call's handler has returned, however the call ends
+// (a call admitted always gets its handler). A call still arriving holds
+// nothing, so a client that sends slowly or not at all cannot take
+// another's place.
 type AdmitFunc func(fullMethod string) (done func(), err error)
 
 // Server serves unary gRPC methods. Register services, then Serve; stop
@@ -108,11 +110,17 @@ type Server struct {
 	workers   sync.WaitGroup
 	stopOnce  sync.Once
 
-	connWindow  int64        // connWindowFor(MaxRecvMsgSize)
-	connCount   atomic.Int64 // connections served
-	streamBytes atomic.Int64 // what their streams hold (conn.canHold)
+	connHold int64 // connHoldFor(MaxRecvMsgSize)
+	// What the connections' streams hold (conn.canHold), apart from the
+	// fields every call reads: calls on all connections write it.
+	totals *streamTotals
 	// bodyTimeout and bodyIdleTimeout, shorter in tests.
 	bodyTotal, bodyIdle time.Duration
+}
+
+// streamTotals is what the streams of all connections hold.
+type streamTotals struct {
+	bytes atomic.Int64
 }
 
 // method is a registered method: unary (handler) or streaming (stream).
@@ -143,7 +151,8 @@ func NewServer(opts Options) *Server {
 		opts.TLS = withH2(opts.TLS)
 	}
 	s := &Server{
-		connWindow:  connWindowFor(opts.MaxRecvMsgSize),
+		connHold:    connHoldFor(opts.MaxRecvMsgSize),
+		totals:      new(streamTotals),
 		bodyTotal:   bodyTimeout,
 		bodyIdle:    bodyIdleTimeout,
 		opts:        opts,
@@ -278,8 +287,6 @@ func (s *Server) serveConn(nc net.Conn) {
 		nc.Close()
 		return
 	}
-	s.connCount.Add(1)
-	defer s.connCount.Add(-1)
 	c.serve()
 	s.mu.Lock()
 	delete(s.conns, c)

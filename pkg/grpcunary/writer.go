@@ -199,13 +199,11 @@ func (c *conn) close() {
 		if st.cancel != nil {
 			st.cancel()
 		}
-		// A handler still running is told by its context, and its place
-		// is not the closed connection's to keep.
-		st.admitDone()
+		// A handler still running is told by its context, and gives its
+		// place back when it returns.
 		if st.expiry != nil {
 			st.expiry.Stop()
 		}
-		c.uncharge(st)
 	}
 	c.smu.Unlock()
 	if len(pending) > 0 {
