@@ -152,7 +152,7 @@ func newFlagSet(name string, s *settings, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "put every rule in shadow mode: always answer OK, count as usual, log and count would-be denials")
 	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit in use from which an admitted decision counts as near_limit in metrics")
 	fs.StringVar(&s.adminAddr, "admin-addr", "", "gRPC listen address of the admin API (ratelimit.admin.v1.Admin: Inspect, Reset; with reflection); empty: off. Keep it private: Reset lifts limits")
-	fs.IntVar(&s.maxInFlight, "max-inflight", service.DefaultMaxInFlight, "most rate limit requests worked on at once; past it requests are refused at once with RESOURCE_EXHAUSTED")
+	fs.IntVar(&s.maxInFlight, "max-inflight", service.DefaultMaxInFlight, "most rate limit requests worked on at once, each counted once whole; past it, or past a connection's share (max/(n+1) once half are taken), refused with RESOURCE_EXHAUSTED")
 	s.memoryLimit = defaultMemoryLimit
 	fs.Var(&s.memoryLimit, "memory-limit", "soft limit of the Go heap, as GOMEMLIMIT (which wins when set): near it the GC collects harder, so a flood of large requests does not grow memory past it; 0: none")
 	fs.BoolVar(&s.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
