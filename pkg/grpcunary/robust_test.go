@@ -67,6 +67,42 @@ func (rc *rawClient) headers(t *testing.T, id uint32, path string, endStream boo
 	}
 }
 
+// await reads what the server sends on rc until the connection ends, and
+// closes the channel it returns at the first frame match accepts.
+func (rc *rawClient) await(match func(http2.Frame) bool) <-chan struct{} {
+	seen := make(chan struct{})
+	go func() {
+		matched := false
+		for {
+			f, err := rc.fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			if !matched && match(f) {
+				matched = true
+				close(seen)
+			}
+		}
+	}()
+	return seen
+}
+
+// resetOf matches an RST_STREAM of stream id.
+func resetOf(id uint32) func(http2.Frame) bool {
+	return func(f http2.Frame) bool {
+		r, ok := f.(*http2.RSTStreamFrame)
+		return ok && r.StreamID == id
+	}
+}
+
+// refusal matches a stream refused: REFUSED_STREAM, or answered with a
+// status alone (trailers-only, as RESOURCE_EXHAUSTED).
+func refusal(f http2.Frame) bool {
+	r, reset := f.(*http2.RSTStreamFrame)
+	h, answered := f.(*http2.HeadersFrame)
+	return reset && r.ErrCode == http2.ErrCodeRefusedStream || answered && h.StreamEnded()
+}
+
 func grpcMsg(m proto.Message) []byte {
 	b, _ := proto.Marshal(m)
 	n := len(b)
@@ -129,18 +165,7 @@ func TestNoPlaceWithoutTheMessage(t *testing.T) {
 				func(s *Server) { s.bodyIdle = 200 * time.Millisecond })
 			rc := dialRaw(t, addr)
 			defer rc.nc.Close()
-			reset := make(chan struct{})
-			go func() {
-				for {
-					f, err := rc.fr.ReadFrame()
-					if err != nil {
-						return
-					}
-					if r, ok := f.(*http2.RSTStreamFrame); ok && r.StreamID == 1 {
-						close(reset)
-					}
-				}
-			}()
+			reset := rc.await(resetOf(1))
 			var extra []hpack.HeaderField
 			if tc.timeout != "" {
 				extra = append(extra, hpack.HeaderField{Name: "grpc-timeout", Value: tc.timeout})
@@ -200,18 +225,7 @@ func TestAdmitPlaceBackWhenHandlerReturns(t *testing.T) {
 	_, addr := serveRaw(t, Options{NewConnAdmit: countingAdmit(&admitted, &done)}, &testService{})
 	rc := dialRaw(t, addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
 	defer rc.nc.Close()
-	reset := make(chan struct{})
-	go func() { // read what the server sends
-		for {
-			f, err := rc.fr.ReadFrame()
-			if err != nil {
-				return
-			}
-			if r, ok := f.(*http2.RSTStreamFrame); ok && r.StreamID == 1 {
-				close(reset)
-			}
-		}
-	}()
+	reset := rc.await(resetOf(1))
 	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "grpc-timeout", Value: "100m"})
 	if err := rc.fr.WriteData(1, true, grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hi")}})); err != nil {
 		t.Fatal(err)
@@ -370,18 +384,10 @@ func TestAnnouncedSizeNotAllocatedUnadmitted(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	rc := dialRaw(t, ln.Addr().String())
 	defer rc.nc.Close()
-	pong := make(chan struct{})
-	go func() {
-		for {
-			f, err := rc.fr.ReadFrame()
-			if err != nil {
-				return
-			}
-			if p, ok := f.(*http2.PingFrame); ok && p.IsAck() {
-				close(pong)
-			}
-		}
-	}()
+	pong := rc.await(func(f http2.Frame) bool {
+		p, ok := f.(*http2.PingFrame)
+		return ok && p.IsAck()
+	})
 	const streams = 1000
 	n := 256 << 10
 	prefix := []byte{0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
@@ -454,19 +460,7 @@ func TestTrickleResetWithinTheServersBound(t *testing.T) {
 	_, addr := serveRaw(t, Options{}, &testService{}, func(s *Server) { s.bodyTotal = 500 * time.Millisecond })
 	rc := dialRaw(t, addr)
 	defer rc.nc.Close()
-	reset := make(chan struct{})
-	go func() {
-		for {
-			f, err := rc.fr.ReadFrame()
-			if err != nil {
-				return
-			}
-			if r, ok := f.(*http2.RSTStreamFrame); ok && r.StreamID == 1 {
-				close(reset)
-				return
-			}
-		}
-	}()
+	reset := rc.await(resetOf(1))
 	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "grpc-timeout", Value: "99999999H"})
 	msg := grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: bytes.Repeat([]byte("x"), 1000)}})
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -495,41 +489,30 @@ func TestIncompleteMessagesHeldWithinTheBound(t *testing.T) {
 		func(s *Server) { s.bodyIdle = 2 * time.Second })
 	rc := dialRaw(t, addr)
 	defer rc.nc.Close()
-	refused := make(chan uint32, 1)
-	go func() {
-		for {
-			f, err := rc.fr.ReadFrame()
-			if err != nil {
-				return
-			}
-			if h, ok := f.(*http2.HeadersFrame); ok && h.StreamEnded() {
-				refused <- h.StreamID // trailers-only: RESOURCE_EXHAUSTED
-				return
-			}
-		}
-	}()
-	// Each stream announces 200,000 bytes and sends 16 KiB.
+	refused := rc.await(refusal)
+	// Each stream announces 200,000 bytes and sends 16 KiB, until one is
+	// refused; twice the bound sent, the refusal must have come.
 	n := 200_000
 	piece := append([]byte{0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, make([]byte, 16<<10-5)...)
-	var first uint32
-	for id := uint32(1); first == 0; id += 2 {
-		if id > 2*uint32(s.connHold)/uint32(len(piece))+100 {
-			t.Fatalf("%d bytes held on one connection, none refused", s.totals.bytes.Load())
+	enough := 2 * s.connHold / int64(len(piece))
+send:
+	for id := uint32(1); ; id += 2 {
+		select {
+		case <-refused:
+			break send
+		default:
+		}
+		if int64(id/2) > enough {
+			select {
+			case <-refused:
+				break send
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%d bytes held on one connection, none refused", s.totals.bytes.Load())
+			}
 		}
 		rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false)
 		if err := rc.fr.WriteData(id, false, piece); err != nil {
 			t.Fatal(err)
-		}
-		select {
-		case first = <-refused:
-		default:
-		}
-		if id > 1000 && first == 0 {
-			select {
-			case first = <-refused:
-			case <-time.After(5 * time.Second):
-				t.Fatalf("%d bytes held on one connection, none refused", s.totals.bytes.Load())
-			}
 		}
 	}
 	if held := s.totals.bytes.Load(); held > s.connHold {
@@ -593,21 +576,7 @@ func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 				rc := dialRaw(t, addr)
 				defer rc.nc.Close()
 				hostile = append(hostile, rc)
-				refused := make(chan struct{})
-				go func() {
-					for {
-						f, err := rc.fr.ReadFrame()
-						if err != nil {
-							return
-						}
-						r, reset := f.(*http2.RSTStreamFrame)
-						h, answered := f.(*http2.HeadersFrame)
-						if reset && r.ErrCode == http2.ErrCodeRefusedStream || answered && h.StreamEnded() {
-							close(refused)
-							return
-						}
-					}
-				}()
+				refused := rc.await(refusal)
 				for id := uint32(1); ; id += 2 {
 					if id > 4000 {
 						t.Fatal("2000 streams held on one connection, none refused")
