@@ -27,17 +27,11 @@ const (
 	grpcServerGRPCGo = "grpc-go"
 )
 
-// grpcMaxHeaderListSize bounds the decoded headers of one call on grpc-go's
-// server, as grpcunary bounds them, so that the choice of server does not
-// change what a client may send.
-const grpcMaxHeaderListSize = 64 << 10
-
 // grpcMinPingInterval is how often a client may ping grpc-go's server,
 // with or without calls in flight. grpc-go's own policy (a ping at most
 // every 5 minutes, and none while no call is in flight) would close the
 // connections of an Envoy whose cluster sets connection_keepalive, which
-// the lean server keeps, answering every ping; a flood of pings is still
-// refused.
+// the lean server keeps; a flood of pings is still refused.
 const grpcMinPingInterval = 5 * time.Second
 
 // grpcPortServer is the server of the gRPC port, whichever --grpc-server
@@ -91,7 +85,9 @@ func newGRPCServer(s *settings, grpcTLS *tls.Config, codec encoding.CodecV2, she
 			grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{shedder.UnaryServerInterceptor()}, interceptors...)...),
 			grpc.MaxRecvMsgSize(s.maxRequestBytes),
 			grpc.MaxConcurrentStreams(grpcunary.DefaultMaxConcurrentStreams),
-			grpc.MaxHeaderListSize(grpcMaxHeaderListSize),
+			// As grpcunary's: the choice of server does not change what a
+			// client may send.
+			grpc.MaxHeaderListSize(grpcunary.MaxHeaderListSize),
 			grpc.ConnectionTimeout(grpcunary.DefaultHandshakeTimeout),
 			grpc.NumStreamWorkers(uint32(workers)),
 			grpc.KeepaliveParams(keepalive.ServerParameters{

@@ -144,7 +144,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.fr = http2.NewFramer(outWriter{c}, bufio.NewReaderSize(nc, bufferSize))
 	c.hdec = hpack.NewDecoder(4096, c.hp.field)
-	c.hdec.SetMaxStringLength(maxHeaderListSize)
+	c.hdec.SetMaxStringLength(MaxHeaderListSize)
 	c.fr.SetMaxReadFrameSize(16 << 10) // HTTP/2's default, which the settings keep
 	c.fr.SetReuseFrames()
 	c.henc = hpack.NewEncoder(&c.hbuf)
@@ -175,7 +175,7 @@ func (c *conn) serve() {
 	err := c.write(func() error {
 		if err := c.fr.WriteSettings(
 			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.srv.opts.MaxConcurrentStreams},
-			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderListSize},
+			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: MaxHeaderListSize},
 		); err != nil {
 			return err
 		}

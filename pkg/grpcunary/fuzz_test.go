@@ -394,7 +394,7 @@ func fuzzSeeds() [][]byte {
 		fr.WriteSettings()
 		headers(fr, 1, hdrs(unary, ":method", "GET", "connection", "close", "Upper", "x"), true)
 		headers(fr, 3, hdrs(unary, "grpc-timeout", "nonsense", "content-type", "text/plain"), true)
-		big := strings.Repeat("b", 20<<10) // four of them: past maxHeaderListSize
+		big := strings.Repeat("b", 20<<10) // four of them: past MaxHeaderListSize
 		headers(fr, 5, hdrs(unary, "x-1", big, "x-2", big, "x-3", big, "x-4", big), true)
 	})
 	return seeds

@@ -39,7 +39,7 @@ type headerParser struct {
 	pseudo                      int
 	regular                     bool // a regular field came: no pseudo-header may follow
 	size                        int  // the list's size as HTTP/2 counts it
-	truncated                   bool // past maxHeaderListSize
+	truncated                   bool // past MaxHeaderListSize
 	err                         error
 	md                          []hpack.HeaderField // reused: the metadata map is built once
 }
@@ -54,7 +54,7 @@ func (p *headerParser) field(f hpack.HeaderField) {
 	if p.truncated {
 		return
 	}
-	if p.size += int(f.Size()); p.size > maxHeaderListSize {
+	if p.size += int(f.Size()); p.size > MaxHeaderListSize {
 		p.truncated = true
 		return
 	}

@@ -23,14 +23,15 @@ const (
 
 // Headers.
 const (
-	// maxHeaderListSize bounds the decoded request headers of one call; a
-	// larger list resets the stream (FRAME_SIZE_ERROR, as grpc-go).
-	maxHeaderListSize = 64 << 10
+	// MaxHeaderListSize bounds the decoded request headers of one call; a
+	// larger list resets the stream (FRAME_SIZE_ERROR, as grpc-go). Exported
+	// so that grpc-go's server can be given the same bound.
+	MaxHeaderListSize = 64 << 10
 	// maxHeaderBlockBytes bounds the encoded bytes of one header block,
 	// HEADERS and CONTINUATIONs together: past it the connection is closed,
 	// so that an endless block cannot keep a reader busy (the CONTINUATION
-	// flood of 2024). An honest block within maxHeaderListSize is smaller.
-	maxHeaderBlockBytes = 2 * maxHeaderListSize
+	// flood of 2024). An honest block within MaxHeaderListSize is smaller.
+	maxHeaderBlockBytes = 2 * MaxHeaderListSize
 	// smallHolding: the last quarter of the server's bound on what open
 	// streams hold (Options.MaxStreamBytes) is kept for connections whose
 	// streams hold less, as a client's with a few calls in flight do

@@ -164,6 +164,6 @@ type connTagger struct{ s *Shedder }
 func (t connTagger) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
 	return context.WithValue(ctx, connKey{}, t.s.NewConn())
 }
-func (connTagger) HandleConn(context.Context, stats.ConnStats)                    {}
+func (connTagger) HandleConn(context.Context, stats.ConnStats)                     {}
 func (connTagger) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
-func (connTagger) HandleRPC(context.Context, stats.RPCStats)                      {}
+func (connTagger) HandleRPC(context.Context, stats.RPCStats)                       {}
