@@ -66,6 +66,10 @@ type attackCase struct {
 	// server keeps (docs/reliability.md has its figures).
 	check    func(t *testing.T, res h2attack.Result, peakRSS int64)
 	leanOnly bool
+	// grpcGoLimit, when set, says why grpc-go's server does not keep the
+	// legitimate calls answered under this attack (measured in
+	// docs/reliability.md): there they are logged, not asserted.
+	grpcGoLimit string
 }
 
 var attackCases = []attackCase{
@@ -107,6 +111,7 @@ var attackCases = []attackCase{
 			return h2attack.Flood(ctx, addr, h2attack.FloodOptions{Peers: 64, Frame: h2attack.FloodPing})
 		},
 		check: rssUnder(attackRSSBound), leanOnly: true,
+		grpcGoLimit: "it closes the flooding peers (too_many_pings), which reconnect at once",
 	},
 	{
 		name: "preface only", runFor: handshakeFor,
@@ -120,6 +125,7 @@ var attackCases = []attackCase{
 		attack: func(ctx context.Context, addr string) h2attack.Result {
 			return h2attack.RapidReset(ctx, addr, h2attack.RapidResetOptions{Message: true})
 		},
+		grpcGoLimit: "under a rapid reset it answered 27-60 % of the calls within 50 ms in make bench-attacks",
 	},
 	{
 		name: "hpack bomb", runFor: attackFor,
@@ -230,8 +236,9 @@ func measuring(t *testing.T) (runFor, deadline time.Duration, on bool) {
 // with eight legitimate callers beside it whose calls have a deadline of
 // five seconds (a bound on a failure, not a latency goal: the test must
 // pass on a busy machine). At least 99 % of their calls are answered (OK
-// or OVER_LIMIT), a connection dialed during the attack is served, and
-// each attack's own guarantee holds (see attackCases).
+// or OVER_LIMIT), a connection dialed during the attack is served (but on
+// grpc-go's server under the attacks where it is the limit: grpcGoLimit),
+// and each attack's own guarantee holds (see attackCases).
 func TestAttack(t *testing.T) {
 	began := time.Now()
 	runFor, deadline, measure := measuring(t)
@@ -304,11 +311,16 @@ func runAttack(t *testing.T, kind string, tc attackCase, row *attackRow) {
 	if lr.Calls == 0 {
 		t.Fatalf("no legitimate call was made")
 	}
-	if share := lr.AnsweredShare(); share < 0.99 {
-		t.Errorf("%.2f%% of the legitimate calls answered, want at least 99%%: %v", 100*share, lr)
-	}
-	if lr.NewConnAnswered == 0 {
-		t.Errorf("a connection dialed during the attack was not served: %v", lr)
+	if share := lr.AnsweredShare(); kind == "grpc-go" && tc.grpcGoLimit != "" {
+		t.Logf("grpc-go's server is the limit here (%s): %.2f%% answered, %d of %d on a new connection",
+			tc.grpcGoLimit, 100*share, lr.NewConnAnswered, lr.NewConnCalls)
+	} else {
+		if share < 0.99 {
+			t.Errorf("%.2f%% of the legitimate calls answered, want at least 99%%: %v", 100*share, lr)
+		}
+		if lr.NewConnAnswered == 0 {
+			t.Errorf("a connection dialed during the attack was not served: %v", lr)
+		}
 	}
 	if tc.check != nil && (kind == "lean" || !tc.leanOnly) {
 		tc.check(t, res, row.peakRSS)
