@@ -513,12 +513,13 @@ func serve(ctx context.Context, s *settings) error {
 		return nil
 	}
 	// A client gets 5 s for its headers and 10 s for the whole request, so
-	// that a body sent slowly, or never, cannot hold a --max-inflight place
-	// for long; idle keep-alive connections close after a minute. Each
-	// connection gets its own hold on the shedder's places, so that no one
-	// client of POST /json takes them all.
+	// that a body sent slowly, or never, does not hold its connection for
+	// long (it holds no --max-inflight place: Shedder.Handler takes one
+	// once the body has come); idle keep-alive connections close after a
+	// minute. Each connection gets its own hold on the shedder's places,
+	// so that no one client of POST /json takes them all.
 	httpServer := &http.Server{
-		Handler:           httpHandler(ready, svc, shedder, registry, s.pprof),
+		Handler:           httpHandler(ready, svc, shedder, s.maxRequestBytes, registry, s.pprof),
 		ConnContext:       shedder.ConnContext,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
@@ -624,14 +625,14 @@ func serve(ctx context.Context, s *settings) error {
 // speak HTTP (envoyproxy/ratelimit's /healthcheck among them), Prometheus
 // metrics, the config in force, and the JSON API. ready says why the
 // service is not ready, nil when it is.
-func httpHandler(ready func() error, svc *service.Service, shedder *service.Shedder, registry *prometheus.Registry, withPprof bool) http.Handler {
+func httpHandler(ready func() error, svc *service.Service, shedder *service.Shedder, maxBody int, registry *prometheus.Registry, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	if withPprof {
 		addPprof(mux)
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
 	mux.Handle("GET /rlconfig", svc.ConfigHandler())
-	mux.Handle("/json", shedder.Handler(svc.JSONHandler()))
+	mux.Handle("/json", shedder.Handler(svc.JSONHandler(), maxBody))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})

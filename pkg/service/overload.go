@@ -1,8 +1,10 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -124,9 +126,19 @@ func (s *Shedder) conn(ctx context.Context) *Conn {
 	return s.NewConn()
 }
 
-// Handler refuses HTTP requests past the bound with 503.
-func (s *Shedder) Handler(next http.Handler) http.Handler {
+// Handler refuses HTTP requests past the bound with 503. A request takes
+// its place once its body (up to maxBody bytes) has come, as a gRPC call
+// once its message has: a body sent slowly holds none. A body that fails
+// to come whole is handed on as its error, for next to answer.
+func (s *Shedder) Handler(next http.Handler, maxBody int) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(maxBody)))
+		if err != nil {
+			r.Body = io.NopCloser(failedReader{err})
+			next.ServeHTTP(w, r)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		c := s.conn(r.Context())
 		if err := c.acquire(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -136,6 +148,11 @@ func (s *Shedder) Handler(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+// failedReader fails every read with the error its body met.
+type failedReader struct{ err error }
+
+func (f failedReader) Read([]byte) (int, error) { return 0, f.err }
 
 // StatsHandler and UnaryServerInterceptor bound grpc-go's server as
 // grpcunary's is: the stats handler gives each connection its hold, and

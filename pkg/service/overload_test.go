@@ -1,8 +1,11 @@
 package service
 
 import (
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -60,7 +63,7 @@ func TestShedderBoundsJSONToo(t *testing.T) {
 	slow := shedder.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		close(entered)
 		<-release
-	}))
+	}), 1<<10)
 	go slow.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/json", nil))
 	<-entered
 	// The gRPC side shares the bound.
@@ -133,5 +136,36 @@ func TestNoConnectionTakesEveryPlace(t *testing.T) {
 	}
 	if shedder.inFlight.Load() != 0 || shedder.holders.Load() != 0 {
 		t.Errorf("after every call ended: %d in flight, %d holders", shedder.inFlight.Load(), shedder.holders.Load())
+	}
+}
+
+// TestJSONPlaceOnceTheBodyCame: a POST /json takes its place once its body
+// has come whole, so a body that does not come holds none; one past the
+// bound reaches the handler as its error, without a place.
+func TestJSONPlaceOnceTheBodyCame(t *testing.T) {
+	shedder := NewShedder(1, nil)
+	var seen []string
+	h := shedder.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		seen = append(seen, fmt.Sprintf("%q %v %d", body, err, shedder.inFlight.Load()))
+	}), 8)
+	stalled, stall := io.Pipe()
+	defer stall.Close()
+	done := make(chan struct{})
+	go func() {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/json", stalled))
+		close(done)
+	}()
+	// The only place is free while that body does not come.
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/json", strings.NewReader("{}")))
+	rec2 := httptest.NewRecorder()
+	h.ServeHTTP(rec2, httptest.NewRequest("POST", "/json", strings.NewReader("0123456789")))
+	stall.Write([]byte("late"))
+	stall.Close()
+	<-done
+	want := []string{`"{}" <nil> 1`, `"" http: request body too large 0`, `"late" <nil> 1`}
+	if fmt.Sprint(seen) != fmt.Sprint(want) || rec.Code != 200 {
+		t.Errorf("handler saw %q (status %d), want %q", seen, rec.Code, want)
 	}
 }
