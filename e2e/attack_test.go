@@ -104,6 +104,7 @@ var attackCases = []attackCase{
 			return h2attack.Flood(ctx, addr, h2attack.FloodOptions{Peers: 64, Frame: h2attack.FloodSettings})
 		},
 		check: rssUnder(attackRSSBound), leanOnly: true,
+		grpcGoLimit: "under it, 98.4-98.6 % of the calls were answered within 50 ms in make bench-attacks, some after seconds",
 	},
 	{
 		name: "ping flood", runFor: attackFor, plain: true,
