@@ -9,7 +9,7 @@ run:
 
 ## test: vet and every test, with the race detector (needs redis-server on PATH,
 ## and the tools of `make tools`: the code generators, for the generated-code
-## check, and h2spec, for pkg/grpcunary's HTTP/2 conformance test)
+## check, and h2spec, for internal/grpcunary's HTTP/2 conformance test)
 test: vet
 	$(GO) test $(GOFLAGS_TEST) ./...
 
@@ -43,17 +43,17 @@ bench-attacks:
 
 ## bench-micro: the Go micro-benchmarks, with allocations
 bench-micro:
-	$(GO) test -run '^$$' -bench . -benchmem ./pkg/config ./pkg/limiter ./pkg/service ./pkg/grpcunary
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/config ./internal/limiter ./internal/service ./internal/grpcunary
 
 FUZZTIME ?= 30s
 FUZZFLAGS ?= -fuzztime=$(FUZZTIME) -fuzzminimizetime=5s
 
 ## fuzz: run each fuzz target for FUZZTIME (crashers are written to testdata/fuzz/)
 fuzz:
-	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' $(FUZZFLAGS) ./pkg/config
-	$(GO) test -run='^$$' -fuzz='^FuzzMatch$$' $(FUZZFLAGS) ./pkg/config
-	$(GO) test -run='^$$' -fuzz='^FuzzKeyInjective$$' $(FUZZFLAGS) ./pkg/limiter
-	$(GO) test -run='^$$' -fuzz='^FuzzConn$$' $(FUZZFLAGS) ./pkg/grpcunary
+	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' $(FUZZFLAGS) ./internal/config
+	$(GO) test -run='^$$' -fuzz='^FuzzMatch$$' $(FUZZFLAGS) ./internal/config
+	$(GO) test -run='^$$' -fuzz='^FuzzKeyInjective$$' $(FUZZFLAGS) ./internal/limiter
+	$(GO) test -run='^$$' -fuzz='^FuzzConn$$' $(FUZZFLAGS) ./internal/grpcunary
 
 ## accuracy: each algorithm against an exact sliding window (see docs/accuracy.md)
 accuracy:

@@ -8,7 +8,7 @@
 #   protoc-gen-go       google.golang.org/protobuf's version in go.mod
 #   protoc-gen-go-grpc  PROTOC_GEN_GO_GRPC_VERSION below
 #   h2spec              H2SPEC_VERSION below: HTTP/2 conformance, run by
-#                       pkg/grpcunary/h2spec_test.go (which reads the pin
+#                       internal/grpcunary/h2spec_test.go (which reads the pin
 #                       here, as its list of grpc-go's known failures is
 #                       that version's)
 #

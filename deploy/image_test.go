@@ -450,8 +450,8 @@ func TestDockerignore(t *testing.T) {
 	}
 
 	// And it does keep out what the build does not need.
-	for _, f := range []string{".git/HEAD", "bin/ratelimit", "e2e/e2e_test.go", "pkg/config/testdata/valid/envoy.yaml",
-		"pkg/config/config_test.go", "deploy/envoy.yaml", "deploy/k8s/sidecar/deployment.yaml", "deploy/deploy_test.go",
+	for _, f := range []string{".git/HEAD", "bin/ratelimit", "e2e/e2e_test.go", "internal/config/testdata/valid/envoy.yaml",
+		"internal/config/config_test.go", "deploy/envoy.yaml", "deploy/k8s/sidecar/deployment.yaml", "deploy/deploy_test.go",
 		"README.md", "docs/deploy.md"} {
 		if !ignored(ps, f) {
 			t.Errorf("%s lets %s into the build context", dockerignore, f)

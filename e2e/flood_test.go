@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/slidingwindow/ratelimit/pkg/service"
+	"github.com/slidingwindow/ratelimit/internal/service"
 )
 
 // floodPeakBound is the most peak RSS TestFloodOfMaximalRequests accepts:

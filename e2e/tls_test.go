@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/slidingwindow/ratelimit/pkg/tlsconfig"
-	"github.com/slidingwindow/ratelimit/pkg/tlsconfig/tlsconfigtest"
+	"github.com/slidingwindow/ratelimit/internal/tlsconfig"
+	"github.com/slidingwindow/ratelimit/internal/tlsconfig/tlsconfigtest"
 )
 
 const tlsTestConfig = `

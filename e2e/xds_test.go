@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/slidingwindow/ratelimit/pkg/tlsconfig"
-	"github.com/slidingwindow/ratelimit/pkg/tlsconfig/tlsconfigtest"
-	"github.com/slidingwindow/ratelimit/pkg/xdsconfig/xdsconfigtest"
+	"github.com/slidingwindow/ratelimit/internal/tlsconfig"
+	"github.com/slidingwindow/ratelimit/internal/tlsconfig/tlsconfigtest"
+	"github.com/slidingwindow/ratelimit/internal/xdsconfig/xdsconfigtest"
 )
 
 // xdsNode is the node id Envoy Gateway gives the rate limit service.

@@ -15,7 +15,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
-	"github.com/slidingwindow/ratelimit/pkg/config"
+	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
 func TestHistogramQuantiles(t *testing.T) {

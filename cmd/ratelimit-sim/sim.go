@@ -9,8 +9,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidingwindow/ratelimit/pkg/config"
-	"github.com/slidingwindow/ratelimit/pkg/limiter"
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
 // algorithms are the limiter's algorithms, in the order they are reported.

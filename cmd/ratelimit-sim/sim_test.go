@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidingwindow/ratelimit/pkg/config"
+	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
 const sec = int64(time.Second / time.Microsecond)

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/slidingwindow/ratelimit/pkg/limiter"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
 // The environment of envoyproxy/ratelimit (the reference), so that its

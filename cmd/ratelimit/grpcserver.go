@@ -13,13 +13,13 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/keepalive"
 
-	"github.com/slidingwindow/ratelimit/pkg/grpcunary"
-	"github.com/slidingwindow/ratelimit/pkg/service"
+	"github.com/slidingwindow/ratelimit/internal/grpcunary"
+	"github.com/slidingwindow/ratelimit/internal/service"
 )
 
 // The servers --grpc-server chooses from for the gRPC port.
 const (
-	// grpcServerLean is pkg/grpcunary, the default: it spends less CPU per
+	// grpcServerLean is internal/grpcunary, the default: it spends less CPU per
 	// call than grpc-go's server (docs/bench.md).
 	grpcServerLean = "lean"
 	// grpcServerGRPCGo is grpc-go's own server, kept as an escape hatch

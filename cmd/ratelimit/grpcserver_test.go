@@ -21,9 +21,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/slidingwindow/ratelimit/pkg/grpcunary"
-	"github.com/slidingwindow/ratelimit/pkg/metrics"
-	"github.com/slidingwindow/ratelimit/pkg/service"
+	"github.com/slidingwindow/ratelimit/internal/grpcunary"
+	"github.com/slidingwindow/ratelimit/internal/metrics"
+	"github.com/slidingwindow/ratelimit/internal/service"
 )
 
 // TestGRPCServerFlag: --grpc-server is lean by default, takes grpc-go from

@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/slidingwindow/ratelimit/pkg/tlsconfig"
+	"github.com/slidingwindow/ratelimit/internal/tlsconfig"
 )
 
 // tlsFlags registers the TLS flags of the gRPC listener and the Redis client.

@@ -23,10 +23,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/slidingwindow/ratelimit/pkg/config"
-	"github.com/slidingwindow/ratelimit/pkg/service"
-	"github.com/slidingwindow/ratelimit/pkg/tlsconfig"
-	"github.com/slidingwindow/ratelimit/pkg/xdsconfig"
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/internal/tlsconfig"
+	"github.com/slidingwindow/ratelimit/internal/xdsconfig"
 )
 
 // The values of --config-type, the reference's CONFIG_TYPE.

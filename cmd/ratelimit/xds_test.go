@@ -15,9 +15,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/slidingwindow/ratelimit/pkg/config"
-	"github.com/slidingwindow/ratelimit/pkg/service"
-	"github.com/slidingwindow/ratelimit/pkg/xdsconfig/xdsconfigtest"
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/internal/xdsconfig/xdsconfigtest"
 )
 
 func TestXDSSettingsRefused(t *testing.T) {

@@ -1,0 +1,117 @@
+package limiter
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"strconv"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+)
+
+// KeyBuilder builds store keys. The schema is
+//
+//	rl:{<domain>|<key>=<value>|<key>=*<pattern>...}:<algorithm>:<window seconds>
+//
+// one `|<key>=<value>` per descriptor entry in request order, and
+// `|<key>=*<pattern>` for an entry matched by a share_threshold wildcard
+// (all its values share one counter). Each component (domain, key, value,
+// pattern) is written one of two ways:
+//
+//   - up to MaxKeyComponent bytes: percent-encoded, every byte outside
+//     [A-Za-z0-9-._~/] becoming %XX;
+//   - longer: '#' and the unpadded base64url SHA-256 of its bytes (44 bytes
+//     in all), so that a client's 100 KiB header value makes a short key.
+//
+// Percent-encoding writes '#' as %23, so the two forms never meet, and
+// neither holds a separator | = * { } :. Hence no two distinct (domain,
+// entries, algorithm, window) share a key, whatever bytes the values hold
+// (valid UTF-8 or not), except two long components with one SHA-256: a
+// collision nobody knows how to find. A key is at most about 200 bytes per
+// component. The braces are a Redis Cluster hash tag around the whole
+// identity, and every algorithm keeps its whole state at the key itself.
+//
+// Prefix, when set, comes before the whole key, outside the hash tag: it
+// separates the counters of services sharing one Redis (the reference's
+// CACHE_KEY_PREFIX), and never changes which slot a key hashes to.
+//
+// The zero value is ready to use; reusing a builder reuses its buffer.
+type KeyBuilder struct {
+	Prefix string
+	buf    []byte
+}
+
+// Reset starts a key for domain.
+func (b *KeyBuilder) Reset(domain string) {
+	b.buf = append(append(b.buf[:0], b.Prefix...), "rl:{"...)
+	b.buf = appendEscaped(b.buf, domain)
+}
+
+// Add appends a descriptor entry.
+func (b *KeyBuilder) Add(key, value string) {
+	b.buf = append(b.buf, '|')
+	b.buf = appendEscaped(b.buf, key)
+	b.buf = append(b.buf, '=')
+	b.buf = appendEscaped(b.buf, value)
+}
+
+// AddShared appends an entry whose values share one counter per pattern.
+func (b *KeyBuilder) AddShared(key, pattern string) {
+	b.buf = append(b.buf, '|')
+	b.buf = appendEscaped(b.buf, key)
+	b.buf = append(b.buf, '=', '*')
+	b.buf = appendEscaped(b.buf, pattern)
+}
+
+// Key finishes the key with the algorithm and the window and returns it.
+func (b *KeyBuilder) Key(a config.Algorithm, window time.Duration) string {
+	b.buf = append(b.buf, '}', ':')
+	b.buf = append(b.buf, algorithmCode(a)...)
+	b.buf = append(b.buf, ':')
+	b.buf = strconv.AppendInt(b.buf, int64(window/time.Second), 10)
+	return string(b.buf)
+}
+
+func algorithmCode(a config.Algorithm) string {
+	switch a {
+	case config.SlidingWindowLog:
+		return "log"
+	case config.FixedWindow:
+		return "fixed"
+	case config.GCRA:
+		return "gcra"
+	default:
+		return "counter"
+	}
+}
+
+// MaxKeyComponent is the longest domain, key, value or pattern written into
+// a store key as it is (percent-encoded); a longer one is written as its
+// digest.
+const MaxKeyComponent = 64
+
+const hexDigits = "0123456789ABCDEF"
+
+// appendEscaped appends one component: percent-encoded up to
+// MaxKeyComponent bytes, else '#' and its digest.
+func appendEscaped(dst []byte, s string) []byte {
+	if len(s) > MaxKeyComponent {
+		sum := sha256.Sum256([]byte(s))
+		dst = append(dst, '#')
+		return base64.RawURLEncoding.AppendEncode(dst, sum[:])
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if unreserved(c) {
+			dst = append(dst, c)
+			continue
+		}
+		dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&0xF])
+	}
+	return dst
+}
+
+func unreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~' || c == '/'
+}

@@ -1,0 +1,778 @@
+// Package limiter decides rate limits on Redis. It knows nothing of gRPC or
+// Envoy: it takes hits (a key, an algorithm, a limit, a window, a cost) and
+// answers, per hit, whether it fits, what is left and when the limit frees up.
+//
+// Every request is decided atomically by Lua code (see scripts/lua) with
+// Redis TIME as the clock. Concurrent requests to one server are batched:
+// the requests of one hash slot that wait at the same moment are decided by
+// one call, in order (see batcher). The code runs as a Redis Functions
+// library where the server has them (FCALL, loaded by Prepare or on first
+// use) and as a script otherwise (EVALSHA, re-sent with EVAL after NOSCRIPT).
+//
+// A request's store work is bounded by its caller's deadline, less a margin
+// to answer in time, and by the limiter's timeout. A deadline that passes
+// while the request waits in the limiter is an overload (ErrOverloaded), not
+// a store failure (ErrStore).
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/scripts/lua"
+)
+
+// DefaultTimeout bounds a request's store work when Options do not say. It
+// is an upper bound: the caller's own deadline (Envoy's rate limit filter
+// sends 20 ms by default) is what normally ends the wait.
+const DefaultTimeout = time.Second
+
+// maxAnswerMargin is the most of the caller's time kept back to send the
+// answer; a tenth of the time left when that is less.
+const maxAnswerMargin = 2 * time.Millisecond
+
+// Hit asks whether Cost more units fit Limit per Window on the counter Key.
+type Hit struct {
+	// Key is the store key, built with KeyBuilder.
+	Key string
+	// Algorithm decides how the window slides.
+	Algorithm config.Algorithm
+	// Limit is the number of units the window admits.
+	Limit uint32
+	// Window is the length of the window, a whole number of seconds.
+	Window time.Duration
+	// Cost is the number of units this hit consumes; 0 checks without
+	// consuming, and is denied while nothing remains.
+	Cost uint64
+	// Burst is, for GCRA, the size of the bucket in units; 0 means Limit.
+	// Other algorithms ignore it.
+	Burst uint32
+	// Shadow marks a hit that is evaluated and accounted as usual, but whose
+	// denial does not deny the request.
+	Shadow bool
+	// Quota marks a hit of a quota-mode limit (the reference's quota_mode):
+	// a request with quota hits fits only when at least one of them fits,
+	// besides every enforced hit that is not one. A quota hit that does not
+	// fit is not charged, as a shadow hit. Shadow wins over Quota.
+	Quota bool
+	// Record marks a cost that was spent before it was reported (Envoy's
+	// apply_on_stream_done: tokens streamed, bytes sent): it is charged
+	// whether it fits or not, and whatever the request's other hits say. Past
+	// the limit it is a debt, which denies later hits until the window has
+	// slid past it; the hit is then denied, and still Charged.
+	Record bool
+	// Refund marks a hit that gives Cost units back to the counter instead of
+	// taking them (Envoy's is_negative_hits): never below zero, and never
+	// units of another window than the current one (see scripts/lua). It is
+	// always admitted and applied whatever the request's other hits say, and
+	// it drops the deny cache's entry of the counter.
+	Refund bool
+	// FailureMode answers the hit when the store cannot. Deny gives a
+	// denial; allow and FailureDefer (zero) give an admission that charged
+	// nothing, and the caller tells those two apart.
+	FailureMode config.FailureMode
+}
+
+// Verdict is the answer for one Hit.
+type Verdict struct {
+	// Admitted reports that the hit fits its limit.
+	Admitted bool
+	// Charged reports that the hit's cost was recorded. An admitted hit is
+	// not charged when another enforced hit of the same request was denied;
+	// a Record hit is charged even when denied.
+	Charged bool
+	// CostExceedsLimit reports a hit whose cost is larger than its limit:
+	// it can never be admitted, so it was denied without asking the store.
+	CostExceedsLimit bool
+	// FailureVerdict reports an answer by the hit's FailureMode, given
+	// because the store could not answer.
+	FailureVerdict bool
+	// Remaining is the number of units still available after this decision.
+	Remaining uint64
+	// ResetAfter is, for an admitted hit, the time until the window is
+	// empty again; for a denied hit, the time until its cost would fit,
+	// provided nothing else arrives meanwhile; for a Record hit that was
+	// denied, and for a Refund that left nothing, until one unit fits.
+	ResetAfter time.Duration
+}
+
+// Options configure a Limiter. A nil *Options means the defaults.
+type Options struct {
+	// Timeout bounds a request's store work, queueing included, when the
+	// caller's deadline is later or absent; zero means DefaultTimeout.
+	Timeout time.Duration
+	// Observe, when set, is called after every store call with its
+	// duration and error (nil on success); see ErrorKind. A request whose
+	// deadline passed before it was sent is not a store call: Decide
+	// reports it with ErrOverloaded.
+	Observe func(d time.Duration, err error)
+	// Overloaded, when set, is called for every request whose deadline
+	// passed before its store call was sent (Decide returns ErrOverloaded).
+	Overloaded func()
+	// DenyCache is how long at most a denial Redis gave may be repeated
+	// from memory for the same counter (see denyCache); zero means
+	// DefaultDenyCache, a negative value turns the cache off. It reads the
+	// local clock: tests that move Redis's clock by hand turn it off.
+	DenyCache time.Duration
+}
+
+// DefaultDenyCache bounds how long a denial is repeated from memory.
+const DefaultDenyCache = time.Second
+
+// Limiter decides hits against a Redis store. It is safe for concurrent use.
+type Limiter struct {
+	router     router
+	timeout    time.Duration
+	observe    func(time.Duration, error)
+	overloaded func()
+	denied     *denyCache // nil: off
+
+	batchers sync.Map       // redis.UniversalClient to its *batcher
+	refunds  sync.WaitGroup // refunds still running after their answers
+
+	// life is held for reading by Decide and Reset, for writing by Close,
+	// which thus waits for the calls in flight and refuses later ones.
+	life   sync.RWMutex
+	closed bool
+	stop   chan struct{} // ends the sweep of a cluster's batchers
+	swept  sync.WaitGroup
+}
+
+// The scripts are shared by every Limiter: a *redis.Script only holds the
+// source and its hash.
+var (
+	decideScript = redis.NewScript(lua.Decide)
+	refundScript = redis.NewScript(lua.Refund)
+)
+
+// New returns a Limiter on store: go-redis's *Client (standalone or a
+// Sentinel failover client) or *ClusterClient, or a UniversalClient holding
+// one of them. On a cluster, the hits of a request are grouped by hash slot
+// and each group runs on its slot's master, all groups at once.
+//
+// Concurrent requests' scripts share pipelines to each server (see batcher);
+// Close stops them.
+func New(store redis.UniversalClient, opts *Options) *Limiter {
+	var r router = singleRouter{store}
+	if cc, ok := store.(*redis.ClusterClient); ok {
+		r = newClusterRouter(cc)
+	}
+	return newWithRouter(r, opts)
+}
+
+func newWithRouter(r router, opts *Options) *Limiter {
+	l := &Limiter{router: r, timeout: DefaultTimeout, observe: func(time.Duration, error) {}, overloaded: func() {}, stop: make(chan struct{})}
+	if opts != nil && opts.Timeout > 0 {
+		l.timeout = opts.Timeout
+	}
+	if opts != nil && opts.Observe != nil {
+		l.observe = opts.Observe
+	}
+	if opts != nil && opts.Overloaded != nil {
+		l.overloaded = opts.Overloaded
+	}
+	switch {
+	case opts == nil || opts.DenyCache == 0:
+		l.denied = newDenyCache(DefaultDenyCache)
+	case opts.DenyCache > 0:
+		l.denied = newDenyCache(opts.DenyCache)
+	}
+	if _, ok := r.(*clusterRouter); ok {
+		l.swept.Go(l.sweepEvery)
+	}
+	return l
+}
+
+// sweepInterval is how often the batchers of servers that left a cluster
+// are stopped. go-redis forgets a node a minute after it left the slot map.
+const sweepInterval = time.Minute
+
+func (l *Limiter) sweepEvery() {
+	ticker := time.NewTicker(sweepInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-ticker.C:
+			l.sweep(context.Background())
+		}
+	}
+}
+
+// sweep stops the batchers of servers that are no longer masters: after
+// failovers and reshardings, nothing would ever call them again.
+func (l *Limiter) sweep(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*l.timeout)
+	defer cancel()
+	live, err := l.router.live(ctx)
+	if err != nil {
+		return // keep every batcher: better idle than gone
+	}
+	l.batchers.Range(func(server, b any) bool {
+		if !slices.Contains(live, server.(redis.UniversalClient)) && l.batchers.CompareAndDelete(server, b) {
+			b.(*batcher).close()
+		}
+		return true
+	})
+}
+
+// Prepare makes every server in use ready for decisions: the decide code
+// loaded and a connection open per batcher worker, so that the first
+// requests pay no setup. A server may still lose them later (a restart, a
+// failover): calls load the code again as needed.
+func (l *Limiter) Prepare(ctx context.Context) error {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		return ErrClosed
+	}
+	servers, err := l.router.live(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: prepare: %w", ErrStore, err)
+	}
+	errs := make([]error, len(servers))
+	var wg sync.WaitGroup
+	for i, server := range servers {
+		wg.Go(func() { errs[i] = l.batcher(server).prepare(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: prepare: %w", ErrStore, err)
+	}
+	return nil
+}
+
+// ErrStore wraps every failure to get an answer from the store (unreachable,
+// timed out, or an unexpected reply).
+var ErrStore = errors.New("rate limit store")
+
+var errBadReply = errors.New("unexpected reply")
+
+// ErrorKind classifies a store error for metrics: "overload" (the deadline
+// passed before the call was sent), "canceled" (the caller gave up),
+// "timeout" (the deadline passed), "redis" (Redis answered with an error),
+// "reply" (an answer of the wrong shape), "connection" (anything else:
+// refused, reset, closed); "" for nil.
+func ErrorKind(err error) string {
+	if err == nil {
+		return "" // before the targets of errors.As, which escape
+	}
+	var redisErr redis.Error
+	var netErr net.Error
+	switch {
+	case errors.Is(err, ErrOverloaded):
+		return "overload"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
+		return "timeout"
+	case errors.Is(err, errBadReply):
+		return "reply"
+	case errors.As(err, &redisErr):
+		return "redis"
+	}
+	return "connection"
+}
+
+// FailureRetry is the wait announced by a failure_mode deny: short, since the
+// store may be back at any moment.
+const FailureRetry = time.Second
+
+// Decide decides the hits of one request atomically and returns a verdict
+// per hit, in the order of hits.
+//
+// All or nothing: when any enforced hit that is not a Quota hit does not
+// fit, or when the request has Quota hits and none of them fits, none is
+// charged. Hits on the same Key are one demand on one counter: their costs add up against
+// the smallest of their limits, and each of them gets the merged verdict.
+//
+// When the store cannot answer, Decide returns an error wrapping ErrStore,
+// or ErrOverloaded when the deadline passed before the request was sent,
+// together with verdicts decided by each hit's FailureMode (FailureVerdict
+// set). Across Redis Cluster slots, a failure is per slot group: the other
+// groups' verdicts are real.
+func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		verdicts := make([]Verdict, len(hits))
+		for i, h := range hits {
+			verdicts[i] = failureVerdict(h)
+		}
+		return verdicts, ErrClosed
+	}
+	if !sharesKeys(hits) {
+		return l.decide(ctx, hits) // nearly always: nothing to merge
+	}
+	merged := make([]Hit, 0, len(hits))
+	groupOf := make([]int, len(hits))
+	for i, h := range hits {
+		// A refund gives back, a charge takes: they are not one demand.
+		g := slices.IndexFunc(merged, func(m Hit) bool { return m.Key == h.Key && m.Refund == h.Refund })
+		if g < 0 {
+			merged = append(merged, h)
+			groupOf[i] = len(merged) - 1
+			continue
+		}
+		m := &merged[g]
+		m.Cost = saturatingAdd(m.Cost, h.Cost)
+		switch {
+		case m.Shadow == h.Shadow:
+			m.Limit, m.Burst = min(m.Limit, h.Limit), min(m.burst(), h.burst())
+			m.Quota = m.Quota && h.Quota // an ordinary limit denies on its own
+		case m.Shadow: // an enforced limit applies, never a shadow one
+			m.Limit, m.Burst, m.Quota = h.Limit, h.Burst, h.Quota
+		}
+		m.Shadow = m.Shadow && h.Shadow
+		m.Record = m.Record || h.Record // a cost already spent is counted
+		if h.FailureMode == config.FailureDeny {
+			m.FailureMode = config.FailureDeny
+		}
+		groupOf[i] = g
+	}
+	decided, err := l.decide(ctx, merged)
+	verdicts := make([]Verdict, len(hits))
+	for i, g := range groupOf {
+		verdicts[i] = decided[g]
+	}
+	return verdicts, err
+}
+
+// sharesKeys reports whether two hits are one demand on the same counter.
+func sharesKeys(hits []Hit) bool {
+	for i := range hits {
+		for j := i + 1; j < len(hits); j++ {
+			if hits[i].Key == hits[j].Key && hits[i].Refund == hits[j].Refund {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// decide decides hits with distinct keys: one script per slot group, all
+// groups at once. Across groups, all or nothing holds by refunding: each
+// group charges what fits in it, and when any enforced hit turned out denied,
+// the charges of the other groups are taken back.
+func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
+	verdicts := make([]Verdict, len(hits))
+	charge := true
+	sent := make([]int, 0, len(hits))
+	quotas, quotasSent := false, false // the request has quota hits; some go to the store
+	now := time.Now()
+	for i, h := range hits {
+		quota := h.quota()
+		quotas = quotas || quota
+		if h.Record || h.Refund {
+			sent = append(sent, i) // a cost already spent, or given back: always to the store
+			quotasSent = quotasSent || quota
+			continue
+		}
+		if h.Cost > uint64(h.capacity()) {
+			// Never admissible: answer at once, without a store write.
+			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.Window}
+			if !h.Shadow && !quota {
+				charge = false
+			}
+			continue
+		}
+		if quota {
+			// Not from the deny cache: its denial alone does not deny the
+			// request, the store's answer for the other quota hits decides.
+			sent = append(sent, i)
+			quotasSent = true
+			continue
+		}
+		if l.denied != nil && !h.Shadow {
+			if v, ok := l.denied.lookup(h, now); ok {
+				verdicts[i] = v // Redis denied it moments ago and would again
+				charge = false
+				continue
+			}
+		}
+		sent = append(sent, i)
+	}
+	if quotas && !quotasSent {
+		charge = false // every quota hit was denied here
+	}
+	if len(sent) == 0 {
+		return verdicts, nil
+	}
+	deadline := l.deadline(ctx)
+	if slot := l.router.slot(hits[sent[0]].Key); l.inSlot(hits, sent, slot) {
+		// Nearly always (always outside a cluster): one group, which needs
+		// no refund tokens.
+		return verdicts, l.run(ctx, deadline, hits, slot, sent, charge, true, verdicts, nil)
+	}
+
+	tokens := make([]int64, len(hits))
+	slots, groups := l.groups(hits, sent)
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for g, group := range groups {
+		// A slot does not see the quota hits of the others: its quota hits go
+		// as shadow hits, and the refund below applies the quota rule.
+		wg.Go(func() { errs[g] = l.run(ctx, deadline, hits, slots[g], group, charge, false, verdicts, tokens) })
+	}
+	wg.Wait()
+	if charge && deniedAny(hits, verdicts) {
+		l.refund(ctx, hits, groups, verdicts, tokens)
+	}
+	return verdicts, errors.Join(errs...)
+}
+
+// deadline is when a request's store work must end: its caller's deadline
+// less a margin to send the answer, and at most the limiter's timeout from
+// now. It goes with the request rather than in a context of its own, which
+// would start a second timer per request besides the caller's.
+func (l *Limiter) deadline(ctx context.Context) time.Time {
+	now := time.Now()
+	deadline := now.Add(l.timeout)
+	if d, ok := ctx.Deadline(); ok {
+		d = d.Add(-min(maxAnswerMargin, d.Sub(now)/10))
+		if d.Before(deadline) {
+			deadline = d
+		}
+	}
+	return deadline
+}
+
+// inSlot reports whether the hits at indexes sent are all in slot.
+func (l *Limiter) inSlot(hits []Hit, sent []int, slot int) bool {
+	for _, i := range sent {
+		if l.router.slot(hits[i].Key) != slot {
+			return false
+		}
+	}
+	return true
+}
+
+// groups splits the hits at indexes sent by hash slot, keeping their order.
+func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
+	for _, i := range sent {
+		slot := l.router.slot(hits[i].Key)
+		g := slices.Index(slots, slot)
+		if g < 0 {
+			slots = append(slots, slot)
+			groups = append(groups, nil)
+			g = len(groups) - 1
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return slots, groups
+}
+
+// run decides the hits at indexes group, which share slot, as one request
+// of a batch, and writes their verdicts, and their refund tokens when
+// tokens is not nil. With quotas false, quota hits go as shadow hits. On an
+// error the verdicts follow each hit's failure mode.
+func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge, quotas bool, verdicts []Verdict, tokens []int64) error {
+	keys := make([]string, len(group))
+	args := make([]any, 1, 1+len(group))
+	args[0] = len(group)
+	if !charge {
+		args[0] = -len(group)
+	}
+	for j, i := range group {
+		keys[j] = hits[i].Key
+		args = append(args, hitArg(&hits[i], quotas))
+	}
+	start := time.Now()
+	server, err := l.server(ctx, deadline, keys[0])
+	var reply []int64
+	if err == nil {
+		reply, err = l.batcher(server).decide(ctx, deadline, slot, keys, args)
+	}
+	defer l.rememberDenials(hits, group, verdicts, start)
+	if err != nil {
+		for _, i := range group {
+			verdicts[i] = failureVerdict(hits[i])
+		}
+		if errors.Is(err, ErrOverloaded) {
+			l.overloaded()
+			return fmt.Errorf("decide: %w", err)
+		}
+		l.observe(time.Since(start), err)
+		if ctx.Err() == nil && time.Now().Before(deadline) {
+			l.router.failed(err)
+		}
+		return fmt.Errorf("%w: decide: %w", ErrStore, err)
+	}
+	l.observe(time.Since(start), nil)
+	for j, i := range group {
+		r := reply[4*j : 4*j+4]
+		verdicts[i] = Verdict{
+			Admitted:   r[0] == 1 || r[0] == 2,
+			Charged:    r[0] >= 2,
+			Remaining:  uint64(max(r[1], 0)),
+			ResetAfter: time.Duration(r[2]) * time.Microsecond,
+		}
+		if tokens != nil {
+			tokens[i] = r[3]
+		}
+	}
+	return nil
+}
+
+// server returns the server of key's slot. On a cluster that can wait for
+// the slot map, which the request's deadline bounds.
+func (l *Limiter) server(ctx context.Context, deadline time.Time, key string) (redis.UniversalClient, error) {
+	if _, single := l.router.(singleRouter); !single {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	return l.router.server(ctx, key)
+}
+
+// rememberDenials puts the group's enforced denials in the deny cache, and
+// drops the entries of counters a refund gave units back to. A Record hit's
+// denial is not kept: the next report must reach the store to be recorded.
+func (l *Limiter) rememberDenials(hits []Hit, group []int, verdicts []Verdict, sent time.Time) {
+	if l.denied == nil {
+		return
+	}
+	for _, i := range group {
+		h, v := hits[i], verdicts[i]
+		switch {
+		case h.Refund:
+			l.denied.forget(h.Key)
+		case !v.Admitted && !v.FailureVerdict && !h.Shadow && !h.Record:
+			l.denied.remember(h, v, sent)
+		}
+	}
+}
+
+// script runs s on the server of keys (which share a slot), in that
+// server's next pipeline.
+func (l *Limiter) script(ctx context.Context, s *redis.Script, keys []string, args []any) *redis.Cmd {
+	server, err := l.router.server(ctx, keys[0])
+	if err != nil {
+		return errCmd(ctx, err)
+	}
+	cmd := l.batcher(server).do(ctx, s, keys, args)
+	// A caller that gave up says nothing of the cluster's layout.
+	if cmd.Err() != nil && ctx.Err() == nil {
+		l.router.failed(cmd.Err())
+	}
+	return cmd
+}
+
+// batcher returns the batcher of server, starting it on first use. A
+// cluster's servers are its slot masters: the map grows with the masters
+// seen, which a failover adds to.
+func (l *Limiter) batcher(server redis.UniversalClient) *batcher {
+	if b, ok := l.batchers.Load(server); ok {
+		return b.(*batcher)
+	}
+	b := newBatcher(server, l.timeout, l.router.node)
+	if prev, loaded := l.batchers.LoadOrStore(server, b); loaded {
+		b.close() // another call started one first
+		return prev.(*batcher)
+	}
+	return b
+}
+
+// ErrClosed answers the calls made after Close, by failure mode.
+var ErrClosed = fmt.Errorf("%w: limiter closed", ErrStore)
+
+// Close waits for the calls in flight and the refunds under way, then stops
+// the limiter's batchers. Later calls are answered by failure mode.
+func (l *Limiter) Close() {
+	l.life.Lock()
+	if l.closed {
+		l.life.Unlock()
+		return
+	}
+	l.closed = true
+	l.life.Unlock()
+	close(l.stop)
+	l.swept.Wait()
+	l.refunds.Wait()
+	l.batchers.Range(func(server, b any) bool {
+		b.(*batcher).close()
+		l.batchers.Delete(server)
+		return true
+	})
+	l.router.close()
+}
+
+// refund takes back, in the background, the charges of a request that was
+// denied, so that its answer waits for no more than its deadline. The
+// verdicts say uncharged at once; until the refund lands (one round trip)
+// other requests can see the charge. The refund has a deadline of its own
+// and outlives the caller's cancellation. A charge that cannot be taken back
+// stays counted until its window forgets it; the failure reaches Observe.
+func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64) {
+	ctx = context.WithoutCancel(ctx)
+	for _, group := range groups {
+		var keys []string
+		var args []any
+		for _, i := range group {
+			// A recorded cost was spent whatever the request's fate: it stays.
+			if v := &verdicts[i]; v.Charged && !hits[i].Record {
+				keys = append(keys, hits[i].Key)
+				args = append(args, algorithmID(hits[i].Algorithm), tokens[i], hits[i].Cost)
+				if hits[i].Algorithm == config.GCRA {
+					args = append(args, hits[i].Limit, int64(hits[i].Window/time.Second))
+				}
+				v.Charged = false
+				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].capacity()))
+			}
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		l.refunds.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, l.timeout)
+			defer cancel()
+			start := time.Now()
+			err := l.script(ctx, refundScript, keys, args).Err()
+			if err != nil {
+				err = fmt.Errorf("%w: refund of a request denied across slots: %w", ErrStore, err)
+			}
+			l.observe(time.Since(start), err)
+		})
+	}
+}
+
+// deniedAny reports whether the request is denied: an enforced hit that is
+// not a quota hit was denied, or the request has quota hits and none fits.
+func deniedAny(hits []Hit, verdicts []Verdict) bool {
+	quotas, quotaFits := false, false
+	for i, v := range verdicts {
+		switch {
+		case hits[i].quota():
+			quotas = true
+			quotaFits = quotaFits || v.Admitted
+		case !v.Admitted && !hits[i].Shadow:
+			return true
+		}
+	}
+	return quotas && !quotaFits
+}
+
+// failureVerdict answers an admissible hit by its failure mode. An allowed
+// hit reports its whole limit (a GCRA bucket: its size) as remaining: the
+// store could not say, and 0 would tell clients to back off for nothing. A
+// hit that defers to Envoy (FailureDefer) is answered as allowed here, so
+// that across cluster slots the charges of the other slots stay (errors go
+// towards denying); the caller turns it into an error for Envoy's own
+// failure mode.
+func failureVerdict(h Hit) Verdict {
+	if h.FailureMode == config.FailureDeny && !h.Refund { // a refund never denies
+		return Verdict{FailureVerdict: true, ResetAfter: FailureRetry}
+	}
+	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.capacity())}
+}
+
+// quota reports a quota hit: Quota, not Shadow, and not a refund, which
+// never denies.
+func (h *Hit) quota() bool { return h.Quota && !h.Shadow && !h.Refund }
+
+// burst is the size of a GCRA hit's bucket: Burst, or Limit when unset.
+func (h *Hit) burst() uint32 {
+	if h.Burst == 0 {
+		return h.Limit
+	}
+	return h.Burst
+}
+
+// capacity is the most units the hit's counter ever holds: a GCRA bucket's
+// size, else the limit.
+func (h *Hit) capacity() uint32 {
+	if h.Algorithm == config.GCRA {
+		return h.burst()
+	}
+	return h.Limit
+}
+
+func saturatingAdd(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
+}
+
+// hitCode is a hit's code for decide.lua: its algorithm, plus 8 for a
+// shadow hit, plus 16 for a cost recorded even when it does not fit, plus 32
+// for a refund, plus 64 for a quota hit. With quotas false, a quota hit goes
+// as a shadow hit.
+func hitCode(h Hit, quotas bool) int {
+	code := algorithmID(h.Algorithm)
+	switch {
+	case h.quota() && quotas:
+		code += 64
+	case h.Shadow, h.quota():
+		code += 8
+	}
+	if h.Record {
+		code += 16
+	}
+	if h.Refund {
+		code += 32
+	}
+	return code
+}
+
+// hitArg is the hit's argument to decide.lua: "code:limit:window:cost", and
+// ":burst" for GCRA. One string per hit costs Redis less than four numbers
+// (each argument is an object to parse and to copy into Lua), and decide.lua
+// parses each distinct string once.
+func hitArg(h *Hit, quotas bool) string {
+	var b [96]byte
+	s := strconv.AppendInt(b[:0], int64(hitCode(*h, quotas)), 10)
+	s = append(s, ':')
+	s = strconv.AppendUint(s, uint64(h.Limit), 10)
+	s = append(s, ':')
+	s = strconv.AppendInt(s, int64(h.Window/time.Second), 10)
+	s = append(s, ':')
+	s = strconv.AppendUint(s, luaCost(*h), 10)
+	if h.Algorithm == config.GCRA {
+		s = append(s, ':')
+		s = strconv.AppendUint(s, uint64(h.burst()), 10)
+	}
+	return string(s)
+}
+
+// maxLuaCost bounds the cost sent to decide.lua: Lua numbers are exact up to
+// 2^53, and no counter holds more (scripts/lua/prelude.lua's max_count is
+// 2^52). GCRA is exact for costs up to 2^32 (scripts/lua/gcra.lua), and no
+// bucket holds more.
+const (
+	maxLuaCost     = 1 << 53
+	maxGCRALuaCost = 1 << 32
+)
+
+// luaCost is a hit's cost for decide.lua.
+func luaCost(h Hit) uint64 {
+	if h.Algorithm == config.GCRA {
+		return min(h.Cost, maxGCRALuaCost)
+	}
+	return min(h.Cost, maxLuaCost)
+}
+
+// algorithmID is the algorithm's index in decide.lua's table.
+func algorithmID(a config.Algorithm) int {
+	switch a {
+	case config.SlidingWindowLog:
+		return 1
+	case config.FixedWindow:
+		return 3
+	case config.GCRA:
+		return 4
+	default:
+		return 2
+	}
+}
