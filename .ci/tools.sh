@@ -103,7 +103,7 @@ wrong=()
 # The system packages first, all in one apt-get: without them the script
 # stops before the slower go installs.
 packages=()    # Debian packages to install
-need=()        # what they are for, for the message when they cannot be
+need=()        # what they provide, named where there is no apt-get
 redis_ok() {
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v redis-sentinel >/dev/null
 }
@@ -143,7 +143,7 @@ if [ ${#packages[@]} -gt 0 ] && ! $check; then
     as_root=(sudo -n env)
   else
     echo "Installing packages needs root. Run this, then make test again:
-  sudo apt-get install -y ${packages[*]}" >&2
+  sudo apt-get update && sudo apt-get install -y ${packages[*]}" >&2
     exit 1
   fi
   echo "installing ${packages[*]} (apt-get)" >&2
