@@ -1,17 +1,32 @@
 GO ?= go
 GOFLAGS_TEST ?= -race -count=1
 
-.PHONY: run test build vet clean proto tools bench bench-attacks bench-micro fuzz accuracy
+# The Go tools (.ci/tools.sh installs them into GOBIN) must be found by the
+# recipes and by the tests that run them (h2spec, the code generators), even
+# when GOBIN is not on the caller's PATH.
+GOBIN_DIR := $(or $(shell $(GO) env GOBIN 2>/dev/null),$(addsuffix /bin,$(shell $(GO) env GOPATH 2>/dev/null)))
+export PATH := $(if $(GOBIN_DIR),$(GOBIN_DIR):)$(PATH)
+
+# Prerequisites run in the order written (tools before lint before the
+# tests); go parallelises within each step.
+.NOTPARALLEL:
+
+.PHONY: run test lint build vet clean proto tools bench bench-attacks bench-micro fuzz accuracy
 
 ## run: serve the example config on the embedded store (gRPC :8081, HTTP :8080, admin localhost:9090)
 run:
 	$(GO) run ./cmd/ratelimit --config examples/config --log-format console --admin-addr localhost:9090
 
-## test: vet and every test, with the race detector (needs redis-server on PATH,
-## and the tools of `make tools`: the code generators, for the generated-code
-## check, and h2spec, for internal/grpcunary's HTTP/2 conformance test)
-test: vet
+## test: install what the tests need when it is missing (make tools: redis-server and
+## redis-sentinel, protoc, the code generators, h2spec, golangci-lint), then lint,
+## vet, and every test with the race detector
+test: tools lint vet
 	$(GO) test $(GOFLAGS_TEST) ./...
+
+## lint: golangci-lint at its pinned version (installed when missing), config .golangci.yml
+lint:
+	.ci/tools.sh golangci-lint
+	golangci-lint run ./...
 
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/ratelimit ./cmd/ratelimit
@@ -22,11 +37,14 @@ vet:
 clean:
 	rm -rf bin
 
-## proto: regenerate the Go code of proto/**/*.proto (generators: make tools)
+## proto: regenerate the Go code of proto/**/*.proto (the generators are installed when missing)
 proto:
+	.ci/tools.sh protoc protoc-gen-go protoc-gen-go-grpc
 	proto/generate.sh
 
-## tools: install protoc, the protoc plugins and h2spec at the pinned versions
+## tools: install what is missing of what make test needs, at the pinned versions:
+## redis-server, redis-sentinel and protoc (apt-get), the protoc plugins, h2spec and
+## golangci-lint (go install into GOBIN); a check of about a second when all is there
 tools:
 	.ci/tools.sh
 

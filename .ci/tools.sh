@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Installs the code generators at the versions the committed generated code
-# was made with, so that CI, `make proto` and proto/generate_test.go agree,
-# and the test tools at pinned versions:
+# Installs what `make test` needs, at pinned versions, so that CI, `make
+# proto`, `make lint` and the tests agree:
 #
+#   redis               redis-server, redis-cli and redis-sentinel (Debian's
+#                       redis-server and redis-sentinel packages): the e2e
+#                       tests start their own standalone, cluster and
+#                       sentinel processes
 #   protoc              3.21.12  Debian 12's protobuf-compiler, with
 #                                libprotobuf-dev for the well-known types
 #   protoc-gen-go       google.golang.org/protobuf's version in go.mod
@@ -11,12 +14,19 @@
 #                       internal/grpcunary/h2spec_test.go (which reads the pin
 #                       here, as its list of grpc-go's known failures is
 #                       that version's)
+#   golangci-lint       GOLANGCI_LINT_VERSION below: `make lint`
+#                       (.golangci.yml)
 #
-# The Go tools go to GOBIN (default: $(go env GOPATH)/bin). Whatever is
-# already there at the right version is left alone.
+# The packages come from apt-get (as root, or with sudo when it needs no
+# password); elsewhere the script stops and says what to install. The Go
+# tools go to GOBIN (default: $(go env GOPATH)/bin). Whatever is already
+# there at the right version is left alone: with everything present this is
+# a check of about a second.
 #
-# usage: .ci/tools.sh            install what is missing or at another version
-#        .ci/tools.sh --check    install nothing; exit 1 naming what is wrong
+# usage: .ci/tools.sh [--check] [TOOL...]
+#   TOOL: redis, protoc, protoc-gen-go, protoc-gen-go-grpc, h2spec,
+#         golangci-lint (default: all of them)
+#   --check: install nothing; exit 1 naming what is wrong
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +37,8 @@ PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
 # --version says "2.0.0 ((Unknown))" when built by go install: the version
 # is read from the binary's module information instead (go version -m).
 H2SPEC_VERSION=v2.2.1+incompatible
+# Read from the binary's module information too, as h2spec's.
+GOLANGCI_LINT_VERSION=v2.15.0
 
 export PATH="/usr/local/go/bin:$PATH"
 gobin="$(go env GOBIN)"
@@ -34,14 +46,27 @@ if [ -z "$gobin" ]; then
   gobin="$(go env GOPATH)/bin"
 fi
 export PATH="$gobin:$PATH"
-PROTOC_GEN_GO_VERSION="$(go list -m -f '{{.Version}}' google.golang.org/protobuf)"
 
+all=(redis protoc protoc-gen-go protoc-gen-go-grpc h2spec golangci-lint)
 check=false
-case "${1:-}" in
-  --check) check=true ;;
-  "") ;;
-  *) echo "usage: $0 [--check]" >&2; exit 2 ;;
-esac
+tools=()
+for arg in "$@"; do
+  case "$arg" in
+    --check) check=true ;;
+    redis | protoc | protoc-gen-go | protoc-gen-go-grpc | h2spec | golangci-lint) tools+=("$arg") ;;
+    *) echo "usage: $0 [--check] [TOOL...], TOOL one of: ${all[*]}" >&2; exit 2 ;;
+  esac
+done
+if [ ${#tools[@]} -eq 0 ]; then
+  tools=("${all[@]}")
+fi
+wanted() {
+  local t
+  for t in "${tools[@]}"; do
+    [ "$t" = "$1" ] && return 0
+  done
+  return 1
+}
 
 # module_version BINARY MODULE prints the version of MODULE that BINARY was
 # built from; "PATH@VERSION" when it was built from another module (empty
@@ -58,6 +83,7 @@ version_of() {
     protoc-gen-go) protoc-gen-go --version 2>/dev/null | sed -n 's/^protoc-gen-go //p' || true ;;
     protoc-gen-go-grpc) protoc-gen-go-grpc --version 2>/dev/null | sed -n 's/^protoc-gen-go-grpc /v/p' || true ;;
     h2spec) module_version "$(command -v h2spec)" github.com/summerwind/h2spec ;;
+    golangci-lint) module_version "$(command -v golangci-lint)" github.com/golangci/golangci-lint/v2 ;;
   esac
 }
 
@@ -66,18 +92,82 @@ has_wkt() {
   local dir
   dir="$(mktemp -d)"
   printf 'syntax = "proto3";\nimport "google/protobuf/duration.proto";\n' >"$dir/wkt.proto"
-  protoc -I "$dir" --descriptor_set_out=/dev/null "$dir/wkt.proto" 2>/dev/null
-  local rc=$?
+  local rc=0
+  protoc -I "$dir" --descriptor_set_out=/dev/null "$dir/wkt.proto" 2>/dev/null || rc=$?
   rm -rf "$dir"
   return $rc
 }
 
 wrong=()
 
+# The system packages first, all in one apt-get: without them the script
+# stops before the slower go installs.
+packages=()    # Debian packages to install
+need=()        # what they provide, named where there is no apt-get
+redis_ok() {
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v redis-sentinel >/dev/null
+}
+if wanted redis && ! redis_ok; then
+  for c in redis-server redis-cli redis-sentinel; do
+    command -v "$c" >/dev/null || wrong+=("$c is missing")
+  done
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null || packages+=(redis-server)
+  command -v redis-sentinel >/dev/null || packages+=(redis-sentinel)
+  need+=("redis-server, redis-cli and redis-sentinel")
+fi
+if wanted protoc; then
+  have="$(version_of protoc)"
+  if [ "$have" != "$PROTOC_VERSION" ]; then
+    wrong+=("protoc is ${have:-missing}, want $PROTOC_VERSION")
+    packages+=(protobuf-compiler libprotobuf-dev)
+    need+=("protoc $PROTOC_VERSION with its well-known types (https://github.com/protocolbuffers/protobuf/releases/tag/v21.12)")
+  elif ! has_wkt; then
+    wrong+=("protoc does not find google/protobuf/duration.proto (Debian: libprotobuf-dev)")
+    packages+=(libprotobuf-dev)
+    need+=("protoc's well-known types (google/protobuf/*.proto)")
+  fi
+fi
+
+if [ ${#packages[@]} -gt 0 ] && ! $check; then
+  printf '%s\n' "${wrong[@]}" >&2
+  wrong=()
+  if ! command -v apt-get >/dev/null; then
+    echo "This machine has no apt-get (Debian, Ubuntu), so nothing was installed. Install:" >&2
+    printf '  %s\n' "${need[@]}" >&2
+    echo "then run make test again." >&2
+    exit 1
+  fi
+  if [ "$(id -u)" -eq 0 ]; then
+    as_root=(env)
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    as_root=(sudo -n env)
+  else
+    echo "Installing packages needs root. Run this, then make test again:
+  sudo apt-get update && sudo apt-get install -y ${packages[*]}" >&2
+    exit 1
+  fi
+  echo "installing ${packages[*]} (apt-get)" >&2
+  "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade "${packages[@]}" >/dev/null
+  if wanted redis && ! redis_ok; then
+    echo "apt-get installed ${packages[*]}, but redis-server, redis-cli or redis-sentinel is still not on PATH" >&2
+    exit 1
+  fi
+  if wanted protoc; then
+    have="$(version_of protoc)"
+    if [ "$have" != "$PROTOC_VERSION" ]; then
+      echo "apt-get's protoc is ${have:-missing}, want $PROTOC_VERSION (Debian 12's): install protoc $PROTOC_VERSION from https://github.com/protocolbuffers/protobuf/releases/tag/v21.12" >&2
+      exit 1
+    fi
+    has_wkt || { echo "protoc still does not find google/protobuf/duration.proto" >&2; exit 1; }
+  fi
+fi
+
 # ensure NAME WANT INSTALL...: runs INSTALL when NAME does not report WANT.
 ensure() {
   local name="$1" want="$2"
   shift 2
+  wanted "$name" || return 0
   local have
   have="$(version_of "$name")"
   if [ "$have" = "$want" ]; then
@@ -96,37 +186,20 @@ ensure() {
   fi
 }
 
-install_protoc() {
-  if ! command -v apt-get >/dev/null; then
-    echo "protoc $PROTOC_VERSION is needed: without apt-get, install it by hand (https://github.com/protocolbuffers/protobuf/releases/tag/v21.12)" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq protobuf-compiler libprotobuf-dev >/dev/null
-}
-
-ensure protoc "$PROTOC_VERSION" install_protoc
-if command -v protoc >/dev/null && ! has_wkt; then
-  if $check; then
-    wrong+=("protoc does not find google/protobuf/duration.proto (Debian: libprotobuf-dev)")
-  else
-    install_protoc
-    has_wkt || { echo "protoc still does not find google/protobuf/duration.proto" >&2; exit 1; }
-  fi
+if wanted protoc-gen-go; then
+  PROTOC_GEN_GO_VERSION="$(go list -m -f '{{.Version}}' google.golang.org/protobuf)"
+  ensure protoc-gen-go "$PROTOC_GEN_GO_VERSION" \
+    go install "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO_VERSION"
 fi
-ensure protoc-gen-go "$PROTOC_GEN_GO_VERSION" \
-  go install "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO_VERSION"
 ensure protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION" \
   go install "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$PROTOC_GEN_GO_GRPC_VERSION"
 ensure h2spec "$H2SPEC_VERSION" \
   go install "github.com/summerwind/h2spec/cmd/h2spec@$H2SPEC_VERSION"
+ensure golangci-lint "$GOLANGCI_LINT_VERSION" \
+  go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$GOLANGCI_LINT_VERSION"
 
 if [ ${#wrong[@]} -gt 0 ]; then
   printf '%s\n' "${wrong[@]}" >&2
-  echo "run .ci/tools.sh (make tools) to install the code generators and test tools at the pinned versions" >&2
+  echo "run .ci/tools.sh (make tools) to install them at the pinned versions" >&2
   exit 1
-fi
-if ! $check; then
-  echo "protoc $(version_of protoc), protoc-gen-go $(version_of protoc-gen-go), protoc-gen-go-grpc $(version_of protoc-gen-go-grpc), h2spec $(version_of h2spec) (Go tools in $gobin)"
 fi
