@@ -18,7 +18,7 @@ if [ -z "$gobin" ]; then
 fi
 export PATH="$gobin:$PATH"
 
-.ci/tools.sh --check
+.ci/tools.sh --check protoc protoc-gen-go protoc-gen-go-grpc
 
 mkdir -p "$out"
 find proto -name '*.proto' -print0 | sort -z | xargs -0 \
