@@ -281,7 +281,7 @@ func TestGCRARefund(t *testing.T) {
 	for _, m := range s.servers {
 		m.SetTime(epoch.Add(13 * time.Second)) // 2 of the 3 owed units (6 s each) back
 	}
-	n, err := refundScript.Run(context.Background(), client, []string{free.Key}, algorithmID(config.GCRA), 0, 3, 10, 60).Int()
+	n, err := refundScript.Run(context.Background(), client, []string{free.Key}, describeT(t, config.GCRA).ID, 0, 3, 10, 60).Int()
 	if err != nil {
 		t.Fatal(err)
 	}

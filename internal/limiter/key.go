@@ -72,17 +72,15 @@ func (b *KeyBuilder) Key(a config.Algorithm, window time.Duration) string {
 	return string(b.buf)
 }
 
+// algorithmCode is a's code in keys. An algorithm the Lua does not
+// implement gets its String, which no algorithm's code is: Decide and Reset
+// refuse its hits.
 func algorithmCode(a config.Algorithm) string {
-	switch a {
-	case config.SlidingWindowLog:
-		return "log"
-	case config.FixedWindow:
-		return "fixed"
-	case config.GCRA:
-		return "gcra"
-	default:
-		return "counter"
+	d, err := describe(a)
+	if err != nil {
+		return a.String()
 	}
+	return d.Key
 }
 
 // MaxKeyComponent is the longest domain, key, value or pattern written into

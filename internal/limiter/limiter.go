@@ -22,7 +22,6 @@ import (
 	"math"
 	"net"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -301,16 +300,17 @@ const FailureRetry = time.Second
 // or ErrOverloaded when the deadline passed before the request was sent,
 // together with verdicts decided by each hit's FailureMode (FailureVerdict
 // set). Across Redis Cluster slots, a failure is per slot group: the other
-// groups' verdicts are real.
+// groups' verdicts are real. A hit whose Algorithm is not one of config's
+// fails the whole request the same way, before anything is sent, with an
+// error that wraps neither.
 func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	l.life.RLock()
 	defer l.life.RUnlock()
 	if l.closed {
-		verdicts := make([]Verdict, len(hits))
-		for i, h := range hits {
-			verdicts[i] = failureVerdict(h)
-		}
-		return verdicts, ErrClosed
+		return failureVerdicts(hits), ErrClosed
+	}
+	if err := checkAlgorithms(hits); err != nil {
+		return failureVerdicts(hits), fmt.Errorf("decide: %w", err)
 	}
 	if !sharesKeys(hits) {
 		return l.decide(ctx, hits) // nearly always: nothing to merge
@@ -486,7 +486,11 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	}
 	for j, i := range group {
 		keys[j] = hits[i].Key
-		args = append(args, hitArg(&hits[i], quotas))
+		arg, err := hitArg(&hits[i], quotas)
+		if err != nil {
+			return err // Decide refused the hit already
+		}
+		args = append(args, arg)
 	}
 	start := time.Now()
 	server, err := l.server(ctx, deadline, keys[0])
@@ -622,11 +626,11 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 		for _, i := range group {
 			// A recorded cost was spent whatever the request's fate: it stays.
 			if v := &verdicts[i]; v.Charged && !hits[i].Record {
-				keys = append(keys, hits[i].Key)
-				args = append(args, algorithmID(hits[i].Algorithm), tokens[i], hits[i].Cost)
-				if hits[i].Algorithm == config.GCRA {
-					args = append(args, hits[i].Limit, int64(hits[i].Window/time.Second))
+				var err error
+				if args, err = refundArgs(args, &hits[i], tokens[i]); err != nil {
+					continue // Decide refused the hit already
 				}
+				keys = append(keys, hits[i].Key)
 				v.Charged = false
 				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].capacity()))
 			}
@@ -663,6 +667,15 @@ func deniedAny(hits []Hit, verdicts []Verdict) bool {
 	return quotas && !quotaFits
 }
 
+// failureVerdicts answers every hit by its failure mode.
+func failureVerdicts(hits []Hit) []Verdict {
+	verdicts := make([]Verdict, len(hits))
+	for i, h := range hits {
+		verdicts[i] = failureVerdict(h)
+	}
+	return verdicts
+}
+
 // failureVerdict answers an admissible hit by its failure mode. An allowed
 // hit reports its whole limit (a GCRA bucket: its size) as remaining: the
 // store could not say, and 0 would tell clients to back off for nothing. A
@@ -677,102 +690,9 @@ func failureVerdict(h Hit) Verdict {
 	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.capacity())}
 }
 
-// quota reports a quota hit: Quota, not Shadow, and not a refund, which
-// never denies.
-func (h *Hit) quota() bool { return h.Quota && !h.Shadow && !h.Refund }
-
-// burst is the size of a GCRA hit's bucket: Burst, or Limit when unset.
-func (h *Hit) burst() uint32 {
-	if h.Burst == 0 {
-		return h.Limit
-	}
-	return h.Burst
-}
-
-// capacity is the most units the hit's counter ever holds: a GCRA bucket's
-// size, else the limit.
-func (h *Hit) capacity() uint32 {
-	if h.Algorithm == config.GCRA {
-		return h.burst()
-	}
-	return h.Limit
-}
-
 func saturatingAdd(a, b uint64) uint64 {
 	if a > math.MaxUint64-b {
 		return math.MaxUint64
 	}
 	return a + b
-}
-
-// hitCode is a hit's code for decide.lua: its algorithm, plus 8 for a
-// shadow hit, plus 16 for a cost recorded even when it does not fit, plus 32
-// for a refund, plus 64 for a quota hit. With quotas false, a quota hit goes
-// as a shadow hit.
-func hitCode(h Hit, quotas bool) int {
-	code := algorithmID(h.Algorithm)
-	switch {
-	case h.quota() && quotas:
-		code += 64
-	case h.Shadow, h.quota():
-		code += 8
-	}
-	if h.Record {
-		code += 16
-	}
-	if h.Refund {
-		code += 32
-	}
-	return code
-}
-
-// hitArg is the hit's argument to decide.lua: "code:limit:window:cost", and
-// ":burst" for GCRA. One string per hit costs Redis less than four numbers
-// (each argument is an object to parse and to copy into Lua), and decide.lua
-// parses each distinct string once.
-func hitArg(h *Hit, quotas bool) string {
-	var b [96]byte
-	s := strconv.AppendInt(b[:0], int64(hitCode(*h, quotas)), 10)
-	s = append(s, ':')
-	s = strconv.AppendUint(s, uint64(h.Limit), 10)
-	s = append(s, ':')
-	s = strconv.AppendInt(s, int64(h.Window/time.Second), 10)
-	s = append(s, ':')
-	s = strconv.AppendUint(s, luaCost(*h), 10)
-	if h.Algorithm == config.GCRA {
-		s = append(s, ':')
-		s = strconv.AppendUint(s, uint64(h.burst()), 10)
-	}
-	return string(s)
-}
-
-// maxLuaCost bounds the cost sent to decide.lua: Lua numbers are exact up to
-// 2^53, and no counter holds more (scripts/lua/prelude.lua's max_count is
-// 2^52). GCRA is exact for costs up to 2^32 (scripts/lua/gcra.lua), and no
-// bucket holds more.
-const (
-	maxLuaCost     = 1 << 53
-	maxGCRALuaCost = 1 << 32
-)
-
-// luaCost is a hit's cost for decide.lua.
-func luaCost(h Hit) uint64 {
-	if h.Algorithm == config.GCRA {
-		return min(h.Cost, maxGCRALuaCost)
-	}
-	return min(h.Cost, maxLuaCost)
-}
-
-// algorithmID is the algorithm's index in decide.lua's table.
-func algorithmID(a config.Algorithm) int {
-	switch a {
-	case config.SlidingWindowLog:
-		return 1
-	case config.FixedWindow:
-		return 3
-	case config.GCRA:
-		return 4
-	default:
-		return 2
-	}
 }
