@@ -256,7 +256,7 @@ func TestGCRAKeepsOneNumber(t *testing.T) {
 // TestGCRARefund: a refund across slots gives back exactly the charge, and
 // never makes the bucket fuller than full.
 func TestGCRARefund(t *testing.T) {
-	s := newShards(t, 2, epoch.Add(time.Second), 0)
+	s := newShards(t, 2, epoch.Add(time.Second), nil)
 	free := hitOn("free", 0, 2, config.GCRA, 10, 3)
 	free.Burst = 10
 	decide1(t, s.l, free) // 7 left
