@@ -3,11 +3,14 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	glua "github.com/yuin/gopher-lua"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/scripts/lua"
@@ -111,5 +114,67 @@ func TestHitArgs(t *testing.T) {
 				t.Fatalf("hitArg = %q, %v; want %q", got, err, tt.want)
 			}
 		})
+	}
+}
+
+// TestHitCodesDecodeInLua: what hitArg sends, decide.lua reads back as the
+// hit it came from: the algorithm (by its Lua table), each flag, the
+// limit, window, cost and burst. decide.lua's parse_rule runs in a plain
+// Lua state.
+func TestHitCodesDecodeInLua(t *testing.T) {
+	const call = "return decide(KEYS, ARGV)\n"
+	if !strings.HasSuffix(lua.Decide, call) {
+		t.Fatalf("lua.Decide does not end with %q", call)
+	}
+	var byName strings.Builder
+	for _, d := range lua.Algorithms {
+		fmt.Fprintf(&byName, "[%q] = %s, ", d.Name, d.Name)
+	}
+	L := glua.NewState()
+	defer L.Close()
+	err := L.DoString(strings.TrimSuffix(lua.Decide, call) + `
+local by_name = { ` + byName.String() + ` }
+return function(s)
+  local r = parse_rule(s)
+  local name = '?'
+  for n, t in pairs(by_name) do
+    if t == r.alg then
+      name = n
+    end
+  end
+  return name, r.shadow, r.record, r.refund, r.quota, r.limit, r.window, r.cost, r.burst
+end`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parse := L.Get(-1)
+	L.Pop(1)
+	for _, a := range config.Algorithms() {
+		for flags := range 32 {
+			h := Hit{Algorithm: a, Limit: 7, Window: 3 * time.Minute, Cost: 5, Burst: 9,
+				Shadow: flags&1 != 0, Record: flags&2 != 0, Refund: flags&4 != 0, Quota: flags&8 != 0}
+			quotas := flags&16 != 0
+			arg, err := hitArg(&h, quotas)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := L.CallByParam(glua.P{Fn: parse, NRet: 9, Protect: true}, glua.LString(arg)); err != nil {
+				t.Fatalf("%s: %v", arg, err)
+			}
+			got := make([]string, 9)
+			for i := range got {
+				got[i] = L.Get(i - 9).String()
+			}
+			L.Pop(9)
+			burst := "nil"
+			if describeT(t, a).Bucket {
+				burst = "9"
+			}
+			want := []string{a.String(), fmt.Sprint(h.Shadow || h.quota() && !quotas), fmt.Sprint(h.Record), fmt.Sprint(h.Refund),
+				fmt.Sprint(h.quota() && quotas), "7", "180000000", "5", burst}
+			if !slices.Equal(got, want) {
+				t.Errorf("%+v (quotas %v) sent as %q reads back as %q, want %q", h, quotas, arg, got, want)
+			}
+		}
 	}
 }

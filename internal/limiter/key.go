@@ -13,7 +13,8 @@ import (
 //
 //	rl:{<domain>|<key>=<value>|<key>=*<pattern>...}:<algorithm>:<window seconds>
 //
-// one `|<key>=<value>` per descriptor entry in request order, and
+// with <algorithm> its key code (lua.Algorithms' Key: log, counter, fixed,
+// gcra), one `|<key>=<value>` per descriptor entry in request order, and
 // `|<key>=*<pattern>` for an entry matched by a share_threshold wildcard
 // (all its values share one counter). Each component (domain, key, value,
 // pattern) is written one of two ways:

@@ -36,7 +36,8 @@
 -- algorithm's result; for a recorded cost that did not fit and for a refund,
 -- until one unit fits), and a refund token: what refund.lua needs to undo a
 -- charge (the log's score, the counters' window index; 0 for GCRA, whose
--- refund takes the hit's limit and window instead).
+-- undo goes by the hit's limit and window instead).
+
 -- algorithms, generated before this file from algorithms.go, holds each
 -- algorithm's table at its ID.
 
