@@ -24,11 +24,12 @@ const (
 	GCRA                                      // "gcra": a token bucket of Rule.Burst units, refilled at the rate
 )
 
-// algorithmNames are indexed by Algorithm, as parseEnum wants.
+// algorithmNames are indexed by Algorithm, as parseEnum wants: lua.Algorithms
+// holds IDs 1, 2, ... in order (scripts/lua's TestAlgorithmTable).
 var algorithmNames = func() []string {
-	names := make([]string, 1+len(lua.Algorithms))
+	names := []string{""}
 	for _, a := range lua.Algorithms {
-		names[a.ID] = a.Name // lua.Algorithms is in ID order, from 1
+		names = append(names, a.Name)
 	}
 	return names
 }()

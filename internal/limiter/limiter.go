@@ -485,8 +485,11 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	for j, i := range group {
 		keys[j] = hits[i].Key
 		arg, err := hitArg(&hits[i], quotas)
-		if err != nil {
-			return err // Decide refused the hit already
+		if err != nil { // Decide refused such a hit already
+			for _, i := range group {
+				verdicts[i] = failureVerdict(hits[i])
+			}
+			return fmt.Errorf("decide: %w", err)
 		}
 		args = append(args, arg)
 	}
