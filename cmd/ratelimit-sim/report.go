@@ -15,7 +15,8 @@ var steadyTraces = map[string]bool{
 func writeMarkdown(w io.Writer, o options, rep *Report) {
 	fmt.Fprintf(w, "Limit %d per %s, traces of %s, seed %d (`%s`).\n\n",
 		o.Limit, o.Window, o.Duration, o.Seed, commandLine(o))
-	fmt.Fprintln(w, "| trace | algorithm | requests | admitted | wrongly admitted | wrongly denied | worst window | vs independent reference: extra / missing admits |")
+	fmt.Fprintln(w, "| trace | algorithm | requests | admitted | wrongly admitted | wrongly denied | worst window |"+
+		" vs independent reference: extra / missing admits |")
 	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for i, tr := range rep.Traces {
 		for _, r := range rep.Results[i] {

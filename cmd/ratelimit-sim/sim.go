@@ -16,7 +16,7 @@ import (
 // algorithms are the limiter's algorithms, in the order they are reported.
 // GCRA runs with a bucket of -burst units (default: the limit): a token
 // bucket is not a sliding window, and the table shows how the two differ.
-var algorithms = []config.Algorithm{config.SlidingWindowLog, config.SlidingWindowCounter, config.FixedWindow, config.GCRA}
+var algorithms = config.Algorithms()
 
 // referenceName names the exact reference in results.
 const referenceName = "exact reference"

@@ -2,14 +2,21 @@ package config
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
-// Algorithm names a rate limit algorithm.
+// Algorithm names a rate limit algorithm. Its values are the IDs of
+// scripts/lua's table of algorithms (lua.Algorithms), which names them: a
+// new algorithm is added there, with its Lua file, and needs no change
+// here but a constant for code that names it.
 type Algorithm uint8
 
 // The algorithms a rule can ask for with rate_limit.algorithm.
+// TestParseAlgorithm checks that each is the one its comment names.
 const (
 	SlidingWindowLog     Algorithm = iota + 1 // "sliding_window_log": exact, one entry per request
 	SlidingWindowCounter                      // "sliding_window_counter": two counters, weighted
@@ -17,12 +24,28 @@ const (
 	GCRA                                      // "gcra": a token bucket of Rule.Burst units, refilled at the rate
 )
 
-var algorithmNames = []string{
-	SlidingWindowLog:     "sliding_window_log",
-	SlidingWindowCounter: "sliding_window_counter",
-	FixedWindow:          "fixed_window",
-	GCRA:                 "gcra",
+// algorithmNames are indexed by Algorithm, as parseEnum wants: lua.Algorithms
+// holds IDs 1, 2, ... in order (scripts/lua's TestAlgorithmTable).
+var algorithmNames = func() []string {
+	names := []string{""}
+	for _, a := range lua.Algorithms {
+		names = append(names, a.Name)
+	}
+	return names
+}()
+
+// Algorithms returns every algorithm, in order.
+func Algorithms() []Algorithm {
+	all := make([]Algorithm, 0, len(lua.Algorithms))
+	for _, a := range lua.Algorithms {
+		all = append(all, Algorithm(a.ID))
+	}
+	return all
 }
+
+// AlgorithmNames returns the names of every algorithm, in order, for help
+// texts.
+func AlgorithmNames() []string { return slices.Clone(algorithmNames[1:]) }
 
 // ParseAlgorithm returns the algorithm named s, which must be spelled exactly
 // as in the config file.

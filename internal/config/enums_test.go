@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,13 @@ func TestParseAlgorithm(t *testing.T) {
 		if err != nil || got != tt.want || got.String() != tt.in {
 			t.Errorf("ParseAlgorithm(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}
+	}
+	if got, want := Algorithms(), []Algorithm{SlidingWindowLog, SlidingWindowCounter, FixedWindow, GCRA}; !slices.Equal(got, want) {
+		t.Errorf("Algorithms() = %v, want %v", got, want)
+	}
+	want := []string{"sliding_window_log", "sliding_window_counter", "fixed_window", "gcra"}
+	if got := AlgorithmNames(); !slices.Equal(got, want) {
+		t.Errorf("AlgorithmNames() = %q, want %q", got, want)
 	}
 	for _, in := range []string{"", "FIXED_WINDOW", "token_bucket"} {
 		if _, err := ParseAlgorithm(in); err == nil || !strings.Contains(err.Error(), "sliding_window_log, sliding_window_counter, fixed_window, gcra") {

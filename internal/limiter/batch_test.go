@@ -31,7 +31,11 @@ func decideCall(t *testing.T, client *redis.Client, reqs ...request) [][4]int64 
 		args = append(args, n)
 		for _, h := range r.hits {
 			keys = append(keys, h.Key)
-			args = append(args, hitArg(&h, true))
+			arg, err := hitArg(&h, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			args = append(args, arg)
 		}
 	}
 	vals, err := decideScript.Run(context.Background(), client, keys, args...).Int64Slice()

@@ -84,7 +84,8 @@ const (
 // service, before it was sent: the service, not the store, was too slow.
 var ErrOverloaded = errors.New("rate limit store queue: the deadline passed before the call was sent")
 
-func newBatcher(server redis.UniversalClient, timeout time.Duration, node func(context.Context, string, bool) (redis.UniversalClient, error)) *batcher {
+func newBatcher(server redis.UniversalClient, timeout time.Duration,
+	node func(context.Context, string, bool) (redis.UniversalClient, error)) *batcher {
 	b := &batcher{
 		server:  server,
 		calls:   make(chan *call, queueLength),

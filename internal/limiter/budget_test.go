@@ -311,7 +311,7 @@ func TestRefundIsNeverDeniedByFailureMode(t *testing.T) {
 func TestAcrossSlotsRecordedCostsStay(t *testing.T) {
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {
-			s := newShards(t, 2, epoch.Add(time.Second), 0)
+			s := newShards(t, 2, epoch.Add(time.Second), nil)
 			full := hitOn("full", 1, 2, a, 1, 1)
 			decide1(t, s.l, full)
 			report := hitOn("report", 0, 2, a, 10, 4)

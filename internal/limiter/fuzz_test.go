@@ -146,7 +146,8 @@ func FuzzKeyInjective(f *testing.F) {
 	f.Add(uint8(2), []byte("\x02\x01a\x03k|b\x01c\x01d\x01e"), []byte("\x02\x01\x01\x04\x01\x01\x01"), uint8(2), uint8(2), uint32(9), uint32(9))
 	f.Add(uint8(0), []byte("\x00\x01a\x01=\x01*"), []byte("\x04\x01a\x01=\x00"), uint8(0), uint8(0), uint32(0), uint32(0))
 	f.Add(uint8(0), []byte("\x00\x03a:b\x02{}\x03%2A"), []byte("\x00\x03a:b\x02{}\x01*"), uint8(1), uint8(1), uint32(1), uint32(1))
-	f.Add(uint8(2), []byte("\x1e\x02\x00\xff\x01|\x01=\x01}\x01{\x01:\x01%"), []byte("\x1a\x00\x02\x02\x02\x02\x02\x02"), uint8(0), uint8(0), uint32(86399), uint32(0))
+	f.Add(uint8(2), []byte("\x1e\x02\x00\xff\x01|\x01=\x01}\x01{\x01:\x01%"), []byte("\x1a\x00\x02\x02\x02\x02\x02\x02"),
+		uint8(0), uint8(0), uint32(86399), uint32(0))
 	f.Add(uint8(0), []byte("\x00\x03api\x01k\xf1a"), []byte("\x00\x03api\x01k\xf1b"), uint8(0), uint8(0), uint32(59), uint32(59))
 	f.Add(uint8(2), []byte("\x00\x03api\xf2#Y\xf1\xff"), []byte("\x00\x0f\x0f\x0f"), uint8(1), uint8(1), uint32(1), uint32(1))
 	f.Fuzz(func(t *testing.T, mode uint8, a, b []byte, algA, algB uint8, winA, winB uint32) {

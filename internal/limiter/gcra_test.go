@@ -256,7 +256,7 @@ func TestGCRAKeepsOneNumber(t *testing.T) {
 // TestGCRARefund: a refund across slots gives back exactly the charge, and
 // never makes the bucket fuller than full.
 func TestGCRARefund(t *testing.T) {
-	s := newShards(t, 2, epoch.Add(time.Second), 0)
+	s := newShards(t, 2, epoch.Add(time.Second), nil)
 	free := hitOn("free", 0, 2, config.GCRA, 10, 3)
 	free.Burst = 10
 	decide1(t, s.l, free) // 7 left
@@ -281,7 +281,7 @@ func TestGCRARefund(t *testing.T) {
 	for _, m := range s.servers {
 		m.SetTime(epoch.Add(13 * time.Second)) // 2 of the 3 owed units (6 s each) back
 	}
-	n, err := refundScript.Run(context.Background(), client, []string{free.Key}, algorithmID(config.GCRA), 0, 3, 10, 60).Int()
+	n, err := refundScript.Run(context.Background(), client, []string{free.Key}, describeT(t, config.GCRA).ID, 0, 3, 10, 60).Int()
 	if err != nil {
 		t.Fatal(err)
 	}

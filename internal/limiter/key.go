@@ -13,7 +13,8 @@ import (
 //
 //	rl:{<domain>|<key>=<value>|<key>=*<pattern>...}:<algorithm>:<window seconds>
 //
-// one `|<key>=<value>` per descriptor entry in request order, and
+// with <algorithm> its key code (lua.Algorithms' Key: log, counter, fixed,
+// gcra), one `|<key>=<value>` per descriptor entry in request order, and
 // `|<key>=*<pattern>` for an entry matched by a share_threshold wildcard
 // (all its values share one counter). Each component (domain, key, value,
 // pattern) is written one of two ways:
@@ -72,17 +73,15 @@ func (b *KeyBuilder) Key(a config.Algorithm, window time.Duration) string {
 	return string(b.buf)
 }
 
+// algorithmCode is a's code in keys. An algorithm the Lua does not
+// implement gets its String, which no algorithm's code is: Decide and Reset
+// refuse its hits.
 func algorithmCode(a config.Algorithm) string {
-	switch a {
-	case config.SlidingWindowLog:
-		return "log"
-	case config.FixedWindow:
-		return "fixed"
-	case config.GCRA:
-		return "gcra"
-	default:
-		return "counter"
+	d, err := describe(a)
+	if err != nil {
+		return a.String()
 	}
+	return d.Key
 }
 
 // MaxKeyComponent is the longest domain, key, value or pattern written into

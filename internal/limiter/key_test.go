@@ -49,8 +49,10 @@ func TestKeySchema(t *testing.T) {
 			"rl:{api|k=" + strings.Repeat("a", 64) + "}:fixed:1"},
 		{"api", []entry{{"k", strings.Repeat("a", 65), false}}, config.FixedWindow, time.Second,
 			"rl:{api|k=#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA}:fixed:1"},
-		{strings.Repeat("a", 65), []entry{{strings.Repeat("a", 65), "v", false}, {"p", strings.Repeat("a", 65), true}}, config.SlidingWindowLog, time.Minute,
-			"rl:{#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA|#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA=v|p=*#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA}:log:60"},
+		{strings.Repeat("a", 65), []entry{{strings.Repeat("a", 65), "v", false}, {"p", strings.Repeat("a", 65), true}},
+			config.SlidingWindowLog, time.Minute,
+			"rl:{#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA|#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA=v" +
+				"|p=*#Y1NhxIu56rFBmOduqKt_GkFoXWrWKqkUbTAdTxfrCuA}:log:60"},
 		// Bytes that are not UTF-8, short and long.
 		{"api", []entry{{"k", "\xff\xfe", false}}, config.FixedWindow, time.Second, "rl:{api|k=%FF%FE}:fixed:1"},
 		{"api", []entry{{"k", strings.Repeat("\xff", 100), false}}, config.FixedWindow, time.Second,

@@ -22,7 +22,6 @@ import (
 	"math"
 	"net"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -148,12 +147,9 @@ type Limiter struct {
 	swept  sync.WaitGroup
 }
 
-// The scripts are shared by every Limiter: a *redis.Script only holds the
+// decideScript is shared by every Limiter: a *redis.Script only holds the
 // source and its hash.
-var (
-	decideScript = redis.NewScript(lua.Decide)
-	refundScript = redis.NewScript(lua.Refund)
-)
+var decideScript = redis.NewScript(lua.Decide)
 
 // New returns a Limiter on store: go-redis's *Client (standalone or a
 // Sentinel failover client) or *ClusterClient, or a UniversalClient holding
@@ -301,16 +297,17 @@ const FailureRetry = time.Second
 // or ErrOverloaded when the deadline passed before the request was sent,
 // together with verdicts decided by each hit's FailureMode (FailureVerdict
 // set). Across Redis Cluster slots, a failure is per slot group: the other
-// groups' verdicts are real.
+// groups' verdicts are real. A hit whose Algorithm is not one of config's
+// fails the whole request the same way, before anything is sent, with an
+// error that wraps neither.
 func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	l.life.RLock()
 	defer l.life.RUnlock()
 	if l.closed {
-		verdicts := make([]Verdict, len(hits))
-		for i, h := range hits {
-			verdicts[i] = failureVerdict(h)
-		}
-		return verdicts, ErrClosed
+		return failureVerdicts(hits), ErrClosed
+	}
+	if err := checkAlgorithms(hits); err != nil {
+		return failureVerdicts(hits), fmt.Errorf("decide: %w", err)
 	}
 	if !sharesKeys(hits) {
 		return l.decide(ctx, hits) // nearly always: nothing to merge
@@ -477,7 +474,8 @@ func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 // of a batch, and writes their verdicts, and their refund tokens when
 // tokens is not nil. With quotas false, quota hits go as shadow hits. On an
 // error the verdicts follow each hit's failure mode.
-func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge, quotas bool, verdicts []Verdict, tokens []int64) error {
+func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge, quotas bool,
+	verdicts []Verdict, tokens []int64) error {
 	keys := make([]string, len(group))
 	args := make([]any, 1, 1+len(group))
 	args[0] = len(group)
@@ -486,7 +484,14 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	}
 	for j, i := range group {
 		keys[j] = hits[i].Key
-		args = append(args, hitArg(&hits[i], quotas))
+		arg, err := hitArg(&hits[i], quotas)
+		if err != nil { // Decide refused such a hit already
+			for _, i := range group {
+				verdicts[i] = failureVerdict(hits[i])
+			}
+			return fmt.Errorf("decide: %w", err)
+		}
+		args = append(args, arg)
 	}
 	start := time.Now()
 	server, err := l.server(ctx, deadline, keys[0])
@@ -608,59 +613,13 @@ func (l *Limiter) Close() {
 	l.router.close()
 }
 
-// refund takes back, in the background, the charges of a request that was
-// denied, so that its answer waits for no more than its deadline. The
-// verdicts say uncharged at once; until the refund lands (one round trip)
-// other requests can see the charge. The refund has a deadline of its own
-// and outlives the caller's cancellation. A charge that cannot be taken back
-// stays counted until its window forgets it; the failure reaches Observe.
-func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64) {
-	ctx = context.WithoutCancel(ctx)
-	for _, group := range groups {
-		var keys []string
-		var args []any
-		for _, i := range group {
-			// A recorded cost was spent whatever the request's fate: it stays.
-			if v := &verdicts[i]; v.Charged && !hits[i].Record {
-				keys = append(keys, hits[i].Key)
-				args = append(args, algorithmID(hits[i].Algorithm), tokens[i], hits[i].Cost)
-				if hits[i].Algorithm == config.GCRA {
-					args = append(args, hits[i].Limit, int64(hits[i].Window/time.Second))
-				}
-				v.Charged = false
-				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].capacity()))
-			}
-		}
-		if len(keys) == 0 {
-			continue
-		}
-		l.refunds.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, l.timeout)
-			defer cancel()
-			start := time.Now()
-			err := l.script(ctx, refundScript, keys, args).Err()
-			if err != nil {
-				err = fmt.Errorf("%w: refund of a request denied across slots: %w", ErrStore, err)
-			}
-			l.observe(time.Since(start), err)
-		})
+// failureVerdicts answers every hit by its failure mode.
+func failureVerdicts(hits []Hit) []Verdict {
+	verdicts := make([]Verdict, len(hits))
+	for i, h := range hits {
+		verdicts[i] = failureVerdict(h)
 	}
-}
-
-// deniedAny reports whether the request is denied: an enforced hit that is
-// not a quota hit was denied, or the request has quota hits and none fits.
-func deniedAny(hits []Hit, verdicts []Verdict) bool {
-	quotas, quotaFits := false, false
-	for i, v := range verdicts {
-		switch {
-		case hits[i].quota():
-			quotas = true
-			quotaFits = quotaFits || v.Admitted
-		case !v.Admitted && !hits[i].Shadow:
-			return true
-		}
-	}
-	return quotas && !quotaFits
+	return verdicts
 }
 
 // failureVerdict answers an admissible hit by its failure mode. An allowed
@@ -677,102 +636,9 @@ func failureVerdict(h Hit) Verdict {
 	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.capacity())}
 }
 
-// quota reports a quota hit: Quota, not Shadow, and not a refund, which
-// never denies.
-func (h *Hit) quota() bool { return h.Quota && !h.Shadow && !h.Refund }
-
-// burst is the size of a GCRA hit's bucket: Burst, or Limit when unset.
-func (h *Hit) burst() uint32 {
-	if h.Burst == 0 {
-		return h.Limit
-	}
-	return h.Burst
-}
-
-// capacity is the most units the hit's counter ever holds: a GCRA bucket's
-// size, else the limit.
-func (h *Hit) capacity() uint32 {
-	if h.Algorithm == config.GCRA {
-		return h.burst()
-	}
-	return h.Limit
-}
-
 func saturatingAdd(a, b uint64) uint64 {
 	if a > math.MaxUint64-b {
 		return math.MaxUint64
 	}
 	return a + b
-}
-
-// hitCode is a hit's code for decide.lua: its algorithm, plus 8 for a
-// shadow hit, plus 16 for a cost recorded even when it does not fit, plus 32
-// for a refund, plus 64 for a quota hit. With quotas false, a quota hit goes
-// as a shadow hit.
-func hitCode(h Hit, quotas bool) int {
-	code := algorithmID(h.Algorithm)
-	switch {
-	case h.quota() && quotas:
-		code += 64
-	case h.Shadow, h.quota():
-		code += 8
-	}
-	if h.Record {
-		code += 16
-	}
-	if h.Refund {
-		code += 32
-	}
-	return code
-}
-
-// hitArg is the hit's argument to decide.lua: "code:limit:window:cost", and
-// ":burst" for GCRA. One string per hit costs Redis less than four numbers
-// (each argument is an object to parse and to copy into Lua), and decide.lua
-// parses each distinct string once.
-func hitArg(h *Hit, quotas bool) string {
-	var b [96]byte
-	s := strconv.AppendInt(b[:0], int64(hitCode(*h, quotas)), 10)
-	s = append(s, ':')
-	s = strconv.AppendUint(s, uint64(h.Limit), 10)
-	s = append(s, ':')
-	s = strconv.AppendInt(s, int64(h.Window/time.Second), 10)
-	s = append(s, ':')
-	s = strconv.AppendUint(s, luaCost(*h), 10)
-	if h.Algorithm == config.GCRA {
-		s = append(s, ':')
-		s = strconv.AppendUint(s, uint64(h.burst()), 10)
-	}
-	return string(s)
-}
-
-// maxLuaCost bounds the cost sent to decide.lua: Lua numbers are exact up to
-// 2^53, and no counter holds more (scripts/lua/prelude.lua's max_count is
-// 2^52). GCRA is exact for costs up to 2^32 (scripts/lua/gcra.lua), and no
-// bucket holds more.
-const (
-	maxLuaCost     = 1 << 53
-	maxGCRALuaCost = 1 << 32
-)
-
-// luaCost is a hit's cost for decide.lua.
-func luaCost(h Hit) uint64 {
-	if h.Algorithm == config.GCRA {
-		return min(h.Cost, maxGCRALuaCost)
-	}
-	return min(h.Cost, maxLuaCost)
-}
-
-// algorithmID is the algorithm's index in decide.lua's table.
-func algorithmID(a config.Algorithm) int {
-	switch a {
-	case config.SlidingWindowLog:
-		return 1
-	case config.FixedWindow:
-		return 3
-	case config.GCRA:
-		return 4
-	default:
-		return 2
-	}
 }

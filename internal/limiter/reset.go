@@ -15,7 +15,8 @@ var resetScript = redis.NewScript(lua.Reset)
 
 // Reset deletes the counter of h, so that its whole limit is available again
 // at once, and returns how many store keys it deleted (0 when the counter was
-// empty). Only h.Key is read: every algorithm keeps its whole state there.
+// empty). Only h.Key is read, and h.Algorithm checked: every algorithm
+// keeps its whole state at its key.
 //
 // Like Decide it runs one atomic script (EVALSHA, re-sent with EVAL on
 // NOSCRIPT) within the limiter's timeout, and is observed like every store
@@ -28,6 +29,9 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	}
 	if h.Key == "" {
 		return 0, errors.New("reset: empty key")
+	}
+	if err := checkAlgorithms([]Hit{h}); err != nil {
+		return 0, fmt.Errorf("reset: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,19 +16,74 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
-// splitRouter stands in for a cluster: keys go to servers by slot, and each
-// call waits delay first, as a round trip would.
+// splitRouter stands in for a cluster: keys go to servers by slot, and
+// each call first waits for wait, when set, as it would for a round trip.
 type splitRouter struct {
 	servers []redis.UniversalClient
-	delay   time.Duration
+	wait    func(context.Context) error
 	masters []redis.UniversalClient // what live reports; nil: all servers
 }
 
 func (r splitRouter) slot(key string) int { return keySlot(key) % len(r.servers) }
 
 func (r splitRouter) server(ctx context.Context, key string) (redis.UniversalClient, error) {
-	time.Sleep(r.delay)
+	if r.wait != nil {
+		if err := r.wait(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return r.servers[r.slot(key)], nil
+}
+
+// gate holds the calls that wait on it, a round trip that lasts until the
+// test opens it, and tells the test of each call that arrives.
+type gate struct {
+	arrived chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+// newGate returns a closed gate, opened when the test ends at the latest.
+func newGate(t *testing.T) *gate {
+	g := &gate{arrived: make(chan struct{}, 16), release: make(chan struct{})}
+	t.Cleanup(g.open)
+	return g
+}
+
+func (g *gate) wait(ctx context.Context) error {
+	g.arrived <- struct{}{}
+	select {
+	case <-g.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
+
+// await waits until n more calls are held at the gate.
+func (g *gate) await(t *testing.T, n int, what string) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for i := range n {
+		select {
+		case <-g.arrived:
+		case <-timeout:
+			t.Fatalf("%d of %d calls under way at once: %s", i, n, what)
+		}
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after a while.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		runtime.Gosched()
+	}
 }
 
 func (splitRouter) failed(error) {}
@@ -43,13 +101,14 @@ func (splitRouter) node(_ context.Context, addr string, _ bool) (redis.Universal
 
 func (splitRouter) close() {}
 
-// shards is a limiter over n miniredis servers with frozen clocks at t.
 type shards struct {
 	l       *Limiter
 	servers []*miniredis.Miniredis
 }
 
-func newShards(t *testing.T, n int, at time.Time, delay time.Duration) *shards {
+// shards is a limiter over n miniredis servers with frozen clocks at t,
+// whose calls wait on wait when it is set.
+func newShards(t *testing.T, n int, at time.Time, wait func(context.Context) error) *shards {
 	t.Helper()
 	s := &shards{}
 	var scripters []redis.UniversalClient
@@ -61,7 +120,7 @@ func newShards(t *testing.T, n int, at time.Time, delay time.Duration) *shards {
 		s.servers = append(s.servers, m)
 		scripters = append(scripters, client)
 	}
-	s.l = newWithRouter(splitRouter{servers: scripters, delay: delay}, &Options{Timeout: 5 * time.Second, DenyCache: -1})
+	s.l = newWithRouter(splitRouter{servers: scripters, wait: wait}, &Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(s.l.Close)
 	return s
 }
@@ -89,7 +148,7 @@ func (s *shards) remaining(t *testing.T, h Hit) uint64 {
 func TestAcrossSlotsAllOrNothing(t *testing.T) {
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {
-			s := newShards(t, 2, epoch.Add(time.Second), 0)
+			s := newShards(t, 2, epoch.Add(time.Second), nil)
 			free, full := hitOn("free", 0, 2, a, 10, 3), hitOn("full", 1, 2, a, 2, 1)
 			decide1(t, s.l, full)
 			decide1(t, s.l, full)
@@ -127,7 +186,7 @@ func TestAcrossSlotsAllOrNothing(t *testing.T) {
 func TestAcrossSlotsFailureModes(t *testing.T) {
 	for _, mode := range []config.FailureMode{config.FailureDeny, config.FailureAllow} {
 		t.Run(mode.String(), func(t *testing.T) {
-			s := newShards(t, 2, epoch.Add(time.Second), 0)
+			s := newShards(t, 2, epoch.Add(time.Second), nil)
 			up, down := hitOn("up", 0, 2, config.SlidingWindowCounter, 10, 1), hitOn("down", 1, 2, config.SlidingWindowCounter, 10, 1)
 			down.FailureMode = mode
 			s.servers[1].Close()
@@ -147,41 +206,66 @@ func TestAcrossSlotsFailureModes(t *testing.T) {
 	}
 }
 
-// TestAcrossSlotsIsOneRoundTrip: three slots cost one round trip of latency.
+// TestAcrossSlotsIsOneRoundTrip: three slots cost one round trip of
+// latency: their three calls are under way at once.
 func TestAcrossSlotsIsOneRoundTrip(t *testing.T) {
-	const delay = 100 * time.Millisecond
-	s := newShards(t, 3, epoch, delay)
+	g := newGate(t)
+	s := newShards(t, 3, epoch, g.wait)
 	hits := []Hit{hitOn("a", 0, 3, config.FixedWindow, 5, 1), hitOn("b", 1, 3, config.FixedWindow, 5, 1), hitOn("c", 2, 3, config.FixedWindow, 5, 1)}
-	start := time.Now()
-	v, err := s.l.Decide(context.Background(), hits)
-	took := time.Since(start)
-	if err != nil || !v[0].Charged || !v[1].Charged || !v[2].Charged {
-		t.Fatalf("%+v, %v", v, err)
+	type answer struct {
+		v   []Verdict
+		err error
 	}
-	if took >= 2*delay {
-		t.Fatalf("three slots took %v with a %v round trip: the groups did not run at once", took, delay)
+	done := make(chan answer, 1)
+	go func() {
+		v, err := s.l.Decide(context.Background(), hits)
+		done <- answer{v, err}
+	}()
+	g.await(t, 3, "the groups did not run at once")
+	g.open()
+	a := <-done
+	if a.err != nil || !a.v[0].Charged || !a.v[1].Charged || !a.v[2].Charged {
+		t.Fatalf("%+v, %v", a.v, a.err)
 	}
 }
 
 // TestRefundDoesNotDelayTheAnswer: a denied request across slots is answered
-// within its deadline even when the refund's server is slow.
+// within its deadline even when the refund's server is slow: here, while
+// the refund's round trip does not end.
 func TestRefundDoesNotDelayTheAnswer(t *testing.T) {
-	const delay = 150 * time.Millisecond
-	s := newShards(t, 2, epoch.Add(time.Second), 0)
+	s := newShards(t, 2, epoch.Add(time.Second), nil)
 	free, full := hitOn("free", 0, 2, config.FixedWindow, 10, 1), hitOn("full", 1, 2, config.FixedWindow, 1, 1)
 	decide1(t, s.l, full)
-	s.l.router = splitRouter{servers: s.l.router.(splitRouter).servers, delay: delay} // every call now takes a round trip of 150ms (no call runs)
-	start := time.Now()
-	v, err := s.l.Decide(context.Background(), []Hit{free, full})
-	took := time.Since(start)
-	if err != nil || v[1].Admitted || v[0].Charged {
-		t.Fatalf("%+v, %v", v, err)
+	g := newGate(t)
+	var calls atomic.Int32
+	servers := s.l.router.(splitRouter).servers
+	s.l.router = splitRouter{servers: servers, wait: func(ctx context.Context) error {
+		if calls.Add(1) <= 2 {
+			return nil // the request's two slots answer; its refund is held
+		}
+		return g.wait(ctx)
+	}} // no call runs
+	type answer struct {
+		v   []Verdict
+		err error
 	}
-	if took >= 2*delay {
-		t.Fatalf("answered after %v: the refund (another %v) delayed the answer", took, delay)
+	done := make(chan answer, 1)
+	go func() {
+		v, err := s.l.Decide(context.Background(), []Hit{free, full})
+		done <- answer{v, err}
+	}()
+	select {
+	case a := <-done:
+		if a.err != nil || a.v[1].Admitted || a.v[0].Charged {
+			t.Fatalf("%+v, %v", a.v, a.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer while the refund's round trip lasts: the refund delayed the answer")
 	}
+	g.await(t, 1, "no refund")
+	g.open()
 	s.l.refunds.Wait()
-	s.l.router = splitRouter{servers: s.l.router.(splitRouter).servers}
+	s.l.router = splitRouter{servers: servers}
 	if got := s.remaining(t, free); got != 10 {
 		t.Fatalf("%d left after the refund, want 10", got)
 	}
@@ -190,7 +274,7 @@ func TestRefundDoesNotDelayTheAnswer(t *testing.T) {
 // TestSweepStopsBatchersOfServersThatLeft: after a failover the old master's
 // batcher would otherwise idle until Close.
 func TestSweepStopsBatchersOfServersThatLeft(t *testing.T) {
-	s := newShards(t, 2, epoch, 0)
+	s := newShards(t, 2, epoch, nil)
 	decide1(t, s.l, hitOn("a", 0, 2, config.FixedWindow, 5, 1))
 	decide1(t, s.l, hitOn("b", 1, 2, config.FixedWindow, 5, 1))
 	batchers := func() (n int) {
@@ -219,17 +303,32 @@ func TestSweepStopsBatchersOfServersThatLeft(t *testing.T) {
 // TestCloseWaitsForCallsInFlight: Close lets a call that started finish and
 // answers later calls by failure mode, leaving no batcher behind.
 func TestCloseWaitsForCallsInFlight(t *testing.T) {
-	s := newShards(t, 1, epoch, 100*time.Millisecond)
+	g := newGate(t)
+	s := newShards(t, 1, epoch, g.wait)
 	done := make(chan Verdict)
 	go func() {
 		v, _ := s.l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "inflight", 5, time.Minute, 1)})
 		done <- v[0]
 	}()
-	time.Sleep(30 * time.Millisecond) // the call is waiting on its round trip
-	s.l.Close()
+	g.await(t, 1, "the call is not waiting on its round trip")
+	closed := make(chan struct{})
+	go func() {
+		s.l.Close()
+		close(closed)
+	}()
+	// Close is waiting for the call when a reader can no longer get in.
+	waitFor(t, "Close waiting for the call in flight", func() bool {
+		if s.l.life.TryRLock() {
+			s.l.life.RUnlock()
+			return false
+		}
+		return true
+	})
+	g.open()
 	if v := <-done; !v.Charged {
 		t.Fatalf("the call in flight at Close: %+v, want it decided", v)
 	}
+	<-closed
 	v, err := s.l.Decide(context.Background(), []Hit{hit(config.FixedWindow, "late", 5, time.Minute, 1)})
 	if !errors.Is(err, ErrClosed) || !v[0].FailureVerdict {
 		t.Fatalf("a call after Close: %+v, %v", v, err)
@@ -246,7 +345,7 @@ func TestCloseWaitsForCallsInFlight(t *testing.T) {
 func TestAcrossSlotsQuotaHits(t *testing.T) {
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {
-			s := newShards(t, 2, epoch.Add(time.Second), 0)
+			s := newShards(t, 2, epoch.Add(time.Second), nil)
 			quota := func(name string, i int, limit uint32) Hit {
 				h := hitOn(name, i, 2, a, limit, 1)
 				h.Quota = true

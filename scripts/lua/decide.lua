@@ -7,9 +7,11 @@
 --          (never charge); then one string per hit, its rule:
 --          "code:limit:window:cost", with ":burst" after the cost for a GCRA
 --          hit (the bucket's size in units). window is in seconds; code =
---          algorithm (1 log, 2 counter, 3 fixed, 4 gcra) + 8 for a shadow
---          hit + 16 for a cost that is recorded even when it does not fit
---          + 32 for a refund of cost units + 64 for a quota hit (quota_mode)
+--          the algorithm's ID (ALG_*, its index in algorithms) + FLAG_SHADOW
+--          for a shadow hit + FLAG_RECORD for a cost that is recorded even
+--          when it does not fit + FLAG_REFUND for a refund of cost units
+--          + FLAG_QUOTA for a quota hit (quota_mode); algorithms.go declares
+--          them all
 --
 -- A request is charged only when every enforced (non-shadow, non-quota) hit
 -- fits and, when it has quota hits, at least one of them fits. A shadow hit,
@@ -34,8 +36,10 @@
 -- algorithm's result; for a recorded cost that did not fit and for a refund,
 -- until one unit fits), and a refund token: what refund.lua needs to undo a
 -- charge (the log's score, the counters' window index; 0 for GCRA, whose
--- refund takes the hit's limit and window instead).
-local algorithms = { sliding_window_log, sliding_window_counter, fixed_window, gcra }
+-- undo goes by the hit's limit and window instead).
+
+-- algorithms, generated before this file from algorithms.go, holds each
+-- algorithm's table at its ID.
 
 -- rules maps a hit's argument string to what it says, parsed once: the
 -- hits of a batch mostly repeat the few rules of a config, and so do the
@@ -49,7 +53,7 @@ local function parse_rule(s)
   if not code then
     error('decide: malformed hit argument ' .. s)
   end
-  local alg = code % 8
+  local alg = code % FLAG_SHADOW
   local rule = {
     alg = algorithms[alg],
     limit = tonumber(limit),
@@ -57,12 +61,15 @@ local function parse_rule(s)
     cost = cost,
     need = math.max(cost, 1),
     burst = tonumber(burst), -- nil but for GCRA
-    shadow = code % 16 >= 8,
-    record = code % 32 >= 16,
-    refund = code % 64 >= 32,
-    quota = code >= 64,
-    string = alg ~= 1, -- kept in a string, read by prefetch
+    shadow = code % FLAG_RECORD >= FLAG_SHADOW,
+    record = code % FLAG_REFUND >= FLAG_RECORD,
+    refund = code % FLAG_QUOTA >= FLAG_REFUND,
+    quota = code >= FLAG_QUOTA,
+    string = alg ~= ALG_SLIDING_WINDOW_LOG, -- kept in a string, read by prefetch
   }
+  if not rule.alg then
+    error('decide: unknown algorithm in hit argument ' .. s)
+  end
   if nrules >= max_rules then
     rules, nrules = {}, 0
   end

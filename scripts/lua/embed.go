@@ -1,13 +1,14 @@
 // Package lua holds the Redis Lua scripts of the rate limiter, embedded into
 // the binary so the deployed service always runs the scripts it was tested
-// with.
+// with, and the table of the algorithms they implement (Algorithms), which
+// the Go side takes their names, IDs and keys from.
 //
-// Each algorithm lives in its own file and defines a local table with four
-// functions (check, commit, result, refund); prelude.lua holds their shared
-// helpers. gcra.lua is also part of Refund, which uses its refund function.
-// decide.lua runs them: it reads Redis TIME once and decides a batch of
-// requests in order, each all or nothing. The decide code reaches Redis in
-// one of two forms: Library, a Redis Functions library (Redis 7 and later:
+// Each algorithm lives in its own file and defines a local table with five
+// functions (check, commit, result, refund, undo); prelude.lua holds their
+// shared helpers. decide.lua runs them: it reads Redis TIME once and decides
+// a batch of requests in order, each all or nothing. refund.lua undoes
+// charges with each algorithm's undo. The decide code reaches Redis in one
+// of two forms: Library, a Redis Functions library (Redis 7 and later:
 // loaded once, called with FCALL), or Decide, the same code as a script for
 // EVALSHA (older servers and the embedded store).
 package lua
@@ -21,14 +22,6 @@ import (
 var (
 	//go:embed prelude.lua
 	prelude string
-	//go:embed sliding_window_log.lua
-	slidingWindowLog string
-	//go:embed sliding_window_counter.lua
-	slidingWindowCounter string
-	//go:embed fixed_window.lua
-	fixedWindow string
-	//go:embed gcra.lua
-	gcra string
 	//go:embed decide.lua
 	decide string
 	//go:embed reset.lua
@@ -37,8 +30,17 @@ var (
 	refund string
 )
 
+// library is the code decide.lua and refund.lua run on. The files share
+// locals, which Lua sees only after their declaration, so the order is
+// fixed: the generated Constants, which every file may use; prelude.lua,
+// the helpers of every algorithm; each algorithm's file, in ID order (an
+// algorithm file uses the two above, never another algorithm's file); then
+// the generated algorithms table, which names every algorithm's table.
+// TestLibraryOrder checks that every name a file uses is declared before it.
+var library = Constants + prelude + algorithmCode()
+
 // decideCode defines the local function decide(keys, args).
-var decideCode = prelude + slidingWindowLog + slidingWindowCounter + fixedWindow + gcra + decide
+var decideCode = library + decide
 
 // Decide is the script that decides a batch of requests. Its calling
 // convention is documented at the top of decide.lua.
@@ -70,4 +72,4 @@ var Reset = reset
 // Refund is the script that undoes charges made by Decide, for a request
 // denied across Redis Cluster slots. Its calling convention is documented at
 // the top of refund.lua.
-var Refund = prelude + gcra + refund
+var Refund = library + refund

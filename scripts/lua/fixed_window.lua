@@ -46,6 +46,21 @@ function fixed_window.refund(key, units, limit, window, now)
   end
 end
 
+-- undo takes a charge of cost back from the window token names, for
+-- refund.lua, never below zero; a count of another window is not the
+-- charge's. It returns how many units it took back.
+function fixed_window.undo(key, token, cost)
+  local stored, curr = parse_windows(redis.call('GET', key))
+  if stored ~= token then
+    return 0
+  end
+  local back = math.min(curr, cost)
+  if back > 0 then
+    redis.call('SET', key, fmt(stored) .. ':' .. fmt(curr - back), 'KEEPTTL')
+  end
+  return back
+end
+
 -- result: the counter resets when the window ends; an empty one is whole now.
 function fixed_window.result(key, st, limit, window, cost, now)
   if st.used == 0 then

@@ -242,3 +242,10 @@ function gcra.refund(key, cost, limit, window, now)
   seen[key] = { w = nw, f = nf }
   return cost
 end
+
+-- undo gives back a charge of cost, for refund.lua: as refund, at the
+-- instant clock() reads. The charge's token is always 0: the TAT says
+-- what the bucket owes.
+function gcra.undo(key, token, cost, limit, window, clock)
+  return gcra.refund(key, cost, limit, window, clock())
+end

@@ -59,6 +59,26 @@ function sliding_window_counter.refund(key, units, limit, window, now)
   end
 end
 
+-- undo takes a charge of cost back from the window token names, for
+-- refund.lua, never below zero: from the current count, or from the
+-- previous one once that window has passed; a count of any other window is
+-- not the charge's. It returns how many units it took back.
+function sliding_window_counter.undo(key, token, cost)
+  local stored, curr, prev = parse_windows(redis.call('GET', key))
+  local back = 0
+  if stored == token then
+    back = math.min(curr, cost)
+    curr = curr - back
+  elseif stored == token + 1 then
+    back = math.min(prev, cost)
+    prev = prev - back
+  end
+  if back > 0 then
+    redis.call('SET', key, fmt(stored) .. ':' .. fmt(curr) .. ':' .. fmt(prev), 'KEEPTTL')
+  end
+  return back
+end
+
 -- first_fit returns the first whole microsecond of elapsed time at which the
 -- estimate plus cost fits. It starts just below the solved value and steps up
 -- with the admission formula itself, so float rounding in the solution makes

@@ -87,6 +87,25 @@ function sliding_window_log.refund(key, units, limit, window, now)
   seen[key] = nil -- read again: the newest member may be gone
 end
 
+-- undo removes the members a charge of cost added, which token (the
+-- charge's score) names: for refund.lua. It returns how many it removed.
+function sliding_window_log.undo(key, token, cost)
+  local s = fmt(token)
+  local members, removed = {}, 0
+  for j = 1, cost do
+    members[#members + 1] = (j == 1) and s or (s .. ':' .. j)
+    -- Lua's unpack has a stack limit; remove in bounded chunks.
+    if #members >= 1000 then
+      removed = removed + redis.call('ZREM', key, unpack(members))
+      members = {}
+    end
+  end
+  if #members > 0 then
+    removed = removed + redis.call('ZREM', key, unpack(members))
+  end
+  return removed
+end
+
 -- result returns what is left and, in microseconds, the honest wait: for an
 -- admitted hit, until the window is empty again; for a denied one, until
 -- enough of the oldest members expire for cost to fit.

@@ -1,0 +1,122 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/scripts/lua"
+)
+
+// An algorithm's description comes from one table, lua.Algorithms, which
+// config.Algorithm's values index by ID: its Lua ID, its key's code, whether
+// it is a bucket, and the largest cost its Lua is exact for. Nothing here
+// names an algorithm.
+
+// errUnknownAlgorithm refuses a hit whose algorithm the Lua does not
+// implement: only the zero Algorithm, or a value made up, can be one.
+var errUnknownAlgorithm = errors.New("unknown algorithm")
+
+// describe returns the description of a, or an error wrapping
+// errUnknownAlgorithm.
+func describe(a config.Algorithm) (*lua.Algorithm, error) {
+	d, ok := lua.ByID(int(a))
+	if !ok {
+		return nil, fmt.Errorf("%w %v", errUnknownAlgorithm, a)
+	}
+	return d, nil
+}
+
+// checkAlgorithms returns an error when a hit's algorithm is unknown: such
+// a hit is refused before anything is sent, so that the code below never
+// meets one.
+func checkAlgorithms(hits []Hit) error {
+	for i := range hits {
+		if _, err := describe(hits[i].Algorithm); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hitCode is a hit's code for decide.lua: its algorithm's ID, plus
+// lua.FlagShadow for a shadow hit, lua.FlagRecord for a cost recorded even
+// when it does not fit, lua.FlagRefund for a refund, and lua.FlagQuota for
+// a quota hit. With quotas false, a quota hit goes as a shadow hit.
+func hitCode(h *Hit, d *lua.Algorithm, quotas bool) int {
+	code := d.ID
+	switch {
+	case h.quota() && quotas:
+		code += lua.FlagQuota
+	case h.Shadow, h.quota():
+		code += lua.FlagShadow
+	}
+	if h.Record {
+		code += lua.FlagRecord
+	}
+	if h.Refund {
+		code += lua.FlagRefund
+	}
+	return code
+}
+
+// hitArg is the hit's argument to decide.lua: "code:limit:window:cost", and
+// ":burst" for a bucket. One string per hit costs Redis less than four
+// numbers (each argument is an object to parse and to copy into Lua), and
+// decide.lua parses each distinct string once.
+func hitArg(h *Hit, quotas bool) (string, error) {
+	d, err := describe(h.Algorithm)
+	if err != nil {
+		return "", err
+	}
+	var b [96]byte
+	s := strconv.AppendInt(b[:0], int64(hitCode(h, d, quotas)), 10)
+	s = append(s, ':')
+	s = strconv.AppendUint(s, uint64(h.Limit), 10)
+	s = append(s, ':')
+	s = strconv.AppendInt(s, int64(h.Window/time.Second), 10)
+	s = append(s, ':')
+	s = strconv.AppendUint(s, luaCost(h, d), 10)
+	if d.Bucket {
+		s = append(s, ':')
+		s = strconv.AppendUint(s, uint64(h.burst()), 10)
+	}
+	return string(s), nil
+}
+
+// luaCost is a hit's cost for decide.lua, at most what its algorithm's Lua
+// is exact for: no counter holds more.
+func luaCost(h *Hit, d *lua.Algorithm) uint64 { return min(h.Cost, d.MaxCost) }
+
+// refundArgs appends refund.lua's arguments for a charge of h that token
+// names: its algorithm's ID, token, cost, limit and window in seconds.
+func refundArgs(args []any, h *Hit, token int64) ([]any, error) {
+	d, err := describe(h.Algorithm)
+	if err != nil {
+		return args, err
+	}
+	return append(args, d.ID, token, h.Cost, h.Limit, int64(h.Window/time.Second)), nil
+}
+
+// quota reports a quota hit: Quota, not Shadow, and not a refund, which
+// never denies.
+func (h *Hit) quota() bool { return h.Quota && !h.Shadow && !h.Refund }
+
+// burst is the size of a bucket hit's bucket: Burst, or Limit when unset.
+func (h *Hit) burst() uint32 {
+	if h.Burst == 0 {
+		return h.Limit
+	}
+	return h.Burst
+}
+
+// capacity is the most units the hit's counter ever holds: a bucket's size,
+// else the limit (also for an unknown algorithm, which is never decided).
+func (h *Hit) capacity() uint32 {
+	if d, err := describe(h.Algorithm); err == nil && d.Bucket {
+		return h.burst()
+	}
+	return h.Limit
+}
