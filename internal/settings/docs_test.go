@@ -136,4 +136,3 @@ func TestREADMEMigration(t *testing.T) {
 		}
 	}
 }
-
