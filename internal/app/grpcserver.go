@@ -56,7 +56,9 @@ var (
 // Workers: a call runs on a goroutine whose stack has already grown; a few
 // per core serve as well as more, and with more the first burst after a
 // start runs on never-used goroutines and is slower.
-func newGRPCServer(s *settings.Settings, grpcTLS *tls.Config, codec encoding.CodecV2, shedder *service.Shedder, interceptors []grpc.UnaryServerInterceptor) (grpcPortServer, error) {
+func newGRPCServer(s *settings.Settings, grpcTLS *tls.Config, codec encoding.CodecV2, shedder *service.Shedder,
+	interceptors []grpc.UnaryServerInterceptor,
+) (grpcPortServer, error) {
 	workers := streamWorkersPerCore * runtime.GOMAXPROCS(0)
 	switch s.GRPCServer {
 	case settings.GRPCServerLean:

@@ -109,7 +109,8 @@ func TestGRPCServerKinds(t *testing.T) {
 			for m := range intercepted {
 				seen = append(seen, m)
 			}
-			if want := []string{"/" + rlsv3.RateLimitService_ServiceDesc.ServiceName + "/ShouldRateLimit", "/grpc.health.v1.Health/Check"}; !slices.Equal(seen, want) {
+			want := []string{"/" + rlsv3.RateLimitService_ServiceDesc.ServiceName + "/ShouldRateLimit", "/grpc.health.v1.Health/Check"}
+			if !slices.Equal(seen, want) {
 				t.Fatalf("the interceptor saw %q, want %q", seen, want)
 			}
 			if _, ok := srv.GetServiceInfo()[healthpb.Health_ServiceDesc.ServiceName]; !ok {

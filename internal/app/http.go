@@ -15,7 +15,9 @@ import (
 // speak HTTP (envoyproxy/ratelimit's /healthcheck among them), Prometheus
 // metrics, the config in force, and the JSON API. ready says why the
 // service is not ready, nil when it is.
-func httpHandler(ready func() error, svc *service.Service, shedder *service.Shedder, maxBody int, registry *prometheus.Registry, withPprof bool) http.Handler {
+func httpHandler(ready func() error, svc *service.Service, shedder *service.Shedder, maxBody int, registry *prometheus.Registry,
+	withPprof bool,
+) http.Handler {
 	mux := http.NewServeMux()
 	if withPprof {
 		addPprof(mux)

@@ -56,7 +56,8 @@ func TestValidateMergeAndWarnings(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if err := Main(context.Background(), []string{"validate", "--config", dir}, &out); err == nil || !strings.Contains(err.Error(), `domain "d" already defined`) {
+	err := Main(context.Background(), []string{"validate", "--config", dir}, &out)
+	if err == nil || !strings.Contains(err.Error(), `domain "d" already defined`) {
 		t.Fatalf("without --merge-domain-config: %v", err)
 	}
 	if err := Main(context.Background(), []string{"validate", "--config", dir, "--merge-domain-config"}, &out); err != nil {
@@ -73,7 +74,8 @@ func TestValidateMergeAndWarnings(t *testing.T) {
 // the example config loads with it.
 func TestValidateWithDefaultAlgorithmGCRA(t *testing.T) {
 	var out bytes.Buffer
-	if err := Main(context.Background(), []string{"validate", "--config", filepath.Join("..", "..", "examples", "config"), "--default-algorithm", "gcra"}, &out); err != nil {
+	args := []string{"validate", "--config", filepath.Join("..", "..", "examples", "config"), "--default-algorithm", "gcra"}
+	if err := Main(context.Background(), args, &out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "5 rules in 1 files: ok") {

@@ -278,7 +278,8 @@ func planMisc(p *Plan, get func(string) (string, bool)) error {
 	if on, err := boolVar(get, "USE_STATSD"); err != nil {
 		return err
 	} else if _, set := get("USE_STATSD"); on && set {
-		p.note(true, "no statsd sink here: metrics are Prometheus only, on the HTTP port's /metrics (and PROMETHEUS_ADDR with USE_PROMETHEUS=true)", "USE_STATSD")
+		p.note(true, "no statsd sink here: metrics are Prometheus only, on the HTTP port's /metrics "+
+			"(and PROMETHEUS_ADDR with USE_PROMETHEUS=true)", "USE_STATSD")
 	}
 	if b, ok := get("BACKEND_TYPE"); ok && b != "redis" && b != "" {
 		return fmt.Errorf("BACKEND_TYPE=%q: Redis is the only backend here", b)
@@ -302,7 +303,8 @@ func planRedis(p *Plan, get func(string) (string, bool)) error {
 		return nil
 	}
 	if !urlSet {
-		return errors.New("a REDIS_* variable is set but REDIS_URL is not: set REDIS_URL (or --redis-url), or unset every REDIS_* to run on the embedded store (one replica, counting alone)")
+		return errors.New("a REDIS_* variable is set but REDIS_URL is not: set REDIS_URL (or --redis-url), " +
+			"or unset every REDIS_* to run on the embedded store (one replica, counting alone)")
 	}
 	if raw == "" {
 		return errors.New("REDIS_URL is empty")

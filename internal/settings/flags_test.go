@@ -80,7 +80,7 @@ func TestFlagsDoc(t *testing.T) {
 // are docs/flags.md's.
 func TestHelpIsOneShortLine(t *testing.T) {
 	for _, e := range Table() {
-		if strings.Contains(e.Help, "\n") || len(e.Help) > 120 || e.Help == "" {
+		if strings.Contains(e.Help, "\n") || len(e.Help) > 110 || e.Help == "" {
 			t.Errorf("--%s: help of %d characters: %q", e.Name, len(e.Help), e.Help)
 		}
 		if strings.Contains(e.Help, "`") {

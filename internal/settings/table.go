@@ -118,7 +118,7 @@ func table(s *Settings) []Setting {
 			}},
 		// Redis.
 		{Name: FlagRedisURL, bind: stringFlag(&s.RedisURL, ""), Group: groupRedis,
-			Help: "standalone Redis: redis://, rediss:// or unix:// URL; no Redis flag: an embedded store (one replica, not shared)",
+			Help: "standalone Redis: a redis://, rediss:// or unix:// URL; no Redis flag: an embedded store, one replica",
 			Doc: "a standalone Redis: `redis://[user:password@]host:port[/db]`, `rediss://` for TLS, `unix:///path`; " +
 				"or `host:port`, a socket path",
 			Ref: []RefVar{
@@ -133,7 +133,7 @@ func table(s *Settings) []Setting {
 				{Name: "REDIS_TLS", Default: "false", Joint: true, Here: "true: rediss:// (TLS to Redis, and to the Sentinels)"},
 			}},
 		{Name: FlagRedisClusterURL, bind: stringFlag(&s.RedisClusterURL, ""), Group: groupRedis,
-			Help: "Redis Cluster seed nodes: redis://[user:password@]host:port?addr=host2:port&addr=host3:port (or rediss://)",
+			Help: "Redis Cluster seed nodes: redis://[user:password@]host:port?addr=host2:port&addr=host3:port",
 			Doc:  "a Redis Cluster: seed nodes as `redis://[user:password@]host:port?addr=host2:port&addr=host3:port`"},
 		{Name: FlagRedisSentinelURL, bind: stringFlag(&s.RedisSentinelURL, ""), Group: groupRedis,
 			Help: "Redis Sentinel: redis://[user:password@]host:port?master_name=NAME&addr=host2:port (or rediss://)",
@@ -182,7 +182,7 @@ func table(s *Settings) []Setting {
 			check: func() error { return want(s.MaxRequestBytes > 0, s.MaxRequestBytes, "a positive number of bytes") }},
 		// Answers.
 		{Name: "ratelimit-headers", bind: boolFlag(&s.RateLimitHeaders, false),
-			Help: "add the limit, remaining and reset headers to answers (off: Envoy's enable_x_ratelimit_headers builds its own)",
+			Help: "add the limit, remaining and reset headers to answers (off: Envoy's enable_x_ratelimit_headers may)",
 			Doc: "add the limit, remaining and reset headers to answers, as the reference's `LIMIT_RESPONSE_HEADERS_ENABLED` " +
 				"(see [Answers](answers.md)). Off: Envoy's `enable_x_ratelimit_headers` builds its own from the statuses",
 			Ref: []RefVar{{Name: "LIMIT_RESPONSE_HEADERS_ENABLED", Default: "false", Conv: convBool}}},
@@ -292,7 +292,7 @@ func table(s *Settings) []Setting {
 				Here: "--redis-tls-skip-hostname-verification, when REDIS_TLS=true"}}},
 		// The gRPC port.
 		{Name: "grpc-max-connection-age", bind: durationFlag(&s.GRPCMaxConnAge, 24*time.Hour),
-			Help:  "a gRPC connection older than this (±10%) is asked to go away, so clients spread over new replicas; 0: never",
+			Help:  "a gRPC connection this old (±10%) is asked to go away, so clients spread over new replicas; 0: never",
 			Doc:   "a gRPC connection this old (±10%) is asked to go away, so Envoy spreads over new replicas. `0`: never",
 			check: func() error { return want(s.GRPCMaxConnAge >= 0, s.GRPCMaxConnAge, "a duration, 0 for never") },
 			Ref:   []RefVar{{Name: "GRPC_MAX_CONNECTION_AGE", Default: "24h", Conv: convDuration}}},
