@@ -1,5 +1,5 @@
 // Command ratelimit is a rate limit service for Envoy with sliding windows on
-// Redis. See the README for its flags and config.
+// Redis. See the README for its flags and config; internal/app assembles it.
 package main
 
 import (
@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/slidingwindow/ratelimit/internal/app"
 )
 
 func main() {
@@ -17,7 +19,7 @@ func main() {
 		<-ctx.Done()
 		stop()
 	}()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+	if err := app.Main(ctx, os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "ratelimit:", err)
 		os.Exit(1)
 	}

@@ -1,4 +1,4 @@
-package main
+package settings
 
 import (
 	"bufio"
@@ -13,7 +13,7 @@ import (
 )
 
 // TestEnvTableIsComplete: every variable envoyproxy/ratelimit reads has a
-// row, and the table has no other.
+// row (in the table or in noEffect), and the table has no other.
 func TestEnvTableIsComplete(t *testing.T) {
 	f, err := os.Open(filepath.Join("testdata", "reference-env.txt"))
 	if err != nil {
@@ -28,16 +28,16 @@ func TestEnvTableIsComplete(t *testing.T) {
 		}
 	}
 	seen := map[string]bool{}
-	for _, v := range envTable {
-		if seen[v.name] {
-			t.Errorf("%s has two rows", v.name)
+	for _, v := range allVars() {
+		if seen[v.Name] {
+			t.Errorf("%s has two rows", v.Name)
 		}
-		seen[v.name] = true
-		if !want[v.name] {
-			t.Errorf("%s is not a variable of the reference", v.name)
+		seen[v.Name] = true
+		if !want[v.Name] {
+			t.Errorf("%s is not a variable of the reference", v.Name)
 		}
-		if v.flag == "" && !strings.HasPrefix(v.here, "no effect") && v.name != "BACKEND_TYPE" {
-			t.Errorf("%s has no flag, and its row does not say it has no effect: %q", v.name, v.here)
+		if v.flag == "" && !strings.HasPrefix(v.Here, "no effect") && v.Name != "BACKEND_TYPE" {
+			t.Errorf("%s has no flag, and its row does not say it has no effect: %q", v.Name, v.Here)
 		}
 	}
 	for name := range want {
@@ -143,7 +143,8 @@ func TestPlanEnv(t *testing.T) {
 		// A REDIS_URL that is not host:port is quoted without its password.
 		{name: "a URL with a password in a cluster list", env: map[string]string{"REDIS_TYPE": "CLUSTER", "REDIS_URL": "redis://:hunter22@a:7000,b:7001"},
 			err: `"redis://:xxxxx@a:7000" is not host:port`},
-		{name: "a URL with a password in a sentinel list", env: map[string]string{"REDIS_TYPE": "SENTINEL", "REDIS_URL": "mymaster,redis://:hunter22@s1:26379"},
+		{name: "a URL with a password in a sentinel list",
+			env: map[string]string{"REDIS_TYPE": "SENTINEL", "REDIS_URL": "mymaster,redis://:hunter22@s1:26379"},
 			err: `"redis://:xxxxx@s1:26379" is not host:port`},
 		{name: "user:password@host:port", env: map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "app:hunter22@r:6379"},
 			err: `"xxxxx@r:6379" is not host:port`},
@@ -154,7 +155,8 @@ func TestPlanEnv(t *testing.T) {
 		{name: "unknown REDIS_TYPE", env: map[string]string{"REDIS_URL": "r:6379", "REDIS_TYPE": "ring"}, err: "SINGLE, CLUSTER or SENTINEL"},
 		{name: "unknown socket type", env: map[string]string{"REDIS_URL": "r:6379", "REDIS_SOCKET_TYPE": "udp"}, err: "tcp or unix"},
 		{name: "memcache", env: map[string]string{"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "m:11211"}, err: "Redis is the only backend"},
-		{name: "the command line's Redis wins, whole", env: map[string]string{"REDIS_TYPE": "CLUSTER", "REDIS_URL": "a:1,b:2", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca"},
+		{name: "the command line's Redis wins, whole",
+			env:      map[string]string{"REDIS_TYPE": "CLUSTER", "REDIS_URL": "a:1,b:2", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca"},
 			explicit: []string{"redis-url"}, want: map[string]string{"debug-addr": "0.0.0.0:6070"},
 			notes: []string{"REDIS_TYPE", "REDIS_URL", "REDIS_TLS", "REDIS_TLS_CACERT"}},
 		{name: "the command line's address wins", env: map[string]string{"PORT": "9000", "NEAR_LIMIT_RATIO": "0.5"},
@@ -178,17 +180,17 @@ func TestPlanEnv(t *testing.T) {
 			want: map[string]string{"deny-cache": "0s", "debug-addr": "0.0.0.0:6070"}},
 		{name: "a local cache", env: map[string]string{"LOCAL_CACHE_SIZE_IN_BYTES": "1048576"},
 			want: map[string]string{"debug-addr": "0.0.0.0:6070"}},
-		{name: "statsd asked for", env: map[string]string{"USE_STATSD": "true", "REDIS_URL": "r:1", "REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "p:1"},
+		{name: "statsd asked for",
+			env:   map[string]string{"USE_STATSD": "true", "REDIS_URL": "r:1", "REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "p:1"},
 			want:  map[string]string{"redis-url": "redis://r:1", "debug-addr": "0.0.0.0:6070"},
 			notes: []string{"USE_STATSD", "REDIS_PERSECOND", "REDIS_PERSECOND_URL"}},
 	}
-	var s settings
-	fs := newFlagSet("test", &s, &bytes.Buffer{})
+	var s Settings
+	fs := NewFlagSet("test", &s, &bytes.Buffer{})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			lookup := func(name string) (string, bool) { v, ok := tc.env[name]; return v, ok }
-			p, err := planEnv(lookup, func(f string) bool { return fs.Lookup(f) != nil },
-				func(f string) bool { return slices.Contains(tc.explicit, f) })
+			p, err := planEnv(lookup, func(f string) bool { return slices.Contains(tc.explicit, f) })
 			for _, v := range tc.env {
 				// No message repeats a password of the cases.
 				if err != nil && strings.Contains(v, "hunter22") && strings.Contains(err.Error(), "hunter22") {
@@ -205,25 +207,25 @@ func TestPlanEnv(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := map[string]string{}
-			for _, v := range p.values {
-				if _, dup := got[v.flag]; dup {
-					t.Errorf("--%s set twice", v.flag)
+			for _, v := range p.Values {
+				if _, dup := got[v.Flag]; dup {
+					t.Errorf("--%s set twice", v.Flag)
 				}
-				got[v.flag] = v.value
-				if fs.Lookup(v.flag) == nil {
-					t.Errorf("--%s is no flag of this build", v.flag)
+				got[v.Flag] = v.Value
+				if fs.Lookup(v.Flag) == nil {
+					t.Errorf("--%s is no flag of this build", v.Flag)
 				}
 			}
 			if !maps.Equal(got, tc.want) {
 				t.Errorf("flags\n got %v\nwant %v", got, tc.want)
 			}
 			var noted []string
-			for _, n := range p.notes {
-				noted = append(noted, n.vars...)
+			for _, n := range p.Notes {
+				noted = append(noted, n.Vars...)
 			}
 			for _, name := range tc.notes {
 				if !slices.Contains(noted, name) {
-					t.Errorf("no note names %s; notes: %+v", name, p.notes)
+					t.Errorf("no note names %s; notes: %+v", name, p.Notes)
 				}
 			}
 		})
@@ -239,19 +241,19 @@ func TestParseOrder(t *testing.T) {
 	}
 	t.Setenv("RATELIMIT_LOG_LEVEL", "error")
 	t.Setenv("NEAR_LIMIT_RATIO", "0.5")
-	var s settings
-	fs := newFlagSet("test", &s, &bytes.Buffer{})
-	if err := parse(fs, &s, []string{"--http-addr", ":7777"}); err != nil {
+	var s Settings
+	fs := NewFlagSet("test", &s, &bytes.Buffer{})
+	if err := Parse(fs, &s, []string{"--http-addr", ":7777"}); err != nil {
 		t.Fatal(err)
 	}
-	if s.httpAddr != ":7777" || s.logLevel != "error" || s.grpcAddr != "[::]:8081" || s.nearLimitRatio != 0.5 ||
-		s.redisURL != "redis://redis:6379" || s.configPath != "/data/ratelimit/config" || s.debugAddr != "0.0.0.0:6070" {
+	if s.HTTPAddr != ":7777" || s.LogLevel != "error" || s.GRPCAddr != "[::]:8081" || s.NearLimitRatio != 0.5 ||
+		s.RedisURL != "redis://redis:6379" || s.ConfigPath != "/data/ratelimit/config" || s.DebugAddr != "0.0.0.0:6070" {
 		t.Fatalf("settings %+v", s)
 	}
-	if !s.redisSettings() {
+	if !s.RedisSettingGiven() {
 		t.Fatal("REDIS_* set, but no Redis setting seen")
 	}
-	if s.storeTimeout <= 0 || s.drainTimeout != 10*time.Second {
+	if s.StoreTimeout <= 0 || s.DrainTimeout != 10*time.Second {
 		t.Fatalf("defaults lost: %+v", s)
 	}
 }
@@ -278,21 +280,21 @@ func TestOutOfRangeFlagsAreRefused(t *testing.T) {
 		{[]string{"--key-prefix={tenant}"}, "--key-prefix"},
 		{[]string{"--metrics-path=metrics"}, "--metrics-path"},
 	} {
-		var s settings
-		err := parse(newFlagSet("test", &s, &bytes.Buffer{}), &s, tc.args)
+		var s Settings
+		err := Parse(NewFlagSet("test", &s, &bytes.Buffer{}), &s, tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want one containing %q", tc.args, err, tc.want)
 		}
 	}
 	t.Setenv("NEAR_LIMIT_RATIO", "1.5")
-	var s settings
-	if err := parse(newFlagSet("test", &s, &bytes.Buffer{}), &s, nil); err == nil || !strings.Contains(err.Error(), "near-limit-ratio") {
+	var s Settings
+	if err := Parse(NewFlagSet("test", &s, &bytes.Buffer{}), &s, nil); err == nil || !strings.Contains(err.Error(), "near-limit-ratio") {
 		t.Errorf("NEAR_LIMIT_RATIO=1.5: error %v", err)
 	}
 }
 
 // TestRedisURLFlagHidesCredentials: --redis-url without a scheme is read as
-// the reference's REDIS_URL (run's singleURL); one that is not host:port is
+// the reference's REDIS_URL (Validate's singleURL); one that is not host:port is
 // quoted without what precedes its '@'.
 func TestRedisURLFlagHidesCredentials(t *testing.T) {
 	for _, raw := range []string{"app:hunter22@r:6379", "hunter22@r", ":hunter22@r:x"} {
@@ -301,4 +303,25 @@ func TestRedisURLFlagHidesCredentials(t *testing.T) {
 			t.Errorf("--redis-url %s: error %v, want one quoting xxxxx@r", strings.ReplaceAll(raw, "hunter22", "…"), err)
 		}
 	}
+}
+
+// refRow is one of the reference's variables with the flag it sets ("" for
+// none).
+type refRow struct {
+	RefVar
+	flag string
+}
+
+// allVars are the reference's variables: the table's, then noEffect.
+func allVars() []refRow {
+	var all []refRow
+	for _, e := range Table() {
+		for _, v := range e.Ref {
+			all = append(all, refRow{v, e.Name})
+		}
+	}
+	for _, v := range NoEffect() {
+		all = append(all, refRow{v, ""})
+	}
+	return all
 }

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/slidingwindow/ratelimit/internal/settings"
 )
 
 // otlpReceiver is an OTLP/HTTP trace endpoint keeping what it receives.
@@ -56,11 +58,11 @@ func TestTracingExportsCallSpans(t *testing.T) {
 	t.Setenv("TRACING_ENABLED", "true")
 	t.Setenv("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system")
 	t.Setenv("TRACING_SERVICE_INSTANCE_ID", "ratelimit-0")
-	var s settings
-	if err := parse(newFlagSet("test", &s, io.Discard), &s, nil); err != nil {
+	var s settings.Settings
+	if err := settings.Parse(settings.NewFlagSet("test", &s, io.Discard), &s, nil); err != nil {
 		t.Fatal(err)
 	}
-	intercept, stop, err := startTracing(context.Background(), &s)
+	intercept, stop, err := startTracing(context.Background(), &s.Tracing)
 	if err != nil || intercept == nil {
 		t.Fatalf("tracing not started: %v", err)
 	}
@@ -102,17 +104,6 @@ func TestTracingExportsCallSpans(t *testing.T) {
 	for k, v := range map[string]string{"service.name": "RateLimit", "service.namespace": "envoy-gateway-system", "service.instance.id": "ratelimit-0"} {
 		if recv.attrs[k] != v {
 			t.Errorf("resource %s = %q, want %q", k, recv.attrs[k], v)
-		}
-	}
-}
-
-func TestTracingSettingsRefused(t *testing.T) {
-	for _, s := range []settings{
-		{tracing: true, tracingProtocol: "udp", tracingSamplingRate: 1},
-		{tracing: true, tracingProtocol: "http", tracingSamplingRate: 2},
-	} {
-		if _, _, err := startTracing(context.Background(), &s); err == nil {
-			t.Errorf("%+v accepted", s)
 		}
 	}
 }

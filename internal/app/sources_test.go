@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/internal/settings"
 	"github.com/slidingwindow/ratelimit/internal/xdsconfig/xdsconfigtest"
 )
 
@@ -42,32 +43,9 @@ func TestXDSSettingsRefused(t *testing.T) {
 	}
 	for _, tc := range cases {
 		args := append([]string{"--log-level", "error"}, tc.args...)
-		err := run(context.Background(), args, &bytes.Buffer{})
+		err := Main(context.Background(), args, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("run %q: error %v, want one containing %q", tc.args, err, tc.want)
-		}
-	}
-}
-
-func TestKeyValues(t *testing.T) {
-	for _, tc := range []struct {
-		in, sep string
-		want    map[string]string
-	}{
-		{"", "=", map[string]string{}},
-		{"a=1", "=", map[string]string{"a": "1"}},
-		{"a=1, b = x=y ,c=", "=", map[string]string{"a": "1", "b": "x=y", "c": ""}},
-		{"authorization:Bearer t:k", ":", map[string]string{"authorization": "Bearer t:k"}},
-	} {
-		got, err := keyValues("--f", tc.in, tc.sep)
-		if err != nil || len(got) != len(tc.want) {
-			t.Errorf("%q: %v, %v", tc.in, got, err)
-			continue
-		}
-		for k, v := range tc.want {
-			if got[k] != v {
-				t.Errorf("%q: %q = %q, want %q", tc.in, k, got[k], v)
-			}
+			t.Errorf("Main %q: error %v, want one containing %q", tc.args, err, tc.want)
 		}
 	}
 }
@@ -93,13 +71,13 @@ func configOf(t *testing.T, svc *service.Service) rlconfig {
 	return c
 }
 
-// startSource starts the xDS config source as serve does.
+// startSource starts the xDS config source as New does.
 func startSource(t *testing.T, addr string, extra ...string) *xdsSource {
 	t.Helper()
-	var s settings
+	var s settings.Settings
 	args := append([]string{"--config-type", "GRPC_XDS_SOTW", "--xds-server-url", addr, "--xds-node-id", "envoy-ratelimit",
 		"--xds-backoff-initial", "20ms", "--xds-backoff-max", "100ms", "--config", "/data/ratelimit"}, extra...)
-	if err := parse(newFlagSet("test", &s, &bytes.Buffer{}), &s, args); err != nil {
+	if err := settings.Parse(settings.NewFlagSet("test", &s, &bytes.Buffer{}), &s, args); err != nil {
 		t.Fatal(err)
 	}
 	_, x, err := startConfig(context.Background(), &s, zap.NewNop())
@@ -135,7 +113,7 @@ func TestXDSSourceWaitsForTheFirstConfig(t *testing.T) {
 	x.attach(svc)
 
 	srv.Set(t, "envoy-ratelimit", "2", xdsconfigtest.Config("api", "api", "user", 8, rlsconfv3.RateLimitUnit_MINUTE))
-	waitConfig(t, svc, func(c rlconfig) bool { return c.Generation == 2 && c.Rules[0].RequestsPerUnit == 8 })
+	waitConfig(t, srv, "2", svc, func(c rlconfig) bool { return c.Generation == 2 && c.Rules[0].RequestsPerUnit == 8 })
 	if c := configOf(t, svc); len(c.Files) != 1 || c.Files[0] != "xds/api" {
 		t.Errorf("files %q", c.Files)
 	}
@@ -155,7 +133,7 @@ func TestXDSSourceForceStart(t *testing.T) {
 	svc := service.New(cfg, nil, nil)
 	x.attach(svc)
 	srv.Set(t, "envoy-ratelimit", "1", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_MINUTE))
-	waitConfig(t, svc, func(c rlconfig) bool { return c.Generation == 2 && len(c.Rules) == 1 })
+	waitConfig(t, srv, "1", svc, func(c rlconfig) bool { return c.Generation == 2 && len(c.Rules) == 1 })
 }
 
 // TestXDSSourceWarnsOnChange: a config's warnings are logged when it
@@ -211,15 +189,13 @@ func noLeaks(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t, before) }) // the first cleanup runs last
 }
 
-func waitConfig(t *testing.T, svc *service.Service, ok func(rlconfig) bool) {
+// waitConfig waits for the service to acknowledge version to srv, by which
+// time the config is in force (the client acknowledges a config once
+// OnConfig has returned), then checks the config in force.
+func waitConfig(t *testing.T, srv *xdsconfigtest.Server, version string, svc *service.Service, ok func(rlconfig) bool) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		c := configOf(t, svc)
-		if ok(c) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("config in force: %+v", c)
-		}
+	srv.WaitRequest(t, 20*time.Second, "ACK of version "+version, func(r xdsconfigtest.Request) bool { return r.IsACK(version) })
+	if c := configOf(t, svc); !ok(c) {
+		t.Fatalf("config in force once version %s is acknowledged: %+v", version, c)
 	}
 }

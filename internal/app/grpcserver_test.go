@@ -1,12 +1,10 @@
-package main
+package app
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -24,42 +22,8 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/grpcunary"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/internal/settings"
 )
-
-// TestGRPCServerFlag: --grpc-server is lean by default, takes grpc-go from
-// the command line or RATELIMIT_GRPC_SERVER, the command line winning, and
-// refuses anything else, naming the two choices.
-func TestGRPCServerFlag(t *testing.T) {
-	parsed := func(args ...string) (string, error) {
-		var s settings
-		err := parse(newFlagSet("test", &s, &bytes.Buffer{}), &s, args)
-		return s.grpcServer, err
-	}
-	if got, err := parsed(); err != nil || got != grpcServerLean {
-		t.Fatalf("default: %q %v, want lean", got, err)
-	}
-	if got, err := parsed("--grpc-server", "grpc-go"); err != nil || got != grpcServerGRPCGo {
-		t.Fatalf("--grpc-server grpc-go: %q %v", got, err)
-	}
-	t.Setenv("RATELIMIT_GRPC_SERVER", "grpc-go")
-	if got, err := parsed(); err != nil || got != grpcServerGRPCGo {
-		t.Fatalf("RATELIMIT_GRPC_SERVER=grpc-go: %q %v", got, err)
-	}
-	if got, err := parsed("--grpc-server=lean"); err != nil || got != grpcServerLean {
-		t.Fatalf("--grpc-server=lean over RATELIMIT_GRPC_SERVER=grpc-go: %q %v, want the command line to win", got, err)
-	}
-	for _, bad := range []struct{ env, arg string }{{"grpc-go", "netty"}, {"Lean", ""}, {"", ""}} {
-		t.Setenv("RATELIMIT_GRPC_SERVER", bad.env)
-		var args []string
-		if bad.arg != "" {
-			args = []string{"--grpc-server", bad.arg}
-		}
-		_, err := parsed(args...)
-		if err == nil || !strings.Contains(err.Error(), "--grpc-server") || !strings.Contains(err.Error(), "lean or grpc-go") {
-			t.Errorf("RATELIMIT_GRPC_SERVER=%q %q: error %v, want one naming --grpc-server and lean or grpc-go", bad.env, args, err)
-		}
-	}
-}
 
 // blockingRLS holds every ShouldRateLimit call until release is closed.
 type blockingRLS struct {
@@ -78,18 +42,18 @@ func (b *blockingRLS) ShouldRateLimit(ctx context.Context, _ *rlsv3.RateLimitReq
 }
 
 // TestGRPCServerKinds: each --grpc-server builds its kind of server, which
-// serves what serve registers, runs the interceptors, and sheds rate limit
+// serves what New registers, runs the interceptors, and sheds rate limit
 // calls past --max-inflight while health checks still pass.
 func TestGRPCServerKinds(t *testing.T) {
 	for _, tc := range []struct {
 		kind string
 		want any
 	}{
-		{grpcServerLean, (*grpcunary.Server)(nil)},
-		{grpcServerGRPCGo, (*grpc.Server)(nil)},
+		{settings.GRPCServerLean, (*grpcunary.Server)(nil)},
+		{settings.GRPCServerGRPCGo, (*grpc.Server)(nil)},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
-			s := &settings{grpcServer: tc.kind, maxRequestBytes: service.DefaultMaxRequestBytes, grpcMaxConnAge: time.Hour}
+			s := &settings.Settings{GRPCServer: tc.kind, MaxRequestBytes: service.DefaultMaxRequestBytes, GRPCMaxConnAge: time.Hour}
 			shedder := service.NewShedder(1, metrics.New(prometheus.NewRegistry()))
 			intercepted := make(chan string, 10)
 			interceptor := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -145,7 +109,8 @@ func TestGRPCServerKinds(t *testing.T) {
 			for m := range intercepted {
 				seen = append(seen, m)
 			}
-			if want := []string{"/" + rlsv3.RateLimitService_ServiceDesc.ServiceName + "/ShouldRateLimit", "/grpc.health.v1.Health/Check"}; !slices.Equal(seen, want) {
+			want := []string{"/" + rlsv3.RateLimitService_ServiceDesc.ServiceName + "/ShouldRateLimit", "/grpc.health.v1.Health/Check"}
+			if !slices.Equal(seen, want) {
 				t.Fatalf("the interceptor saw %q, want %q", seen, want)
 			}
 			if _, ok := srv.GetServiceInfo()[healthpb.Health_ServiceDesc.ServiceName]; !ok {

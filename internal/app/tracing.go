@@ -1,9 +1,8 @@
-package main
+package app
 
 import (
 	"context"
 	"crypto/rand"
-	"flag"
 	"fmt"
 
 	"go.opentelemetry.io/contrib/propagators/b3"
@@ -21,56 +20,45 @@ import (
 	"google.golang.org/grpc/status"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/slidingwindow/ratelimit/internal/settings"
 )
 
 // OpenTelemetry tracing of gRPC calls, with envoyproxy/ratelimit's settings
-// (TRACING_* map to these flags). The exporter's endpoint, headers,
+// (TRACING_* map to the --tracing* flags). The exporter's endpoint, headers,
 // certificates and timeout come from the standard OTEL_EXPORTER_OTLP_*
 // variables, which the exporter reads itself, as there.
-
-// tracingFlags registers the tracing flags.
-func tracingFlags(fs *flag.FlagSet, s *settings) {
-	fs.BoolVar(&s.tracing, "tracing", false, "trace gRPC calls with OpenTelemetry, exported over OTLP to OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT); the parent comes from the call's traceparent or b3 headers")
-	fs.StringVar(&s.tracingServiceName, "tracing-service-name", "RateLimit", "service.name of the traces")
-	fs.StringVar(&s.tracingServiceNamespace, "tracing-service-namespace", "", "service.namespace of the traces")
-	fs.StringVar(&s.tracingServiceInstanceID, "tracing-service-instance-id", "", "service.instance.id of the traces; empty: a random UUID")
-	fs.StringVar(&s.tracingProtocol, "tracing-exporter-protocol", "http", "OTLP over http or grpc")
-	fs.Float64Var(&s.tracingSamplingRate, "tracing-sampling-rate", 1, "share of traces sampled when the caller did not decide (parent-based): 0 to 1")
-}
 
 // startTracing installs the tracer provider when --tracing is on and returns
 // the interceptor that traces calls (nil when off) and the function that
 // flushes and stops the exporter.
-func startTracing(ctx context.Context, s *settings) (grpc.UnaryServerInterceptor, func(context.Context) error, error) {
-	if !s.tracing {
+func startTracing(ctx context.Context, t *settings.Tracing) (grpc.UnaryServerInterceptor, func(context.Context) error, error) {
+	if !t.Enabled {
 		return nil, func(context.Context) error { return nil }, nil
 	}
-	if s.tracingSamplingRate < 0 || s.tracingSamplingRate > 1 {
-		return nil, nil, fmt.Errorf("--tracing-sampling-rate=%v: want a share from 0 to 1", s.tracingSamplingRate)
-	}
 	var client otlptrace.Client
-	switch s.tracingProtocol {
+	switch t.ExporterProtocol {
 	case "http", "":
 		client = otlptracehttp.NewClient()
 	case "grpc":
 		client = otlptracegrpc.NewClient()
 	default:
-		return nil, nil, fmt.Errorf("--tracing-exporter-protocol=%q: http or grpc", s.tracingProtocol)
+		return nil, nil, fmt.Errorf("--tracing-exporter-protocol=%q: http or grpc", t.ExporterProtocol)
 	}
 	exporter, err := otlptrace.New(ctx, client)
 	if err != nil {
 		return nil, nil, fmt.Errorf("tracing: %w", err)
 	}
-	instance := s.tracingServiceInstanceID
+	instance := t.ServiceInstanceID
 	if instance == "" {
 		instance = randomUUID()
 	}
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(s.tracingSamplingRate))),
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(t.SamplingRate))),
 		sdktrace.WithBatcher(exporter),
 		sdktrace.WithResource(resource.NewSchemaless(
-			attribute.String("service.name", s.tracingServiceName),
-			attribute.String("service.namespace", s.tracingServiceNamespace),
+			attribute.String("service.name", t.ServiceName),
+			attribute.String("service.namespace", t.ServiceNamespace),
 			attribute.String("service.instance.id", instance),
 		)),
 	)

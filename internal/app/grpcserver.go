@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"crypto/tls"
@@ -15,17 +15,12 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/grpcunary"
 	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/internal/settings"
 )
 
-// The servers --grpc-server chooses from for the gRPC port.
-const (
-	// grpcServerLean is internal/grpcunary, the default: it spends less CPU per
-	// call than grpc-go's server (docs/bench.md).
-	grpcServerLean = "lean"
-	// grpcServerGRPCGo is grpc-go's own server, kept as an escape hatch
-	// should the lean one misbehave with some client.
-	grpcServerGRPCGo = "grpc-go"
-)
+// streamWorkersPerCore sizes the gRPC server's pool of stream workers (see
+// newGRPCServer).
+const streamWorkersPerCore = 8
 
 // grpcMinPingInterval is how often a client may ping grpc-go's server,
 // with or without calls in flight. grpc-go's own policy (a ping at most
@@ -50,7 +45,7 @@ var (
 	_ grpcPortServer = (*grpc.Server)(nil)
 )
 
-// newGRPCServer builds the gRPC port's server that s.grpcServer names,
+// newGRPCServer builds the gRPC port's server that s.GRPCServer names,
 // with nothing registered yet. Both kinds serve with the same TLS, codec,
 // interceptors (the first outermost), message bound, connection age and
 // --max-inflight shedding, so that switching changes the transport alone.
@@ -61,21 +56,23 @@ var (
 // Workers: a call runs on a goroutine whose stack has already grown; a few
 // per core serve as well as more, and with more the first burst after a
 // start runs on never-used goroutines and is slower.
-func newGRPCServer(s *settings, grpcTLS *tls.Config, codec encoding.CodecV2, shedder *service.Shedder, interceptors []grpc.UnaryServerInterceptor) (grpcPortServer, error) {
+func newGRPCServer(s *settings.Settings, grpcTLS *tls.Config, codec encoding.CodecV2, shedder *service.Shedder,
+	interceptors []grpc.UnaryServerInterceptor,
+) (grpcPortServer, error) {
 	workers := streamWorkersPerCore * runtime.GOMAXPROCS(0)
-	switch s.grpcServer {
-	case grpcServerLean:
+	switch s.GRPCServer {
+	case settings.GRPCServerLean:
 		return grpcunary.NewServer(grpcunary.Options{
 			TLS:                   grpcTLS,
 			Codec:                 codec,
 			Interceptors:          interceptors,
 			NewConnAdmit:          func() grpcunary.AdmitFunc { return shedder.NewConn().Admit },
-			MaxRecvMsgSize:        s.maxRequestBytes,
-			MaxConnectionAge:      s.grpcMaxConnAge,
-			MaxConnectionAgeGrace: s.grpcMaxConnAgeGrace,
+			MaxRecvMsgSize:        s.MaxRequestBytes,
+			MaxConnectionAge:      s.GRPCMaxConnAge,
+			MaxConnectionAgeGrace: s.GRPCMaxConnAgeGrace,
 			Workers:               workers,
 		}), nil
-	case grpcServerGRPCGo:
+	case settings.GRPCServerGRPCGo:
 		// WaitForHandlers: a stop waits for handlers to return, so the
 		// limiter is closed only after the calls that use it, as with
 		// grpcunary's stop.
@@ -83,7 +80,7 @@ func newGRPCServer(s *settings, grpcTLS *tls.Config, codec encoding.CodecV2, she
 			grpc.ForceServerCodecV2(codec),
 			grpc.StatsHandler(shedder.StatsHandler()),
 			grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{shedder.UnaryServerInterceptor()}, interceptors...)...),
-			grpc.MaxRecvMsgSize(s.maxRequestBytes),
+			grpc.MaxRecvMsgSize(s.MaxRequestBytes),
 			grpc.MaxConcurrentStreams(grpcunary.DefaultMaxConcurrentStreams),
 			// As grpcunary's: the choice of server does not change what a
 			// client may send.
@@ -91,8 +88,8 @@ func newGRPCServer(s *settings, grpcTLS *tls.Config, codec encoding.CodecV2, she
 			grpc.ConnectionTimeout(grpcunary.DefaultHandshakeTimeout),
 			grpc.NumStreamWorkers(uint32(workers)),
 			grpc.KeepaliveParams(keepalive.ServerParameters{
-				MaxConnectionAge:      orForever(s.grpcMaxConnAge),
-				MaxConnectionAgeGrace: orForever(s.grpcMaxConnAgeGrace),
+				MaxConnectionAge:      orForever(s.GRPCMaxConnAge),
+				MaxConnectionAgeGrace: orForever(s.GRPCMaxConnAgeGrace),
 			}),
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 				MinTime:             grpcMinPingInterval,
@@ -105,7 +102,7 @@ func newGRPCServer(s *settings, grpcTLS *tls.Config, codec encoding.CodecV2, she
 		}
 		return grpc.NewServer(opts...), nil
 	}
-	return nil, fmt.Errorf("--grpc-server=%s: want %s or %s", s.grpcServer, grpcServerLean, grpcServerGRPCGo)
+	return nil, fmt.Errorf("--grpc-server=%s: want %s or %s", s.GRPCServer, settings.GRPCServerLean, settings.GRPCServerGRPCGo)
 }
 
 // orForever is d, or grpc-go's infinity for 0, which the connection age

@@ -1,40 +1,12 @@
-package main
+package app
 
 import (
 	"bytes"
 	"runtime/debug"
 	"testing"
-)
 
-func TestByteSize(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want int64
-		str  string
-	}{
-		{"0", 0, "0"},
-		{"200MiB", 200 << 20, "200MiB"},
-		{"1GiB", 1 << 30, "1GiB"},
-		{"1024KiB", 1 << 20, "1MiB"},
-		{"1500B", 1500, "1500B"},
-		{"1500", 1500, "1500B"},
-		{"2TiB", 2 << 40, "2TiB"},
-	} {
-		var b byteSize
-		if err := b.Set(tc.in); err != nil {
-			t.Fatalf("%q: %v", tc.in, err)
-		}
-		if int64(b) != tc.want || b.String() != tc.str {
-			t.Errorf("%q: %d %q, want %d %q", tc.in, int64(b), b.String(), tc.want, tc.str)
-		}
-	}
-	for _, bad := range []string{"", "MiB", "-1MiB", "200MB", "1.5GiB", "200 MiB", "9999999TiB"} {
-		var b byteSize
-		if err := b.Set(bad); err == nil {
-			t.Errorf("%q: accepted as %d", bad, int64(b))
-		}
-	}
-}
+	"github.com/slidingwindow/ratelimit/internal/settings"
+)
 
 // TestMemoryLimit: the flag's default, 0 for none, and GOMEMLIMIT winning
 // over the flag. The runtime's settings are restored after.
@@ -48,7 +20,7 @@ func TestMemoryLimit(t *testing.T) {
 		args             []string
 		want             int64 // in force after
 	}{
-		{"default", "", nil, defaultMemoryLimit},
+		{"default", "", nil, settings.DefaultMemoryLimit},
 		{"flag", "", []string{"--memory-limit", "64MiB"}, 64 << 20},
 		{"none", "", []string{"--memory-limit", "0"}, 0},
 		{"GOMEMLIMIT wins", "100MiB", []string{"--memory-limit", "64MiB"}, -1},
@@ -62,11 +34,11 @@ func TestMemoryLimit(t *testing.T) {
 			if tc.want == 0 {
 				debug.SetMemoryLimit(none)
 			}
-			var s settings
-			if err := parse(newFlagSet("test", &s, &bytes.Buffer{}), &s, tc.args); err != nil {
+			var s settings.Settings
+			if err := settings.Parse(settings.NewFlagSet("test", &s, &bytes.Buffer{}), &s, tc.args); err != nil {
 				t.Fatal(err)
 			}
-			got := setRuntimeDefaults(int64(s.memoryLimit))
+			got := setRuntimeDefaults(int64(s.MemoryLimit))
 			want := tc.want
 			if want == -1 {
 				want = before // left as the runtime set it

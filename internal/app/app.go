@@ -1,0 +1,180 @@
+// Package app assembles the rate limit service from its settings: New
+// provisions and checks every part (logger, config source, store, limiter,
+// service, TLS, listeners, tracing, memory limit), Run serves until its
+// context ends, then drains. Main is the ratelimit command.
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/metrics"
+	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/internal/settings"
+)
+
+// ErrStopped is New's error when its context ended before the service
+// could start: over xDS, before the first config came. It is no failure.
+var ErrStopped = errors.New("stopped before the start")
+
+// App is the service, provisioned: Run serves it, once.
+type App struct {
+	s        *settings.Settings
+	log      *zap.Logger
+	lim      *limiter.Limiter
+	svc      *service.Service
+	registry *prometheus.Registry
+	shedder  *service.Shedder
+	grpcTLS  *tls.Config
+	lns      *listeners
+	grpc     grpcPortServer
+	health   *health.Server
+
+	credentialsRefused atomic.Bool
+	draining           atomic.Bool
+
+	// closers release what New provisioned, last first: at the end of Run,
+	// or when New fails.
+	closers []func()
+}
+
+// New provisions the service that s describes and checks it, in the order
+// its log tells: the config (over xDS, it waits for the first one, until
+// ctx ends: then ErrStopped), the store, the service, the listeners. ctx
+// bounds the background work too (the config source, the store's setup).
+func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
+	if err := settings.Validate(s); err != nil {
+		return nil, err
+	}
+	log, err := newLogger(s)
+	if err != nil {
+		return nil, err
+	}
+	a := &App{s: s, log: log}
+	a.onClose(func() { _ = log.Sync() }) // nothing to do about a failed flush at exit
+	defer func() {
+		if err != nil {
+			a.close()
+		}
+	}()
+	logEnv(log, s.Reference)
+
+	cfg, xds, err := startConfig(ctx, s, log) // see sources.go: cfg is nil over xDS until xds.first
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(xds.close)
+	log.Info("memory", zap.Int64("soft_limit_bytes", setRuntimeDefaults(int64(s.MemoryLimit))))
+
+	grpcTLS, redisTLS, err := tlsSettings(s, log)
+	if err != nil {
+		return nil, err
+	}
+	a.grpcTLS = grpcTLS
+	store, err := openStore(s, redisTLS, log)
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(func() { store.Close() })
+	a.registry = prometheus.NewRegistry()
+	m := metrics.New(a.registry)
+	a.lim = newLimiter(s, store, m)
+	a.onClose(a.lim.Close)
+	a.credentialsRefused.Store(prepare(ctx, a.lim, log))
+	if xds != nil {
+		if cfg, err = xds.first(ctx); cfg == nil && err == nil {
+			return nil, ErrStopped
+		} else if err != nil {
+			return nil, err
+		}
+	}
+	a.svc = service.New(cfg, a.lim, &service.Options{
+		MaxDescriptors:   s.MaxDescriptors,
+		MaxEntries:       s.MaxEntries,
+		MaxRequestBytes:  s.MaxRequestBytes,
+		RateLimitHeaders: s.RateLimitHeaders,
+		ShadowMode:       s.ShadowMode,
+		NearLimitRatio:   s.NearLimitRatio,
+		Logger:           log,
+		Metrics:          m,
+
+		LimitHeader:             s.LimitHeader,
+		RemainingHeader:         s.RemainingHeader,
+		ResetHeader:             s.ResetHeader,
+		QuotaMode:               s.QuotaMode,
+		ResponseDynamicMetadata: s.ResponseDynamicMetadata,
+		KeyPrefix:               s.KeyPrefix,
+	})
+	if s.ShadowMode {
+		log.Warn("global shadow mode: every answer is OK; would-be denials are logged and counted")
+	}
+	followCtx, stopFollowing := context.WithCancel(ctx)
+	a.onClose(stopFollowing)
+	followConfig(followCtx, s, log, cfg, xds, a.svc)
+
+	if a.lns, err = listen(s); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			a.lns.close()
+		}
+	}()
+	a.shedder = service.NewShedder(s.MaxInFlight, m)
+	// The interceptors keep envoyproxy/ratelimit's total_requests and
+	// response_time, refuse calls while xDS has given no config yet, and
+	// trace calls with --tracing.
+	traceInterceptor, stopTracing, err := startTracing(ctx, &s.Tracing)
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(func() {
+		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(flushCtx); err != nil {
+			log.Warn("tracing: spans not flushed", zap.Error(err))
+		}
+	})
+	interceptors := []grpc.UnaryServerInterceptor{m.UnaryServerInterceptor()}
+	if xdsInterceptor := xds.interceptor(); xdsInterceptor != nil {
+		interceptors = append([]grpc.UnaryServerInterceptor{xdsInterceptor}, interceptors...)
+	}
+	if traceInterceptor != nil {
+		interceptors = append(interceptors, traceInterceptor)
+		log.Info("tracing gRPC calls", zap.String("protocol", s.Tracing.ExporterProtocol), zap.Float64("sampling_rate", s.Tracing.SamplingRate))
+	}
+	// The gRPC port is served by grpcunary unless --grpc-server says
+	// grpc-go (grpcserver.go); the admin port keeps grpc-go either way.
+	if a.grpc, err = newGRPCServer(s, grpcTLS, a.svc.Codec(), a.shedder, interceptors); err != nil {
+		return nil, err
+	}
+	rlsv3.RegisterRateLimitServiceServer(a.grpc, a.svc)
+	a.health = health.NewServer()
+	healthpb.RegisterHealthServer(a.grpc, a.health)
+	reflection.Register(a.grpc)
+	return a, nil
+}
+
+// onClose adds f to what close releases.
+func (a *App) onClose(f func()) { a.closers = append(a.closers, f) }
+
+// close releases what New provisioned, last first.
+func (a *App) close() {
+	for _, f := range slices.Backward(a.closers) {
+		f()
+	}
+	a.closers = nil
+}

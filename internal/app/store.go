@@ -1,0 +1,94 @@
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/metrics"
+	"github.com/slidingwindow/ratelimit/internal/settings"
+)
+
+// storeReadyWait bounds how long New waits for the store at start.
+const storeReadyWait = 3 * time.Second
+
+// credentialsRetry is how often a store that refused the credentials is
+// asked again.
+const credentialsRetry = 2 * time.Second
+
+// openStore opens the store the settings name (the embedded one when they
+// name none).
+func openStore(s *settings.Settings, redisTLS *tls.Config, log *zap.Logger) (*limiter.Store, error) {
+	store, err := limiter.OpenStore(limiter.StoreConfig{
+		URL: s.RedisURL, ClusterURL: s.RedisClusterURL, SentinelURL: s.RedisSentinelURL, TLS: redisTLS,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if store.Mode == "embedded" {
+		log.Warn("embedded store: an in-process miniredis, one replica, not shared with other instances, not persistent; use --redis-url in production")
+	} else {
+		log.Info("store", zap.String("mode", store.Mode))
+	}
+	return store, nil
+}
+
+// newLimiter is the limiter on store, reporting to m.
+func newLimiter(s *settings.Settings, store *limiter.Store, m *metrics.Metrics) *limiter.Limiter {
+	denyCache := s.DenyCache
+	if denyCache == 0 {
+		denyCache = -1 // the flag's 0 means off; the option's 0 means its default
+	}
+	return limiter.New(store.Client, &limiter.Options{
+		Timeout:    s.StoreTimeout,
+		DenyCache:  denyCache,
+		Observe:    func(d time.Duration, err error) { m.StoreCall(d, limiter.ErrorKind(err)) },
+		Overloaded: m.Overloaded,
+	})
+}
+
+// prepare opens the store's connections and loads the decide code before
+// the service says it is ready, so the first requests pay no setup. A
+// store that is not reachable yet does not hold the service back: rules
+// answer by their failure mode until it is, and calls load the code when
+// they can. A store that refuses the credentials is a setting to fix: it
+// reports true, and the service is not ready until the store accepts them
+// (see awaitCredentials).
+func prepare(ctx context.Context, lim *limiter.Limiter, log *zap.Logger) (credentialsRefused bool) {
+	prepareCtx, cancel := context.WithTimeout(ctx, storeReadyWait)
+	defer cancel()
+	if err := lim.Prepare(prepareCtx); limiter.AuthRefused(err) {
+		log.Error("Redis refused the credentials: not ready until it accepts them", zap.Error(err))
+		return true
+	} else if err != nil {
+		log.Warn("store not ready: rules answer by their failure_mode until it is", zap.Error(err))
+	}
+	return false
+}
+
+// awaitCredentials asks the store again, every credentialsRetry, until it
+// accepts the credentials (or fails otherwise: then the rules' failure
+// modes answer, as for a store that is down), then calls accepted.
+func awaitCredentials(ctx context.Context, lim *limiter.Limiter, log *zap.Logger, accepted func()) {
+	t := time.NewTicker(credentialsRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, storeReadyWait)
+		err := lim.Prepare(pctx)
+		cancel()
+		if limiter.AuthRefused(err) || ctx.Err() != nil {
+			continue
+		}
+		log.Info("Redis accepts the credentials: ready")
+		accepted()
+		return
+	}
+}

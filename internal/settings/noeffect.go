@@ -1,0 +1,69 @@
+package settings
+
+// noEffect are the reference's variables that set no flag here, each with
+// why: with the table's variables, every variable the reference's
+// src/settings/settings.go reads (commit f2fb157), which
+// testdata/reference-env.txt lists.
+var noEffect = []RefVar{
+	// Config.
+	{Name: "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Default: "3s",
+		Here: "no effect: gRPC's own reconnection backoff and the stream backoff (--xds-backoff-initial, --xds-backoff-max) cover it"},
+	{Name: "RUNTIME_IGNOREDOTFILES", Default: "false",
+		Here: "no effect: dot files are always skipped (as are files not *.yaml / *.yml, and subdirectories)"},
+	{Name: "RUNTIME_WATCH_ROOT", Default: "true",
+		Here: "no effect: the config directory is watched either way (--watch-config), ConfigMap updates included"},
+	{Name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Default: "false",
+		Here: "no effect: the service is ready only with a config (a file config loads before serving; over xDS it waits for the first one, " +
+			"unless FORCE_START_WITHOUT_INITIAL_CONFIG, and then answers UNAVAILABLE until one arrives)"},
+	// Stats.
+	{Name: "USE_STATSD", Default: "true", Here: "no effect: no statsd sink; metrics are Prometheus only (true is logged as a warning)"},
+	{Name: "STATSD_HOST", Default: "localhost", Here: "no effect (no statsd)"},
+	{Name: "STATSD_PORT", Default: "8125", Here: "no effect (no statsd)"},
+	{Name: "USE_DOG_STATSD", Default: "false", Here: "no effect (no statsd)"},
+	{Name: "USE_DOG_STATSD_MOGRIFIERS", Here: "no effect (no statsd)"},
+	{Name: "EXTRA_TAGS", Here: "no effect: add labels in the Prometheus scrape config"},
+	{Name: "STATS_FLUSH_INTERVAL", Default: "10s", Here: "no effect: Prometheus metrics are current at every scrape"},
+	{Name: "DISABLE_STATS", Default: "false", Here: "no effect: metrics are always kept (a scrape is what costs)"},
+	{Name: "PROMETHEUS_MAPPER_YAML", Here: "no effect: the reference's default mapping is built in (a custom one changing names or labels is not read)"},
+	{Name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Default: "false", Here: "no effect: ratelimit_service_response_time_seconds is in seconds"},
+	// Limits.
+	{Name: "EXPIRATION_JITTER_MAX_SECONDS", Default: "300", Here: "no effect: keys expire with their window"},
+	{Name: "BACKEND_TYPE", Default: "redis", Here: "redis is the only backend: memcache or another value refuses to start"},
+	{Name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Default: "false", Here: "no effect: a denied hit is never counted here, as if always true"},
+	// Redis.
+	{Name: "REDIS_POOL_SIZE", Default: "10", Here: "no effect: requests are batched on a few connections per Redis server"},
+	{Name: "REDIS_PIPELINE_WINDOW", Default: "0", Here: "no effect: requests are always batched (no added wait)"},
+	{Name: "REDIS_PIPELINE_LIMIT", Default: "0", Here: "no effect (deprecated in the reference too)"},
+	{Name: "REDIS_CLUSTER_PIPELINE_PARALLELISM", Default: "1", Here: "no effect: the slot groups of a request are asked in parallel"},
+	{Name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Default: "false",
+		Here: "no effect: a Redis that refuses the credentials keeps the service unready; one that is down is answered by each rule's failure_mode"},
+	{Name: "REDIS_TIMEOUT", Default: "10s", Here: "no effect: --store-timeout bounds a request's store work"},
+	{Name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", Default: "WAIT", Here: "no effect (no pool to run out of)"},
+	{Name: "REDIS_STARTUP_INITIAL_INTERVAL", Default: "1s", Here: "no effect: the service starts without waiting for Redis and reconnects on its own"},
+	{Name: "REDIS_STARTUP_MAX_INTERVAL", Default: "30s", Here: "no effect (see REDIS_STARTUP_INITIAL_INTERVAL)"},
+	{Name: "REDIS_STARTUP_MAX_ELAPSED_TIME", Default: "0", Here: "no effect (see REDIS_STARTUP_INITIAL_INTERVAL)"},
+	{Name: "REDIS_PERSECOND", Default: "false",
+		Here: "no effect: per-second limits are counted on REDIS_URL's Redis with the others (true is logged as a warning)"},
+	{Name: "REDIS_PERSECOND_SOCKET_TYPE", Default: "unix", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_TYPE", Default: "SINGLE", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_URL", Default: "/var/run/nutcracker/ratelimitpersecond.sock", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_POOL_SIZE", Default: "10", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_AUTH", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_TLS", Default: "false", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_SENTINEL_AUTH", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_PIPELINE_WINDOW", Default: "0", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_PIPELINE_LIMIT", Default: "0", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", Default: "1", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_TIMEOUT", Default: "10s", Here: "no effect (see REDIS_PERSECOND)"},
+	{Name: "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", Default: "WAIT", Here: "no effect (see REDIS_PERSECOND)"},
+	// Memcache: no such backend here (BACKEND_TYPE=memcache refuses to start).
+	{Name: "MEMCACHE_HOST_PORT", Here: "no effect: no memcache backend"},
+	{Name: "MEMCACHE_MAX_IDLE_CONNS", Default: "2", Here: "no effect: no memcache backend"},
+	{Name: "MEMCACHE_SRV", Here: "no effect: no memcache backend"},
+	{Name: "MEMCACHE_SRV_REFRESH", Default: "0", Here: "no effect: no memcache backend"},
+	{Name: "MEMCACHE_TLS", Default: "false", Here: "no effect: no memcache backend"},
+	{Name: "MEMCACHE_TLS_CLIENT_CERT", Here: "no effect: no memcache backend"},
+	{Name: "MEMCACHE_TLS_CLIENT_KEY", Here: "no effect: no memcache backend"},
+	{Name: "MEMCACHE_TLS_CACERT", Here: "no effect: no memcache backend"},
+	{Name: "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", Default: "false", Here: "no effect: no memcache backend"},
+}
