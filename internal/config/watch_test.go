@@ -146,7 +146,12 @@ func TestWatchDebouncesBursts(t *testing.T) {
 		writeFile(t, filepath.Join(dir, "a.yaml"), limitConfig(i))
 	}
 	r.next(t)
-	time.Sleep(200 * time.Millisecond)
+	// A second reload of the burst would come within a few debounce
+	// intervals: wait for one, or for 200 ms to pass without one.
+	select {
+	case <-r.changed:
+	case <-time.After(200 * time.Millisecond):
+	}
 	r.mu.Lock()
 	n := len(r.configs)
 	r.mu.Unlock()

@@ -136,12 +136,18 @@ func countingAdmit(admitted, done *atomic.Int32) func() AdmitFunc {
 // waitFor polls cond for up to d: generous bounds, for what the defects
 // made never happen, not latency targets.
 func waitFor(cond func() bool, d time.Duration) bool {
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return true
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	poll := time.NewTicker(5 * time.Millisecond)
+	defer poll.Stop()
+	for !cond() {
+		select {
+		case <-poll.C:
+		case <-deadline.C:
+			return cond()
 		}
 	}
-	return cond()
+	return true
 }
 
 // TestNoPlaceWithoutTheMessage: a call whose headers came but not its
@@ -439,14 +445,18 @@ func TestSlowMessageKeepsComing(t *testing.T) {
 	}()
 	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false)
 	msg := grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: bytes.Repeat([]byte("x"), 64)}})
-	// Eight pieces 300 ms apart: 2.4 s in all, past the idle bound, with
-	// 1.7 s to spare between two pieces for a busy machine.
+	// Eight pieces 300 ms apart: 2.1 s from the first to the last, past the
+	// idle bound, with 1.7 s to spare between two pieces for a busy machine.
+	pace := time.NewTicker(300 * time.Millisecond)
+	defer pace.Stop()
 	for i := range 8 {
+		if i > 0 {
+			<-pace.C
+		}
 		piece := msg[i*len(msg)/8 : (i+1)*len(msg)/8]
 		if err := rc.fr.WriteData(1, i == 7, piece); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond)
 	}
 	if !<-answered {
 		t.Error("the call was reset, not answered")
