@@ -125,7 +125,8 @@ func TestScenarios(t *testing.T) {
 		t.Errorf("-run matching nothing: %v, %v; want none (run checks that bursts match instead)", got, err)
 	}
 	var stderr strings.Builder
-	if code := run(context.Background(), []string{"-run", "nothing"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "matches no scenario and no burst") {
+	code := run(context.Background(), []string{"-run", "nothing"}, io.Discard, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "matches no scenario and no burst") {
 		t.Errorf("-run matching nothing: exit %d, %q", code, stderr.String())
 	}
 }

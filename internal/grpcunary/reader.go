@@ -160,7 +160,11 @@ func (c *conn) onHeaders() http2.ErrCode {
 	}
 
 	// peerWindow changes on the reader goroutine only (onSettings).
-	st := &stream{c: c, id: id, window: recvWindow{left: initialWindow - 1, size: initialWindow}, sendWindow: c.peerWindow, contentLength: req.contentLength}
+	st := &stream{
+		c: c, id: id, contentLength: req.contentLength,
+		window:     recvWindow{left: initialWindow - 1, size: initialWindow},
+		sendWindow: c.peerWindow,
+	}
 	c.charge(st, streamCost+int64(c.hp.size))
 	var he *httpError
 	if errors.As(err, &he) {

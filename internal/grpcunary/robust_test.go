@@ -62,7 +62,8 @@ func (rc *rawClient) headers(t *testing.T, id uint32, path string, endStream boo
 	}, extra...) {
 		rc.henc.WriteField(f)
 	}
-	if err := rc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: rc.hbuf.Bytes(), EndHeaders: true, EndStream: endStream}); err != nil {
+	hf := http2.HeadersFrameParam{StreamID: id, BlockFragment: rc.hbuf.Bytes(), EndHeaders: true, EndStream: endStream}
+	if err := rc.fr.WriteHeaders(hf); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -31,7 +31,9 @@ import (
 // answer to give: respond returns that limit as deferred, and the caller
 // fails the request. A denial wins over deferring: the request is refused
 // whatever the store would say.
-func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) (resp *rlsv3.RateLimitResponse, deferred *limit) {
+func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) (
+	resp *rlsv3.RateLimitResponse, deferred *limit,
+) {
 	resp = &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(limits)),

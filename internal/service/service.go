@@ -271,7 +271,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	case overloadOnly(err):
 		// This instance, not the store, was too slow: the code Envoy gets
 		// for an instance that sheds load, for its failure_mode_deny.
-		return nil, status.Errorf(codes.ResourceExhausted, "overloaded: the deadline passed before the store was asked, and rule %s has no failure_mode", deferred)
+		return nil, status.Errorf(codes.ResourceExhausted,
+			"overloaded: the deadline passed before the store was asked, and rule %s has no failure_mode", deferred)
 	}
 	// No answer to give: Envoy's failure_mode_deny decides, as it does for
 	// envoyproxy/ratelimit when its Redis is down.

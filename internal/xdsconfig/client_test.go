@@ -169,7 +169,8 @@ func TestClientLifecycle(t *testing.T) {
 			t.Fatalf("version %s acknowledged, but only %d configs handed over, want %d", version, len(seenAtHandover), n)
 		}
 		if seen := seenAtHandover[n-1]; i < seen {
-			t.Errorf("version %s: ACK is the server's request %d, but it had %d requests when config %d was handed over: acknowledged first", version, i+1, seen, n)
+			t.Errorf("version %s: ACK is the server's request %d, but it had %d requests when config %d was handed over: acknowledged first",
+				version, i+1, seen, n)
 		}
 		return ack
 	}
