@@ -5,9 +5,10 @@
 // them at once, and turns the verdicts into Envoy's answer (respond.go).
 // Around that: the same call as POST /json and the config as JSON and as
 // the reference's /rlconfig text (http.go, rlconfig.go), the admin API
-// (admin.go), shedding past --max-inflight (overload.go), a codec that
-// bounds what a client sends (codec.go), and envoyproxy/ratelimit's
-// metrics (refmetrics.go). It knows nothing of Redis; errors become gRPC
+// (admin.go), shedding past --max-inflight (overload.go), a request codec
+// that keeps descriptor values' bytes as sent and allocates within the
+// request bounds (codec.go), and envoyproxy/ratelimit's metrics
+// (refmetrics.go). It knows nothing of Redis; errors become gRPC
 // status codes here and nowhere deeper.
 package service
 
