@@ -147,10 +147,17 @@ func TestWatchDebouncesBursts(t *testing.T) {
 	}
 	r.next(t)
 	// A second reload of the burst would come within a few debounce
-	// intervals: wait for one, or for 200 ms to pass without one.
-	select {
-	case <-r.changed:
-	case <-time.After(200 * time.Millisecond):
+	// intervals: watch for 200 ms, stopping early if one comes.
+	quiet := time.After(200 * time.Millisecond)
+	for waiting := true; waiting; {
+		select {
+		case <-r.changed:
+			r.mu.Lock()
+			waiting = len(r.configs) == 1
+			r.mu.Unlock()
+		case <-quiet:
+			waiting = false
+		}
 	}
 	r.mu.Lock()
 	n := len(r.configs)
