@@ -42,14 +42,14 @@ type stream struct {
 	sendWindow int64
 	reset      bool // reset by the client, or answered: nothing more is written
 
-	held          heldBytes    // connection window bytes of its message
+	held          heldBytes    // message bytes received and not yet decoded (flow.go)
 	streamBytes   atomic.Int64 // its share of conn.streamBytes, until it is over
 	admitted      func()       // the AdmitFunc's done: call admitDone
 	admitReleased atomic.Bool  // admitted was called
 }
 
-// admitDone gives st's place back to Admit, once, from whichever goroutine
-// gets there first: its handler returning, or its connection closing.
+// admitDone gives st's place back to Admit, once: when its handler returns,
+// before the answer is written, or else when the stream is finished.
 func (st *stream) admitDone() {
 	if st.admitted != nil && st.admitReleased.CompareAndSwap(false, true) {
 		st.admitted()
@@ -57,8 +57,9 @@ func (st *stream) admitDone() {
 }
 
 // release drops the request's bytes once decoded, so that a flood of
-// large requests holds each message once (as decoded), not twice, and
-// gives their connection window back. By the handler's goroutine.
+// large requests holds each message once (as decoded), not twice, and stops
+// counting them in what the connection's streams hold. By the handler's
+// goroutine.
 func (st *stream) release() {
 	st.buf = nil
 	st.c.unhold(st.held.release())
