@@ -35,7 +35,8 @@ func TestGeneratedCodeIsCurrent(t *testing.T) {
 	out := t.TempDir()
 	cmd := exec.Command("bash", "generate.sh", out)
 	if output, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("proto/generate.sh: %v\n%s\nInstall the code generators at the pinned versions with .ci/tools.sh (protoc from apt, the plugins into GOBIN), then run make proto.", err, output)
+		t.Fatalf("proto/generate.sh: %v\n%s\nInstall the code generators at the pinned versions with .ci/tools.sh "+
+			"(protoc from apt, the plugins into GOBIN), then run make proto.", err, output)
 	}
 
 	generated := files(t, out, ".pb.go")
@@ -52,7 +53,8 @@ func TestGeneratedCodeIsCurrent(t *testing.T) {
 		case err != nil:
 			t.Errorf("proto/%s is missing: run make proto and commit it", name)
 		case !bytes.Equal(got, want):
-			t.Errorf("proto/%s is not what make proto generates (first difference at line %d): run make proto, or .ci/tools.sh first if the versions in its header differ", name, firstDiffLine(got, want))
+			t.Errorf("proto/%s is not what make proto generates (first difference at line %d): "+
+				"run make proto, or .ci/tools.sh first if the versions in its header differ", name, firstDiffLine(got, want))
 		}
 	}
 	for _, name := range files(t, ".", ".pb.go") {

@@ -8,7 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,7 +125,8 @@ func TestScenarios(t *testing.T) {
 		t.Errorf("-run matching nothing: %v, %v; want none (run checks that bursts match instead)", got, err)
 	}
 	var stderr strings.Builder
-	if code := run(context.Background(), []string{"-run", "nothing"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "matches no scenario and no burst") {
+	code := run(context.Background(), []string{"-run", "nothing"}, io.Discard, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "matches no scenario and no burst") {
 		t.Errorf("-run matching nothing: exit %d, %q", code, stderr.String())
 	}
 }
@@ -175,16 +176,65 @@ func TestBenchConfig(t *testing.T) {
 	}
 }
 
+// callCount counts the calls a test's Call makes, and lets the test wait
+// for more of them.
+type callCount struct {
+	mu   sync.Mutex
+	n    int64
+	more chan struct{} // closed, and replaced, at each call
+}
+
+func newCallCount() *callCount { return &callCount{more: make(chan struct{})} }
+
+// add counts a call and returns the count.
+func (c *callCount) add() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	close(c.more)
+	c.more = make(chan struct{})
+	return c.n
+}
+
+func (c *callCount) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n = 0
+}
+
+// await waits until k more calls than now have been made.
+func (c *callCount) await(t *testing.T, k int64) {
+	t.Helper()
+	c.mu.Lock()
+	target := c.n + k
+	c.mu.Unlock()
+	deadline := time.NewTimer(time.Minute)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		n, more := c.n, c.more
+		c.mu.Unlock()
+		if n >= target {
+			return
+		}
+		select {
+		case <-more:
+		case <-deadline.C:
+			t.Fatalf("%d calls of %d within a minute", n-(target-k), k)
+		}
+	}
+}
+
 // TestRun drives a Run with calls that answer at once: what it counts, and
 // how a deadline is applied, enforced or not.
 func TestRun(t *testing.T) {
-	var n atomic.Int64
+	n := newCallCount()
 	call := func(int) Call {
 		return func(ctx context.Context, _ *rand.Rand) (uint64, uint64, string) {
 			if _, ok := ctx.Deadline(); !ok {
 				return 0, 0, "NoDeadline"
 			}
-			if n.Add(1)%4 == 0 {
+			if n.add()%4 == 0 {
 				return 0, 0, "Unavailable"
 			}
 			return 2, 1, ""
@@ -192,9 +242,7 @@ func TestRun(t *testing.T) {
 	}
 	r := Start(3, Deadline{D: time.Hour, Enforce: true}, 0, call)
 	r.Measure()
-	for n0 := n.Load(); n.Load() < n0+100; {
-		time.Sleep(time.Millisecond)
-	}
+	n.await(t, 100)
 	res := r.Stop()
 	if res.Requests == 0 || res.Decisions != 2*res.Requests || res.OverLimit != res.Requests {
 		t.Errorf("counts: %+v", res)
@@ -212,16 +260,14 @@ func TestRun(t *testing.T) {
 			if _, ok := ctx.Deadline(); ok {
 				return 0, 0, deadlineExceeded
 			}
-			n.Add(1)
+			n.add()
 			return 1, 0, ""
 		}
 	}
-	n.Store(0)
+	n.reset()
 	r = Start(2, Deadline{D: -1, Enforce: false}, 0, plain)
 	r.Measure()
-	for n0 := n.Load(); n.Load() < n0+100; {
-		time.Sleep(time.Millisecond)
-	}
+	n.await(t, 100)
 	res = r.Stop()
 	if res.ErrorCount() != 0 || res.Requests == 0 || res.Late != res.Requests || res.DeadlineMisses() != res.Late {
 		t.Errorf("unenforced deadline: %+v", res)
@@ -231,16 +277,14 @@ func TestRun(t *testing.T) {
 	expire := func(int) Call {
 		return func(ctx context.Context, _ *rand.Rand) (uint64, uint64, string) {
 			<-ctx.Done()
-			n.Add(1)
+			n.add()
 			return 0, 0, deadlineExceeded
 		}
 	}
-	n.Store(0)
+	n.reset()
 	r = Start(2, Deadline{D: time.Microsecond, Enforce: true}, 0, expire)
 	r.Measure()
-	for n0 := n.Load(); n.Load() < n0+10; {
-		time.Sleep(time.Millisecond)
-	}
+	n.await(t, 10)
 	res = r.Stop()
 	if res.DeadlineMisses() == 0 || res.OtherErrors() != 0 || res.ErrorSummary() != "0" {
 		t.Errorf("missed deadlines: %+v, summary %q", res, res.ErrorSummary())

@@ -163,7 +163,11 @@ func writeBursts(w io.Writer, o options, bursts []*BurstResult) {
 	if len(bursts) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nBursts at one key: %d callers send %d requests in all (%d each, one after another) at one fresh counter of a rule admitting %d per minute, each call with a %s deadline; a service is started for each algorithm's bursts, so burst 1 meets a cold process. Envoy lets through every OK and every error (failure_mode_deny false): at most %d (the limit plus 1%% of the requests) may.\n\n",
+	fmt.Fprintf(w, "\nBursts at one key: %d callers send %d requests in all (%d each, one after another) "+
+		"at one fresh counter of a rule admitting %d per minute, each call with a %s deadline; "+
+		"a service is started for each algorithm's bursts, so burst 1 meets a cold process. "+
+		"Envoy lets through every OK and every error (failure_mode_deny false): "+
+		"at most %d (the limit plus 1%% of the requests) may.\n\n",
 		burstCallers, burstRequests, burstRequests/burstCallers, burstLimit, o.timeout, burstBound())
 	fmt.Fprintln(w, "| ! | algorithm | burst | OK | OVER_LIMIT | errors | let through (OK + errors) | took |")
 	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |")

@@ -1,19 +1,21 @@
 // Command ratelimit-bench measures the service at its shipped defaults:
 // throughput, latency, failure-mode answers, missed deadlines and CPU per
-// decision (of the service and of Redis) under closed-loop gRPC load, against
-// a real redis-server, and compares Redis's CPU per decision with a floor: a
-// plain client sending INCRBY + EXPIRE per decision to the same Redis.
+// decision (of the service and of Redis) under closed-loop gRPC load (open
+// loop with -rate), against a real redis-server, and compares Redis's CPU
+// per decision with a floor: a plain client sending INCRBY + EXPIRE per
+// decision to the same Redis.
 //
 // It builds the service (go build, no -race), starts a redis-server and the
 // service on free loopback ports (no flag beyond addresses, config and Redis
 // URL unless -service-arg says so), then for each scenario drives N workers
-// sending ShouldRateLimit back to back over a few shared HTTP/2 connections,
-// each call with Envoy's deadline (grpc-timeout, 20 ms by default), measures
-// for a bounded time after a warm-up, reads the CPU time of the service and
-// Redis processes from /proc and the service's failure counters from its
-// /metrics. It knows the service only through gRPC and /metrics. The report
-// is Markdown on stdout; progress goes to stderr. docs/bench.md explains the
-// columns.
+// sending ShouldRateLimit back to back (or at -rate) over a few shared
+// HTTP/2 connections, each call with Envoy's deadline (grpc-timeout, 20 ms
+// by default), measures for a bounded time after a warm-up, reads the CPU
+// time of the service and Redis processes from /proc and the service's
+// failure counters from its /metrics. Then it sends bursts at one key per
+// algorithm (burst.go). It knows the service only through gRPC and /metrics.
+// The report is Markdown on stdout; progress goes to stderr. docs/bench.md
+// explains the columns.
 //
 //	ratelimit-bench [-quick] [-run REGEXP] [-duration 5s] [-warmup 1s] [-timeout 20ms]
 //	                [-conns 4] [-floor-conns 10] [-rate 0] [-cpuprofile DIR] [-list]
@@ -76,7 +78,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("ratelimit-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.BoolVar(&o.quick, "quick", os.Getenv("BENCH_QUICK") == "1", "run the representative subset with short durations, under a minute (also BENCH_QUICK=1)")
+	fs.BoolVar(&o.quick, "quick", os.Getenv("BENCH_QUICK") == "1",
+		"run the representative subset with short durations, under a minute (also BENCH_QUICK=1)")
 	fs.StringVar(&o.run, "run", "", "run only the scenarios whose name matches this regexp, e.g. 'log/hot/.*/c200' (see -list)")
 	fs.BoolVar(&o.list, "list", false, "list the scenarios and exit")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per scenario (-quick: 3s)")
@@ -84,13 +87,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.floor, "floor", true, "also run the floor (INCRBY + EXPIRE from the bench) of each selected scenario's keys, descriptors and streams")
 	fs.IntVar(&o.conns, "conns", 4, "gRPC (HTTP/2) connections the workers share")
 	fs.IntVar(&o.floorConns, "floor-conns", 10, "Redis connections of the floor client (envoyproxy/ratelimit's REDIS_POOL_SIZE default)")
-	fs.DurationVar(&o.timeout, "timeout", 20*time.Millisecond, "deadline of each ShouldRateLimit call, sent as grpc-timeout (Envoy's rate limit filter default: 20ms)")
-	fs.Float64Var(&o.rate, "rate", 0, "pace the workers to this many requests/s in all (open loop; latency counted from when a request was due); 0: closed loop, back to back")
+	fs.DurationVar(&o.timeout, "timeout", 20*time.Millisecond,
+		"deadline of each ShouldRateLimit call, sent as grpc-timeout (Envoy's rate limit filter default: 20ms)")
+	fs.Float64Var(&o.rate, "rate", 0,
+		"pace the workers to this many requests/s in all (open loop; latency counted from when a request was due); 0: closed loop, back to back")
 	fs.StringVar(&o.configPath, "config", "", "the service's config (default bench/config/bench.yaml in the module)")
 	fs.StringVar(&o.binary, "binary", "", "a built service binary to run instead of building ./cmd/ratelimit")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "directory: save a CPU profile of the service over each scenario's measured time, and print its top")
 	fs.IntVar(&o.pprofTop, "pprof-top", 25, "lines of `go tool pprof -top` printed per profile")
-	fs.Var(&o.svcArgs, "service-arg", "an extra flag for the service, e.g. -service-arg=--ratelimit-headers (repeatable; after the bench's own, so it wins)")
+	fs.Var(&o.svcArgs, "service-arg",
+		"an extra flag for the service, e.g. -service-arg=--ratelimit-headers (repeatable; after the bench's own, so it wins)")
 	fs.Var(&o.svcEnv, "service-env", "an environment variable for the service only, e.g. -service-env GOGC=400 (repeatable)")
 	fs.IntVar(&o.bursts, "bursts", 3, "bursts per algorithm at one key, on a service started for them (see burst.go; -quick: 1); 0: none")
 	if err := fs.Parse(args); err != nil {
@@ -290,7 +296,8 @@ func bench(ctx context.Context, o options, scenarios []Scenario, bursts []Algori
 			return fmt.Errorf("%s: %w", burstName(alg), err)
 		}
 		for _, b := range results {
-			fmt.Fprintf(stderr, "        burst %d: %d OK, %d OVER_LIMIT, errors %s: %d let through in %s\n", b.Round, b.Admitted, b.Denied, b.errorSummary(), b.LetThrough(), ms(b.Took))
+			fmt.Fprintf(stderr, "        burst %d: %d OK, %d OVER_LIMIT, errors %s: %d let through in %s\n",
+				b.Round, b.Admitted, b.Denied, b.errorSummary(), b.LetThrough(), ms(b.Took))
 		}
 		rep.Bursts = append(rep.Bursts, results...)
 	}

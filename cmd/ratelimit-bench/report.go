@@ -221,7 +221,8 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	if o.rate > 0 {
 		loop = fmt.Sprintf("open loop: %s requests/s in all, latency counted from when each request was due", count(o.rate))
 	}
-	fmt.Fprintf(w, "Command: `%s`: %s measured per scenario after %s of warm-up, %s deadline per call (grpc-timeout), %d gRPC connections, floor on %d Redis connections, %s; took %s.\n",
+	fmt.Fprintf(w, "Command: `%s`: %s measured per scenario after %s of warm-up, %s deadline per call (grpc-timeout), "+
+		"%d gRPC connections, floor on %d Redis connections, %s; took %s.\n",
 		commandLine(o), o.duration, o.warmup, o.timeout, o.conns, o.floorConns, loop, rep.Took.Round(time.Second))
 	fmt.Fprintf(w, "Service: `ratelimit %s`, every other flag at its default.\n\n", strings.Join(rep.ServiceArgs, " "))
 
@@ -229,7 +230,8 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		writeBursts(w, o, rep.Bursts)
 		return
 	}
-	fmt.Fprintln(w, "| ! | scenario | req/s | decisions/s | p50 | p99 | deadline misses | errors | failure-mode answers | denied | service CPU / decision | Redis CPU / decision | Redis CPU vs floor | bench client CPU / req |")
+	fmt.Fprintln(w, "| ! | scenario | req/s | decisions/s | p50 | p99 | deadline misses | errors | failure-mode answers | denied "+
+		"| service CPU / decision | Redis CPU / decision | Redis CPU vs floor | bench client CPU / req |")
 	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	floors := floorsOf(rep.Measurements)
 	var marked []string
@@ -299,7 +301,8 @@ func writeFloorTable(w io.Writer, ms []*Measurement, floors map[Scenario]*Measur
 			cmp.Compare(a.concurrency, b.concurrency), cmpBool(a.denied, b.denied))
 	})
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Redis CPU per decision as a multiple of the floor's (INCRBY + EXPIRE per decision, pipelined per request, from the bench) with the same keys, descriptors and streams, in this run:")
+	fmt.Fprintln(w, "Redis CPU per decision as a multiple of the floor's (INCRBY + EXPIRE per decision, pipelined per request, "+
+		"from the bench) with the same keys, descriptors and streams, in this run:")
 	fmt.Fprintln(w)
 	fmt.Fprint(w, "| algorithm |")
 	for _, c := range cols {

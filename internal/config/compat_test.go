@@ -54,15 +54,18 @@ func TestLoadEnvoyGateway(t *testing.T) {
 			"first-listener: second-route=second-route / rule-0-match-0=rule-0-match-0 | 1/YEAR*1 sliding_window_counter defer @month-year-rule.yaml:31"},
 		{"multiple-domains.yaml", "test-namespace/test-policy-1",
 			entries("test-namespace/test-policy-1/rule/0", "test-namespace/test-policy-1/rule/0", "rule-0-match-0", "rule-0-match-0"),
-			"test-namespace/test-policy-1: test-namespace/test-policy-1/rule/0=test-namespace/test-policy-1/rule/0 / rule-0-match-0=rule-0-match-0 | 5/SECOND*1 sliding_window_counter defer @multiple-domains.yaml:35"},
+			"test-namespace/test-policy-1: test-namespace/test-policy-1/rule/0=test-namespace/test-policy-1/rule/0 / " +
+				"rule-0-match-0=rule-0-match-0 | 5/SECOND*1 sliding_window_counter defer @multiple-domains.yaml:35"},
 		{"multiple-domains.yaml", "first-listener", entries("second-route", "second-route", "rule-0-match-0", "rule-0-match-0"),
 			"first-listener: second-route=second-route / rule-0-match-0=rule-0-match-0 | 5/SECOND*1 sliding_window_counter defer @multiple-domains.yaml:8"},
 		{"global-shadow-mode.yaml", "first-listener",
 			entries("first-route", "first-route", "rule-0-match-0", "rule-0-match-0", "rule-0-match-1", "rule-0-match-1",
 				"rule-0-match-2", "rule-0-match-2", "masked_remote_address", "0.0.0.0/0"),
-			"first-listener: first-route=first-route / rule-0-match-0=rule-0-match-0 / rule-0-match-1=rule-0-match-1 / rule-0-match-2=rule-0-match-2 / masked_remote_address=0.0.0.0/0 | 5/SECOND*1 sliding_window_counter defer shadow @global-shadow-mode.yaml:20"},
+			"first-listener: first-route=first-route / rule-0-match-0=rule-0-match-0 / rule-0-match-1=rule-0-match-1 / " +
+				"rule-0-match-2=rule-0-match-2 / masked_remote_address=0.0.0.0/0 | 5/SECOND*1 sliding_window_counter defer shadow @global-shadow-mode.yaml:20"},
 		{"multiple-rules.yaml", "first-listener", entries("first-route", "first-route", "rule-1-match-0", "rule-1-match-0"),
-			"first-listener: first-route=first-route / rule-1-match-0=rule-1-match-0 | 4294967295/SECOND*1 sliding_window_counter defer @multiple-rules.yaml:22"},
+			"first-listener: first-route=first-route / rule-1-match-0=rule-1-match-0 | " +
+				"4294967295/SECOND*1 sliding_window_counter defer @multiple-rules.yaml:22"},
 	} {
 		r := Match(loaded[tt.file], tt.domain, tt.entries)
 		var got string
@@ -219,7 +222,8 @@ func TestMetadata(t *testing.T) {
 		{"block scalar", "metadata:\n      l: |-\n        yes", `{"l":"yes"}`},
 		{"non-string keys", `metadata: {1: one, true: x, on: yes}`, `{"1":"one","on":true,"true":"x"}`},
 		{"alias", "metadata:\n      a: &x {k: v}\n      b: *x", `{"a":{"k":"v"},"b":{"k":"v"}}`},
-		{"merge", "metadata:\n      base: &b {k: base, only: base}\n      m: {k: own, <<: *b}", `{"base":{"k":"base","only":"base"},"m":{"k":"own","only":"base"}}`},
+		{"merge", "metadata:\n      base: &b {k: base, only: base}\n      m: {k: own, <<: *b}",
+			`{"base":{"k":"base","only":"base"},"m":{"k":"own","only":"base"}}`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			doc := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"

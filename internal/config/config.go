@@ -1,6 +1,9 @@
 // Package config loads envoyproxy/ratelimit's YAML rate limit configuration,
 // plus a few extensions (algorithm, unit_multiplier, failure_mode, burst), validates
-// it and indexes it so that a request descriptor is matched without allocating.
+// it and indexes it so that a request descriptor is matched without allocating
+// (match.go). A config comes from files ([Load], [Parse]) or from documents
+// delivered otherwise, such as xDS resources ([ParseDocuments]); [Watch]
+// reloads files when they change.
 package config
 
 import (

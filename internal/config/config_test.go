@@ -231,7 +231,8 @@ func TestParse(t *testing.T) {
 	if got := c.Files(); !slices.Equal(got, []string{"inline.yaml"}) {
 		t.Errorf("Files() = %q", got)
 	}
-	if _, err := Parse("bad.yaml", []byte("domain: d\nfoo: 1\n"), Defaults{}); err == nil || err.Error() != `bad.yaml:2: unknown field "foo" in top level` {
+	_, err = Parse("bad.yaml", []byte("domain: d\nfoo: 1\n"), Defaults{})
+	if err == nil || err.Error() != `bad.yaml:2: unknown field "foo" in top level` {
 		t.Errorf("error = %v", err)
 	}
 }
@@ -266,7 +267,8 @@ func TestParseDocumentMarkers(t *testing.T) {
 			}
 		})
 	}
-	if _, err := Parse("f.yaml", []byte(a+"---\ndomain: b\ndescriptor: []\n"), Defaults{}); err == nil || err.Error() != `f.yaml:5: unknown field "descriptor" in top level` {
+	_, err := Parse("f.yaml", []byte(a+"---\ndomain: b\ndescriptor: []\n"), Defaults{})
+	if err == nil || err.Error() != `f.yaml:5: unknown field "descriptor" in top level` {
 		t.Errorf("misspelt field in the second document: error %v", err)
 	}
 }
@@ -295,7 +297,8 @@ func TestParseDocuments(t *testing.T) {
 	}
 
 	dup := Document{Name: "xds/c", Data: a.Data}
-	if _, err := ParseDocuments([]Document{a, dup}, Defaults{}); err == nil || !strings.Contains(err.Error(), `xds/c:1: domain "a" already defined in xds/a:1`) {
+	_, err = ParseDocuments([]Document{a, dup}, Defaults{})
+	if err == nil || !strings.Contains(err.Error(), `xds/c:1: domain "a" already defined in xds/a:1`) {
 		t.Errorf("duplicate domain: error %v", err)
 	}
 }
@@ -383,7 +386,8 @@ func TestCostRecording(t *testing.T) {
 		{RecordNoCosts, false, false},
 	} {
 		if tt.r.Records(true) != tt.fromDescriptor || tt.r.Records(false) != tt.fromOthers {
-			t.Errorf("%s: records a descriptor's cost %v, another %v; want %v, %v", tt.r, tt.r.Records(true), tt.r.Records(false), tt.fromDescriptor, tt.fromOthers)
+			t.Errorf("%s: records a descriptor's cost %v, another %v; want %v, %v",
+				tt.r, tt.r.Records(true), tt.r.Records(false), tt.fromDescriptor, tt.fromOthers)
 		}
 		if got, err := ParseCostRecording(tt.r.String()); err != nil || got != tt.r {
 			t.Errorf("ParseCostRecording(%q) = %v, %v", tt.r, got, err)
@@ -404,7 +408,8 @@ func TestGCRABurst(t *testing.T) {
 		{"default burst", "{unit: minute, requests_per_unit: 60, unit_multiplier: 2, algorithm: gcra}", Defaults{}, "gcra 60"},
 		{"default algorithm", "{unit: second, requests_per_unit: 10, burst: 25}", Defaults{Algorithm: GCRA}, "gcra 25"},
 		{"default algorithm and burst", "{unit: hour, requests_per_unit: 7}", Defaults{Algorithm: GCRA}, "gcra 7"},
-		{"other algorithm overrides the default", "{unit: hour, requests_per_unit: 7, algorithm: fixed_window}", Defaults{Algorithm: GCRA}, "fixed_window 0"},
+		{"other algorithm overrides the default", "{unit: hour, requests_per_unit: 7, algorithm: fixed_window}",
+			Defaults{Algorithm: GCRA}, "fixed_window 0"},
 		{"a year's worth", "{unit: day, requests_per_unit: 1, algorithm: gcra, burst: 36500}", Defaults{}, "gcra 36500"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -490,7 +490,8 @@ func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rul
 			return nil, p.errorf(rl.UnitMultiplier.Line, "unit_multiplier must be at least 1")
 		}
 		if time.Duration(r.UnitMultiplier) > MaxWindow/r.Unit.Duration() {
-			return nil, p.errorf(rl.UnitMultiplier.Line, "unit_multiplier %d makes the window longer than %d years", r.UnitMultiplier, MaxWindow/(365*24*time.Hour))
+			return nil, p.errorf(rl.UnitMultiplier.Line, "unit_multiplier %d makes the window longer than %d years",
+				r.UnitMultiplier, MaxWindow/(365*24*time.Hour))
 		}
 	}
 	if rl.Algorithm.Set {

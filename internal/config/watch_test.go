@@ -146,7 +146,19 @@ func TestWatchDebouncesBursts(t *testing.T) {
 		writeFile(t, filepath.Join(dir, "a.yaml"), limitConfig(i))
 	}
 	r.next(t)
-	time.Sleep(200 * time.Millisecond)
+	// A second reload of the burst would come within a few debounce
+	// intervals: watch for 200 ms, stopping early if one comes.
+	quiet := time.After(200 * time.Millisecond)
+	for waiting := true; waiting; {
+		select {
+		case <-r.changed:
+			r.mu.Lock()
+			waiting = len(r.configs) == 1
+			r.mu.Unlock()
+		case <-quiet:
+			waiting = false
+		}
+	}
 	r.mu.Lock()
 	n := len(r.configs)
 	r.mu.Unlock()

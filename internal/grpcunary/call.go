@@ -217,39 +217,6 @@ func (c *conn) writeAnswer(st *stream, msg mem.BufferSlice) {
 	})
 }
 
-// fits reports whether size bytes of DATA go at once (wmu held).
-func (c *conn) fits(st *stream, size int) bool {
-	return int64(size) <= min(c.sendWindow, st.sendWindow, int64(c.peerFrame))
-}
-
-// sendData writes buf as DATA frames of st (wmu held), waiting for the
-// client's windows as needed; it stops early when the stream is reset
-// meanwhile. buf must not be shared if it may wait: others write then.
-func (c *conn) sendData(st *stream, buf []byte, endStream bool) error {
-	for sent := 0; ; {
-		if sent < len(buf) && !c.closed && !st.reset && (c.sendWindow <= 0 || st.sendWindow <= 0) {
-			if err := c.awaitWindow(st); err != nil {
-				return err
-			}
-		}
-		if c.closed {
-			return errClosed
-		}
-		if st.reset {
-			return nil
-		}
-		n := int(min(int64(len(buf)-sent), c.sendWindow, st.sendWindow, int64(c.peerFrame)))
-		if err := c.fr.WriteData(st.id, endStream && sent+n == len(buf), buf[sent:sent+n]); err != nil {
-			return err
-		}
-		c.sendWindow -= int64(n)
-		st.sendWindow -= int64(n)
-		if sent += n; sent == len(buf) {
-			return nil
-		}
-	}
-}
-
 func truncate(msg string) string {
 	if len(msg) > maxStatusMessage {
 		return msg[:maxStatusMessage]
@@ -347,32 +314,4 @@ func encodeGRPCMessage(msg string) string {
 		}
 	}
 	return sb.String()
-}
-
-// awaitWindow waits (wmu held) until the client's windows let st send, the
-// stream is reset, the connection closes, or st's context ends: a client
-// that keeps its window shut past its deadline has the stream reset.
-func (c *conn) awaitWindow(st *stream) error {
-	var done <-chan struct{}
-	if st.ctx != nil {
-		done = st.ctx.Done()
-		stop := context.AfterFunc(st.ctx, func() {
-			c.wmu.Lock()
-			c.wcond.Broadcast()
-			c.wmu.Unlock()
-		})
-		defer stop()
-	}
-	for !c.closed && !st.reset && (c.sendWindow <= 0 || st.sendWindow <= 0) {
-		select {
-		case <-done:
-			st.reset = true
-			return c.fr.WriteRSTStream(st.id, http2.ErrCodeCancel)
-		default:
-		}
-		// Let the client see what went, and wait for its window.
-		c.queueFlush()
-		c.wcond.Wait()
-	}
-	return nil
 }

@@ -5,7 +5,8 @@ import (
 	"sync/atomic"
 )
 
-// Flow control of what clients send, and what their streams hold.
+// Flow control of what clients send, and what their streams hold. What
+// the server sends waits for the client's windows in writer.go.
 //
 // Both windows are given back as the reader takes the bytes: a window
 // given back only once a message is whole would stall a client that sends
@@ -91,11 +92,50 @@ func (c *conn) unhold(n int64) {
 	}
 }
 
-// giveBack returns n bytes to the connection window, announcing them when
-// worth it (reader goroutine).
-func (c *conn) giveBack(n int64) error {
-	if inc := c.flow.give(n); inc > 0 {
-		return c.write(func() error { return c.fr.WriteWindowUpdate(0, inc) })
+// giveBack returns n bytes to w, the receive window of stream id (0: the
+// connection's), and announces them with a WINDOW_UPDATE once enough are
+// back (reader goroutine).
+func (c *conn) giveBack(id uint32, w *recvWindow, n int64) error {
+	if inc := w.give(n); inc > 0 {
+		return c.write(func() error { return c.fr.WriteWindowUpdate(id, inc) })
 	}
 	return nil
+}
+
+// canHold reports whether the connection's streams may hold n more bytes
+// (a new stream's headers and state, or message bytes): within the
+// connection's bound and the server's. The last quarter of the server's
+// bound is kept for connections holding less than smallHolding, as a
+// client's with a few calls in flight does, so that clients holding
+// streams and messages on a few connections cannot keep the others from
+// opening theirs.
+func (c *conn) canHold(n int64) bool {
+	mine, all, bound := c.streamBytes.Load()+n, c.srv.totals.bytes.Load()+n, c.srv.opts.MaxStreamBytes
+	switch {
+	case mine > c.srv.connHold, all > bound:
+		return false
+	case all > bound-bound/4:
+		return mine <= smallHolding
+	}
+	return true
+}
+
+// charge counts the n bytes st holds until it is over; uncharge gives
+// them back, once.
+func (c *conn) charge(st *stream, n int64) {
+	st.streamBytes.Store(n)
+	c.account(n)
+}
+
+func (c *conn) uncharge(st *stream) {
+	c.account(-st.streamBytes.Swap(0))
+}
+
+// account adds n to what the connection's streams hold, and to the
+// server's total.
+func (c *conn) account(n int64) {
+	if n != 0 {
+		c.streamBytes.Add(n)
+		c.srv.totals.bytes.Add(n)
+	}
 }

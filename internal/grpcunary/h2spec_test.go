@@ -115,10 +115,14 @@ var grpcGoKnown = map[string]knownCase{
 	// all the frames came in one read, and fails (a reset, not a close)
 	// when the server closed before the last of them came, which a busy
 	// machine or the race detector makes likely enough.
-	"http2/4.3/2":  {timing, "grpc-go's server does not send GOAWAY (PRIORITY inside a header block), and may close before the client's CONTINUATION comes"},
-	"http2/4.3/3":  {timing, "grpc-go's server does not send GOAWAY (HEADERS inside another's header block), and may close before the client's CONTINUATION comes"},
-	"http2/6.2/1":  {timing, "grpc-go's server does not send GOAWAY (PRIORITY inside a header block), and may close before the client's CONTINUATION comes"},
-	"http2/6.2/2":  {timing, "grpc-go's server does not send GOAWAY (HEADERS inside another's header block), and may close before the client's CONTINUATION comes"},
+	"http2/4.3/2": {timing, "grpc-go's server does not send GOAWAY (PRIORITY inside a header block), " +
+		"and may close before the client's CONTINUATION comes"},
+	"http2/4.3/3": {timing, "grpc-go's server does not send GOAWAY (HEADERS inside another's header block), " +
+		"and may close before the client's CONTINUATION comes"},
+	"http2/6.2/1": {timing, "grpc-go's server does not send GOAWAY (PRIORITY inside a header block), " +
+		"and may close before the client's CONTINUATION comes"},
+	"http2/6.2/2": {timing, "grpc-go's server does not send GOAWAY (HEADERS inside another's header block), " +
+		"and may close before the client's CONTINUATION comes"},
 	"http2/6.10/6": {timing, "grpc-go's server does not send GOAWAY (DATA inside a header block), and may close before the client's CONTINUATIONs come"},
 }
 
@@ -179,14 +183,17 @@ func TestH2spec(t *testing.T) {
 			switch {
 			case r.outcome == want, want == timing && (r.outcome == failed || r.outcome == passed):
 			case !listed:
-				t.Errorf("h2spec %s (%s): grpc-go's server no longer passes it (%s); if grpc-go changed, add it to grpcGoKnown with the reason\n%s", c.id, c.desc, r.outcome, r.detail)
+				t.Errorf("h2spec %s (%s): grpc-go's server no longer passes it (%s); if grpc-go changed, add it to grpcGoKnown with the reason\n%s",
+					c.id, c.desc, r.outcome, r.detail)
 			case r.outcome == passed:
-				t.Errorf("h2spec %s (%s): grpc-go's server passes it now; grpcGoKnown says %s (%s): remove it from the list", c.id, c.desc, known.want, known.reason)
+				t.Errorf("h2spec %s (%s): grpc-go's server passes it now; grpcGoKnown says %s (%s): remove it from the list",
+					c.id, c.desc, known.want, known.reason)
 			default:
 				t.Errorf("h2spec %s (%s): grpc-go's server: %s, grpcGoKnown says %s (%s)\n%s", c.id, c.desc, r.outcome, known.want, known.reason, r.detail)
 			}
 		}
-		t.Logf("h2spec: %d cases: %d passed, %d failed, %d skipped; by timing: %s", len(cases), count[passed], count[failed], count[skipped], strings.Join(byTiming, ", "))
+		t.Logf("h2spec: %d cases: %d passed, %d failed, %d skipped; by timing: %s",
+			len(cases), count[passed], count[failed], count[skipped], strings.Join(byTiming, ", "))
 	})
 }
 
@@ -222,7 +229,8 @@ func h2specBinary(t *testing.T) string {
 		t.Fatalf("%s: %v: run `make tools` (.ci/tools.sh) to install h2spec %s", bin, err, pin)
 	}
 	if info.Main.Path != "github.com/summerwind/h2spec" || info.Main.Version != pin {
-		t.Fatalf("%s is %s %s, .ci/tools.sh pins github.com/summerwind/h2spec %s: run `make tools` (.ci/tools.sh)", bin, info.Main.Path, info.Main.Version, pin)
+		t.Fatalf("%s is %s %s, .ci/tools.sh pins github.com/summerwind/h2spec %s: run `make tools` (.ci/tools.sh)",
+			bin, info.Main.Path, info.Main.Version, pin)
 	}
 	return bin
 }

@@ -104,7 +104,10 @@ func TestHeaderParser(t *testing.T) {
 		{name: "compressed", fields: with(hpack.HeaderField{Name: "grpc-encoding", Value: "gzip"}), wantCode: codes.Unimplemented},
 		{name: "identity encoding", fields: with(hpack.HeaderField{Name: "grpc-encoding", Value: "identity"})},
 		{name: "bad binary metadata", fields: with(hpack.HeaderField{Name: "x-id-bin", Value: "!!"}), wantCode: codes.Internal},
-		{name: "header list past the bound", fields: with(hpack.HeaderField{Name: "x-big", Value: strings.Repeat("v", MaxHeaderListSize)}), truncated: true},
+		{
+			name:   "header list past the bound",
+			fields: with(hpack.HeaderField{Name: "x-big", Value: strings.Repeat("v", MaxHeaderListSize)}), truncated: true,
+		},
 	}
 	var p headerParser
 	for _, tt := range tests {

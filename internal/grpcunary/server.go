@@ -5,20 +5,33 @@
 // transport (a goroutine per connection reading frames, per-stream
 // buffers and flow control goroutines, a writer goroutine fed through a
 // control queue) spent more of the service's CPU than the decision itself.
-// Here a connection has one reader goroutine (conn.go); a request is
-// decided by a worker once its message is whole; the answer (headers,
-// message and trailers) is written by that worker into the connection's
-// pending bytes, which one flusher goroutine writes, so that answers
-// finishing together share one system call (writer.go).
+// The design, file by file:
 //
-// No client may take the server from the others: a call competes for a
-// place (Options.NewConnAdmit) only once its message is whole; what open
-// streams hold (headers, state, message bytes not yet decoded) is counted
-// per connection and for the server, and a stream past either bound is
-// refused, the last quarter of the server's kept for connections holding
-// little (flow.go, conn.canHold); a message must come within a server-side
-// bound; header blocks, PING and SETTINGS floods and the unread answers of
-// a connection are bounded too, all in limits.go.
+//   - Read loop (reader.go): each connection has one reader goroutine that
+//     reads frames and acts on each (headers, DATA, SETTINGS, PING,
+//     WINDOW_UPDATE, RST_STREAM). It never runs a handler. conn.go sets a
+//     connection up (preface, SETTINGS), drains it (two-step GOAWAY) and
+//     closes it.
+//   - Stream lifecycle (stream.go): a stream opens with its headers; the
+//     reader gathers its message; once the message is whole the call is
+//     admitted and dispatched to a worker (server.go), whose handler
+//     answers (call.go); finish forgets the stream. A stream can end
+//     early: reset by either side, its message too late, or refused.
+//   - Flow control (flow.go): the receive windows are given back as the
+//     reader takes the bytes, and what open streams hold (headers, state,
+//     message bytes not yet decoded) is counted per connection and for the
+//     server; a stream past either bound is refused, the last quarter of
+//     the server's kept for connections holding little (conn.canHold).
+//   - Writer (writer.go): handlers, the reader and timers append frames
+//     to the connection's pending bytes under one lock, and one flusher
+//     goroutine writes them, so that answers finishing together share one
+//     system call; DATA waits for the client's send windows there.
+//   - Limits (limits.go): every bound in one place: message size,
+//     concurrent streams, bytes held, header blocks, PING and SETTINGS
+//     floods, unread answers, the time a message may take to come.
+//   - Admission: a call competes for a place (Options.NewConnAdmit) only
+//     once its message is whole, so a client that sends slowly or not at
+//     all holds no place.
 //
 // What it serves: the methods of services registered with RegisterService
 // (generated RegisterXxxServer functions take a Server), over cleartext
@@ -27,7 +40,7 @@
 // control both ways, a bound on message size and on concurrent streams,
 // graceful stop and a maximum connection age (two-step GOAWAY, as
 // grpc-go). Streaming methods (server reflection, health's Watch) are
-// served simply (stream.go). Not served: compressed messages
+// served simply (streaming.go). Not served: compressed messages
 // (UNIMPLEMENTED, as grpc-go without the compressor), stream interceptors,
 // stats handlers. It passes h2spec's HTTP/2 conformance suite, which make
 // test runs.

@@ -391,11 +391,7 @@ func TestAdmitRefusesOnceTheMessageIsWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	// done runs once the answer is written: the client may see it first.
-	deadline := time.Now().Add(5 * time.Second)
-	for done.Load() != 1 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if done.Load() != 1 {
+	if !waitFor(func() bool { return done.Load() == 1 }, 5*time.Second) {
 		t.Errorf("done ran %d times for the admitted call, want once", done.Load())
 	}
 }

@@ -2,268 +2,179 @@ package grpcunary
 
 import (
 	"context"
-	"encoding/base64"
-	"io"
-	"strconv"
-	"strings"
-	"sync"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/mem"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
-// Streaming methods (server reflection, health's Watch) are served too, more
-// simply than unary calls: their handler starts with the call's headers and
-// reads messages as they come. They are rare and small, so an inbox past
-// its bound resets the stream rather than holding the client back by flow
-// control.
+// A stream's lifecycle. The reader opens it on its headers (reader.go),
+// gathers its message, and once the message is whole asks the
+// connection's AdmitFunc for a place and dispatches it to a worker
+// (Server.dispatch); its handler answers (call.go), and finish forgets it.
+// A stream may also end early: reset by the client or by the server, its
+// message too late (expire), or refused before its handler (answerEarly).
 
-// inbox holds a streaming call's messages until its handler reads them.
-type inbox struct {
-	mu      sync.Mutex
-	ready   chan struct{} // signaled when a message or the end arrives
-	msgs    [][]byte
-	size    int
-	ended   bool
-	partial []byte // the reader's: bytes of a message not yet whole
+// stream is one call.
+type stream struct {
+	c      *conn
+	id     uint32
+	method *method
+	path   string
+	ctx    context.Context
+	cancel context.CancelFunc
+	buf    []byte // the request as received: 5-byte prefix and message
+
+	// Read side (reader goroutine).
+	window        recvWindow
+	received      int64 // DATA bytes, padding aside
+	contentLength int64 // as the headers say; negative: not said
+	refusal       *httpError
+	expiry        *time.Timer // resets a unary stream whose message is late
+	bodyDeadline  time.Time   // when the message must be whole
+	inbox         *inbox      // a streaming call's messages
+	ended         bool        // END_STREAM received
+	started       bool        // dispatched to a handler
+
+	// Write side (wmu).
+	sendWindow int64
+	reset      bool // reset by the client, or answered: nothing more is written
+
+	held          heldBytes    // message bytes received and not yet decoded (flow.go)
+	streamBytes   atomic.Int64 // its share of conn.streamBytes, until it is over
+	admitted      func()       // the AdmitFunc's done: call admitDone
+	admitReleased atomic.Bool  // admitted was called
 }
 
-// add takes a DATA payload (reader goroutine); an error resets the stream.
-func (in *inbox) add(p []byte, max int) error {
-	in.partial = append(in.partial, p...)
-	for len(in.partial) >= 5 {
-		b := in.partial
-		if b[0] != 0 {
-			return status.Error(codes.Unimplemented, "grpc: compressed messages are not served (no grpc-encoding)")
-		}
-		n := int(uint32(b[1])<<24 | uint32(b[2])<<16 | uint32(b[3])<<8 | uint32(b[4]))
-		if n > max {
-			return errTooLarge(5+n, max)
-		}
-		if len(b) < 5+n {
-			break
-		}
-		msg := make([]byte, n)
-		copy(msg, b[5:5+n])
-		in.partial = b[5+n:]
-		in.mu.Lock()
-		in.msgs = append(in.msgs, msg)
-		in.size += n
-		full := in.size > 2*max
-		in.mu.Unlock()
-		if full {
-			return status.Error(codes.ResourceExhausted, "grpc: the client sends faster than the method reads")
-		}
-		in.signal()
-	}
-	if len(in.partial) == 0 {
-		in.partial = nil
-	}
-	return nil
-}
-
-// end marks the client's side over (reader goroutine).
-func (in *inbox) end() {
-	in.mu.Lock()
-	in.ended = true
-	in.mu.Unlock()
-	in.signal()
-}
-
-func (in *inbox) signal() {
-	select {
-	case in.ready <- struct{}{}:
-	default:
+// admitDone gives st's place back to Admit, once: when its handler returns,
+// before the answer is written, or else when the stream is finished.
+func (st *stream) admitDone() {
+	if st.admitted != nil && st.admitReleased.CompareAndSwap(false, true) {
+		st.admitted()
 	}
 }
 
-// next returns the next message, io.EOF after the last, or the context's
-// error.
-func (in *inbox) next(ctx context.Context) ([]byte, error) {
-	for {
-		in.mu.Lock()
-		if len(in.msgs) > 0 {
-			msg := in.msgs[0]
-			in.msgs[0] = nil
-			in.msgs = in.msgs[1:]
-			in.size -= len(msg)
-			in.mu.Unlock()
-			return msg, nil
+// release drops the request's bytes once decoded, so that a flood of
+// large requests holds each message once (as decoded), not twice, and stops
+// counting them in what the connection's streams hold. By the handler's
+// goroutine.
+func (st *stream) release() {
+	st.buf = nil
+	st.c.unhold(st.held.release())
+}
+
+// errHoldingTooMuch answers a call whose message would take its
+// connection's streams, or all connections', past what they may hold.
+var errHoldingTooMuch = status.Error(codes.ResourceExhausted, "overloaded: too many request bytes still arriving")
+
+// take appends a DATA payload to the request. The buffer grows with the
+// bytes that came, never to a size only announced: a client could announce
+// the largest message on every stream at little cost. A message that comes
+// in one frame gets one buffer of its size. Past limit it keeps nothing and
+// returns the message's size (as announced, or as received so far).
+func (st *stream) take(p []byte, limit int) (int, bool) {
+	if st.buf == nil && len(p) >= 5 {
+		n := int(uint32(p[1])<<24 | uint32(p[2])<<16 | uint32(p[3])<<8 | uint32(p[4]))
+		if n > limit {
+			return n, false
 		}
-		ended := in.ended
-		in.mu.Unlock()
-		if ended {
-			return nil, io.EOF
+		st.buf = make([]byte, 0, min(5+n, len(p)))
+	}
+	if len(st.buf)+len(p) > 5+limit {
+		return len(st.buf) + len(p) - 5, false
+	}
+	st.buf = append(st.buf, p...)
+	return 0, true
+}
+
+// end marks st's request whole and dispatches it to a handler once Admit
+// gives it a place, or answers a request that is not gRPC.
+func (c *conn) end(st *stream) http2.ErrCode {
+	st.ended = true
+	if st.expiry != nil && !st.expiry.Stop() {
+		return http2.ErrCodeNo // its message came too late: expire reset it
+	}
+	if st.contentLength >= 0 && st.received != st.contentLength {
+		c.resetStream(st.id, http2.ErrCodeProtocol)
+		return http2.ErrCodeNo
+	}
+	if st.inbox != nil {
+		st.inbox.end()
+		return http2.ErrCodeNo
+	}
+	if st.refusal != nil {
+		// Its body waits for flow control, which the reader must not.
+		st.started = true
+		c.srv.handlers.Add(1)
+		go c.answerHTTP(st)
+		return http2.ErrCodeNo
+	}
+	if c.admit != nil {
+		done, err := c.admit(st.path)
+		if err != nil {
+			c.answerEarly(st, err)
+			return http2.ErrCodeNo
 		}
-		select {
-		case <-in.ready:
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
+		st.admitted = done
+	}
+	st.started = true
+	c.controls = 0 // a call: PINGs between calls are not a flood
+	c.srv.dispatch(st)
+	return http2.ErrCodeNo
+}
+
+// finish forgets st: its handler returned, it never had one, or its
+// message came too late. It closes a draining connection whose last stream
+// this was. The reader may still hold st for a frame being read: its
+// buffer is left to the collector, not dropped here.
+func (c *conn) finish(st *stream) {
+	c.smu.Lock()
+	if c.streams[st.id] != st {
+		c.smu.Unlock()
+		return // finished already
+	}
+	delete(c.streams, st.id)
+	done := c.draining && len(c.streams) == 0
+	c.smu.Unlock()
+	c.uncharge(st)
+	c.unhold(st.held.release())
+	if st.expiry != nil {
+		st.expiry.Stop()
+	}
+	if st.cancel != nil {
+		st.cancel()
+	}
+	st.admitDone()
+	if done {
+		c.close()
 	}
 }
 
-// serverStream is a streaming call's grpc.ServerStream.
-type serverStream struct {
-	c  *conn
-	st *stream
-	// Guarded by the connection's wmu.
-	header, trailer metadata.MD
-	headerSent      bool
+// expire resets a unary stream whose message did not come whole by its
+// deadline, or whose DATA stopped coming (see bodyTimeout), and forgets it,
+// giving back its bytes. It runs on the timer's goroutine; the reader sees
+// the timer fired (Stop false) if the client sends on the stream again.
+func (c *conn) expire(st *stream) {
+	c.writeReset(st, st.id, http2.ErrCodeCancel)
+	c.finish(st)
 }
 
-var _ grpc.ServerStream = (*serverStream)(nil)
-
-func (ss *serverStream) Context() context.Context { return ss.st.ctx }
-
-func (ss *serverStream) SetHeader(md metadata.MD) error {
-	return ss.c.write(func() error {
-		if ss.headerSent {
-			return status.Error(codes.Internal, "grpc: the headers were sent already")
-		}
-		ss.header = metadata.Join(ss.header, md)
-		return nil
-	})
-}
-
-func (ss *serverStream) SendHeader(md metadata.MD) error {
-	return ss.c.write(func() error {
-		if ss.headerSent {
-			return status.Error(codes.Internal, "grpc: the headers were sent already")
-		}
-		ss.header = metadata.Join(ss.header, md)
-		return ss.writeHeader()
-	})
-}
-
-func (ss *serverStream) SetTrailer(md metadata.MD) {
-	ss.c.write(func() error {
-		ss.trailer = metadata.Join(ss.trailer, md)
-		return nil
-	})
-}
-
-// writeHeader sends the response headers (wmu held).
-func (ss *serverStream) writeHeader() error {
-	if ss.st.reset {
-		return ss.done()
+// resetStream resets stream id: a handler running sees its context
+// canceled, a stream not yet dispatched is forgotten.
+func (c *conn) resetStream(id uint32, code http2.ErrCode) {
+	c.smu.Lock()
+	st := c.streams[id]
+	c.smu.Unlock()
+	c.writeReset(st, id, code)
+	if st == nil {
+		return
 	}
-	ss.headerSent = true
-	c := ss.c
-	c.hbuf.Reset()
-	c.henc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
-	c.henc.WriteField(hpack.HeaderField{Name: "content-type", Value: "application/grpc"})
-	encodeMD(c.henc, ss.header)
-	return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: ss.st.id, BlockFragment: c.hbuf.Bytes(), EndHeaders: true})
-}
-
-// done is the error of a send on a stream that is over.
-func (ss *serverStream) done() error {
-	if err := ss.st.ctx.Err(); err != nil {
-		return status.FromContextError(err).Err()
+	if st.cancel != nil {
+		st.cancel()
 	}
-	return status.Error(codes.Canceled, "grpc: the stream is over")
-}
-
-func (ss *serverStream) SendMsg(m any) error {
-	data, err := ss.c.srv.codec.Marshal(m)
-	if err != nil {
-		return status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
-	}
-	defer data.Free()
-	buf := make([]byte, 5, 5+data.Len())
-	n := data.Len()
-	buf[1], buf[2], buf[3], buf[4] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
-	for _, b := range data {
-		buf = append(buf, b.ReadOnlyData()...)
-	}
-	return ss.c.write(func() error {
-		if !ss.headerSent {
-			if err := ss.writeHeader(); err != nil {
-				return err
-			}
-		}
-		if ss.st.reset {
-			return ss.done()
-		}
-		if err := ss.c.sendData(ss.st, buf, false); err != nil {
-			return err
-		}
-		if ss.st.reset {
-			return ss.done()
-		}
-		return nil
-	})
-}
-
-func (ss *serverStream) RecvMsg(m any) error {
-	msg, err := ss.st.inbox.next(ss.st.ctx)
-	if err != nil {
-		return err
-	}
-	ss.c.unhold(ss.st.held.put(5 + int64(len(msg))))
-	if err := ss.c.srv.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(msg)}, m); err != nil {
-		return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
-	}
-	return nil
-}
-
-// handleStream runs a streaming call's handler and writes its status.
-func (c *conn) handleStream(st *stream) {
-	defer c.srv.handlers.Done()
-	defer c.finish(st)
-	ss := &serverStream{c: c, st: st}
-	err := st.method.stream(st.method.impl, ss)
-	sts, ok := status.FromError(err)
-	if !ok {
-		sts = status.FromContextError(err)
-	}
-	c.write(func() error {
-		if st.reset {
-			return nil
-		}
-		st.reset = true
-		var werr error
-		if !ss.headerSent {
-			werr = c.writeTrailersOnly(st.id, sts)
-		} else {
-			c.hbuf.Reset()
-			c.henc.WriteField(hpack.HeaderField{Name: "grpc-status", Value: strconv.Itoa(int(sts.Code()))})
-			if msg := sts.Message(); msg != "" {
-				c.henc.WriteField(hpack.HeaderField{Name: "grpc-message", Value: encodeGRPCMessage(truncate(msg))})
-			}
-			encodeMD(c.henc, ss.trailer)
-			werr = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: c.hbuf.Bytes(), EndStream: true, EndHeaders: true})
-		}
-		if werr == nil && !st.inbox.closed() {
-			werr = c.fr.WriteRSTStream(st.id, http2.ErrCodeNo) // the client need not send more
-		}
-		return werr
-	})
-}
-
-func (in *inbox) closed() bool {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.ended
-}
-
-// encodeMD writes metadata as header fields, "-bin" values base64-encoded.
-func encodeMD(enc *hpack.Encoder, md metadata.MD) {
-	for k, vs := range md {
-		if reserved(k) || strings.HasPrefix(k, ":") {
-			continue
-		}
-		for _, v := range vs {
-			if strings.HasSuffix(k, "-bin") {
-				v = base64.RawStdEncoding.EncodeToString([]byte(v))
-			}
-			enc.WriteField(hpack.HeaderField{Name: k, Value: v})
-		}
+	if !st.started {
+		c.finish(st)
 	}
 }

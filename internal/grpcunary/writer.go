@@ -1,12 +1,15 @@
 package grpcunary
 
 import (
+	"bytes"
+	"context"
 	"errors"
-	"math"
 	"runtime"
+	"sync"
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // The write side of a connection. Writers (handlers, the reader for its
@@ -14,7 +17,34 @@ import (
 // goroutine writes them to the socket, so that answers finishing together
 // share one system call. out is bounded (maxPending): a writer waits while
 // it is past the bound, so a client that does not read stops being read,
-// and the flusher's write deadline then closes it.
+// and the flusher's write deadline then closes it. DATA frames also wait
+// for the client's send windows (sendData, awaitWindow): the other half of
+// flow control, whose receive side is in flow.go.
+
+// connWriter is the write side's state, guarded by wmu.
+type connWriter struct {
+	wmu sync.Mutex
+	// wcond is signaled when a send window grows, out was written, or the
+	// connection closed.
+	wcond *sync.Cond
+	// Frames are appended to out, which the flusher goroutine writes to
+	// the connection; spare is the buffer it wrote last, kept for reuse.
+	out, spare  []byte
+	flushQueued bool
+	flush       chan struct{} // wakes the flusher
+	// netMu orders the writes to nc: the flusher takes it before it lets
+	// go of wmu, so close's last write follows the frames taken before.
+	netMu      sync.Mutex
+	henc       *hpack.Encoder
+	hbuf       bytes.Buffer
+	data       []byte        // one DATA payload being built
+	sendWindow int64         // the connection's send window
+	peerWindow int64         // the client's initial stream window
+	peerFrame  uint32        // the largest frame the client takes
+	closed     bool          // writes fail from now on
+	goAwaySent bool          // the first GOAWAY of a drain went
+	timers     []*time.Timer // stopped by close
+}
 
 // errClosed is the error of a write on a closed connection.
 var errClosed = errors.New("grpcunary: connection closed")
@@ -30,10 +60,9 @@ func (c *conn) write(fn func() error) error {
 	return c.writeLocked(fn)
 }
 
-// writeControl is write for the few frames that must not wait for pending
+// writeControl is write for the frames that must not wait for pending
 // bytes to go: GOAWAYs, so that a drain is not held up by a client that
-// does not read (the flusher's write deadline closes that one), and the
-// connection's WINDOW_UPDATEs, which handlers send.
+// does not read (the flusher's write deadline closes that one).
 func (c *conn) writeControl(fn func() error) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -116,108 +145,63 @@ func (c *conn) writeReset(st *stream, id uint32, code http2.ErrCode) {
 	})
 }
 
-// drain starts a graceful close: a GOAWAY that lets streams in flight
-// finish, and a PING; when its answer is back, every stream the client
-// opened before the GOAWAY has arrived, and a second GOAWAY names the last.
-// A client that does not answer gets the second GOAWAY after a second.
-func (c *conn) drain() {
-	c.wmu.Lock()
-	if c.goAwaySent || c.closed {
-		c.wmu.Unlock()
-		return
-	}
-	c.goAwaySent = true
-	c.wmu.Unlock()
-	// Armed first: the GOAWAY may wait for a client that does not read.
-	c.after(time.Second, c.goAwayFinal)
-	if grace := c.srv.opts.MaxConnectionAgeGrace; grace > 0 {
-		c.after(grace+time.Second, c.close)
-	}
-	c.writeControl(func() error {
-		if err := c.fr.WriteGoAway(math.MaxInt32, http2.ErrCodeNo, nil); err != nil {
+// fits reports whether size bytes of DATA go at once (wmu held).
+func (c *conn) fits(st *stream, size int) bool {
+	return int64(size) <= min(c.sendWindow, st.sendWindow, int64(c.peerFrame))
+}
+
+// sendData writes buf as DATA frames of st (wmu held), waiting for the
+// client's windows as needed; it stops early when the stream is reset
+// meanwhile. buf must not be shared if it may wait: others write then.
+func (c *conn) sendData(st *stream, buf []byte, endStream bool) error {
+	for sent := 0; ; {
+		if sent < len(buf) && !c.closed && !st.reset && (c.sendWindow <= 0 || st.sendWindow <= 0) {
+			if err := c.awaitWindow(st); err != nil {
+				return err
+			}
+		}
+		if c.closed {
+			return errClosed
+		}
+		if st.reset {
+			return nil
+		}
+		n := int(min(int64(len(buf)-sent), c.sendWindow, st.sendWindow, int64(c.peerFrame)))
+		if err := c.fr.WriteData(st.id, endStream && sent+n == len(buf), buf[sent:sent+n]); err != nil {
 			return err
 		}
-		return c.fr.WritePing(false, pingData(goAwayPing))
-	})
-}
-
-// after runs f in d, unless the connection closes first.
-func (c *conn) after(d time.Duration, f func()) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if !c.closed {
-		c.timers = append(c.timers, time.AfterFunc(d, f))
-	}
-}
-
-// goAwayFinal sends the GOAWAY naming the last stream served, and closes
-// the connection if none is in flight.
-func (c *conn) goAwayFinal() {
-	c.smu.Lock()
-	if c.draining {
-		c.smu.Unlock()
-		return
-	}
-	c.draining = true
-	// The reader is the only writer of maxStreamID; a stream it reads
-	// after this is past lastID and dropped, and the client retries it.
-	c.lastID = c.maxStreamID.Load()
-	lastID, idle := c.lastID, len(c.streams) == 0
-	c.smu.Unlock()
-	c.writeControl(func() error { return c.fr.WriteGoAway(lastID, http2.ErrCodeNo, nil) })
-	if idle {
-		c.close()
-	}
-}
-
-// goAwayNow ends the connection for a protocol error.
-func (c *conn) goAwayNow(code http2.ErrCode) {
-	c.writeControl(func() error { return c.fr.WriteGoAway(c.maxStreamID.Load(), code, nil) })
-}
-
-// close closes the connection, after writing what is pending (with a
-// short deadline: a client that does not read is not waited for); calls in
-// flight see their contexts canceled.
-func (c *conn) close() {
-	c.wmu.Lock()
-	already := c.closed
-	c.closed = true
-	pending, timers := c.out, c.timers
-	c.out, c.spare, c.timers = nil, nil, nil
-	c.wcond.Broadcast()
-	c.wmu.Unlock()
-	if already {
-		return
-	}
-	for _, t := range timers {
-		t.Stop()
-	}
-	c.cancel()
-	c.smu.Lock()
-	c.gone = true
-	for _, st := range c.streams {
-		if st.cancel != nil {
-			st.cancel()
-		}
-		// A handler still running is told by its context, and gives its
-		// place back when it returns.
-		if st.expiry != nil {
-			st.expiry.Stop()
+		c.sendWindow -= int64(n)
+		st.sendWindow -= int64(n)
+		if sent += n; sent == len(buf) {
+			return nil
 		}
 	}
-	c.smu.Unlock()
-	if len(pending) > 0 {
-		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-		c.netMu.Lock()
-		c.nc.Write(pending)
-		c.netMu.Unlock()
-	}
-	c.nc.Close()
 }
 
-func pingData(v uint64) (d [8]byte) {
-	for i := range d {
-		d[7-i] = byte(v >> (8 * i))
+// awaitWindow waits (wmu held) until the client's windows let st send, the
+// stream is reset, the connection closes, or st's context ends: a client
+// that keeps its window shut past its deadline has the stream reset.
+func (c *conn) awaitWindow(st *stream) error {
+	var done <-chan struct{}
+	if st.ctx != nil {
+		done = st.ctx.Done()
+		stop := context.AfterFunc(st.ctx, func() {
+			c.wmu.Lock()
+			c.wcond.Broadcast()
+			c.wmu.Unlock()
+		})
+		defer stop()
 	}
-	return d
+	for !c.closed && !st.reset && (c.sendWindow <= 0 || st.sendWindow <= 0) {
+		select {
+		case <-done:
+			st.reset = true
+			return c.fr.WriteRSTStream(st.id, http2.ErrCodeCancel)
+		default:
+		}
+		// Let the client see what went, and wait for its window.
+		c.queueFlush()
+		c.wcond.Wait()
+	}
+	return nil
 }

@@ -1,8 +1,9 @@
-// Package h2attack is an HTTP/2 client that misbehaves on purpose, for the
-// e2e tests and the bench: each attack is one function that speaks HTTP/2
-// badly to the service's gRPC port, written with golang.org/x/net/http2's
-// Framer and hpack so that every byte on the wire is chosen here rather
-// than by a well-behaved transport.
+// Package h2attack is an HTTP/2 client that misbehaves on purpose, for
+// e2e's TestAttack (which make bench-attacks also runs as a measurement):
+// each attack is one function that speaks HTTP/2 badly to the service's
+// gRPC port, written with golang.org/x/net/http2's Framer and hpack so that
+// every byte on the wire is chosen here rather than by a well-behaved
+// transport.
 //
 // Every attack makes the call a gRPC client makes to ask for a rate limit
 // decision (a unary POST to ShouldRateLimit with grpc-go's headers), so

@@ -62,8 +62,9 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Rate limit decisions per descriptor, by domain, rule and outcome.",
 		}, []string{"domain", "rule", "outcome"}),
 		storeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "ratelimit_store_call_duration_seconds",
-			Help:    "Duration of a request's store work (per slot group on a cluster), queueing in its batch included, failed ones included; refunds, admin calls.",
+			Name: "ratelimit_store_call_duration_seconds",
+			Help: "Duration of a request's store work (per slot group on a cluster), queueing in its batch included, " +
+				"failed ones included; refunds, admin calls.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .015, .025, .05, .1},
 		}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -80,7 +81,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		overloaded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_overloaded_total",
-			Help: "Requests whose deadline passed while they waited in the service for their store call, before it was sent: the service was overloaded, the store was not at fault.",
+			Help: "Requests whose deadline passed while they waited in the service for their store call, before it was sent: " +
+				"the service was overloaded, the store was not at fault.",
 		}),
 		configReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_config_reloads_total",

@@ -53,14 +53,19 @@ func newReferenceMetrics() *referenceMetrics {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
 	return &referenceMetrics{
-		totalHits:   counter("ratelimit_service_rate_limit_total_hits", "envoyproxy/ratelimit's total_hits: hits (request costs) on a limit, by domain and the first two levels of the rule's key."),
-		overLimit:   counter("ratelimit_service_rate_limit_over_limit", "envoyproxy/ratelimit's over_limit: hits past the limit (shadow-mode rules included)."),
-		nearLimit:   counter("ratelimit_service_rate_limit_near_limit", "envoyproxy/ratelimit's near_limit: hits past --near-limit-ratio of the limit and within it."),
+		totalHits: counter("ratelimit_service_rate_limit_total_hits",
+			"envoyproxy/ratelimit's total_hits: hits (request costs) on a limit, by domain and the first two levels of the rule's key."),
+		overLimit: counter("ratelimit_service_rate_limit_over_limit",
+			"envoyproxy/ratelimit's over_limit: hits past the limit (shadow-mode rules included)."),
+		nearLimit: counter("ratelimit_service_rate_limit_near_limit",
+			"envoyproxy/ratelimit's near_limit: hits past --near-limit-ratio of the limit and within it."),
 		withinLimit: counter("ratelimit_service_rate_limit_within_limit", "envoyproxy/ratelimit's within_limit: hits admitted."),
-		shadowMode:  counter("ratelimit_service_rate_limit_shadow_mode", "envoyproxy/ratelimit's shadow_mode: hits past the limit of a shadow_mode rule, admitted."),
+		shadowMode: counter("ratelimit_service_rate_limit_shadow_mode",
+			"envoyproxy/ratelimit's shadow_mode: hits past the limit of a shadow_mode rule, admitted."),
 		shouldRateLimitError: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_service_should_rate_limit_error",
-			Help: "envoyproxy/ratelimit's should_rate_limit errors: err_type redis_error (a failed store call) or service_error (a refused request, an overload).",
+			Help: "envoyproxy/ratelimit's should_rate_limit errors: " +
+				"err_type redis_error (a failed store call) or service_error (a refused request, an overload).",
 		}, []string{"err_type"}),
 		totalRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_service_total_requests",

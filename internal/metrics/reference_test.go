@@ -110,10 +110,12 @@ ratelimit_service_config_load_success 1
 # HELP ratelimit_service_global_shadow_mode envoyproxy/ratelimit's global_shadow_mode: requests over a limit answered OK because of --shadow-mode.
 # TYPE ratelimit_service_global_shadow_mode counter
 ratelimit_service_global_shadow_mode 1
-# HELP ratelimit_service_rate_limit_total_hits envoyproxy/ratelimit's total_hits: hits (request costs) on a limit, by domain and the first two levels of the rule's key.
+# HELP ratelimit_service_rate_limit_total_hits envoyproxy/ratelimit's total_hits: hits (request costs) on a limit, ` +
+		`by domain and the first two levels of the rule's key.
 # TYPE ratelimit_service_rate_limit_total_hits counter
 ratelimit_service_rate_limit_total_hits{domain="rl",key1="remote_address",key2=""} 1
-# HELP ratelimit_service_should_rate_limit_error envoyproxy/ratelimit's should_rate_limit errors: err_type redis_error (a failed store call) or service_error (a refused request, an overload).
+# HELP ratelimit_service_should_rate_limit_error envoyproxy/ratelimit's should_rate_limit errors: ` +
+		`err_type redis_error (a failed store call) or service_error (a refused request, an overload).
 # TYPE ratelimit_service_should_rate_limit_error counter
 ratelimit_service_should_rate_limit_error{err_type="redis_error"} 1
 ratelimit_service_should_rate_limit_error{err_type="service_error"} 1

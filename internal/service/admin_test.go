@@ -354,7 +354,9 @@ func TestAdminOverGRPC(t *testing.T) {
 	if !strings.Contains(strings.Join(names, " "), "ratelimit.admin.v1.Admin") {
 		t.Fatalf("reflection lists %q, want ratelimit.admin.v1.Admin", names)
 	}
-	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_FileContainingSymbol{FileContainingSymbol: "ratelimit.admin.v1.Admin.Inspect"}}); err != nil {
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{
+		MessageRequest: &reflectionpb.ServerReflectionRequest_FileContainingSymbol{FileContainingSymbol: "ratelimit.admin.v1.Admin.Inspect"},
+	}); err != nil {
 		t.Fatal(err)
 	}
 	file, err := stream.Recv()

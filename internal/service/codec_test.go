@@ -42,8 +42,10 @@ func TestCodecDecodesAsProto(t *testing.T) {
 			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}, {Key: "path", Value: "/ü"}}},
 			{},
 			{
-				Entries:        []*rlcommon.RateLimitDescriptor_Entry{{Key: "k"}},
-				Limit:          &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 3, Unit: typev3.RateLimitUnit_HOUR, UnitMultiplier: wrapperspb.UInt32(2)},
+				Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k"}},
+				Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{
+					RequestsPerUnit: 3, Unit: typev3.RateLimitUnit_HOUR, UnitMultiplier: wrapperspb.UInt32(2),
+				},
 				HitsAddend:     wrapperspb.UInt64(9),
 				IsNegativeHits: true,
 			},

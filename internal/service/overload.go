@@ -23,8 +23,9 @@ import (
 // options leave it zero. Past it a request is refused at once: queueing
 // without bound would only answer after Envoy's timeout, with memory growing.
 // At Envoy's 20 ms deadline, 512 in flight is about 25,000 requests a
-// second, more than one instance decides; and 512 requests of the largest
-// size (--max-request-bytes) fit in the central manifest's memory limit.
+// second, above what one instance decides (docs/bench.md); and 512
+// requests of the largest size (--max-request-bytes) fit in the central
+// manifest's memory limit.
 const DefaultMaxInFlight = 512
 
 // Shedder bounds the rate limit requests worked on at once, over gRPC and

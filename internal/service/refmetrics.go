@@ -17,7 +17,9 @@ import (
 // rate_limit metrics, one series per limit named as the reference names it
 // (see statKey), and a request that only --shadow-mode admitted in its
 // global_shadow_mode.
-func (s *Service) referenceMetrics(req *rlsv3.RateLimitRequest, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict, resp *rlsv3.RateLimitResponse) {
+func (s *Service) referenceMetrics(req *rlsv3.RateLimitRequest, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict,
+	resp *rlsv3.RateLimitResponse,
+) {
 	m := s.opts.Metrics
 	if m == nil {
 		return

@@ -106,7 +106,8 @@ func TestReferenceMetricsCountDecisions(t *testing.T) {
 		ask(t, s, desc("tenant", "a"))
 	}
 	want := `
-# HELP ratelimit_service_rate_limit_total_hits envoyproxy/ratelimit's total_hits: hits (request costs) on a limit, by domain and the first two levels of the rule's key.
+# HELP ratelimit_service_rate_limit_total_hits envoyproxy/ratelimit's total_hits: hits (request costs) on a limit, ` +
+		`by domain and the first two levels of the rule's key.
 # TYPE ratelimit_service_rate_limit_total_hits counter
 ratelimit_service_rate_limit_total_hits{domain="svc",key1="tenant",key2=""} 3
 # HELP ratelimit_service_rate_limit_within_limit envoyproxy/ratelimit's within_limit: hits admitted.

@@ -155,7 +155,8 @@ func TestOverrideUnitMustBeKnown(t *testing.T) {
 
 func TestSetConfigSwapsAtomically(t *testing.T) {
 	s, _ := newTestService(t, nil)
-	next, err := config.Parse("next.yaml", []byte("domain: svc\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 7}\n"), config.Defaults{})
+	next, err := config.Parse("next.yaml",
+		[]byte("domain: svc\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 7}\n"), config.Defaults{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,12 +34,19 @@ type received struct {
 	mu      sync.Mutex
 	configs []*config.Config
 	rejects []error
+	changed chan struct{} // closed, and replaced, when a config comes
+}
+
+func newReceived() *received {
+	return &received{changed: make(chan struct{})}
 }
 
 func (r *received) onConfig(c *config.Config) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.configs = append(r.configs, c)
+	close(r.changed)
+	r.changed = make(chan struct{})
 }
 
 func (r *received) onReject(err error) {
@@ -63,11 +70,18 @@ func (r *received) last() *config.Config {
 // waitConfigs waits until n configs were handed over and returns the last.
 func (r *received) waitConfigs(t *testing.T, n int) *config.Config {
 	t.Helper()
-	for deadline := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
-		if got, _ := r.counts(); got >= n {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		got, changed := len(r.configs), r.changed
+		r.mu.Unlock()
+		if got >= n {
 			return r.last()
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-changed:
+		case <-deadline.C:
 			t.Fatalf("fewer than %d configs within %v", n, wait)
 		}
 	}
@@ -81,7 +95,7 @@ func runClient(t *testing.T, addr string, creds credentials.TransportCredentials
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &received{}
+	r := newReceived()
 	if opts.Node == nil {
 		opts.Node = &corev3.Node{Id: node}
 	}
@@ -155,7 +169,8 @@ func TestClientLifecycle(t *testing.T) {
 			t.Fatalf("version %s acknowledged, but only %d configs handed over, want %d", version, len(seenAtHandover), n)
 		}
 		if seen := seenAtHandover[n-1]; i < seen {
-			t.Errorf("version %s: ACK is the server's request %d, but it had %d requests when config %d was handed over: acknowledged first", version, i+1, seen, n)
+			t.Errorf("version %s: ACK is the server's request %d, but it had %d requests when config %d was handed over: acknowledged first",
+				version, i+1, seen, n)
 		}
 		return ack
 	}
@@ -195,7 +210,7 @@ func TestClientLifecycle(t *testing.T) {
 	// The server sends the refused version again at once after each NACK;
 	// the client's repeated NACKs wait BackoffInitial (20 ms here), so a
 	// second holds at most a few dozen, not the thousands of a loop.
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // the rate over a second of real time is what is tested
 	nacks := 0
 	for _, r := range srv.Requests() {
 		if r.IsNACK("2") {
@@ -314,19 +329,16 @@ func TestClientMutualTLS(t *testing.T) {
 			}
 			core, logs := observer.New(zap.WarnLevel)
 			got := runClient(t, srv.Addr, credentials.NewTLS(clientTLS), Options{Logger: zap.New(core)})
-			for deadline := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
-				found := false
+			found := xdsconfigtest.Poll(wait, 10*time.Millisecond, func() bool {
 				for _, e := range logs.FilterMessageSnippet("stream ended").All() {
 					if err, ok := e.ContextMap()["error"].(string); ok && strings.Contains(err, tt.wantLog) {
-						found = true
+						return true
 					}
 				}
-				if found {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("no stream failure mentioning %q within %v; logs: %v", tt.wantLog, wait, logs.All())
-				}
+				return false
+			})
+			if !found {
+				t.Fatalf("no stream failure mentioning %q within %v; logs: %v", tt.wantLog, wait, logs.All())
 			}
 			if n, _ := got.counts(); n != 0 {
 				t.Errorf("%d configs through a failed handshake", n)

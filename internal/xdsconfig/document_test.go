@@ -153,12 +153,14 @@ func TestBuildRefuses(t *testing.T) {
 		want string
 	}{
 		{"unit unknown", anys(t, rule(&rlsconfv3.RateLimitPolicy{RequestsPerUnit: 5})), "xds/n:3: rate_limit unit is missing"},
-		{"unit out of the enum", anys(t, rule(&rlsconfv3.RateLimitPolicy{Unit: 42, RequestsPerUnit: 5})), "xds/n: descriptors: rate_limit: unit: unknown value 42"},
+		{"unit out of the enum", anys(t, rule(&rlsconfv3.RateLimitPolicy{Unit: 42, RequestsPerUnit: 5})),
+			"xds/n: descriptors: rate_limit: unit: unknown value 42"},
 		{"unlimited with a unit", anys(t, rule(&rlsconfv3.RateLimitPolicy{Unlimited: true, Unit: rlsconfv3.RateLimitUnit_SECOND})),
 			"xds/n:5: should not specify rate limit unit when unlimited"},
 		{"no domain", anys(t, &rlsconfv3.RateLimitConfig{Name: "n"}), "xds/n:1: domain is missing"},
 		{"no name", anys(t, &rlsconfv3.RateLimitConfig{Domain: "d"}), `resource 0 (domain "d"): the name is empty`},
-		{"two of one name", anys(t, rule(&rlsconfv3.RateLimitPolicy{Unlimited: true}), rule(&rlsconfv3.RateLimitPolicy{Unlimited: true})), `two resources are named "n"`},
+		{"two of one name", anys(t, rule(&rlsconfv3.RateLimitPolicy{Unlimited: true}), rule(&rlsconfv3.RateLimitPolicy{Unlimited: true})),
+			`two resources are named "n"`},
 		{"two of one domain", anys(t, &rlsconfv3.RateLimitConfig{Name: "a", Domain: "d"}, &rlsconfv3.RateLimitConfig{Name: "b", Domain: "d"}),
 			`xds/b:1: domain "d" already defined in xds/a:1`},
 		{"another type", []*anypb.Any{notConfig}, `resource 0: type "type.googleapis.com/google.protobuf.StringValue"`},
@@ -253,7 +255,9 @@ func TestBuildMetadataRoundTrips(t *testing.T) {
 // TestBuildStringsRoundTrip: descriptor keys and values, domains and names
 // that YAML could read as something else reach the rule unchanged.
 func TestBuildStringsRoundTrip(t *testing.T) {
-	for _, s := range []string{"<<", "yes", "off", "null", "~", "1", "0x1F", ".nan", "*", "&a", "!x", "- a", "a: b", "#", "'q'", "\"", "\t", "é", "=", "true"} {
+	for _, s := range []string{
+		"<<", "yes", "off", "null", "~", "1", "0x1F", ".nan", "*", "&a", "!x", "- a", "a: b", "#", "'q'", "\"", "\t", "é", "=", "true",
+	} {
 		rc := &rlsconfv3.RateLimitConfig{Name: "n", Domain: s, Descriptors: []*rlsconfv3.RateLimitDescriptor{{
 			Key: s, Value: s, RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1, Name: s},
 		}}}
@@ -298,7 +302,8 @@ func TestBuildSeveralLimits(t *testing.T) {
 	if strings.Join(got, " ") != "10/SECOND 1000/DAY" {
 		t.Errorf("user's limits %q, want 10/SECOND and 1000/DAY", got)
 	}
-	if r := config.Match(c, "api", []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: "u"}, {Key: "path", Value: "/"}}); r == nil || r.RequestsPerUnit != 5 {
+	entries := []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: "u"}, {Key: "path", Value: "/"}}
+	if r := config.Match(c, "api", entries); r == nil || r.RequestsPerUnit != 5 {
 		t.Errorf("user / path: %v, want the child of the second sibling", r)
 	}
 	if r := config.Match(c, "api", []*rlcommon.RateLimitDescriptor_Entry{{Key: "other", Value: "o"}}); r == nil || r.RequestsPerUnit != 7 {

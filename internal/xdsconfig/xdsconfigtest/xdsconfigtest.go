@@ -37,6 +37,9 @@ type Server struct {
 	grpc     *grpc.Server
 	served   chan struct{}
 	requests []Request
+	// arrived is closed, and replaced, when a request is recorded: it
+	// wakes WaitRequest.
+	arrived chan struct{}
 }
 
 // Request is a discovery request the server received.
@@ -60,12 +63,14 @@ func (r Request) IsNACK(version string) bool {
 func Start(t testing.TB, opts ...grpc.ServerOption) *Server {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil), opts: opts}
+	s := &Server{cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil), opts: opts, arrived: make(chan struct{})}
 	s.xds = serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
 		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			s.requests = append(s.requests, Request{Stream: id, DiscoveryRequest: req})
+			close(s.arrived)
+			s.arrived = make(chan struct{})
 			return nil
 		},
 	})
@@ -114,11 +119,10 @@ func (s *Server) Restart(t testing.TB) {
 	var ln net.Listener
 	var err error
 	// The old listener's socket may take a moment to go.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if ln, err = net.Listen("tcp", s.Addr); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
+	Poll(5*time.Second, 20*time.Millisecond, func() bool {
+		ln, err = net.Listen("tcp", s.Addr)
+		return err == nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,14 +156,42 @@ func (s *Server) Requests() []Request {
 // returns the first.
 func (s *Server) WaitRequest(t testing.TB, timeout time.Duration, what string, match func(Request) bool) Request {
 	t.Helper()
-	for deadline := time.Now().Add(timeout); ; time.Sleep(10 * time.Millisecond) {
-		if i := slices.IndexFunc(s.Requests(), match); i >= 0 {
-			return s.Requests()[i]
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		s.mu.Lock()
+		i, arrived := slices.IndexFunc(s.requests, match), s.arrived
+		var r Request
+		if i >= 0 {
+			r = s.requests[i]
 		}
-		if time.Now().After(deadline) {
+		s.mu.Unlock()
+		if i >= 0 {
+			return r
+		}
+		select {
+		case <-arrived:
+		case <-deadline.C:
 			t.Fatalf("the xDS server saw no %s within %v; it saw %d requests", what, timeout, len(s.Requests()))
 		}
 	}
+}
+
+// Poll calls cond every interval until it reports true or timeout has
+// passed, and returns its last answer: for conditions nothing signals.
+func Poll(timeout, interval time.Duration, cond func() bool) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return cond()
+		}
+	}
+	return true
 }
 
 // Config returns a RateLimitConfig resource named name for domain, with one
