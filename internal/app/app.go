@@ -20,6 +20,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/slidingwindow/ratelimit/internal/configsource"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 	"github.com/slidingwindow/ratelimit/internal/service"
@@ -52,9 +53,10 @@ type App struct {
 }
 
 // New provisions the service that s describes and checks it, in the order
-// its log tells: the config (over xDS, it waits for the first one, until
-// ctx ends: then ErrStopped), the store, the service, the listeners. ctx
-// bounds the background work too (the config source, the store's setup).
+// its log tells: the config source, the store, the first config (over xDS
+// it waits for it, until ctx ends: then ErrStopped), the service, the
+// listeners. ctx bounds the background work too (the config source, the
+// store's setup).
 func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	if err := settings.Validate(s); err != nil {
 		return nil, err
@@ -72,11 +74,11 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	}()
 	logEnv(log, s.Reference)
 
-	cfg, xds, err := startConfig(ctx, s, log) // see sources.go: cfg is nil over xDS until xds.first
+	src, err := openSource(ctx, s, log)
 	if err != nil {
 		return nil, err
 	}
-	a.onClose(xds.close)
+	a.onClose(func() { _ = src.Close() }) // a source's Close only frees
 	log.Info("memory", zap.Int64("soft_limit_bytes", setRuntimeDefaults(int64(s.MemoryLimit))))
 
 	grpcTLS, redisTLS, err := tlsSettings(s, log)
@@ -93,13 +95,23 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	m := metrics.New(a.registry)
 	a.lim = newLimiter(s, store, m)
 	a.onClose(a.lim.Close)
-	a.credentialsRefused.Store(prepare(ctx, a.lim, log))
-	if xds != nil {
-		if cfg, err = xds.first(ctx); cfg == nil && err == nil {
-			return nil, ErrStopped
-		} else if err != nil {
-			return nil, err
-		}
+	// The store gets ready (connections open, code loaded) while the
+	// source brings the first config, which over xDS may take long; a bad
+	// config file cuts that short.
+	prepareCtx, stopPreparing := context.WithCancel(ctx)
+	prepared := make(chan bool, 1)
+	go func() { prepared <- prepare(prepareCtx, a.lim, log) }()
+	cfg, err := src.First(ctx)
+	if err != nil || cfg == nil {
+		stopPreparing()
+	}
+	a.credentialsRefused.Store(<-prepared)
+	stopPreparing()
+	if err != nil {
+		return nil, err
+	}
+	if cfg == nil {
+		return nil, ErrStopped
 	}
 	a.svc = service.New(cfg, a.lim, &service.Options{
 		MaxDescriptors:   s.MaxDescriptors,
@@ -121,9 +133,7 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	if s.ShadowMode {
 		log.Warn("global shadow mode: every answer is OK; would-be denials are logged and counted")
 	}
-	followCtx, stopFollowing := context.WithCancel(ctx)
-	a.onClose(stopFollowing)
-	followConfig(followCtx, s, log, cfg, xds, a.svc)
+	a.follow(ctx, src)
 
 	if a.lns, err = listen(s); err != nil {
 		return nil, err
@@ -149,8 +159,8 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		}
 	})
 	interceptors := []grpc.UnaryServerInterceptor{m.UnaryServerInterceptor()}
-	if xdsInterceptor := xds.interceptor(); xdsInterceptor != nil {
-		interceptors = append([]grpc.UnaryServerInterceptor{xdsInterceptor}, interceptors...)
+	if !src.Configured() { // it will be, and then stays so
+		interceptors = append([]grpc.UnaryServerInterceptor{unconfigured(src)}, interceptors...)
 	}
 	if traceInterceptor != nil {
 		interceptors = append(interceptors, traceInterceptor)
@@ -166,6 +176,23 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	healthpb.RegisterHealthServer(a.grpc, a.health)
 	reflection.Register(a.grpc)
 	return a, nil
+}
+
+// follow hands the source's later configs and rejections to the service
+// until ctx ends or the service closes.
+func (a *App) follow(ctx context.Context, src configsource.Source) {
+	ctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := src.Run(ctx, a.svc); err != nil {
+			a.log.Error("config source stopped: reloads need a restart", zap.Error(err))
+		}
+	}()
+	a.onClose(func() {
+		stop()
+		<-done
+	})
 }
 
 // onClose adds f to what close releases.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -13,9 +12,8 @@ import (
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/configsource"
 	"github.com/slidingwindow/ratelimit/internal/service"
 	"github.com/slidingwindow/ratelimit/internal/settings"
 	"github.com/slidingwindow/ratelimit/internal/xdsconfig/xdsconfigtest"
@@ -72,7 +70,7 @@ func configOf(t *testing.T, svc *service.Service) rlconfig {
 }
 
 // startSource starts the xDS config source as New does.
-func startSource(t *testing.T, addr string, extra ...string) *xdsSource {
+func startSource(t *testing.T, addr string, extra ...string) configsource.Source {
 	t.Helper()
 	var s settings.Settings
 	args := append([]string{"--config-type", "GRPC_XDS_SOTW", "--xds-server-url", addr, "--xds-node-id", "envoy-ratelimit",
@@ -80,11 +78,11 @@ func startSource(t *testing.T, addr string, extra ...string) *xdsSource {
 	if err := settings.Parse(settings.NewFlagSet("test", &s, &bytes.Buffer{}), &s, args); err != nil {
 		t.Fatal(err)
 	}
-	_, x, err := startConfig(context.Background(), &s, zap.NewNop())
+	x, err := openSource(context.Background(), &s, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(x.close)
+	t.Cleanup(func() { x.Close() })
 	return x
 }
 
@@ -100,17 +98,17 @@ func TestXDSSourceWaitsForTheFirstConfig(t *testing.T) {
 	// Nothing served: first keeps waiting until its context ends.
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if cfg, err := x.first(ctx); cfg != nil || err != nil {
+	if cfg, err := x.First(ctx); cfg != nil || err != nil {
 		t.Fatalf("first with nothing served: %v, %v; want nil, nil when the context ends", cfg, err)
 	}
 
 	srv.Set(t, "envoy-ratelimit", "1", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_MINUTE))
-	cfg, err := x.first(context.Background())
+	cfg, err := x.First(context.Background())
 	if err != nil || cfg == nil || !cfg.HasDomain("api") {
 		t.Fatalf("first: %v, %v", cfg, err)
 	}
 	svc := service.New(cfg, nil, nil)
-	x.attach(svc)
+	follow(t, x, svc)
 
 	srv.Set(t, "envoy-ratelimit", "2", xdsconfigtest.Config("api", "api", "user", 8, rlsconfv3.RateLimitUnit_MINUTE))
 	waitConfig(t, srv, "2", svc, func(c rlconfig) bool { return c.Generation == 2 && c.Rules[0].RequestsPerUnit == 8 })
@@ -126,61 +124,28 @@ func TestXDSSourceForceStart(t *testing.T) {
 	noLeaks(t)
 	srv := xdsconfigtest.Start(t)
 	x := startSource(t, srv.Addr, "--force-start-without-initial-config")
-	cfg, err := x.first(context.Background())
+	cfg, err := x.First(context.Background())
 	if err != nil || cfg == nil || len(cfg.Rules()) != 0 {
 		t.Fatalf("first: %v, %v; want an empty config at once", cfg, err)
 	}
 	svc := service.New(cfg, nil, nil)
-	x.attach(svc)
+	follow(t, x, svc)
 	srv.Set(t, "envoy-ratelimit", "1", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_MINUTE))
 	waitConfig(t, srv, "1", svc, func(c rlconfig) bool { return c.Generation == 2 && len(c.Rules) == 1 })
 }
 
-// TestXDSSourceWarnsOnChange: a config's warnings are logged when it
-// arrives and when it changes, not each time the server resends it (as it
-// does on every new stream), before and after the service takes over.
-func TestXDSSourceWarnsOnChange(t *testing.T) {
-	load := func(n int) *config.Config {
-		t.Helper()
-		c, err := config.Parse("w.yaml", []byte(fmt.Sprintf(`domain: d
-descriptors:
-  - key: k
-    metadata: {x: 1}
-    descriptors: [{key: u, rate_limit: {unit: second, requests_per_unit: %d}}]
-`, n)), config.Defaults{})
-		if err != nil || len(c.Warnings()) != 1 {
-			t.Fatalf("config: %v, warnings %q", err, c.Warnings())
+// follow runs the source's updates into svc until the test ends, as New
+// does.
+func follow(t *testing.T, src configsource.Source, svc *service.Service) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, svc) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
 		}
-		return c
-	}
-	core, logs := observer.New(zap.WarnLevel)
-	x := &xdsSource{log: zap.New(core), got: make(chan struct{})}
-	warnings := func() int { return logs.FilterMessageSnippet("metadata on a descriptor without rate_limit").Len() }
-
-	for i, step := range []struct {
-		what string
-		do   func()
-		want int
-	}{
-		{"first config", func() { x.accepted(load(1)) }, 1},
-		{"resent before the service starts", func() { x.accepted(load(1)) }, 1},
-		{"changed before the service starts", func() { x.accepted(load(2)) }, 2},
-		{"service starts", func() {
-			cfg, err := x.first(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			x.attach(service.New(cfg, nil, nil))
-		}, 2},
-		{"resent", func() { x.accepted(load(2)) }, 2},
-		{"changed", func() { x.accepted(load(3)) }, 3},
-		{"resent again", func() { x.accepted(load(3)) }, 3},
-	} {
-		step.do()
-		if got := warnings(); got != step.want {
-			t.Fatalf("step %d, %s: %d warnings logged, want %d", i+1, step.what, got, step.want)
-		}
-	}
+	})
 }
 
 // noLeaks fails t if it leaves a goroutine behind once its cleanups ran.

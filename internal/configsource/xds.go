@@ -2,7 +2,7 @@ package configsource
 
 import (
 	"context"
-	"errors"
+	"crypto/tls"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -18,7 +18,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
-	"github.com/slidingwindow/ratelimit/internal/tlsconfig"
 	"github.com/slidingwindow/ratelimit/internal/xdsconfig"
 )
 
@@ -31,11 +30,8 @@ type XDSOptions struct {
 	// Headers are gRPC metadata sent with the stream.
 	Headers map[string]string
 
-	// TLS to the server: the CA (none: the system roots), the client
-	// certificate and key (reloaded when the files change), and the name
-	// the server's certificate must hold (none: ServerURL's host).
-	TLS                            bool
-	TLSCA, TLSCert, TLSKey, TLSSAN string
+	// TLS is the client's TLS to the server; nil: plaintext.
+	TLS *tls.Config
 
 	// The wait between stream attempts, as xdsconfig.Options.
 	BackoffInitial, BackoffMax time.Duration
@@ -77,9 +73,9 @@ var _ Source = (*XDS)(nil)
 // ctx ends or Close: the first config may arrive while the rest of the
 // service starts.
 func StartXDS(ctx context.Context, opts XDSOptions) (*XDS, error) {
-	creds, err := xdsCredentials(&opts)
-	if err != nil {
-		return nil, fmt.Errorf("xds tls: %w", err)
+	creds := insecure.NewCredentials()
+	if opts.TLS != nil {
+		creds = credentials.NewTLS(opts.TLS)
 	}
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
@@ -121,27 +117,8 @@ func StartXDS(ctx context.Context, opts XDSOptions) (*XDS, error) {
 		defer close(x.done)
 		client.Run(runCtx)
 	}()
-	opts.Log.Info("config over xDS", zap.String("server", opts.ServerURL), zap.String("node", opts.NodeID), zap.Bool("tls", opts.TLS))
+	opts.Log.Info("config over xDS", zap.String("server", opts.ServerURL), zap.String("node", opts.NodeID), zap.Bool("tls", opts.TLS != nil))
 	return x, nil
-}
-
-// xdsCredentials are the transport credentials of the xDS connection, as
-// envoyproxy/ratelimit builds them: with TLS, the CA (or the system roots),
-// the client certificate if any, and the name to check.
-func xdsCredentials(opts *XDSOptions) (credentials.TransportCredentials, error) {
-	if !opts.TLS {
-		if opts.TLSCert != "" || opts.TLSKey != "" || opts.TLSCA != "" || opts.TLSSAN != "" {
-			return nil, errors.New("certificates given without TLS")
-		}
-		return insecure.NewCredentials(), nil
-	}
-	cfg, err := tlsconfig.NewClient(opts.TLSCA, opts.TLSCert, opts.TLSKey, opts.TLSSAN, func(err error) {
-		opts.Log.Error("xDS client certificate did not reload: using the previous one", zap.Error(err))
-	})
-	if err != nil {
-		return nil, err
-	}
-	return credentials.NewTLS(cfg), nil
 }
 
 // First returns the config to start with: the first one accepted, waited
