@@ -325,7 +325,8 @@ func TestImage(t *testing.T) {
 		}
 		// And it refuses a broken one, so "ok" means something.
 		bad := filepath.Join(t.TempDir(), "bad.yaml")
-		if err := os.WriteFile(bad, []byte("domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"), 0o644); err != nil {
+		broken := "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"
+		if err := os.WriteFile(bad, []byte(broken), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if out, err := exec.Command(bin, "validate", "--config", bad).CombinedOutput(); err == nil {

@@ -47,8 +47,8 @@ func withCost(d *rlcommon.RateLimitDescriptor, cost uint64) *rlcommon.RateLimitD
 // awayFromEdge waits, when the next multiple of window is less than margin
 // away, until just past it: a test that must stay in one fixed window.
 func awayFromEdge(window, margin time.Duration) {
-	if until := time.Until(time.Now().Truncate(window).Add(window)); until < margin {
-		time.Sleep(until + 100*time.Millisecond)
+	if edge := nextEdge(window); time.Until(edge) < margin {
+		waitUntil(edge.Add(100 * time.Millisecond))
 	}
 }
 

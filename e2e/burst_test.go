@@ -151,9 +151,9 @@ func TestBurstWithEnvoyDeadlines(t *testing.T) {
 // that a fixed window does not restart during a test.
 func avoidHourEdge(t *testing.T, margin time.Duration) {
 	t.Helper()
-	if untilEdge := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); untilEdge < margin {
-		t.Logf("waiting %v for the hour to pass", untilEdge+time.Second)
-		time.Sleep(untilEdge + time.Second)
+	if edge := nextEdge(time.Hour); time.Until(edge) < margin {
+		t.Logf("waiting %v for the hour to pass", time.Until(edge)+time.Second)
+		waitUntil(edge.Add(time.Second))
 	}
 }
 

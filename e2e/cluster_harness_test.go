@@ -493,7 +493,7 @@ func (p *delayProxy) forward(dst, src net.Conn) {
 	}()
 	for c := range chunks {
 		if d := time.Duration(p.delay.Load()); d > 0 {
-			time.Sleep(time.Until(c.at.Add(d)))
+			waitUntil(c.at.Add(d))
 		}
 		if _, err := dst.Write(c.data); err != nil {
 			src.Close()

@@ -120,9 +120,13 @@ func TestRetryAfterHolds(t *testing.T) {
 			t.Parallel()
 			req := request("e2e", descriptor(key, "x"))
 			var resp *rlsv3.RateLimitResponse
+			// Hits spread 150 ms apart, so that the window holds them at
+			// different ages.
+			pace := time.NewTicker(150 * time.Millisecond)
 			for resp = s.ask(t, req); resp.OverallCode == ok; resp = s.ask(t, req) {
-				time.Sleep(150 * time.Millisecond)
+				<-pace.C
 			}
+			pace.Stop()
 			denied := time.Now()
 			wait := resp.Statuses[0].DurationUntilReset.AsDuration()
 			if wait <= 0 || wait > 4*time.Second {
@@ -130,12 +134,12 @@ func TestRetryAfterHolds(t *testing.T) {
 			}
 			// Clearly before: 100ms early, measured from when the answer came.
 			if early := wait - 100*time.Millisecond; early > 0 {
-				time.Sleep(time.Until(denied.Add(early)))
+				waitUntil(denied.Add(early))
 				if resp := s.ask(t, req); resp.OverallCode != over {
 					t.Fatalf("admitted 100ms before the announced %v", wait)
 				}
 			}
-			time.Sleep(time.Until(denied.Add(wait + 20*time.Millisecond)))
+			waitUntil(denied.Add(wait + 20*time.Millisecond))
 			if resp := s.ask(t, req); resp.OverallCode != ok {
 				t.Fatalf("denied after waiting the announced %v: %v", wait, resp)
 			}
@@ -252,9 +256,7 @@ func TestConcurrentClientsAdmitExactlyTheLimit(t *testing.T) {
 	r := startRedis(t)
 	s := startServer(t, r, testConfig)
 	// The rules use day windows; a run across midnight UTC would see two.
-	if untilEdge := time.Until(time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)); untilEdge < 30*time.Second {
-		time.Sleep(untilEdge + time.Second)
-	}
+	avoidMidnight(t, 30*time.Second)
 	for _, key := range []string{"hot_log", "hot_counter", "hot_fixed"} {
 		t.Run(key, func(t *testing.T) {
 			const clients, perClient, limit = 200, 3, 100

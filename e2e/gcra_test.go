@@ -82,10 +82,12 @@ func TestGCRABurstThenRate(t *testing.T) {
 		// Poll every 10 ms until admitted (denied polls cost nothing).
 		var lastDenied time.Time
 		var p timedAnswer
+		poll := time.NewTicker(10 * time.Millisecond)
 		for p = s.askTimed(t, req); p.resp.OverallCode != ok; p = s.askTimed(t, req) {
 			lastDenied = p.sent
-			time.Sleep(10 * time.Millisecond)
+			<-poll.C
 		}
+		poll.Stop()
 		if p.came.Before(earliest) {
 			t.Fatalf("round %d: admitted %v before the announced wait of %v", round, earliest.Sub(p.came), wait)
 		}

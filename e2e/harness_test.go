@@ -219,21 +219,6 @@ func (s *server) waitHealth(t *testing.T, want healthpb.HealthCheckResponse_Serv
 	})
 }
 
-func waitFor(t *testing.T, timeout time.Duration, ready func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := ready()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready after %v: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // entries builds a descriptor from key, value pairs.
 func descriptor(kv ...string) *rlcommon.RateLimitDescriptor {
 	d := &rlcommon.RateLimitDescriptor{}
@@ -332,4 +317,25 @@ func windowCount(t *testing.T, c *redis.Client, key string) int64 {
 		t.Fatalf("%s holds %q: %v", key, v, err)
 	}
 	return n
+}
+
+// errorReplies counts the error replies of kind (the error's first word:
+// MOVED, WRONGPASS) Redis gave since its statistics were last reset (INFO
+// errorstats).
+func errorReplies(t *testing.T, c *redis.Client, kind string) int {
+	t.Helper()
+	stats, err := c.Info(context.Background(), "errorstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, found := strings.Cut(stats, "errorstat_"+kind+":count=")
+	if !found {
+		return 0
+	}
+	count, _, _ := strings.Cut(rest, "\r\n")
+	v, err := strconv.Atoi(strings.TrimSpace(count))
+	if err != nil {
+		t.Fatalf("errorstats: %q: %v", rest, err)
+	}
+	return v
 }

@@ -67,9 +67,7 @@ func TestMemoryPerKey(t *testing.T) {
 		hits := counters(domain, alg, limit)
 		// The counters are epoch-aligned minutes: a fill across a minute's
 		// edge would spread over two windows.
-		if left := time.Until(time.Now().Truncate(window).Add(window)); left < 4*time.Second {
-			time.Sleep(left + 100*time.Millisecond)
-		}
+		awayFromEdge(window, 4*time.Second)
 		// A request of the same shape on other keys first: the script is
 		// loaded and the connection's buffers have grown before the
 		// baseline.
@@ -148,7 +146,8 @@ func TestMemoryPerKey(t *testing.T) {
 	}
 
 	var table strings.Builder
-	table.WriteString("\n| algorithm | limit per minute | bytes per key (MEMORY USAGE) | bytes per key (used_memory delta) |\n| --- | --- | --- | --- |\n")
+	table.WriteString("\n| algorithm | limit per minute | bytes per key (MEMORY USAGE) | bytes per key (used_memory delta) |\n" +
+		"| --- | --- | --- | --- |\n")
 	for _, r := range rows {
 		fmt.Fprintf(&table, "| `%s` | %d | %.0f | %.0f |\n", r.algorithm, r.limit, r.usage, r.usedMem)
 	}

@@ -140,23 +140,10 @@ func keysInSlot(t *testing.T, n *redisProc, slot int) []string {
 }
 
 // redirections counts the error replies of kind (ASK, MOVED, TRYAGAIN)
-// node gave (INFO errorstats).
+// node gave.
 func redirections(t *testing.T, n *redisProc, kind string) int {
 	t.Helper()
-	stats, err := n.client.Info(context.Background(), "errorstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, found := strings.Cut(stats, "errorstat_"+kind+":count=")
-	if !found {
-		return 0
-	}
-	count, _, _ := strings.Cut(rest, "\r\n")
-	v, err := strconv.Atoi(strings.TrimSpace(count))
-	if err != nil {
-		t.Fatalf("errorstats: %q: %v", rest, err)
-	}
-	return v
+	return errorReplies(t, n.client, kind)
 }
 
 // TestClusterSlotMigration: for each algorithm, the slot of keys with a
@@ -238,6 +225,7 @@ func migrateSlot(t *testing.T, c *redisCluster, s *server, alg string, slots map
 	// The background load: clients asking for the load rule on the slot
 	// without a pause between requests.
 	var loadReal, loadFailure, loadErrors atomic.Int64
+	loadAnswers := func() int64 { return loadReal.Load() + loadFailure.Load() + loadErrors.Load() }
 	stopLoad := make(chan struct{})
 	var load sync.WaitGroup
 	const loadClients, loadMax, loadLimit = 4, 2000, 10000 // never reaches the limit
@@ -261,6 +249,11 @@ func migrateSlot(t *testing.T, c *redisCluster, s *server, alg string, slots map
 			}
 		})
 	}
+	loadDone := make(chan struct{}) // every client has sent its loadMax requests
+	go func() {
+		load.Wait()
+		close(loadDone)
+	}()
 	stopped := false
 	stop := func() {
 		if !stopped {
@@ -381,8 +374,14 @@ func migrateSlot(t *testing.T, c *redisCluster, s *server, alg string, slots map
 	}
 	t.Logf("keys in slot %d on the source: %v; moving %v first", slot, keys, moveFirst)
 	migrateKeys(t, src, dst, moveFirst)
+	countTryAgain := func() int { return redirections(t, src, "TRYAGAIN") + redirections(t, dst, "TRYAGAIN") }
+	tryAgainBefore := countTryAgain()
 	phase("keys partly moved", true, func() {
-		time.Sleep(100 * time.Millisecond)
+		// The rest moves once the paired requests have met TRYAGAIN, and
+		// well within their store deadline, which is what they wait for.
+		if !eventually(limiter.DefaultTimeout/2, func() bool { return countTryAgain() > tryAgainBefore }) {
+			t.Logf("keys partly moved: no TRYAGAIN within %v; moving the rest", limiter.DefaultTimeout/2)
+		}
 		migrateKeys(t, src, dst, rest)
 	})
 	if left := keysInSlot(t, src, slot); len(left) != 0 {
@@ -408,7 +407,16 @@ func migrateSlot(t *testing.T, c *redisCluster, s *server, alg string, slots map
 		}
 	}
 	phase("after SETSLOT NODE (MOVED)", false, nil)
-	time.Sleep(200 * time.Millisecond)
+	// The background load goes on past the end of the migration.
+	answered := loadAnswers()
+	eventually(10*time.Second, func() bool {
+		select {
+		case <-loadDone:
+			return true
+		default:
+			return loadAnswers() >= answered+200
+		}
+	})
 	stop()
 
 	for i, r := range rules {

@@ -221,8 +221,14 @@ func TestRedisRefusingTheCredentialsIsNotReady(t *testing.T) {
 	env["REDIS_AUTH"] = "wrong-password"
 	s := startReference(t, env)
 	s.waitHealthcheck(t, http.StatusInternalServerError)
-	for range 3 { // still not ready after retries
-		time.Sleep(time.Second)
+	for range 2 { // still not ready after each of two retries
+		refused := errorReplies(t, admin, "WRONGPASS")
+		waitFor(t, 10*time.Second, func() error {
+			if n := errorReplies(t, admin, "WRONGPASS"); n <= refused {
+				return fmt.Errorf("no new attempt: Redis refused the password %d times", n)
+			}
+			return nil
+		})
 		if code, body := s.healthcheck(); code != http.StatusInternalServerError {
 			t.Fatalf("/healthcheck %d %q while Redis refuses the password", code, body)
 		}

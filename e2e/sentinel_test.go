@@ -32,7 +32,7 @@ func TestSentinelFailover(t *testing.T) {
 			targets = append(targets, failoverTarget{rule, fmt.Sprintf("s%d", i), true})
 		}
 	}
-	run := runFailoverLoad(t, s, targets, 20, 2*time.Second, 2*time.Second, 25*time.Second, func() { sn.master.kill() })
+	run := runFailoverLoad(t, s, targets, 20, 2*time.Second, 25*time.Second, func() { sn.master.kill() })
 	run.check(t, targets, storeTimeout, "sentinel")
 	s.waitLog(t, "store unavailable")
 	// The sentinels name the replica, and decisions are real again.
