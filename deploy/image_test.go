@@ -10,7 +10,6 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -143,12 +142,14 @@ func dockerGoBuild(t *testing.T, ins []instruction) goBuildStep {
 
 func goTool(t *testing.T) string {
 	t.Helper()
+	// go test puts its own GOROOT/bin first on PATH; a test binary run by
+	// hand may instead be given the toolchain through $GOROOT.
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	p := filepath.Join(runtime.GOROOT(), "bin", "go")
+	p := filepath.Join(os.Getenv("GOROOT"), "bin", "go")
 	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("no go command on PATH or in GOROOT: %v", err)
+		t.Fatalf("no go command on PATH or in $GOROOT: %v", err)
 	}
 	return p
 }

@@ -108,10 +108,9 @@ func (b *bundle) problems(t *testing.T) []string {
 				add("%s: image %q is not pinned to a tag", where, c.Image)
 			}
 			sc := c.SecurityContext
-			switch {
-			case sc == nil:
+			if sc == nil {
 				add("%s: no securityContext", where)
-			default:
+			} else {
 				if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
 					add("%s: allowPrivilegeEscalation is not false", where)
 				}
