@@ -74,13 +74,15 @@ func startProc(t *testing.T, name, path string, port int, args ...string) *redis
 		t.Fatal(err)
 	}
 	go func() {
-		p.cmd.Wait()
+		// Every node is killed, by a test or at cleanup: its exit status
+		// says only that. alive() and the output tell the rest.
+		_ = p.cmd.Wait()
 		close(p.exited)
 	}()
 	t.Cleanup(func() {
 		p.kill()
 		if p.client != nil {
-			p.client.Close()
+			_ = p.client.Close() // the test's outcome is decided
 		}
 		if t.Failed() {
 			out := p.out.String()
@@ -96,7 +98,7 @@ func startProc(t *testing.T, name, path string, port int, args ...string) *redis
 // kill sends SIGKILL and waits for the process to be gone; its proxy, if
 // any, closes its listener and connections, as the process's own would.
 func (p *redisProc) kill() {
-	p.cmd.Process.Kill()
+	_ = p.cmd.Process.Kill() // it may have exited already; p.exited is what counts
 	<-p.exited
 	if p.proxy != nil {
 		p.proxy.close()
@@ -277,7 +279,10 @@ func (c *redisCluster) healthy() error {
 
 // clusterSlots is CLUSTER SLOTS, sorted by the first slot.
 func clusterSlots(ctx context.Context, client *redis.Client) ([]slotRange, error) {
-	slots, err := client.ClusterSlots(ctx).Result()
+	// CLUSTER SLOTS maps each slot range to the nodes serving it and leaves
+	// out failed replicas; CLUSTER SHARDS groups by shard and lists failed
+	// nodes too, so it would change what the readiness and failover checks see.
+	slots, err := client.ClusterSlots(ctx).Result() //nolint:staticcheck // CLUSTER SHARDS is not the same answer (above)
 	if err != nil {
 		return nil, err
 	}
@@ -432,7 +437,7 @@ func (p *delayProxy) serve() {
 		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {
-			client.Close()
+			drop(client)
 			continue
 		}
 		if !p.track(client, server) {
@@ -441,15 +446,17 @@ func (p *delayProxy) serve() {
 		p.wg.Add(2)
 		go func() {
 			defer p.wg.Done()
-			io.Copy(client, server)
-			client.Close()
-			server.Close()
+			// Either side closing ends the copy: that is how a proxied
+			// connection ends, not a failure.
+			_, _ = io.Copy(client, server)
+			drop(client)
+			drop(server)
 		}()
 		go func() {
 			defer p.wg.Done()
 			p.forward(server, client)
-			client.Close()
-			server.Close()
+			drop(client)
+			drop(server)
 		}()
 	}
 }
@@ -460,7 +467,7 @@ func (p *delayProxy) track(conns ...net.Conn) bool {
 	defer p.mu.Unlock()
 	if p.closed {
 		for _, c := range conns {
-			c.Close()
+			drop(c)
 		}
 		return false
 	}
@@ -496,7 +503,7 @@ func (p *delayProxy) forward(dst, src net.Conn) {
 			waitUntil(c.at.Add(d))
 		}
 		if _, err := dst.Write(c.data); err != nil {
-			src.Close()
+			drop(src)
 			for range chunks {
 			}
 			return
@@ -513,12 +520,18 @@ func (p *delayProxy) close() {
 		return
 	}
 	p.closed = true
-	p.ln.Close()
+	drop(p.ln)
 	for c := range p.conns {
-		c.Close()
+		drop(c)
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// drop closes a proxied connection or the listener, as a killed process's
+// sockets close; an error means it was closed already, which is the end wanted.
+func drop(c io.Closer) {
+	_ = c.Close()
 }
 
 // redisSentinel is a master, its replica, and 3 sentinels monitoring them.
@@ -634,7 +647,7 @@ func (s *redisSentinel) masterAddr(t *testing.T) string {
 		}
 		sc := redis.NewSentinelClient(&redis.Options{Addr: p.addr, MaxRetries: -1})
 		addr, err := sc.GetMasterAddrByName(context.Background(), s.masterName).Result()
-		sc.Close()
+		_ = sc.Close() // asked once; its answer is in addr and err
 		if err == nil {
 			return strings.Join(addr, ":")
 		}

@@ -43,7 +43,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "removing the built service:", err)
+	}
 	os.Exit(code)
 }
 
@@ -101,7 +103,7 @@ func startRedis(t *testing.T) *redisServer {
 	}
 	r.client = redis.NewClient(&redis.Options{Addr: r.addr})
 	t.Cleanup(func() {
-		r.client.Close()
+		_ = r.client.Close() // the test's outcome is decided
 		r.stop()
 	})
 	waitFor(t, 5*time.Second, func() error { return r.client.Ping(context.Background()).Err() })
@@ -110,8 +112,10 @@ func startRedis(t *testing.T) *redisServer {
 
 func (r *redisServer) stop() {
 	if r.cmd.Process != nil {
-		r.cmd.Process.Kill()
-		r.cmd.Wait()
+		// It may have exited, or been stopped, already; once killed, its
+		// exit status says only that.
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
 	}
 }
 
@@ -183,10 +187,13 @@ func startProcess(t *testing.T, r *redisServer, configYAML string, creds credent
 	}
 	go func() { s.exited <- s.cmd.Wait() }()
 	t.Cleanup(func() {
-		s.cmd.Process.Kill()
-		<-s.exited
+		// It may have exited already (the exit error then tells why);
+		// else the exit error is the kill's own. A test that cares about
+		// the exit reads s.exited itself.
+		_ = s.cmd.Process.Kill()
+		exit := <-s.exited
 		if t.Failed() {
-			t.Logf("service output:\n%s", s.logs)
+			t.Logf("service exit: %v; output:\n%s", exit, s.logs)
 		}
 	})
 	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(creds))

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func httpGet(t *testing.T, url string) (int, string) {
@@ -53,7 +56,9 @@ func TestMetricsMove(t *testing.T) {
 	}
 	s.ask(t, request("e2e", descriptor("shadow", "m")))
 	s.ask(t, request("e2e", descriptor("shadow", "m")))
-	s.rls.ShouldRateLimit(t.Context(), request("")) // refused
+	if _, err := s.rls.ShouldRateLimit(t.Context(), request("")); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a request without a domain: %v, want InvalidArgument", err)
+	}
 	want := map[string]string{
 		`ratelimit_decisions_total{domain="e2e",outcome="within_limit",rule="log"}`:         "3",
 		`ratelimit_decisions_total{domain="e2e",outcome="near_limit",rule="log"}`:           "2",

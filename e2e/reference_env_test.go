@@ -64,10 +64,13 @@ func startReference(t *testing.T, env map[string]string) *referenceReplica {
 	}
 	go func() { r.exited <- r.cmd.Wait() }()
 	t.Cleanup(func() {
-		r.cmd.Process.Kill()
-		<-r.exited
+		// It may have exited already (the exit error then tells why);
+		// else the exit error is the kill's own. A test that cares about
+		// the exit reads r.exited itself.
+		_ = r.cmd.Process.Kill()
+		exit := <-r.exited
 		if t.Failed() {
-			t.Logf("service output:\n%s", r.logs)
+			t.Logf("service exit: %v; output:\n%s", exit, r.logs)
 		}
 	})
 	conn, err := grpc.NewClient(r.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
