@@ -46,7 +46,7 @@ func lookPath(t *testing.T, name string) string {
 		if name == "redis-cli" {
 			pkg = "redis-tools (a dependency of redis-server)"
 		}
-		t.Fatalf("%s is not on PATH: install Debian's %s package (.ci/run does)", name, pkg)
+		t.Fatalf("%s is not on PATH: install Debian's %s package (make test, or make tools, does)", name, pkg)
 	}
 	return path
 }

@@ -90,7 +90,7 @@ func startRedis(t *testing.T) *redisServer {
 	t.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
-		t.Fatal("redis-server is not on PATH: install Debian's redis-server package (.ci/run does)")
+		t.Fatal("redis-server is not on PATH: install Debian's redis-server package (make test, or make tools, does)")
 	}
 	port := freePort(t)
 	r := &redisServer{addr: "127.0.0.1:" + strconv.Itoa(port)}

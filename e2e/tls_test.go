@@ -41,7 +41,7 @@ func startRedisArgs(t *testing.T, addr string, opts *redis.Options, args ...stri
 	t.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
-		t.Fatal("redis-server is not on PATH: install Debian's redis-server package (.ci/run does)")
+		t.Fatal("redis-server is not on PATH: install Debian's redis-server package (make test, or make tools, does)")
 	}
 	r := &redisServer{addr: addr}
 	r.cmd = exec.Command(path, append([]string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args...)...)
