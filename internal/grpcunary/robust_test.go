@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 )
 
 // TestNoPlaceWithoutTheMessage: a call whose headers came but not its
@@ -54,7 +53,7 @@ func TestNoPlaceWithoutTheMessage(t *testing.T) {
 			}
 			rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, extra...)
 			// Half a message: still no place.
-			if err := rc.fr.WriteData(1, false, grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hello")}})[:8]); err != nil {
+			if err := rc.fr.WriteData(1, false, grpcMsg(&testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("hello")}})[:8]); err != nil {
 				t.Fatal(err)
 			}
 			if tc.close {
@@ -109,7 +108,7 @@ func TestAdmitPlaceBackWhenHandlerReturns(t *testing.T) {
 	defer rc.nc.Close()
 	reset := rc.await(resetOf(1))
 	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "grpc-timeout", Value: "100m"})
-	if err := rc.fr.WriteData(1, true, grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hi")}})); err != nil {
+	if err := rc.fr.WriteData(1, true, grpcMsg(&testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("hi")}})); err != nil {
 		t.Fatal(err)
 	}
 	if !waitFor(func() bool { return done.Load() == 1 }, 10*time.Second) {
@@ -129,7 +128,7 @@ func TestAdmitPlaceBackWhenHandlerReturns(t *testing.T) {
 // their bound and it stops reading.
 func flood(rc *rawClient) {
 	rc.nc.(*net.TCPConn).SetReadBuffer(4 << 10)
-	call := grpcMsg(&testpb.SimpleRequest{ResponseSize: 16 << 10})
+	call := grpcMsg(&testgrpc.SimpleRequest{ResponseSize: 16 << 10})
 	var batch bytes.Buffer
 	bf := http2.NewFramer(&batch, nil)
 	for id := uint32(1); ; id += 2 {
@@ -320,7 +319,7 @@ func TestSlowMessageKeepsComing(t *testing.T) {
 		}
 	}()
 	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false)
-	msg := grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: bytes.Repeat([]byte("x"), 64)}})
+	msg := grpcMsg(&testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: bytes.Repeat([]byte("x"), 64)}})
 	// Eight pieces 300 ms apart: 2.1 s from the first to the last, past the
 	// idle bound, with 1.7 s to spare between two pieces for a busy machine.
 	pace := time.NewTicker(300 * time.Millisecond)
@@ -348,7 +347,7 @@ func TestTrickleResetWithinTheServersBound(t *testing.T) {
 	defer rc.nc.Close()
 	reset := rc.await(resetOf(1))
 	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "grpc-timeout", Value: "99999999H"})
-	msg := grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: bytes.Repeat([]byte("x"), 1000)}})
+	msg := grpcMsg(&testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: bytes.Repeat([]byte("x"), 1000)}})
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for i := 0; ; i++ {
@@ -421,7 +420,7 @@ func TestInterleavedLargeMessagesServed(t *testing.T) {
 	errs := make(chan error, 24)
 	for range 24 {
 		go func() {
-			_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: make([]byte, 250<<10)}})
+			_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: make([]byte, 250<<10)}})
 			errs <- err
 		}()
 	}
@@ -486,7 +485,7 @@ func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 			defer cc.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{}); err != nil {
+			if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
 				t.Errorf("a call on another connection: %v", err)
 			}
 			// Their connections dropped, what they held is given back.
@@ -548,7 +547,7 @@ func TestPingFloodThrottled(t *testing.T) {
 			for i := range sent {
 				if tc.withCalls && i%(maxControlFrames/2) == 0 {
 					rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false)
-					rc.fr.WriteData(id, true, grpcMsg(&testpb.SimpleRequest{}))
+					rc.fr.WriteData(id, true, grpcMsg(&testgrpc.SimpleRequest{}))
 					id += 2
 				}
 				if tc.settings {

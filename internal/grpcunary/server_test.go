@@ -26,7 +26,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
@@ -47,7 +46,7 @@ type testService struct {
 	release chan struct{}        // UnaryCall waits for it (or its context), when set
 }
 
-func (s *testService) UnaryCall(ctx context.Context, r *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+func (s *testService) UnaryCall(ctx context.Context, r *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 	if s.seen != nil {
 		s.seen <- ctx
 	}
@@ -64,9 +63,9 @@ func (s *testService) UnaryCall(ctx context.Context, r *testpb.SimpleRequest) (*
 		}
 		return nil, status.Error(codes.Code(st.Code), st.Message)
 	}
-	resp := &testpb.SimpleResponse{Payload: r.GetPayload()}
+	resp := &testgrpc.SimpleResponse{Payload: r.GetPayload()}
 	if n := r.GetResponseSize(); n > 0 {
-		resp.Payload = &testpb.Payload{Body: bytes.Repeat([]byte{'r'}, int(n))}
+		resp.Payload = &testgrpc.Payload{Body: bytes.Repeat([]byte{'r'}, int(n))}
 	}
 	return resp, nil
 }
@@ -90,7 +89,7 @@ func (s *testService) FullDuplexCall(stream testgrpc.TestService_FullDuplexCallS
 		if st := req.GetResponseStatus(); st != nil {
 			return status.Error(codes.Code(st.Code), st.Message)
 		}
-		if err := stream.Send(&testpb.StreamingOutputCallResponse{Payload: req.GetPayload()}); err != nil {
+		if err := stream.Send(&testgrpc.StreamingOutputCallResponse{Payload: req.GetPayload()}); err != nil {
 			return err
 		}
 	}
@@ -133,32 +132,32 @@ func TestUnaryCalls(t *testing.T) {
 	big := bytes.Repeat([]byte("0123456789abcdef"), 300<<10/16)
 	tests := []struct {
 		name     string
-		req      *testpb.SimpleRequest
+		req      *testgrpc.SimpleRequest
 		wantCode codes.Code
 		wantMsg  string
 		wantBody []byte
 	}{
-		{name: "small echo", req: &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hello")}}, wantBody: []byte("hello")},
-		{name: "empty request", req: &testpb.SimpleRequest{}, wantBody: nil},
+		{name: "small echo", req: &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("hello")}}, wantBody: []byte("hello")},
+		{name: "empty request", req: &testgrpc.SimpleRequest{}, wantBody: nil},
 		{
 			// Past the 64 KiB windows and 16 KiB frames both ways.
 			name:     "300 KiB each way",
-			req:      &testpb.SimpleRequest{Payload: &testpb.Payload{Body: big}, ResponseSize: 300 << 10},
+			req:      &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: big}, ResponseSize: 300 << 10},
 			wantBody: bytes.Repeat([]byte{'r'}, 300<<10),
 		},
 		{
 			name:     "status with a message to escape",
-			req:      &testpb.SimpleRequest{ResponseStatus: &testpb.EchoStatus{Code: int32(codes.ResourceExhausted), Message: "quota 100% für\nheute"}},
+			req:      &testgrpc.SimpleRequest{ResponseStatus: &testgrpc.EchoStatus{Code: int32(codes.ResourceExhausted), Message: "quota 100% für\nheute"}},
 			wantCode: codes.ResourceExhausted, wantMsg: "quota 100% für\nheute",
 		},
 		{
 			name:     "an error that is not a status",
-			req:      &testpb.SimpleRequest{ResponseStatus: &testpb.EchoStatus{Code: int32(codes.Unknown), Message: "plain"}},
+			req:      &testgrpc.SimpleRequest{ResponseStatus: &testgrpc.EchoStatus{Code: int32(codes.Unknown), Message: "plain"}},
 			wantCode: codes.Unknown, wantMsg: "plain",
 		},
 		{
 			name:     "message past MaxRecvMsgSize",
-			req:      &testpb.SimpleRequest{Payload: &testpb.Payload{Body: make([]byte, 2<<20)}},
+			req:      &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: make([]byte, 2<<20)}},
 			wantCode: codes.ResourceExhausted, wantMsg: "grpc: received message larger than max",
 		},
 	}
@@ -188,7 +187,7 @@ func TestMethodsNotServed(t *testing.T) {
 		{"/grpc.testing.TestService/Nope", "unknown method Nope for service grpc.testing.TestService"},
 		{"/grpc.testing.Nothing/Call", "unknown service grpc.testing.Nothing"},
 	} {
-		err := cc.Invoke(ctx, tt.method, &testpb.Empty{}, &testpb.Empty{})
+		err := cc.Invoke(ctx, tt.method, &testgrpc.Empty{}, &testgrpc.Empty{})
 		if st := status.Convert(err); st.Code() != codes.Unimplemented || st.Message() != tt.want {
 			t.Errorf("%s: %v, want UNIMPLEMENTED %q", tt.method, err, tt.want)
 		}
@@ -212,7 +211,7 @@ func TestStreamingCalls(t *testing.T) {
 		}
 		for i, size := range []int{0, 10, 100 << 10, 3} { // one past the 64 KiB windows
 			body := bytes.Repeat([]byte{byte('a' + i)}, size)
-			if err := stream.Send(&testpb.StreamingOutputCallRequest{Payload: &testpb.Payload{Body: body}}); err != nil {
+			if err := stream.Send(&testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: body}}); err != nil {
 				t.Fatal(err)
 			}
 			resp, err := stream.Recv()
@@ -239,7 +238,7 @@ func TestStreamingCalls(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stream.Send(&testpb.StreamingOutputCallRequest{ResponseStatus: &testpb.EchoStatus{Code: int32(codes.PermissionDenied), Message: "no"}})
+		stream.Send(&testgrpc.StreamingOutputCallRequest{ResponseStatus: &testgrpc.EchoStatus{Code: int32(codes.PermissionDenied), Message: "no"}})
 		if _, err := stream.Recv(); status.Code(err) != codes.PermissionDenied {
 			t.Fatalf("%v, want PERMISSION_DENIED", err)
 		}
@@ -296,7 +295,7 @@ func TestContextOfACall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ctx = metadata.AppendToOutgoingContext(ctx, "x-tenant", "a", "x-tenant", "b", "x-trace-bin", string([]byte{0, 1, 0xff}))
-	if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{}); err != nil {
+	if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	got := <-svc.seen
@@ -337,7 +336,7 @@ func TestCancelReachesTheHandler(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{})
+		_, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{})
 		done <- err
 	}()
 	handlerCtx := <-svc.seen
@@ -372,12 +371,12 @@ func TestAdmitRefusesOnceTheMessageIsWhole(t *testing.T) {
 	defer cancel()
 	first := make(chan error, 1)
 	go func() {
-		_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{})
+		_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{})
 		first <- err
 	}()
 	<-svc.seen
 	// Refused once its 1 MiB message is whole, before its handler.
-	_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: make([]byte, 1<<20)}})
+	_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}})
 	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || st.Message() != "one at a time" {
 		t.Errorf("second call: %v, want RESOURCE_EXHAUSTED from Admit", err)
 	}
@@ -406,7 +405,7 @@ func TestManyConcurrentCalls(t *testing.T) {
 			for i := range 100 {
 				body := []byte(fmt.Sprintf("caller %d call %d %s", g, i, strings.Repeat("x", i*37)))
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				resp, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: body}})
+				resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: body}})
 				cancel()
 				if err == nil && !bytes.Equal(resp.GetPayload().GetBody(), body) {
 					err = fmt.Errorf("caller %d call %d: another call's answer", g, i)
@@ -433,7 +432,7 @@ func TestGracefulStopAnswersCallsInFlight(t *testing.T) {
 	defer cancel()
 	inFlight := make(chan error, 1)
 	go func() {
-		_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{})
+		_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{})
 		inFlight <- err
 	}()
 	<-svc.seen
@@ -456,7 +455,7 @@ func TestGracefulStopAnswersCallsInFlight(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("GracefulStop did not return once the call was answered")
 	}
-	if _, err := client.UnaryCall(ctx, &testpb.SimpleRequest{}, grpc.WaitForReady(false)); status.Code(err) != codes.Unavailable {
+	if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(false)); status.Code(err) != codes.Unavailable {
 		t.Errorf("a call after the stop: %v, want UNAVAILABLE", err)
 	}
 }
@@ -466,7 +465,7 @@ func TestStopCancelsCallsInFlight(t *testing.T) {
 	s, cc := start(t, Options{}, svc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	go testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{})
+	go testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{})
 	handlerCtx := <-svc.seen
 	s.Stop() // returns once the handler has
 	if handlerCtx.Err() == nil {
@@ -514,7 +513,7 @@ func TestMaxConnectionAgeMovesClientsWithoutFailedCalls(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				// WaitForReady: between connections the channel is
 				// reconnecting, and a call waits for it rather than fail.
-				_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{}, grpc.WaitForReady(true))
+				_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
 				cancel()
 				calls.Add(1)
 				if err != nil {
@@ -549,7 +548,7 @@ func TestTLS(t *testing.T) {
 	_, cc := start(t, Options{TLS: serverTLS}, &testService{}, grpc.WithTransportCredentials(creds))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("over TLS")}})
+	resp, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("over TLS")}})
 	if err != nil || string(resp.GetPayload().GetBody()) != "over TLS" {
 		t.Fatalf("%v %v", resp, err)
 	}
