@@ -33,7 +33,9 @@ func BenchmarkUnaryCall(b *testing.B) {
 			b.Fatal(err)
 		}
 		benchmarkUnaryCall(b, cc)
-		cc.Close()
+		if err := cc.Close(); err != nil {
+			b.Error(err)
+		}
 		s.Stop()
 		if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			b.Error(err)

@@ -57,7 +57,9 @@ func TestNoPlaceWithoutTheMessage(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.close {
-				rc.nc.Close()
+				if err := rc.nc.Close(); err != nil {
+					t.Fatal(err)
+				}
 				if !waitFor(func() bool { return len(openConns(s)) == 0 }, 15*time.Second) {
 					t.Error("the connection is kept")
 				}
@@ -126,8 +128,11 @@ func TestAdmitPlaceBackWhenHandlerReturns(t *testing.T) {
 // with 16 KiB answers, each followed by PINGs (fewer than the server
 // allows between requests), until the server's pending bytes are at
 // their bound and it stops reading.
-func flood(rc *rawClient) {
-	rc.nc.(*net.TCPConn).SetReadBuffer(4 << 10)
+func flood(t *testing.T, rc *rawClient) {
+	t.Helper()
+	if err := rc.nc.(*net.TCPConn).SetReadBuffer(4 << 10); err != nil {
+		t.Fatal(err)
+	}
 	call := grpcMsg(&testgrpc.SimpleRequest{ResponseSize: 16 << 10})
 	var batch bytes.Buffer
 	bf := http2.NewFramer(&batch, nil)
@@ -141,12 +146,21 @@ func flood(rc *rawClient) {
 		} {
 			rc.henc.WriteField(f)
 		}
-		bf.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: rc.hbuf.Bytes(), EndHeaders: true})
-		bf.WriteData(id, true, call)
-		for i := range 50 {
-			bf.WritePing(false, [8]byte{byte(i)})
+		// Into a bytes.Buffer: an error is a frame the framer refuses.
+		if err := bf.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: rc.hbuf.Bytes(), EndHeaders: true}); err != nil {
+			t.Fatal(err)
 		}
-		rc.nc.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+		if err := bf.WriteData(id, true, call); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 50 {
+			if err := bf.WritePing(false, [8]byte{byte(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := rc.nc.SetWriteDeadline(time.Now().Add(500 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := rc.nc.Write(batch.Bytes()); err != nil {
 			return
 		}
@@ -159,7 +173,7 @@ func TestNonReadingClientClosedAfterAgeAndGrace(t *testing.T) {
 	s, addr := serveRaw(t, Options{MaxConnectionAge: 2 * time.Second, MaxConnectionAgeGrace: 200 * time.Millisecond}, &testService{})
 	rc := dialRaw(t, addr)
 	defer rc.nc.Close()
-	flood(rc)
+	flood(t, rc)
 	// Age 2 s (+10 %), 1 s to the final GOAWAY, grace and 1 s more, and a
 	// second for close's own write: closed in about 5.4 s.
 	open := func() int {
@@ -178,7 +192,7 @@ func TestGracefulStopNotHeldByOneConnection(t *testing.T) {
 	s, addr := serveRaw(t, Options{}, &testService{})
 	stuck := dialRaw(t, addr)
 	defer stuck.nc.Close()
-	flood(stuck)
+	flood(t, stuck)
 	const healthy = 7
 	var goAways, pongs atomic.Int32
 	for range healthy {
@@ -201,7 +215,9 @@ func TestGracefulStopNotHeldByOneConnection(t *testing.T) {
 				}
 			}
 		}()
-		rc.fr.WritePing(false, [8]byte{1})
+		if err := rc.fr.WritePing(false, [8]byte{1}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if !waitFor(func() bool { return pongs.Load() == healthy }, 10*time.Second) {
 		t.Fatalf("%d of %d connections served", pongs.Load(), healthy)
@@ -211,7 +227,9 @@ func TestGracefulStopNotHeldByOneConnection(t *testing.T) {
 	if !waitFor(func() bool { return goAways.Load() == healthy }, 10*time.Second) {
 		t.Errorf("%d of %d healthy connections got a GOAWAY", goAways.Load(), healthy)
 	}
-	stuck.nc.Close()
+	if err := stuck.nc.Close(); err != nil {
+		t.Fatal(err)
+	}
 	s.Stop()
 	<-stopped
 }
@@ -258,7 +276,7 @@ func TestAnnouncedSizeNotAllocatedUnadmitted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go s.Serve(ln)
+	serveTillCleanup(t, s, ln)
 	defer s.Stop()
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -279,7 +297,10 @@ func TestAnnouncedSizeNotAllocatedUnadmitted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rc.fr.WritePing(false, [8]byte{9}) // answered once everything before it was read
+	// Answered once everything before it was read.
+	if err := rc.fr.WritePing(false, [8]byte{9}); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-pong:
 	case <-time.After(30 * time.Second):
@@ -451,7 +472,9 @@ func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 		}},
 		{"messages", func(rc *rawClient, id uint32) {
 			rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false)
-			rc.fr.WriteData(id, false, piece)
+			if err := rc.fr.WriteData(id, false, piece); err != nil {
+				t.Fatal(err)
+			}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -490,7 +513,9 @@ func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 			}
 			// Their connections dropped, what they held is given back.
 			for _, rc := range hostile {
-				rc.nc.Close()
+				if err := rc.nc.Close(); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if !waitFor(func() bool { return s.totals.bytes.Load() == 0 }, 10*time.Second) {
 				t.Errorf("after the connections closed: %d bytes held", s.totals.bytes.Load())
@@ -547,13 +572,19 @@ func TestPingFloodThrottled(t *testing.T) {
 			for i := range sent {
 				if tc.withCalls && i%(maxControlFrames/2) == 0 {
 					rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false)
-					rc.fr.WriteData(id, true, grpcMsg(&testgrpc.SimpleRequest{}))
+					if err := rc.fr.WriteData(id, true, grpcMsg(&testgrpc.SimpleRequest{})); err != nil {
+						t.Fatal(err)
+					}
 					id += 2
 				}
+				var err error
 				if tc.settings {
-					rc.fr.WriteSettings()
+					err = rc.fr.WriteSettings()
 				} else {
-					rc.fr.WritePing(false, [8]byte{byte(i)})
+					err = rc.fr.WritePing(false, [8]byte{byte(i)})
+				}
+				if err != nil {
+					t.Fatal(err)
 				}
 			}
 			select {

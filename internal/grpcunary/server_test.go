@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -117,7 +116,9 @@ func start(t testing.TB, opts Options, svc *testService, dialOpts ...grpc.DialOp
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		cc.Close()
+		if err := cc.Close(); err != nil {
+			t.Errorf("closing the grpc-go client: %v", err)
+		}
 		s.Stop()
 		if err := <-served; !errors.Is(err, ErrServerStopped) {
 			t.Errorf("Serve: %v, want ErrServerStopped", err)
@@ -238,7 +239,10 @@ func TestStreamingCalls(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stream.Send(&testgrpc.StreamingOutputCallRequest{ResponseStatus: &testgrpc.EchoStatus{Code: int32(codes.PermissionDenied), Message: "no"}})
+		req := &testgrpc.StreamingOutputCallRequest{ResponseStatus: &testgrpc.EchoStatus{Code: int32(codes.PermissionDenied), Message: "no"}}
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := stream.Recv(); status.Code(err) != codes.PermissionDenied {
 			t.Fatalf("%v, want PERMISSION_DENIED", err)
 		}
@@ -275,7 +279,9 @@ func TestStreamingCalls(t *testing.T) {
 		if !slices.Contains(names, "grpc.testing.TestService") || !slices.Contains(names, "grpc.health.v1.Health") {
 			t.Errorf("services %q", names)
 		}
-		stream.CloseSend()
+		if err := stream.CloseSend(); err != nil {
+			t.Error(err)
+		}
 	})
 }
 
@@ -465,7 +471,8 @@ func TestStopCancelsCallsInFlight(t *testing.T) {
 	s, cc := start(t, Options{}, svc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	go testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{})
+	// The call fails when Stop cancels it; what is checked is its handler's context.
+	go func() { _, _ = testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{}) }()
 	handlerCtx := <-svc.seen
 	s.Stop() // returns once the handler has
 	if handlerCtx.Err() == nil {
@@ -495,7 +502,7 @@ func TestMaxConnectionAgeMovesClientsWithoutFailedCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	ln := &countingListener{Listener: inner}
-	go s.Serve(ln)
+	serveTillCleanup(t, s, ln)
 	defer s.Stop()
 	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -563,11 +570,12 @@ func TestNotGRPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go s.Serve(ln)
+	serveTillCleanup(t, s, ln)
 	defer s.Stop()
-	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, network, addr)
-	}}
+	// HTTP/2 without TLS, by prior knowledge.
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &protocols}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	url := "http://" + ln.Addr().String() + "/grpc.testing.TestService/UnaryCall"
@@ -584,8 +592,12 @@ func TestNotGRPC(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s %s: %v", tt.method, tt.contentType, err)
 		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			t.Errorf("%s %s: reading the body: %v", tt.method, tt.contentType, err)
+		}
+		if err := resp.Body.Close(); err != nil {
+			t.Error(err)
+		}
 		if resp.StatusCode != tt.want {
 			t.Errorf("%s %s: HTTP %d, want %d", tt.method, tt.contentType, resp.StatusCode, tt.want)
 		}
