@@ -122,7 +122,7 @@ func dial(ctx context.Context, addr string, n int) (*Load, error) {
 
 func (l *Load) Close() {
 	for _, c := range l.conns {
-		c.Close()
+		_ = c.Close() // the load is over: nothing is left to do about it
 	}
 }
 

@@ -235,7 +235,11 @@ func bench(ctx context.Context, o options, scenarios []Scenario, bursts []Algori
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() {
+		if err := os.RemoveAll(dir); err != nil {
+			fmt.Fprintf(stderr, "removing %s: %v\n", dir, err)
+		}
+	}()
 	bin := o.binary
 	if bin == "" {
 		fmt.Fprintln(stderr, "building ./cmd/ratelimit ...")
@@ -418,7 +422,7 @@ func fetchProfile(httpAddr string, seconds int, path string) error {
 		return err
 	}
 	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
+		_ = f.Close() // the copy's error is the one to report
 		return err
 	}
 	return f.Close()

@@ -52,12 +52,12 @@ func start(name, logPath string, env []string, path string, args ...string) (*pr
 	// Killed with the bench, however it ends: no stray servers on a shared machine.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
-		out.Close()
+		_ = out.Close() // nothing was written: the start's error is the one to report
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	go func() {
 		p.exited <- p.cmd.Wait()
-		out.Close()
+		_ = out.Close() // the process wrote its log; tail reads what is there
 	}()
 	return p, nil
 }
@@ -80,12 +80,13 @@ func (p *process) stop(grace time.Duration) {
 	if p.alive() != nil {
 		return
 	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
+	// Signal and Kill fail only when the process has exited: exited says so.
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.exited:
 		p.exited <- err
 	case <-time.After(grace):
-		p.cmd.Process.Kill()
+		_ = p.cmd.Process.Kill()
 		p.exited <- <-p.exited
 	}
 }
@@ -132,7 +133,7 @@ func startRedis(dir string) (*process, *redis.Client, string, error) {
 	client := redis.NewClient(&redis.Options{Addr: addr})
 	err = waitFor(p, 10*time.Second, func() error { return client.Ping(context.Background()).Err() })
 	if err != nil {
-		client.Close()
+		_ = client.Close() // the wait's error is the one to report
 		p.stop(time.Second)
 		return nil, nil, "", err
 	}
@@ -194,7 +195,7 @@ func startService(bin, dir, configPath, redisAddr string, extra, env []string, p
 		if err != nil {
 			return err
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close() // only the status is read
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("/readyz: %s", resp.Status)
 		}

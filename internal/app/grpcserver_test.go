@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -74,8 +75,15 @@ func TestGRPCServerKinds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			go srv.Serve(ln)
-			defer srv.Stop()
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(ln) }()
+			defer func() {
+				srv.Stop()
+				// Once stopped, grpc-go's Serve returns nil and grpcunary's ErrServerStopped.
+				if err := <-served; err != nil && !errors.Is(err, grpcunary.ErrServerStopped) {
+					t.Errorf("Serve: %v", err)
+				}
+			}()
 			conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				t.Fatal(err)

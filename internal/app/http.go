@@ -26,14 +26,14 @@ func httpHandler(ready func() error, svc *service.Service, shedder *service.Shed
 	mux.Handle("GET /rlconfig", svc.ConfigHandler())
 	mux.Handle("/json", shedder.Handler(svc.JSONHandler(), maxBody))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		io.WriteString(w, "ok\n")
+		reply(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := ready(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		io.WriteString(w, "ready\n")
+		reply(w, "ready\n")
 	})
 	// As envoyproxy/ratelimit answers it: OK, or a 500 when not ready.
 	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, _ *http.Request) {
@@ -41,7 +41,7 @@ func httpHandler(ready func() error, svc *service.Service, shedder *service.Shed
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		io.WriteString(w, "OK")
+		reply(w, "OK")
 	})
 	return mux
 }
@@ -65,9 +65,13 @@ func debugHandler(svc *service.Service, withPprof bool) http.Handler {
 		endpoints += "/debug/pprof/: root of various pprof endpoints. hit for help.\n"
 	}
 	mux.Handle("GET /rlconfig", svc.ConfigTextHandler())
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, endpoints) })
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { reply(w, endpoints) })
 	return mux
 }
+
+// reply writes s as the body. A write that fails is a client gone: there
+// is no one left to tell.
+func reply(w io.Writer, s string) { _, _ = io.WriteString(w, s) }
 
 // metricsHandler serves the metrics alone at path, as envoyproxy/ratelimit's
 // PROMETHEUS_ADDR port does.

@@ -23,7 +23,7 @@ func (a *App) ready() error {
 	case a.draining.Load():
 		return errors.New("draining")
 	case a.credentialsRefused.Load():
-		return errors.New("Redis refuses the credentials")
+		return errors.New("Redis refuses the credentials") //nolint:staticcheck // ST1005: "Redis" is a name, and the text is /readyz's answer
 	}
 	return nil
 }
@@ -140,7 +140,9 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	for _, srv := range append(extraServers, httpServer) {
 		if err := srv.Shutdown(drainCtx); err != nil {
-			srv.Close()
+			// Past the drain deadline: what is left is cut, and the listener,
+			// closed by Shutdown already, fails to close again.
+			_ = srv.Close()
 		}
 	}
 	log.Info("stopped")

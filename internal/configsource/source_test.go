@@ -111,7 +111,10 @@ func TestFileFollowsTheFiles(t *testing.T) {
 	}
 	write("domain: [")
 	select {
-	case <-sink.failures:
+	case err := <-sink.failures:
+		if err == nil {
+			t.Error("a bad config was reported with a nil error")
+		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("a bad config was not reported")
 	}

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 )
 
 // BenchmarkUnaryCall is a small unary call from a grpc-go client in the same
@@ -34,7 +33,9 @@ func BenchmarkUnaryCall(b *testing.B) {
 			b.Fatal(err)
 		}
 		benchmarkUnaryCall(b, cc)
-		cc.Close()
+		if err := cc.Close(); err != nil {
+			b.Error(err)
+		}
 		s.Stop()
 		if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			b.Error(err)
@@ -44,7 +45,7 @@ func BenchmarkUnaryCall(b *testing.B) {
 
 func benchmarkUnaryCall(b *testing.B, cc *grpc.ClientConn) {
 	client := testgrpc.NewTestServiceClient(cc)
-	req := &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("a rate limit request of about this size")}}
+	req := &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("a rate limit request of about this size")}}
 	b.SetParallelism(25)
 	b.ReportAllocs()
 	b.ResetTimer()

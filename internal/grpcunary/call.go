@@ -181,7 +181,8 @@ func (c *conn) call(st *stream) (any, error) {
 // writeAnswer writes a successful answer: headers, the message, trailers.
 func (c *conn) writeAnswer(st *stream, msg mem.BufferSlice) {
 	size := 5 + msg.Len()
-	c.write(func() error {
+	// The write fails only once the connection is closed, which the client sees.
+	_ = c.write(func() error {
 		if st.reset {
 			return nil
 		}
@@ -226,7 +227,8 @@ func truncate(msg string) string {
 
 // writeStatus answers st with a status alone (trailers-only).
 func (c *conn) writeStatus(st *stream, sts *status.Status) {
-	c.write(func() error {
+	// The write fails only once the connection is closed, which the client sees.
+	_ = c.write(func() error {
 		if st.reset {
 			return nil
 		}
@@ -255,7 +257,8 @@ func (c *conn) writeTrailersOnly(id uint32, sts *status.Status) error {
 // with its HTTP status and a line saying why, and forgets it.
 func (c *conn) answerHTTP(st *stream) {
 	defer c.srv.handlers.Done()
-	c.write(func() error {
+	// The write fails only once the connection is closed, which the client sees.
+	_ = c.write(func() error {
 		if st.reset {
 			return nil
 		}
@@ -278,7 +281,8 @@ func (c *conn) answerHTTP(st *stream) {
 // message too large, refused by the AdmitFunc), resets it if the client is
 // still sending, and forgets it.
 func (c *conn) answerEarly(st *stream, err error) {
-	c.write(func() error {
+	// The write fails only once the connection is closed, which the client sees.
+	_ = c.write(func() error {
 		if st.reset {
 			return nil
 		}

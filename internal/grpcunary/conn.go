@@ -80,19 +80,21 @@ func (c *conn) serve() {
 	defer c.close()
 	// The preface and the first SETTINGS must come within the handshake
 	// bound: a connection that sends neither holds nothing for long.
-	c.nc.SetReadDeadline(time.Now().Add(DefaultHandshakeTimeout))
+	// Setting a deadline fails only on a closed connection, whose read fails.
+	_ = c.nc.SetReadDeadline(time.Now().Add(DefaultHandshakeTimeout))
 	preface := make([]byte, len(clientPreface))
 	if _, err := io.ReadFull(c.nc, preface); err != nil {
 		return
 	}
 	if !bytes.Equal(preface, clientPreface) {
 		// Not HTTP/2: a FIN, then what the client still sends is read
-		// briefly, so that the close is not a reset that loses the FIN.
+		// briefly, so that the close is not a reset that loses the FIN. All
+		// best effort on a connection being closed: errors change nothing.
 		if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
-			cw.CloseWrite()
+			_ = cw.CloseWrite()
 		}
-		c.nc.SetReadDeadline(time.Now().Add(time.Second))
-		io.Copy(io.Discard, io.LimitReader(c.nc, 64<<10))
+		_ = c.nc.SetReadDeadline(time.Now().Add(time.Second))
+		_, _ = io.Copy(io.Discard, io.LimitReader(c.nc, 64<<10))
 		return
 	}
 	err := c.write(func() error {
@@ -136,7 +138,8 @@ func (c *conn) drain() {
 	if grace := c.srv.opts.MaxConnectionAgeGrace; grace > 0 {
 		c.after(grace+time.Second, c.close)
 	}
-	c.writeControl(func() error {
+	// The write fails only once the connection is closed: nothing to drain.
+	_ = c.writeControl(func() error {
 		if err := c.fr.WriteGoAway(math.MaxInt32, http2.ErrCodeNo, nil); err != nil {
 			return err
 		}
@@ -167,7 +170,8 @@ func (c *conn) goAwayFinal() {
 	c.lastID = c.maxStreamID.Load()
 	lastID, idle := c.lastID, len(c.streams) == 0
 	c.smu.Unlock()
-	c.writeControl(func() error { return c.fr.WriteGoAway(lastID, http2.ErrCodeNo, nil) })
+	// The write fails only once the connection is closed: the client sees it.
+	_ = c.writeControl(func() error { return c.fr.WriteGoAway(lastID, http2.ErrCodeNo, nil) })
 	if idle {
 		c.close()
 	}
@@ -175,7 +179,8 @@ func (c *conn) goAwayFinal() {
 
 // goAwayNow ends the connection for a protocol error.
 func (c *conn) goAwayNow(code http2.ErrCode) {
-	c.writeControl(func() error { return c.fr.WriteGoAway(c.maxStreamID.Load(), code, nil) })
+	// The write fails only once the connection is closed: the client sees it.
+	_ = c.writeControl(func() error { return c.fr.WriteGoAway(c.maxStreamID.Load(), code, nil) })
 }
 
 // close closes the connection, after writing what is pending (with a
@@ -209,13 +214,15 @@ func (c *conn) close() {
 		}
 	}
 	c.smu.Unlock()
+	// Last words on a connection being torn down: if they fail, the client
+	// sees the connection end all the same, and there is no one to tell.
 	if len(pending) > 0 {
-		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
 		c.netMu.Lock()
-		c.nc.Write(pending)
+		_, _ = c.nc.Write(pending)
 		c.netMu.Unlock()
 	}
-	c.nc.Close()
+	_ = c.nc.Close()
 }
 
 // dropStreams forgets what the streams left at close hold, once the

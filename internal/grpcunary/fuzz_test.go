@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -25,7 +26,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 )
 
 const (
@@ -51,7 +51,11 @@ var fuzzPingData = [8]byte{'f', 'u', 'z', 'z', 'p', 'i', 'n', 'g'}
 // client has half-closed it, leaves no goroutine behind, and still answers
 // a grpc-go client's call.
 func FuzzConn(f *testing.F) {
-	for _, seed := range fuzzSeeds() {
+	seeds, err := fuzzSeeds()
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, seed := range seeds {
 		f.Add(seed)
 	}
 
@@ -72,7 +76,9 @@ func FuzzConn(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() {
-		cc.Close()
+		if err := cc.Close(); err != nil {
+			f.Errorf("closing the grpc-go client: %v", err)
+		}
 		s.Stop()
 		if err := <-served; !errors.Is(err, ErrServerStopped) {
 			f.Errorf("Serve: %v, want ErrServerStopped", err)
@@ -82,7 +88,7 @@ func FuzzConn(f *testing.F) {
 	call := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), fuzzCloseBound)
 		defer cancel()
-		resp, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("still there?")}})
+		resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("still there?")}})
 		if err == nil && string(resp.GetPayload().GetBody()) != "still there?" {
 			err = errors.New("wrong answer: " + resp.String())
 		}
@@ -113,7 +119,7 @@ func FuzzConn(f *testing.F) {
 			n := len(s.conns)
 			s.mu.Unlock()
 			var stacks strings.Builder
-			pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+			_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1) // a strings.Builder does not fail
 			t.Fatalf("%s after the input: %d connections open (want the grpc-go client's alone), %d goroutines (at most %d+%d)\n%s",
 				fuzzCloseBound, n, runtime.NumGoroutine(), base, fuzzGoroutineSlack, stacks.String())
 		}
@@ -161,8 +167,12 @@ func fuzzOneConn(t *testing.T, addr string, input []byte) {
 	var out bytes.Buffer
 	out.WriteString(http2.ClientPreface)
 	out.Write(input)
-	http2.NewFramer(&out, nil).WritePing(false, fuzzPingData)
-	nc.SetWriteDeadline(time.Now().Add(fuzzCloseBound))
+	if err := http2.NewFramer(&out, nil).WritePing(false, fuzzPingData); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.SetWriteDeadline(time.Now().Add(fuzzCloseBound)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := nc.Write(out.Bytes()); err != nil && !closedByPeer(err) {
 		t.Fatalf("writing the input: %v (the server stopped reading, and did not close)", err)
 	}
@@ -174,7 +184,9 @@ func fuzzOneConn(t *testing.T, addr string, input []byte) {
 		case <-time.After(fuzzPingWait):
 		}
 	} // else the input's last frame swallows the PING
-	nc.(*net.TCPConn).CloseWrite()
+	// The server may have closed the connection already, and then the
+	// half-close fails; the read below sees the server's close either way.
+	_ = nc.(*net.TCPConn).CloseWrite()
 
 	select {
 	case <-readDone:
@@ -211,10 +223,19 @@ func closedByPeer(err error) bool {
 
 // fuzzSeeds are inputs that reach the frame handlers: calls as a client
 // makes them, and the misuses h2spec checks.
-func fuzzSeeds() [][]byte {
+func fuzzSeeds() ([][]byte, error) {
 	const unary = "/grpc.testing.TestService/UnaryCall"
-	msg := grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hello")}})
+	msg := grpcMsg(&testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("hello")}})
 	var seeds [][]byte
+	// w keeps the first error of the seeds' frame writes. They write into a
+	// bytes.Buffer, so one fails only when the framer refuses a frame: a
+	// mistake in a seed.
+	var writeErr error
+	w := func(err error) {
+		if writeErr == nil && err != nil {
+			writeErr = err
+		}
+	}
 	add := func(build func(fr *http2.Framer, hdrs func(path string, extra ...string) []byte)) {
 		var buf bytes.Buffer
 		fr := http2.NewFramer(&buf, nil)
@@ -239,41 +260,41 @@ func fuzzSeeds() [][]byte {
 		const max = 16 << 10
 		first := block[:min(len(block), max)]
 		block = block[len(first):]
-		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(block) == 0, EndStream: endStream})
+		w(fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(block) == 0, EndStream: endStream}))
 		for len(block) > 0 {
 			piece := block[:min(len(block), max)]
 			block = block[len(piece):]
-			fr.WriteContinuation(id, len(block) == 0, piece)
+			w(fr.WriteContinuation(id, len(block) == 0, piece))
 		}
 	}
 
 	// A unary call, and two on one connection with a deadline and metadata.
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings()
+		w(fr.WriteSettings())
 		headers(fr, 1, hdrs(unary), false)
-		fr.WriteData(1, true, msg)
+		w(fr.WriteData(1, true, msg))
 	})
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20})
+		w(fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20}))
 		headers(fr, 1, hdrs(unary, "grpc-timeout", "1S", "x-tenant", "a", "x-id-bin", "AAE"), false)
-		fr.WriteData(1, false, msg[:3])
-		fr.WriteData(1, true, msg[3:])
+		w(fr.WriteData(1, false, msg[:3]))
+		w(fr.WriteData(1, true, msg[3:]))
 		headers(fr, 3, hdrs(unary, "content-length", "12"), false)
-		fr.WriteData(3, true, msg)
+		w(fr.WriteData(3, true, msg))
 	})
 	// A streaming call, a health check, a method not served, not gRPC.
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings()
+		w(fr.WriteSettings())
 		headers(fr, 1, hdrs("/grpc.testing.TestService/FullDuplexCall"), false)
-		fr.WriteData(1, false, msg)
-		fr.WriteData(1, false, msg)
-		fr.WriteData(1, true, nil)
+		w(fr.WriteData(1, false, msg))
+		w(fr.WriteData(1, false, msg))
+		w(fr.WriteData(1, true, nil))
 		headers(fr, 3, hdrs("/grpc.health.v1.Health/Check"), false)
-		fr.WriteData(3, true, []byte{0, 0, 0, 0, 0})
+		w(fr.WriteData(3, true, []byte{0, 0, 0, 0, 0}))
 		headers(fr, 5, hdrs("/grpc.testing.TestService/Nope"), true)
 	})
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings()
+		w(fr.WriteSettings())
 		var b bytes.Buffer
 		enc := hpack.NewEncoder(&b)
 		for _, f := range [][2]string{{":method", "GET"}, {":scheme", "http"}, {":path", "/"}, {":authority", "x"}} {
@@ -284,76 +305,76 @@ func fuzzSeeds() [][]byte {
 	// Control frames: SETTINGS of every kind, their ACK, PING, WINDOW_UPDATE,
 	// GOAWAY, and a call answered through a shut then opened window.
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings(
+		w(fr.WriteSettings(
 			http2.Setting{ID: http2.SettingHeaderTableSize, Val: 0},
 			http2.Setting{ID: http2.SettingEnablePush, Val: 0},
 			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 1},
 			http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0},
 			http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 20},
 			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: 100},
-		)
-		fr.WriteSettingsAck()
-		fr.WritePing(false, [8]byte{1})
-		fr.WritePing(true, [8]byte{2})
+		))
+		w(fr.WriteSettingsAck())
+		w(fr.WritePing(false, [8]byte{1}))
+		w(fr.WritePing(true, [8]byte{2}))
 		headers(fr, 1, hdrs(unary), false)
-		fr.WriteData(1, true, msg)
-		fr.WriteWindowUpdate(0, 1000)
-		fr.WriteWindowUpdate(1, 3)
-		fr.WriteWindowUpdate(1, 1<<16)
-		fr.WriteGoAway(0, http2.ErrCodeNo, []byte("bye"))
+		w(fr.WriteData(1, true, msg))
+		w(fr.WriteWindowUpdate(0, 1000))
+		w(fr.WriteWindowUpdate(1, 3))
+		w(fr.WriteWindowUpdate(1, 1<<16))
+		w(fr.WriteGoAway(0, http2.ErrCodeNo, []byte("bye")))
 	})
 	// Window updates past 2^31-1, on the connection and on a stream.
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+		w(fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}))
 		headers(fr, 1, hdrs(unary), false)
-		fr.WriteData(1, true, msg)
-		fr.WriteWindowUpdate(1, 1<<31-1)
-		fr.WriteWindowUpdate(1, 1<<31-1)
-		fr.WriteWindowUpdate(0, 1<<31-1)
+		w(fr.WriteData(1, true, msg))
+		w(fr.WriteWindowUpdate(1, 1<<31-1))
+		w(fr.WriteWindowUpdate(1, 1<<31-1))
+		w(fr.WriteWindowUpdate(0, 1<<31-1))
 	})
 	// A header block in CONTINUATIONs, and one interrupted by another frame.
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings()
+		w(fr.WriteSettings())
 		block := hdrs(unary, "x-long", strings.Repeat("v", 100))
-		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:10]})
-		fr.WriteContinuation(1, false, block[10:40])
-		fr.WriteContinuation(1, true, block[40:])
-		fr.WriteData(1, true, msg)
+		w(fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:10]}))
+		w(fr.WriteContinuation(1, false, block[10:40]))
+		w(fr.WriteContinuation(1, true, block[40:]))
+		w(fr.WriteData(1, true, msg))
 	})
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings()
+		w(fr.WriteSettings())
 		block := hdrs(unary)
-		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:5]})
-		fr.WriteData(1, true, msg)
-		fr.WriteContinuation(1, true, block[5:])
+		w(fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:5]}))
+		w(fr.WriteData(1, true, msg))
+		w(fr.WriteContinuation(1, true, block[5:]))
 	})
 	// RST_STREAM: on a call whose message is coming, on an idle stream.
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings()
+		w(fr.WriteSettings())
 		headers(fr, 1, hdrs(unary), false)
-		fr.WriteData(1, false, msg[:2])
-		fr.WriteRSTStream(1, http2.ErrCodeCancel)
-		fr.WriteData(1, true, msg[2:])
-		fr.WriteRSTStream(7, http2.ErrCodeCancel)
+		w(fr.WriteData(1, false, msg[:2]))
+		w(fr.WriteRSTStream(1, http2.ErrCodeCancel))
+		w(fr.WriteData(1, true, msg[2:]))
+		w(fr.WriteRSTStream(7, http2.ErrCodeCancel))
 	})
 	// PRIORITY: a stream depending on itself, by PRIORITY and by HEADERS.
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings()
-		fr.WritePriority(3, http2.PriorityParam{StreamDep: 3, Weight: 7})
-		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hdrs(unary), EndHeaders: true,
-			Priority: http2.PriorityParam{StreamDep: 1, Exclusive: true, Weight: 255}})
-		fr.WriteData(1, true, msg)
+		w(fr.WriteSettings())
+		w(fr.WritePriority(3, http2.PriorityParam{StreamDep: 3, Weight: 7}))
+		w(fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hdrs(unary), EndHeaders: true,
+			Priority: http2.PriorityParam{StreamDep: 1, Exclusive: true, Weight: 255}}))
+		w(fr.WriteData(1, true, msg))
 	})
 	// DATA on a stream that ended, on stream 0, on an even stream; HEADERS
 	// with a lower id than the last.
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings()
+		w(fr.WriteSettings())
 		headers(fr, 3, hdrs(unary), false)
-		fr.WriteData(3, true, msg)
-		fr.WriteData(3, true, msg)
+		w(fr.WriteData(3, true, msg))
+		w(fr.WriteData(3, true, msg))
 		headers(fr, 1, hdrs(unary), true)
-		fr.WriteRawFrame(http2.FrameData, 0, 0, []byte("x"))
-		fr.WriteRawFrame(http2.FrameData, 0, 2, []byte("x"))
+		w(fr.WriteRawFrame(http2.FrameData, 0, 0, []byte("x")))
+		w(fr.WriteRawFrame(http2.FrameData, 0, 2, []byte("x")))
 	})
 	// Frames of the wrong length: PING of 7 bytes, SETTINGS of 5,
 	// WINDOW_UPDATE of 3, RST_STREAM of 5; one past the largest frame; a
@@ -374,28 +395,31 @@ func fuzzSeeds() [][]byte {
 		{http2.FrameData, http2.FlagDataPadded, 1, []byte{200, 'x'}},
 	} {
 		add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-			fr.WriteSettings()
+			w(fr.WriteSettings())
 			headers(fr, 1, hdrs(unary), false)
-			fr.WriteRawFrame(raw.t, raw.flags, raw.id, raw.payload)
+			w(fr.WriteRawFrame(raw.t, raw.flags, raw.id, raw.payload))
 		})
 	}
 	// A first frame that is not SETTINGS; a frame header cut short.
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WritePing(false, [8]byte{})
+		w(fr.WritePing(false, [8]byte{}))
 	})
 	seeds = append(seeds, []byte{0, 0, 18, 4, 0, 0, 0, 0, 0, 0, 3})
 	// Header blocks that do not decode, or break the rules of requests.
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings()
+		w(fr.WriteSettings())
 		headers(fr, 1, []byte{0xff, 0xff, 0xff, 0xff}, true) // an index past the table
 		headers(fr, 3, []byte{0x3f, 0xe1, 0x1f}, true)       // a table size update past the limit
 	})
 	add(func(fr *http2.Framer, hdrs func(string, ...string) []byte) {
-		fr.WriteSettings()
+		w(fr.WriteSettings())
 		headers(fr, 1, hdrs(unary, ":method", "GET", "connection", "close", "Upper", "x"), true)
 		headers(fr, 3, hdrs(unary, "grpc-timeout", "nonsense", "content-type", "text/plain"), true)
 		big := strings.Repeat("b", 20<<10) // four of them: past MaxHeaderListSize
 		headers(fr, 5, hdrs(unary, "x-1", big, "x-2", big, "x-3", big, "x-4", big), true)
 	})
-	return seeds
+	if writeErr != nil {
+		return nil, fmt.Errorf("building the seeds: %w", writeErr)
+	}
+	return seeds, nil
 }

@@ -5,6 +5,7 @@ package grpcunary
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -109,9 +110,21 @@ func serveRaw(t *testing.T, opts Options, svc *testService, setup ...func(*Serve
 	if err != nil {
 		t.Fatal(err)
 	}
-	go s.Serve(ln)
-	t.Cleanup(s.Stop)
+	serveTillCleanup(t, s, ln)
 	return s, ln.Addr().String()
+}
+
+// serveTillCleanup serves ln with s until the test ends, then stops s and
+// checks that Serve ended for the stop.
+func serveTillCleanup(t *testing.T, s *Server, ln net.Listener) {
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		s.Stop()
+		if err := <-served; !errors.Is(err, ErrServerStopped) {
+			t.Errorf("Serve: %v, want ErrServerStopped", err)
+		}
+	})
 }
 
 func countingAdmit(admitted, done *atomic.Int32) func() AdmitFunc {

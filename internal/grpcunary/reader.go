@@ -60,7 +60,8 @@ func (c *conn) readLoop() {
 				c.goAwayNow(http2.ErrCodeProtocol)
 				return
 			}
-			c.nc.SetReadDeadline(time.Time{})
+			// Fails only on a closed connection, which the next read reports.
+			_ = c.nc.SetReadDeadline(time.Time{})
 			first = false
 		}
 		var code http2.ErrCode
@@ -388,7 +389,8 @@ func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) http2.ErrCode {
 		}
 	}
 	var code http2.ErrCode
-	c.write(func() error {
+	// The write fails only once the connection is closed: no window to grow.
+	_ = c.write(func() error {
 		w := &c.sendWindow
 		if st != nil {
 			w = &st.sendWindow
@@ -421,7 +423,8 @@ func (c *conn) onReset(f *http2.RSTStreamFrame) http2.ErrCode {
 		}
 		return http2.ErrCodeNo
 	}
-	c.write(func() error {
+	// The write fails only once the connection is closed: nothing to stop.
+	_ = c.write(func() error {
 		st.reset = true
 		c.wcond.Broadcast()
 		return nil

@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 )
 
 // TestNoPlaceWithoutTheMessage: a call whose headers came but not its
@@ -54,11 +53,13 @@ func TestNoPlaceWithoutTheMessage(t *testing.T) {
 			}
 			rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, extra...)
 			// Half a message: still no place.
-			if err := rc.fr.WriteData(1, false, grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hello")}})[:8]); err != nil {
+			if err := rc.fr.WriteData(1, false, grpcMsg(&testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("hello")}})[:8]); err != nil {
 				t.Fatal(err)
 			}
 			if tc.close {
-				rc.nc.Close()
+				if err := rc.nc.Close(); err != nil {
+					t.Fatal(err)
+				}
 				if !waitFor(func() bool { return len(openConns(s)) == 0 }, 15*time.Second) {
 					t.Error("the connection is kept")
 				}
@@ -109,7 +110,7 @@ func TestAdmitPlaceBackWhenHandlerReturns(t *testing.T) {
 	defer rc.nc.Close()
 	reset := rc.await(resetOf(1))
 	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "grpc-timeout", Value: "100m"})
-	if err := rc.fr.WriteData(1, true, grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hi")}})); err != nil {
+	if err := rc.fr.WriteData(1, true, grpcMsg(&testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("hi")}})); err != nil {
 		t.Fatal(err)
 	}
 	if !waitFor(func() bool { return done.Load() == 1 }, 10*time.Second) {
@@ -127,9 +128,12 @@ func TestAdmitPlaceBackWhenHandlerReturns(t *testing.T) {
 // with 16 KiB answers, each followed by PINGs (fewer than the server
 // allows between requests), until the server's pending bytes are at
 // their bound and it stops reading.
-func flood(rc *rawClient) {
-	rc.nc.(*net.TCPConn).SetReadBuffer(4 << 10)
-	call := grpcMsg(&testpb.SimpleRequest{ResponseSize: 16 << 10})
+func flood(t *testing.T, rc *rawClient) {
+	t.Helper()
+	if err := rc.nc.(*net.TCPConn).SetReadBuffer(4 << 10); err != nil {
+		t.Fatal(err)
+	}
+	call := grpcMsg(&testgrpc.SimpleRequest{ResponseSize: 16 << 10})
 	var batch bytes.Buffer
 	bf := http2.NewFramer(&batch, nil)
 	for id := uint32(1); ; id += 2 {
@@ -142,12 +146,21 @@ func flood(rc *rawClient) {
 		} {
 			rc.henc.WriteField(f)
 		}
-		bf.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: rc.hbuf.Bytes(), EndHeaders: true})
-		bf.WriteData(id, true, call)
-		for i := range 50 {
-			bf.WritePing(false, [8]byte{byte(i)})
+		// Into a bytes.Buffer: an error is a frame the framer refuses.
+		if err := bf.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: rc.hbuf.Bytes(), EndHeaders: true}); err != nil {
+			t.Fatal(err)
 		}
-		rc.nc.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+		if err := bf.WriteData(id, true, call); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 50 {
+			if err := bf.WritePing(false, [8]byte{byte(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := rc.nc.SetWriteDeadline(time.Now().Add(500 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := rc.nc.Write(batch.Bytes()); err != nil {
 			return
 		}
@@ -160,7 +173,7 @@ func TestNonReadingClientClosedAfterAgeAndGrace(t *testing.T) {
 	s, addr := serveRaw(t, Options{MaxConnectionAge: 2 * time.Second, MaxConnectionAgeGrace: 200 * time.Millisecond}, &testService{})
 	rc := dialRaw(t, addr)
 	defer rc.nc.Close()
-	flood(rc)
+	flood(t, rc)
 	// Age 2 s (+10 %), 1 s to the final GOAWAY, grace and 1 s more, and a
 	// second for close's own write: closed in about 5.4 s.
 	open := func() int {
@@ -179,7 +192,7 @@ func TestGracefulStopNotHeldByOneConnection(t *testing.T) {
 	s, addr := serveRaw(t, Options{}, &testService{})
 	stuck := dialRaw(t, addr)
 	defer stuck.nc.Close()
-	flood(stuck)
+	flood(t, stuck)
 	const healthy = 7
 	var goAways, pongs atomic.Int32
 	for range healthy {
@@ -202,7 +215,9 @@ func TestGracefulStopNotHeldByOneConnection(t *testing.T) {
 				}
 			}
 		}()
-		rc.fr.WritePing(false, [8]byte{1})
+		if err := rc.fr.WritePing(false, [8]byte{1}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if !waitFor(func() bool { return pongs.Load() == healthy }, 10*time.Second) {
 		t.Fatalf("%d of %d connections served", pongs.Load(), healthy)
@@ -212,7 +227,9 @@ func TestGracefulStopNotHeldByOneConnection(t *testing.T) {
 	if !waitFor(func() bool { return goAways.Load() == healthy }, 10*time.Second) {
 		t.Errorf("%d of %d healthy connections got a GOAWAY", goAways.Load(), healthy)
 	}
-	stuck.nc.Close()
+	if err := stuck.nc.Close(); err != nil {
+		t.Fatal(err)
+	}
 	s.Stop()
 	<-stopped
 }
@@ -259,7 +276,7 @@ func TestAnnouncedSizeNotAllocatedUnadmitted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go s.Serve(ln)
+	serveTillCleanup(t, s, ln)
 	defer s.Stop()
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -280,7 +297,10 @@ func TestAnnouncedSizeNotAllocatedUnadmitted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rc.fr.WritePing(false, [8]byte{9}) // answered once everything before it was read
+	// Answered once everything before it was read.
+	if err := rc.fr.WritePing(false, [8]byte{9}); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-pong:
 	case <-time.After(30 * time.Second):
@@ -320,7 +340,7 @@ func TestSlowMessageKeepsComing(t *testing.T) {
 		}
 	}()
 	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false)
-	msg := grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: bytes.Repeat([]byte("x"), 64)}})
+	msg := grpcMsg(&testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: bytes.Repeat([]byte("x"), 64)}})
 	// Eight pieces 300 ms apart: 2.1 s from the first to the last, past the
 	// idle bound, with 1.7 s to spare between two pieces for a busy machine.
 	pace := time.NewTicker(300 * time.Millisecond)
@@ -348,7 +368,7 @@ func TestTrickleResetWithinTheServersBound(t *testing.T) {
 	defer rc.nc.Close()
 	reset := rc.await(resetOf(1))
 	rc.headers(t, 1, "/grpc.testing.TestService/UnaryCall", false, hpack.HeaderField{Name: "grpc-timeout", Value: "99999999H"})
-	msg := grpcMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: bytes.Repeat([]byte("x"), 1000)}})
+	msg := grpcMsg(&testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: bytes.Repeat([]byte("x"), 1000)}})
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for i := 0; ; i++ {
@@ -421,7 +441,7 @@ func TestInterleavedLargeMessagesServed(t *testing.T) {
 	errs := make(chan error, 24)
 	for range 24 {
 		go func() {
-			_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: make([]byte, 250<<10)}})
+			_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: make([]byte, 250<<10)}})
 			errs <- err
 		}()
 	}
@@ -452,7 +472,9 @@ func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 		}},
 		{"messages", func(rc *rawClient, id uint32) {
 			rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false)
-			rc.fr.WriteData(id, false, piece)
+			if err := rc.fr.WriteData(id, false, piece); err != nil {
+				t.Fatal(err)
+			}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -486,12 +508,14 @@ func TestHeldStreamsLeaveRoomForOthers(t *testing.T) {
 			defer cc.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{}); err != nil {
+			if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
 				t.Errorf("a call on another connection: %v", err)
 			}
 			// Their connections dropped, what they held is given back.
 			for _, rc := range hostile {
-				rc.nc.Close()
+				if err := rc.nc.Close(); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if !waitFor(func() bool { return s.totals.bytes.Load() == 0 }, 10*time.Second) {
 				t.Errorf("after the connections closed: %d bytes held", s.totals.bytes.Load())
@@ -548,13 +572,19 @@ func TestPingFloodThrottled(t *testing.T) {
 			for i := range sent {
 				if tc.withCalls && i%(maxControlFrames/2) == 0 {
 					rc.headers(t, id, "/grpc.testing.TestService/UnaryCall", false)
-					rc.fr.WriteData(id, true, grpcMsg(&testpb.SimpleRequest{}))
+					if err := rc.fr.WriteData(id, true, grpcMsg(&testgrpc.SimpleRequest{})); err != nil {
+						t.Fatal(err)
+					}
 					id += 2
 				}
+				var err error
 				if tc.settings {
-					rc.fr.WriteSettings()
+					err = rc.fr.WriteSettings()
 				} else {
-					rc.fr.WritePing(false, [8]byte{byte(i)})
+					err = rc.fr.WritePing(false, [8]byte{byte(i)})
+				}
+				if err != nil {
+					t.Fatal(err)
 				}
 			}
 			select {

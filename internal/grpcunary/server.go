@@ -223,7 +223,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.stopping {
 		s.mu.Unlock()
-		ln.Close()
+		_ = ln.Close() // not served: the stop is what Serve reports
 		return ErrServerStopped
 	}
 	s.listeners[ln] = struct{}{}
@@ -232,7 +232,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.mu.Lock()
 		delete(s.listeners, ln)
 		s.mu.Unlock()
-		ln.Close()
+		_ = ln.Close() // stop may have closed it already; Serve reports why it ended
 	}()
 
 	var pause time.Duration
@@ -259,7 +259,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		pause = 0
 		if !s.track(nil) {
-			nc.Close()
+			_ = nc.Close() // refused, never served: nothing to report
 			return ErrServerStopped
 		}
 		go s.serveConn(nc)
@@ -290,14 +290,14 @@ func (s *Server) serveConn(nc net.Conn) {
 		err := tc.HandshakeContext(ctx)
 		cancel()
 		if err != nil {
-			nc.Close()
+			_ = nc.Close() // the handshake failed already: nothing more to report
 			return
 		}
 		nc = tc
 	}
 	c := newConn(s, nc)
 	if !s.track(c) {
-		nc.Close()
+		_ = nc.Close() // refused, never served: nothing to report
 		return
 	}
 	c.serve()
@@ -324,7 +324,7 @@ func (s *Server) stop(now bool) {
 	s.stopping = true
 	s.stopOnce.Do(func() { close(s.quit) })
 	for ln := range s.listeners {
-		ln.Close()
+		_ = ln.Close() // its Serve returns ErrServerStopped whatever the close did
 	}
 	conns := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -26,7 +25,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
@@ -47,7 +45,7 @@ type testService struct {
 	release chan struct{}        // UnaryCall waits for it (or its context), when set
 }
 
-func (s *testService) UnaryCall(ctx context.Context, r *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+func (s *testService) UnaryCall(ctx context.Context, r *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 	if s.seen != nil {
 		s.seen <- ctx
 	}
@@ -64,9 +62,9 @@ func (s *testService) UnaryCall(ctx context.Context, r *testpb.SimpleRequest) (*
 		}
 		return nil, status.Error(codes.Code(st.Code), st.Message)
 	}
-	resp := &testpb.SimpleResponse{Payload: r.GetPayload()}
+	resp := &testgrpc.SimpleResponse{Payload: r.GetPayload()}
 	if n := r.GetResponseSize(); n > 0 {
-		resp.Payload = &testpb.Payload{Body: bytes.Repeat([]byte{'r'}, int(n))}
+		resp.Payload = &testgrpc.Payload{Body: bytes.Repeat([]byte{'r'}, int(n))}
 	}
 	return resp, nil
 }
@@ -90,7 +88,7 @@ func (s *testService) FullDuplexCall(stream testgrpc.TestService_FullDuplexCallS
 		if st := req.GetResponseStatus(); st != nil {
 			return status.Error(codes.Code(st.Code), st.Message)
 		}
-		if err := stream.Send(&testpb.StreamingOutputCallResponse{Payload: req.GetPayload()}); err != nil {
+		if err := stream.Send(&testgrpc.StreamingOutputCallResponse{Payload: req.GetPayload()}); err != nil {
 			return err
 		}
 	}
@@ -118,7 +116,9 @@ func start(t testing.TB, opts Options, svc *testService, dialOpts ...grpc.DialOp
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		cc.Close()
+		if err := cc.Close(); err != nil {
+			t.Errorf("closing the grpc-go client: %v", err)
+		}
 		s.Stop()
 		if err := <-served; !errors.Is(err, ErrServerStopped) {
 			t.Errorf("Serve: %v, want ErrServerStopped", err)
@@ -133,32 +133,32 @@ func TestUnaryCalls(t *testing.T) {
 	big := bytes.Repeat([]byte("0123456789abcdef"), 300<<10/16)
 	tests := []struct {
 		name     string
-		req      *testpb.SimpleRequest
+		req      *testgrpc.SimpleRequest
 		wantCode codes.Code
 		wantMsg  string
 		wantBody []byte
 	}{
-		{name: "small echo", req: &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hello")}}, wantBody: []byte("hello")},
-		{name: "empty request", req: &testpb.SimpleRequest{}, wantBody: nil},
+		{name: "small echo", req: &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("hello")}}, wantBody: []byte("hello")},
+		{name: "empty request", req: &testgrpc.SimpleRequest{}, wantBody: nil},
 		{
 			// Past the 64 KiB windows and 16 KiB frames both ways.
 			name:     "300 KiB each way",
-			req:      &testpb.SimpleRequest{Payload: &testpb.Payload{Body: big}, ResponseSize: 300 << 10},
+			req:      &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: big}, ResponseSize: 300 << 10},
 			wantBody: bytes.Repeat([]byte{'r'}, 300<<10),
 		},
 		{
 			name:     "status with a message to escape",
-			req:      &testpb.SimpleRequest{ResponseStatus: &testpb.EchoStatus{Code: int32(codes.ResourceExhausted), Message: "quota 100% für\nheute"}},
+			req:      &testgrpc.SimpleRequest{ResponseStatus: &testgrpc.EchoStatus{Code: int32(codes.ResourceExhausted), Message: "quota 100% für\nheute"}},
 			wantCode: codes.ResourceExhausted, wantMsg: "quota 100% für\nheute",
 		},
 		{
 			name:     "an error that is not a status",
-			req:      &testpb.SimpleRequest{ResponseStatus: &testpb.EchoStatus{Code: int32(codes.Unknown), Message: "plain"}},
+			req:      &testgrpc.SimpleRequest{ResponseStatus: &testgrpc.EchoStatus{Code: int32(codes.Unknown), Message: "plain"}},
 			wantCode: codes.Unknown, wantMsg: "plain",
 		},
 		{
 			name:     "message past MaxRecvMsgSize",
-			req:      &testpb.SimpleRequest{Payload: &testpb.Payload{Body: make([]byte, 2<<20)}},
+			req:      &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: make([]byte, 2<<20)}},
 			wantCode: codes.ResourceExhausted, wantMsg: "grpc: received message larger than max",
 		},
 	}
@@ -188,7 +188,7 @@ func TestMethodsNotServed(t *testing.T) {
 		{"/grpc.testing.TestService/Nope", "unknown method Nope for service grpc.testing.TestService"},
 		{"/grpc.testing.Nothing/Call", "unknown service grpc.testing.Nothing"},
 	} {
-		err := cc.Invoke(ctx, tt.method, &testpb.Empty{}, &testpb.Empty{})
+		err := cc.Invoke(ctx, tt.method, &testgrpc.Empty{}, &testgrpc.Empty{})
 		if st := status.Convert(err); st.Code() != codes.Unimplemented || st.Message() != tt.want {
 			t.Errorf("%s: %v, want UNIMPLEMENTED %q", tt.method, err, tt.want)
 		}
@@ -212,7 +212,7 @@ func TestStreamingCalls(t *testing.T) {
 		}
 		for i, size := range []int{0, 10, 100 << 10, 3} { // one past the 64 KiB windows
 			body := bytes.Repeat([]byte{byte('a' + i)}, size)
-			if err := stream.Send(&testpb.StreamingOutputCallRequest{Payload: &testpb.Payload{Body: body}}); err != nil {
+			if err := stream.Send(&testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: body}}); err != nil {
 				t.Fatal(err)
 			}
 			resp, err := stream.Recv()
@@ -239,7 +239,10 @@ func TestStreamingCalls(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stream.Send(&testpb.StreamingOutputCallRequest{ResponseStatus: &testpb.EchoStatus{Code: int32(codes.PermissionDenied), Message: "no"}})
+		req := &testgrpc.StreamingOutputCallRequest{ResponseStatus: &testgrpc.EchoStatus{Code: int32(codes.PermissionDenied), Message: "no"}}
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := stream.Recv(); status.Code(err) != codes.PermissionDenied {
 			t.Fatalf("%v, want PERMISSION_DENIED", err)
 		}
@@ -276,7 +279,9 @@ func TestStreamingCalls(t *testing.T) {
 		if !slices.Contains(names, "grpc.testing.TestService") || !slices.Contains(names, "grpc.health.v1.Health") {
 			t.Errorf("services %q", names)
 		}
-		stream.CloseSend()
+		if err := stream.CloseSend(); err != nil {
+			t.Error(err)
+		}
 	})
 }
 
@@ -296,7 +301,7 @@ func TestContextOfACall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ctx = metadata.AppendToOutgoingContext(ctx, "x-tenant", "a", "x-tenant", "b", "x-trace-bin", string([]byte{0, 1, 0xff}))
-	if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{}); err != nil {
+	if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	got := <-svc.seen
@@ -337,7 +342,7 @@ func TestCancelReachesTheHandler(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{})
+		_, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{})
 		done <- err
 	}()
 	handlerCtx := <-svc.seen
@@ -372,12 +377,12 @@ func TestAdmitRefusesOnceTheMessageIsWhole(t *testing.T) {
 	defer cancel()
 	first := make(chan error, 1)
 	go func() {
-		_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{})
+		_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{})
 		first <- err
 	}()
 	<-svc.seen
 	// Refused once its 1 MiB message is whole, before its handler.
-	_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: make([]byte, 1<<20)}})
+	_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}})
 	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || st.Message() != "one at a time" {
 		t.Errorf("second call: %v, want RESOURCE_EXHAUSTED from Admit", err)
 	}
@@ -406,7 +411,7 @@ func TestManyConcurrentCalls(t *testing.T) {
 			for i := range 100 {
 				body := []byte(fmt.Sprintf("caller %d call %d %s", g, i, strings.Repeat("x", i*37)))
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				resp, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: body}})
+				resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: body}})
 				cancel()
 				if err == nil && !bytes.Equal(resp.GetPayload().GetBody(), body) {
 					err = fmt.Errorf("caller %d call %d: another call's answer", g, i)
@@ -433,7 +438,7 @@ func TestGracefulStopAnswersCallsInFlight(t *testing.T) {
 	defer cancel()
 	inFlight := make(chan error, 1)
 	go func() {
-		_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{})
+		_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{})
 		inFlight <- err
 	}()
 	<-svc.seen
@@ -456,7 +461,7 @@ func TestGracefulStopAnswersCallsInFlight(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("GracefulStop did not return once the call was answered")
 	}
-	if _, err := client.UnaryCall(ctx, &testpb.SimpleRequest{}, grpc.WaitForReady(false)); status.Code(err) != codes.Unavailable {
+	if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(false)); status.Code(err) != codes.Unavailable {
 		t.Errorf("a call after the stop: %v, want UNAVAILABLE", err)
 	}
 }
@@ -466,7 +471,8 @@ func TestStopCancelsCallsInFlight(t *testing.T) {
 	s, cc := start(t, Options{}, svc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	go testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{})
+	// The call fails when Stop cancels it; what is checked is its handler's context.
+	go func() { _, _ = testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{}) }()
 	handlerCtx := <-svc.seen
 	s.Stop() // returns once the handler has
 	if handlerCtx.Err() == nil {
@@ -496,7 +502,7 @@ func TestMaxConnectionAgeMovesClientsWithoutFailedCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	ln := &countingListener{Listener: inner}
-	go s.Serve(ln)
+	serveTillCleanup(t, s, ln)
 	defer s.Stop()
 	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -514,7 +520,7 @@ func TestMaxConnectionAgeMovesClientsWithoutFailedCalls(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				// WaitForReady: between connections the channel is
 				// reconnecting, and a call waits for it rather than fail.
-				_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{}, grpc.WaitForReady(true))
+				_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
 				cancel()
 				calls.Add(1)
 				if err != nil {
@@ -549,7 +555,7 @@ func TestTLS(t *testing.T) {
 	_, cc := start(t, Options{TLS: serverTLS}, &testService{}, grpc.WithTransportCredentials(creds))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("over TLS")}})
+	resp, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("over TLS")}})
 	if err != nil || string(resp.GetPayload().GetBody()) != "over TLS" {
 		t.Fatalf("%v %v", resp, err)
 	}
@@ -564,11 +570,12 @@ func TestNotGRPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go s.Serve(ln)
+	serveTillCleanup(t, s, ln)
 	defer s.Stop()
-	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, network, addr)
-	}}
+	// HTTP/2 without TLS, by prior knowledge.
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &protocols}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	url := "http://" + ln.Addr().String() + "/grpc.testing.TestService/UnaryCall"
@@ -585,8 +592,12 @@ func TestNotGRPC(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s %s: %v", tt.method, tt.contentType, err)
 		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			t.Errorf("%s %s: reading the body: %v", tt.method, tt.contentType, err)
+		}
+		if err := resp.Body.Close(); err != nil {
+			t.Error(err)
+		}
 		if resp.StatusCode != tt.want {
 			t.Errorf("%s %s: HTTP %d, want %d", tt.method, tt.contentType, resp.StatusCode, tt.want)
 		}

@@ -142,7 +142,8 @@ func (ss *serverStream) SendHeader(md metadata.MD) error {
 }
 
 func (ss *serverStream) SetTrailer(md metadata.MD) {
-	ss.c.write(func() error {
+	// The write fails only once the connection is closed: no trailers go.
+	_ = ss.c.write(func() error {
 		ss.trailer = metadata.Join(ss.trailer, md)
 		return nil
 	})
@@ -223,7 +224,8 @@ func (c *conn) handleStream(st *stream) {
 	if !ok {
 		sts = status.FromContextError(err)
 	}
-	c.write(func() error {
+	// The write fails only once the connection is closed, which the client sees.
+	_ = c.write(func() error {
 		if st.reset {
 			return nil
 		}

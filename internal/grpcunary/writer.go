@@ -50,7 +50,10 @@ type connWriter struct {
 var errClosed = errors.New("grpcunary: connection closed")
 
 // write runs fn with the write side held; the frames fn writes go out
-// with the flusher's next write.
+// with the flusher's next write. It fails with errClosed once the
+// connection is closed; fn's frames go into out, which does not fail, so
+// that is in effect its only error, and callers with nothing to undo
+// ignore it: the client sees the connection end.
 func (c *conn) write(fn func() error) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -107,7 +110,8 @@ func (c *conn) flusher() {
 			continue
 		}
 		// Under wmu: close, which shortens the deadline, comes after.
-		c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
+		// Fails only on a closed connection, whose Write below fails.
+		_ = c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
 		c.netMu.Lock()
 		c.wmu.Unlock()
 		_, err := c.nc.Write(buf)
@@ -136,7 +140,8 @@ func (w outWriter) Write(p []byte) (int, error) {
 // writeReset sends RST_STREAM for stream id, and marks st (if any) reset so
 // that its writers stop.
 func (c *conn) writeReset(st *stream, id uint32, code http2.ErrCode) {
-	c.write(func() error {
+	// The write fails only once the connection is closed: no stream to reset.
+	_ = c.write(func() error {
 		if st != nil {
 			st.reset = true
 			c.wcond.Broadcast()

@@ -295,7 +295,7 @@ func oneShot(ctx context.Context, addr string, rec *recorder, interval time.Dura
 			}
 		} else {
 			if c.waitSettled(ctx) {
-				c.send(func() error { return send(c) })
+				_ = c.send(func() error { return send(c) }) // a failure ends c, which done reports
 				select {
 				case <-c.done:
 				case <-ctx.Done():

@@ -113,11 +113,11 @@ func dial(ctx context.Context, addr string, rec *recorder, o dialOptions) (*conn
 	// Ending the attack unblocks every read and write at once.
 	c.stop = context.AfterFunc(ctx, func() {
 		c.ours.Store(true)
-		nc.SetDeadline(time.Unix(1, 0))
+		_ = nc.SetDeadline(time.Unix(1, 0)) // fails only once closed: nothing left to unblock
 	})
 
 	err = c.send(func() error {
-		c.bw.WriteString(http2.ClientPreface)
+		_, _ = c.bw.WriteString(http2.ClientPreface) // an error sticks in bw: send's Flush returns it
 		rec.bytes.Add(int64(len(http2.ClientPreface)))
 		if o.prefaceOnly {
 			return nil
@@ -232,12 +232,12 @@ func (c *conn) read(mode readMode) {
 			}
 			c.settleOnce.Do(func() { close(c.settled) })
 			if mode != readQuiet {
-				c.send(c.fr.WriteSettingsAck)
+				_ = c.send(c.fr.WriteSettingsAck) // a failure ends c
 			}
 		case *http2.PingFrame:
 			if !f.IsAck() && mode != readQuiet {
 				data := f.Data
-				c.send(func() error { return c.fr.WritePing(true, data) })
+				_ = c.send(func() error { return c.fr.WritePing(true, data) }) // a failure ends c
 			}
 		case *http2.DataFrame:
 			if f.StreamEnded() {
@@ -250,7 +250,7 @@ func (c *conn) read(mode readMode) {
 				if unacked >= 16<<10 {
 					n := unacked
 					unacked = 0
-					c.send(func() error { return c.fr.WriteWindowUpdate(0, n) })
+					_ = c.send(func() error { return c.fr.WriteWindowUpdate(0, n) }) // a failure ends c
 				}
 			}
 		case *http2.HeadersFrame:
@@ -308,7 +308,7 @@ func (c *conn) end(err error) {
 			c.rec.serverClosed()
 		}
 		close(c.done)
-		c.nc.Close()
+		_ = c.nc.Close() // ending: a close that fails leaves nothing to undo
 	})
 }
 

@@ -36,7 +36,7 @@ func DialLegit(ctx context.Context, addr string, call Call) (*Legit, error) {
 	}
 	l := &Legit{addr: addr, cc: cc, rls: rlsv3.NewRateLimitServiceClient(cc)}
 	if _, err := l.rls.ShouldRateLimit(ctx, call.request(), grpc.WaitForReady(true)); err != nil {
-		cc.Close()
+		_ = cc.Close() // the call's error is the one to report
 		return nil, fmt.Errorf("the first call to %s: %w", addr, err)
 	}
 	return l, nil

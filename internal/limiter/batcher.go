@@ -418,12 +418,12 @@ func (b *batcher) pipeline(ctx context.Context, target redis.UniversalClient, gr
 	cmds := make([]redis.Cmder, 0, len(group))
 	for _, s := range group {
 		if s.asking {
-			pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
+			_ = pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking")) // queues: the result is the command's, after Exec
 		}
 		switch {
 		case s.script == nil:
 			s.cmd = decideCmd(ctx, s.form, s.keys, s.args)
-			pipe.Process(ctx, s.cmd)
+			_ = pipe.Process(ctx, s.cmd) // queues: the result is the command's, after Exec
 		case s.form == formEval:
 			s.cmd = s.script.Eval(ctx, pipe, s.keys, s.args...)
 		default:

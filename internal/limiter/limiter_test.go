@@ -427,7 +427,7 @@ func TestNoRetryAfterALostReply(t *testing.T) {
 			}
 			upstream, err := net.Dial("tcp", m.Addr())
 			if err != nil {
-				conn.Close()
+				_ = conn.Close() // the client sees its connection end
 				return
 			}
 			var scriptSent atomic.Bool
@@ -439,7 +439,9 @@ func TestNoRetryAfterALostReply(t *testing.T) {
 					if err != nil || scriptSent.Load() {
 						return
 					}
-					conn.Write(buf[:n])
+					if _, err := conn.Write(buf[:n]); err != nil {
+						return
+					}
 				}
 			}()
 			go func() {
@@ -453,7 +455,9 @@ func TestNoRetryAfterALostReply(t *testing.T) {
 					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("eval")) {
 						scriptSent.Store(true)
 					}
-					upstream.Write(buf[:n])
+					if _, err := upstream.Write(buf[:n]); err != nil {
+						return
+					}
 				}
 			}()
 		}

@@ -43,7 +43,7 @@ func TestMalformedURLHidesPassword(t *testing.T) {
 	} {
 		s, err := OpenStore(cfg)
 		if err == nil {
-			s.Close()
+			_ = s.Close() // the open that should have failed is what is reported
 			t.Errorf("%+v: no error", cfg)
 			continue
 		}

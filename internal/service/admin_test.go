@@ -323,8 +323,14 @@ func TestAdminOverGRPC(t *testing.T) {
 	srv := grpc.NewServer()
 	RegisterAdmin(srv, a)
 	reflection.Register(srv)
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		srv.Stop()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
 
 	conn, err := grpc.NewClient("passthrough:///bufconn",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }),
@@ -366,7 +372,9 @@ func TestAdminOverGRPC(t *testing.T) {
 	if len(file.GetFileDescriptorResponse().GetFileDescriptorProto()) == 0 {
 		t.Fatalf("no file descriptor for Inspect: %v", file)
 	}
-	stream.CloseSend()
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
 
 	client := adminv1.NewAdminClient(conn)
 	adminHit(t, s, "log", "g")

@@ -161,8 +161,12 @@ func TestJSONPlaceOnceTheBodyCame(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest("POST", "/json", strings.NewReader("{}")))
 	rec2 := httptest.NewRecorder()
 	h.ServeHTTP(rec2, httptest.NewRequest("POST", "/json", strings.NewReader("0123456789")))
-	stall.Write([]byte("late"))
-	stall.Close()
+	if _, err := stall.Write([]byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if err := stall.Close(); err != nil {
+		t.Fatal(err)
+	}
 	<-done
 	want := []string{`"{}" <nil> 1`, `"" http: request body too large 0`, `"late" <nil> 1`}
 	if fmt.Sprint(seen) != fmt.Sprint(want) || rec.Code != 200 {

@@ -110,7 +110,9 @@ func newMiniredisBenchService(b *testing.B) *Service {
 	lim := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second})
 	b.Cleanup(func() {
 		lim.Close()
-		client.Close()
+		if err := client.Close(); err != nil {
+			b.Error(err)
+		}
 	})
 	return newBenchService(b, lim, Options{})
 }

@@ -27,6 +27,6 @@ func (s *Service) ConfigTextHandler() http.Handler {
 				r.StatKey(), unit, n, r.ShadowMode, false)
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Write([]byte(b.String()))
+		_, _ = w.Write([]byte(b.String())) // a write that fails is a client gone: no one left to tell
 	})
 }

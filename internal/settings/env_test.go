@@ -71,17 +71,6 @@ var envoyGatewayEnv = map[string]string{
 	"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001", "PROMETHEUS_MAPPER_YAML": "/etc/statsd-exporter/conf.yaml",
 }
 
-func with(base map[string]string, kv ...string) map[string]string {
-	m := maps.Clone(base)
-	if m == nil {
-		m = map[string]string{}
-	}
-	for i := 0; i < len(kv); i += 2 {
-		m[kv[i]] = kv[i+1]
-	}
-	return m
-}
-
 func TestPlanEnv(t *testing.T) {
 	cases := []struct {
 		name     string

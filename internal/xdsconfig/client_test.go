@@ -119,7 +119,9 @@ func runClient(t *testing.T, addr string, creds credentials.TransportCredentials
 	t.Cleanup(func() {
 		cancel()
 		<-done
-		conn.Close()
+		if err := conn.Close(); err != nil {
+			t.Error(err)
+		}
 	})
 	return r
 }

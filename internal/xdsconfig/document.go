@@ -180,7 +180,7 @@ func messageNode(m protoreflect.Message) (*yaml.Node, error) {
 	fields := m.Descriptor().Fields()
 	for i := 0; i < fields.Len(); i++ {
 		fd := fields.Get(i)
-		if !m.Has(fd) && !(m.Descriptor().FullName() == policyName && fd.Name() == "requests_per_unit" && !unlimited(m)) {
+		if !m.Has(fd) && (m.Descriptor().FullName() != policyName || fd.Name() != "requests_per_unit" || unlimited(m)) {
 			continue
 		}
 		v, err := valueNode(fd, m.Get(fd))
