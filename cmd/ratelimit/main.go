@@ -1,5 +1,5 @@
 // Command ratelimit is a rate limit service for Envoy with sliding windows on
-// Redis. See the README for its flags and config; internal/app assembles it.
+// Redis. See the README and docs/ for its flags and config; internal/app assembles it.
 package main
 
 import (

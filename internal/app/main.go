@@ -19,7 +19,7 @@ const usage = `usage:
 Every flag can also be set as RATELIMIT_<NAME> in the environment, e.g.
 RATELIMIT_REDIS_URL for --redis-url; a flag on the command line wins. The
 environment of envoyproxy/ratelimit (REDIS_URL, PORT, RUNTIME_ROOT, ...) is
-read too, below both (README, Migration). docs/flags.md tells more of each.
+read too, below both (docs/migration.md). docs/flags.md tells more of each.
 
 flags:
 `

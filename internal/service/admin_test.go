@@ -315,7 +315,7 @@ func TestAdminStoreDown(t *testing.T) {
 	}
 }
 
-// TestAdminOverGRPC serves the admin service as run.go does, on its own
+// TestAdminOverGRPC serves the admin service as internal/app does, on its own
 // server with reflection, and uses it through a client.
 func TestAdminOverGRPC(t *testing.T) {
 	s, a, _ := newAdminTest(t, nil)

@@ -37,8 +37,8 @@ const (
 	// (POST /json). Envoy's requests carry header values, and Envoy takes
 	// 60 KiB of headers by default (max_request_headers_kb): this holds
 	// several descriptors that copy one maximal header, while a flood of
-	// maximal requests at --max-inflight stays within the memory bound the
-	// README states.
+	// maximal requests at --max-inflight stays within the memory bound of
+	// docs/reliability.md.
 	DefaultMaxRequestBytes = 256 << 10
 
 	// The reference's header names (LIMIT_LIMIT_HEADER and others).

@@ -120,7 +120,7 @@ func planEnv(lookup envLookup, explicit func(string) bool) (*Plan, error) {
 		}
 	}
 	if len(unused) > 0 {
-		p.note(false, "variables of envoyproxy/ratelimit with no effect here (README, Migration)", unused...)
+		p.note(false, "variables of envoyproxy/ratelimit with no effect here (docs/migration.md)", unused...)
 	}
 	steps := []func(*Plan, func(string) (string, bool)) error{
 		planListeners, planConfigPath, planGRPCTLS, planMetrics, planMisc, planRedis,

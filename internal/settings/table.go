@@ -156,7 +156,7 @@ func table(s *Settings) []Setting {
 				Here: "0: --deny-cache=0 (no local cache of denials); more: the deny cache stays on (--deny-cache), bounded by entries, not bytes"}}},
 		// Rules.
 		{Name: FlagDefaultAlgorithm, bind: stringFlag(&s.DefaultAlgorithm, config.SlidingWindowCounter.String()),
-			Help: "algorithm of rules that name none: sliding_window_log, sliding_window_counter, fixed_window or gcra",
+			Help: "algorithm of rules that name none: " + orList(config.AlgorithmNames()),
 			Doc:  "algorithm of rules that name none"},
 		{Name: FlagDefaultFailureMode, bind: stringFlag(&s.DefaultFailureMode, ""),
 			Help: "store-down answer of rules that name none: allow or deny; empty: UNAVAILABLE, for Envoy to decide",
@@ -520,4 +520,12 @@ func table(s *Settings) []Setting {
 			Ref: []RefVar{{Name: "LOG_FORMAT", Default: "text", Conv: convLogFormat,
 				Here: "--log-format: json, or console for any other value; unset, the format stays json"}}},
 	}
+}
+
+// orList is "a, b or c".
+func orList(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
