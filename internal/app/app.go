@@ -20,7 +20,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
-	"github.com/slidingwindow/ratelimit/internal/configsource"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 	"github.com/slidingwindow/ratelimit/internal/service"
@@ -133,7 +132,7 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	if s.ShadowMode {
 		log.Warn("global shadow mode: every answer is OK; would-be denials are logged and counted")
 	}
-	a.follow(ctx, src)
+	src.Follow(ctx, a.svc)
 
 	if a.lns, err = listen(s); err != nil {
 		return nil, err
@@ -176,23 +175,6 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	healthpb.RegisterHealthServer(a.grpc, a.health)
 	reflection.Register(a.grpc)
 	return a, nil
-}
-
-// follow hands the source's later configs and rejections to the service
-// until ctx ends or the service closes.
-func (a *App) follow(ctx context.Context, src configsource.Source) {
-	ctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := src.Run(ctx, a.svc); err != nil {
-			a.log.Error("config source stopped: reloads need a restart", zap.Error(err))
-		}
-	}()
-	a.onClose(func() {
-		stop()
-		<-done
-	})
 }
 
 // onClose adds f to what close releases.

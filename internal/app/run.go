@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -42,6 +43,13 @@ func (a *App) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
 // provisioned, and returns the error of the server that failed, if any.
 func (a *App) Run(ctx context.Context) error {
 	defer a.close()
+	// Work started here ends with Run, before what it uses is released.
+	background, stopBackground := context.WithCancel(ctx)
+	var backgroundWork sync.WaitGroup
+	defer func() {
+		stopBackground()
+		backgroundWork.Wait()
+	}()
 	s, log, lns := a.s, a.log, a.lns
 	// A client gets 5 s for its headers and 10 s for the whole request, so
 	// that a body sent slowly, or never, does not hold its connection for
@@ -94,9 +102,11 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	if a.credentialsRefused.Load() {
 		a.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
-		go awaitCredentials(ctx, a.lim, log, func() {
-			a.credentialsRefused.Store(false)
-			a.setHealth(healthpb.HealthCheckResponse_SERVING) // a no-op once the health server is shut down
+		backgroundWork.Go(func() {
+			awaitCredentials(background, a.lim, log, func() {
+				a.credentialsRefused.Store(false)
+				a.setHealth(healthpb.HealthCheckResponse_SERVING) // a no-op once the health server is shut down
+			})
 		})
 	} else {
 		a.setHealth(healthpb.HealthCheckResponse_SERVING)

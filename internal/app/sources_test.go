@@ -108,7 +108,7 @@ func TestXDSSourceWaitsForTheFirstConfig(t *testing.T) {
 		t.Fatalf("first: %v, %v", cfg, err)
 	}
 	svc := service.New(cfg, nil, nil)
-	follow(t, x, svc)
+	x.Follow(t.Context(), svc)
 
 	srv.Set(t, "envoy-ratelimit", "2", xdsconfigtest.Config("api", "api", "user", 8, rlsconfv3.RateLimitUnit_MINUTE))
 	waitConfig(t, srv, "2", svc, func(c rlconfig) bool { return c.Generation == 2 && c.Rules[0].RequestsPerUnit == 8 })
@@ -129,23 +129,9 @@ func TestXDSSourceForceStart(t *testing.T) {
 		t.Fatalf("first: %v, %v; want an empty config at once", cfg, err)
 	}
 	svc := service.New(cfg, nil, nil)
-	follow(t, x, svc)
+	x.Follow(t.Context(), svc)
 	srv.Set(t, "envoy-ratelimit", "1", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_MINUTE))
 	waitConfig(t, srv, "1", svc, func(c rlconfig) bool { return c.Generation == 2 && len(c.Rules) == 1 })
-}
-
-// follow runs the source's updates into svc until the test ends, as New
-// does.
-func follow(t *testing.T, src configsource.Source, svc *service.Service) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, svc) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
 }
 
 // noLeaks fails t if it leaves a goroutine behind once its cleanups ran.

@@ -63,7 +63,7 @@ func prepare(ctx context.Context, lim *limiter.Limiter, log *zap.Logger) (creden
 	if err := lim.Prepare(prepareCtx); limiter.AuthRefused(err) {
 		log.Error("Redis refused the credentials: not ready until it accepts them", zap.Error(err))
 		return true
-	} else if err != nil {
+	} else if err != nil && ctx.Err() == nil { // not when the caller gave up
 		log.Warn("store not ready: rules answer by their failure_mode until it is", zap.Error(err))
 	}
 	return false

@@ -26,12 +26,6 @@ import (
 // this length stays far below, and every duration fits a time.Duration.
 const MaxWindow = 100 * 365 * 24 * time.Hour
 
-// MaxLogLimit bounds the limit of a sliding_window_log. The log stores one
-// member per admitted unit, so memory per key, and the time one script holds
-// Redis to record a heavy weighted hit, grow with the limit; beyond this the
-// sliding_window_counter keeps constant memory.
-const MaxLogLimit = 10_000
-
 // Defaults are the values used where a rule does not say, and how files
 // combine. The zero value means SlidingWindowCounter, FailureDefer,
 // RecordDescriptorCosts, and a domain defined twice is an error.

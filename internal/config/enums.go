@@ -53,6 +53,26 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	return parseEnum[Algorithm]("algorithm", s, algorithmNames, equal)
 }
 
+// describe is a's entry in lua.Algorithms.
+func (a Algorithm) describe() *lua.Algorithm {
+	d, ok := lua.ByID(int(a))
+	if !ok {
+		return &lua.Algorithm{}
+	}
+	return d
+}
+
+// Bucket reports a token bucket: its rules take rate_limit.burst.
+func (a Algorithm) Bucket() bool { return a.describe().Bucket }
+
+// CheckLimit refuses a limit above the algorithm's bound, if it has one.
+func (a Algorithm) CheckLimit(limit uint32) error {
+	if d := a.describe(); d.MaxLimit != 0 && limit > d.MaxLimit {
+		return fmt.Errorf("%d is above the %s maximum of %d (%s)", limit, d.Name, d.MaxLimit, d.MaxLimitWhy)
+	}
+	return nil
+}
+
 // String returns the name ParseAlgorithm accepts.
 func (a Algorithm) String() string { return enumString("Algorithm", a, algorithmNames) }
 

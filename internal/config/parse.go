@@ -512,18 +512,17 @@ func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rul
 	if err := p.burst(r, rl); err != nil {
 		return nil, err
 	}
-	if r.Algorithm == SlidingWindowLog && r.RequestsPerUnit > MaxLogLimit {
-		return nil, p.errorf(rl.RequestsPerUnit.Line,
-			"requests_per_unit %d is above the sliding_window_log maximum of %d (one stored member per unit); use sliding_window_counter",
-			r.RequestsPerUnit, MaxLogLimit)
+	if err := r.Algorithm.CheckLimit(r.RequestsPerUnit); err != nil {
+		return nil, p.errorf(rl.RequestsPerUnit.Line, "requests_per_unit %v", err)
 	}
 	return r, nil
 }
 
-// burst sets the bucket size of a gcra rule: rate_limit.burst, by default
-// requests_per_unit (a full window's worth). Other algorithms have no bucket.
+// burst sets the bucket size of a token bucket rule (gcra): rate_limit.burst,
+// by default requests_per_unit (a full window's worth). Other algorithms
+// have no bucket.
 func (p *parser) burst(r *Rule, rl *rawRateLimit) error {
-	if r.Algorithm != GCRA {
+	if !r.Algorithm.Bucket() {
 		if rl.Burst.Set {
 			how := "algorithm is " + r.Algorithm.String()
 			if !rl.Algorithm.Set {

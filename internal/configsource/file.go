@@ -2,7 +2,6 @@ package configsource
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -22,6 +21,9 @@ type File struct {
 	// reload; 0: config.DefaultDebounce.
 	Debounce time.Duration
 	Log      *zap.Logger
+
+	stop context.CancelFunc // ends the watch Follow started
+	done chan struct{}      // closed when it has
 }
 
 var _ Source = (*File)(nil)
@@ -43,29 +45,39 @@ func (f *File) First(context.Context) (*config.Config, error) {
 	return cfg, nil
 }
 
-// Run watches the files until ctx ends, when Watch is set; without it
-// nothing changes and Run returns at once.
-func (f *File) Run(ctx context.Context, sink Sink) error {
+// Follow watches the files, with Watch, until ctx ends or Close; without
+// Watch nothing changes and it does nothing.
+func (f *File) Follow(ctx context.Context, sink Sink) {
 	if !f.Watch {
-		return nil
+		return
 	}
 	debounce := f.Debounce
 	if debounce == 0 {
 		debounce = config.DefaultDebounce
 	}
-	err := config.Watch(ctx, f.Path, f.Defaults, debounce, func(c *config.Config) {
-		if sink.Reload(c) {
-			logWarnings(f.Log, c)
+	ctx, f.stop = context.WithCancel(ctx)
+	f.done = make(chan struct{})
+	go func() {
+		defer close(f.done)
+		err := config.Watch(ctx, f.Path, f.Defaults, debounce, func(c *config.Config) {
+			if sink.Reload(c) {
+				logWarnings(f.Log, c)
+			}
+		}, sink.ReloadFailed)
+		if err != nil {
+			f.Log.Error("config watch stopped: reloads need a restart", zap.Error(err))
 		}
-	}, sink.ReloadFailed)
-	if err != nil {
-		return fmt.Errorf("config watch: %w", err)
-	}
-	return nil
+	}()
 }
 
 // Configured is always true: First fails rather than start without one.
 func (f *File) Configured() bool { return true }
 
-// Close has nothing to free: Run's watch ends with its context.
-func (f *File) Close() error { return nil }
+// Close stops the watch, if any, and waits for it to end.
+func (f *File) Close() error {
+	if f.done != nil {
+		f.stop()
+		<-f.done
+	}
+	return nil
+}

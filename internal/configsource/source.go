@@ -27,21 +27,23 @@ type Sink interface {
 }
 
 // Source is where the config comes from. Its methods are called in this
-// order: First, then Run (once), then Close.
+// order: First, then Follow (once), then Close.
 type Source interface {
 	// First returns the config to start with, waiting for it as long as
 	// the source must; nil and no error when ctx ends first (a stop
 	// before the start).
 	First(ctx context.Context) (*config.Config, error)
-	// Run hands every later config and rejection to sink until ctx ends;
-	// an error means no more updates will come (the config in force
-	// stays until a restart).
-	Run(ctx context.Context, sink Sink) error
+	// Follow hands every later config and rejection to sink, from the
+	// moment it returns (it does not block) until ctx ends or Close. A
+	// source that cannot go on logs why: the config in force then stays
+	// until a restart.
+	Follow(ctx context.Context, sink Sink)
 	// Configured reports whether a config has arrived: false only while
 	// a source that started without one (XDSOptions.ForceStart) waits for
 	// its first, when rate limit calls must fail rather than pass.
 	Configured() bool
-	// Close stops the source and frees what it holds.
+	// Close stops the source, waits for its background work and frees
+	// what it holds.
 	Close() error
 }
 

@@ -61,17 +61,11 @@ func noLeaks(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t, before) }) // the first cleanup runs last
 }
 
-// runSource runs src.Run in the background until the test ends.
-func runSource(t *testing.T, src Source, sink Sink) {
+// follow hands the source's updates to sink until the test ends.
+func follow(t *testing.T, src Source, sink Sink) {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, sink) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	t.Cleanup(cancel)
+	src.Follow(ctx, sink)
 }
 
 func rule(n int) string {
@@ -100,7 +94,7 @@ func TestFileFollowsTheFiles(t *testing.T) {
 		t.Fatalf("First: %v, %v", first, err)
 	}
 	sink := newRecorder(first)
-	runSource(t, src, sink)
+	follow(t, src, sink)
 	// The watch loads once as it starts: a change made between First and
 	// the watch would otherwise wait for the next one.
 	if c := sink.next(t); limitOf(c) != 5 {
@@ -120,14 +114,16 @@ func TestFileFollowsTheFiles(t *testing.T) {
 	}
 }
 
-// TestFileWithoutWatch: without Watch, Run returns at once.
+// TestFileWithoutWatch: without Watch, Follow watches nothing.
 func TestFileWithoutWatch(t *testing.T) {
+	noLeaks(t)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(rule(1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	src := &File{Path: dir, Log: zap.NewNop()}
-	if err := src.Run(context.Background(), newRecorder(nil)); err != nil {
+	src.Follow(context.Background(), newRecorder(nil))
+	if err := src.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := (&File{Path: filepath.Join(dir, "missing"), Log: zap.NewNop()}).First(context.Background()); err == nil {
@@ -167,7 +163,7 @@ func TestXDSWaitsForTheFirstConfig(t *testing.T) {
 		t.Fatalf("First: %v, %v", cfg, err)
 	}
 	sink := newRecorder(cfg)
-	runSource(t, x, sink)
+	follow(t, x, sink)
 
 	srv.Set(t, "envoy-ratelimit", "2", xdsconfigtest.Config("api", "api", "user", 8, rlsconfv3.RateLimitUnit_MINUTE))
 	c := sink.next(t)
@@ -187,7 +183,7 @@ func TestXDSForceStart(t *testing.T) {
 		t.Fatalf("First: %v, %v; want an empty config at once, not configured", cfg, err)
 	}
 	sink := newRecorder(cfg)
-	runSource(t, x, sink)
+	follow(t, x, sink)
 	srv.Set(t, "envoy-ratelimit", "1", xdsconfigtest.Config("api", "api", "user", 5, rlsconfv3.RateLimitUnit_MINUTE))
 	if c := sink.next(t); len(c.Rules()) != 1 || !x.Configured() {
 		t.Fatalf("config %v, configured %v", c.Rules(), x.Configured())
@@ -228,7 +224,7 @@ descriptors:
 			if err != nil {
 				t.Fatal(err)
 			}
-			x.attach(newRecorder(cfg))
+			x.Follow(context.Background(), newRecorder(cfg))
 		}, 2},
 		{"resent", func() { x.accepted(load(2)) }, 2},
 		{"changed", func() { x.accepted(load(3)) }, 3},

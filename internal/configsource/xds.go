@@ -48,7 +48,7 @@ type XDSOptions struct {
 }
 
 // XDS is the config over xDS: a client that runs from StartXDS to Close,
-// and hands each config it accepts to the sink once Run gives one, keeping
+// and hands each config it accepts to the sink once Follow gives one, keeping
 // the latest until then.
 type XDS struct {
 	log      *zap.Logger
@@ -62,7 +62,7 @@ type XDS struct {
 
 	mu     sync.Mutex
 	sink   Sink
-	latest *config.Config // the last config accepted before Run
+	latest *config.Config // the last config accepted before Follow
 	given  *config.Config // the config First returned
 	got    chan struct{}  // closed at the first config accepted
 }
@@ -91,7 +91,7 @@ func StartXDS(ctx context.Context, opts XDSOptions) (*XDS, error) {
 	}
 	conn, err := grpc.NewClient(opts.ServerURL, dial...)
 	if err != nil {
-		return nil, fmt.Errorf("xds server %q: %w", opts.ServerURL, err)
+		return nil, fmt.Errorf("xds client: %w", err)
 	}
 	fields := make(map[string]*structpb.Value, len(opts.NodeMetadata))
 	for k, v := range opts.NodeMetadata {
@@ -147,18 +147,17 @@ func (x *XDS) First(ctx context.Context) (*config.Config, error) {
 	return x.given, nil
 }
 
-// Run hands every later config to sink, and the one accepted since First
-// if any, until ctx ends.
-func (x *XDS) Run(ctx context.Context, sink Sink) error {
-	x.attach(sink)
-	<-ctx.Done()
-	return nil
-}
-
-func (x *XDS) attach(sink Sink) {
+// Follow hands every later config to sink, and the one accepted since
+// First if any, until ctx ends or Close.
+func (x *XDS) Follow(ctx context.Context, sink Sink) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.sink = sink
+	context.AfterFunc(ctx, func() {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		x.sink = nil
+	})
 	if x.latest != nil && x.latest != x.given {
 		sink.Reload(x.latest)
 	}

@@ -84,8 +84,8 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 		}
 		l.multiplier = m.Value
 	}
-	if l.algorithm == config.SlidingWindowLog && l.requestsPerUnit > config.MaxLogLimit {
-		return nil, fmt.Errorf("limit override of %d is above the sliding_window_log maximum of %d", l.requestsPerUnit, config.MaxLogLimit)
+	if err := l.algorithm.CheckLimit(l.requestsPerUnit); err != nil {
+		return nil, fmt.Errorf("limit override of %w", err)
 	}
 	// As the reference, an override is a limit of its own: not the rule's
 	// name, replaces, quota_mode, metadata, shadow_mode or unlimited.

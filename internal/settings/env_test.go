@@ -309,7 +309,7 @@ func allVars() []refRow {
 			all = append(all, refRow{v, e.Name})
 		}
 	}
-	for _, v := range NoEffect() {
+	for _, v := range noEffect {
 		all = append(all, refRow{v, ""})
 	}
 	return all

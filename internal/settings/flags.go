@@ -196,6 +196,3 @@ func Validate(s *Settings) error {
 // Table is the table of settings, bound to a Settings of its own: for
 // documents and tests, which read its names, help and variables.
 func Table() []Setting { return table(new(Settings)) }
-
-// NoEffect are the reference's variables that set no flag here.
-func NoEffect() []RefVar { return noEffect }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap/zapcore"
+
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/service"
@@ -157,16 +159,33 @@ func table(s *Settings) []Setting {
 		// Rules.
 		{Name: FlagDefaultAlgorithm, bind: stringFlag(&s.DefaultAlgorithm, config.SlidingWindowCounter.String()),
 			Help: "algorithm of rules that name none: " + orList(config.AlgorithmNames()),
-			Doc:  "algorithm of rules that name none"},
+			Doc:  "algorithm of rules that name none",
+			check: func() error {
+				_, err := config.ParseAlgorithm(s.DefaultAlgorithm)
+				return flagError(FlagDefaultAlgorithm, err)
+			}},
 		{Name: FlagDefaultFailureMode, bind: stringFlag(&s.DefaultFailureMode, ""),
 			Help: "store-down answer of rules that name none: allow or deny; empty: UNAVAILABLE, for Envoy to decide",
 			Doc: "store-down answer of rules that name no `failure_mode`: `allow` or `deny`. Empty: such rules defer to Envoy " +
-				"(the request fails with `UNAVAILABLE`, Envoy's `failure_mode_deny` decides)"},
+				"(the request fails with `UNAVAILABLE`, Envoy's `failure_mode_deny` decides)",
+			check: func() error {
+				if s.DefaultFailureMode == "" {
+					return nil
+				}
+				if _, err := config.ParseFailureMode(s.DefaultFailureMode); err != nil {
+					return fmt.Errorf("--%s: %w, or empty to defer to Envoy", FlagDefaultFailureMode, err)
+				}
+				return nil
+			}},
 		{Name: FlagRecordCosts, bind: stringFlag(&s.RecordCosts, config.RecordDescriptorCosts.String()),
 			Help: "costs recorded even past the limit, for rules without record_costs: descriptor, always or never",
 			Doc: "which costs are recorded even past the limit, for rules without `record_costs`: `descriptor` (a cost in the " +
 				"descriptor's own `hits_addend`, as Envoy sends `apply_on_stream_done` reports), `always`, `never` " +
-				"(see [Budgets and costs](budgets.md))"},
+				"(see [Budgets and costs](budgets.md))",
+			check: func() error {
+				_, err := config.ParseCostRecording(s.RecordCosts)
+				return flagError(FlagRecordCosts, err)
+			}},
 		// Requests.
 		{Name: "max-descriptors", bind: intFlag(&s.MaxDescriptors, service.DefaultMaxDescriptors),
 			Help:  "most descriptors in one request",
@@ -512,14 +531,32 @@ func table(s *Settings) []Setting {
 		{Name: "log-level", bind: stringFlag(&s.LogLevel, "info"),
 			Help: "debug, info, warn or error",
 			Doc:  "`debug`, `info`, `warn`, `error`",
+			check: func() error {
+				_, err := zapcore.ParseLevel(s.LogLevel)
+				return flagError("log-level", err)
+			},
 			Ref: []RefVar{{Name: "LOG_LEVEL", Default: "WARN", Conv: convLogLevel,
 				Here: "--log-level (trace: debug; fatal, panic: error); unset, the level stays info"}}},
 		{Name: "log-format", bind: stringFlag(&s.LogFormat, "json"),
 			Help: "json or console",
 			Doc:  "`json` or `console`",
+			check: func() error {
+				if s.LogFormat != "json" && s.LogFormat != "console" {
+					return fmt.Errorf("--log-format: %q is not json or console", s.LogFormat)
+				}
+				return nil
+			},
 			Ref: []RefVar{{Name: "LOG_FORMAT", Default: "text", Conv: convLogFormat,
 				Here: "--log-format: json, or console for any other value; unset, the format stays json"}}},
 	}
+}
+
+// flagError names the flag an error is about; nil stays nil.
+func flagError(name string, err error) error {
+	if err != nil {
+		return fmt.Errorf("--%s: %w", name, err)
+	}
+	return nil
 }
 
 // orList is "a, b or c".

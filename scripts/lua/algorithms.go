@@ -1,7 +1,7 @@
 package lua
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
 	"strings"
 )
@@ -40,52 +40,69 @@ type Algorithm struct {
 	// MaxCost is the largest cost the algorithm's Lua is exact for; larger
 	// costs are sent as MaxCost, which no counter holds anyway.
 	MaxCost uint64
+	// MaxLimit is the largest limit a rule of this algorithm may have, 0
+	// for no bound; MaxLimitWhy says why, in the config's error message.
+	MaxLimit    uint32
+	MaxLimitWhy string
 
-	source string // the Lua file's text
+	source string // the Lua file's text, read from algorithmFiles
 }
 
-var (
-	//go:embed sliding_window_log.lua
-	slidingWindowLog string
-	//go:embed sliding_window_counter.lua
-	slidingWindowCounter string
-	//go:embed fixed_window.lua
-	fixedWindow string
-	//go:embed gcra.lua
-	gcra string
-)
+// algorithmFiles holds every algorithm's Lua file, Name + ".lua".
+//
+//go:embed *.lua
+var algorithmFiles embed.FS
 
 // Algorithms are the algorithms the Lua implements, in ID order (IDs 1, 2,
 // ...): the order their files are concatenated in and their index in
 // decide.lua's algorithms table. internal/config takes its algorithm names
 // from here, and internal/limiter everything else it sends to Redis. A new
-// algorithm is one entry here plus its Lua file (see Algorithm.Name).
-var Algorithms = []Algorithm{
+// algorithm is one entry here plus its Lua file (see Algorithm.Name), which
+// the *.lua embed below picks up.
+var Algorithms = withSources([]Algorithm{
 	{
 		ID: 1, Name: "sliding_window_log", Key: "log",
 		State:   "a sorted set of the admitted units, scored by the microsecond they came",
 		MaxCost: 1 << 53, // Lua numbers are exact up to 2^53; see prelude.lua's max_count
-		source:  slidingWindowLog,
+		// The log stores one member per admitted unit, so memory per key,
+		// and the time one script holds Redis to record a heavy weighted
+		// hit, grow with the limit; beyond this the sliding_window_counter
+		// keeps constant memory.
+		MaxLimit:    10_000,
+		MaxLimitWhy: "one stored member per unit; use sliding_window_counter",
 	},
 	{
 		ID: 2, Name: "sliding_window_counter", Key: "counter",
 		State:   `the string "<window index>:<count>:<previous window's count>"`,
 		MaxCost: 1 << 53,
-		source:  slidingWindowCounter,
 	},
 	{
 		ID: 3, Name: "fixed_window", Key: "fixed",
 		State:   `the string "<window index>:<count>"`,
 		MaxCost: 1 << 53,
-		source:  fixedWindow,
 	},
 	{
 		ID: 4, Name: "gcra", Key: "gcra",
 		State:   `the string "<whole>:<remainder>", the bucket's theoretical arrival time in Unix microseconds`,
 		Bucket:  true,
 		MaxCost: 1 << 32, // gcra.lua is exact for costs up to 2^32
-		source:  gcra,
 	},
+})
+
+// withSources fills each algorithm's source from its file. It runs as the
+// table is initialised, before the scripts built from it.
+func withSources(algorithms []Algorithm) []Algorithm {
+	for i := range algorithms {
+		a := &algorithms[i]
+		code, err := algorithmFiles.ReadFile(a.Name + ".lua")
+		if err != nil {
+			// A build without an algorithm's file cannot decide anything:
+			// every test fails at once, before anything ships.
+			panic(fmt.Sprintf("scripts/lua: algorithm %s has no file: %v", a.Name, err))
+		}
+		a.source = string(code)
+	}
+	return algorithms
 }
 
 // ByID returns the algorithm whose ID is id.
