@@ -62,6 +62,18 @@ func (a Algorithm) describe() *lua.Algorithm {
 	return d
 }
 
+// bucketNames are the token bucket algorithms, whose rules take
+// rate_limit.burst.
+var bucketNames = func() []string {
+	var names []string
+	for _, a := range lua.Algorithms {
+		if a.Bucket {
+			names = append(names, a.Name)
+		}
+	}
+	return names
+}()
+
 // Bucket reports a token bucket: its rules take rate_limit.burst.
 func (a Algorithm) Bucket() bool { return a.describe().Bucket }
 

@@ -526,9 +526,9 @@ func (p *parser) burst(r *Rule, rl *rawRateLimit) error {
 		if rl.Burst.Set {
 			how := "algorithm is " + r.Algorithm.String()
 			if !rl.Algorithm.Set {
-				how = "default algorithm is " + r.Algorithm.String() + "; add algorithm: gcra"
+				how = "default algorithm is " + r.Algorithm.String() + "; add algorithm: " + bucketNames[0]
 			}
-			return p.errorf(rl.Burst.Line, "burst applies only to algorithm gcra, and this rule's %s", how)
+			return p.errorf(rl.Burst.Line, "burst applies only to algorithm %s, and this rule's %s", strings.Join(bucketNames, " or "), how)
 		}
 		return nil
 	}
