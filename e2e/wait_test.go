@@ -8,6 +8,8 @@ package e2e
 import (
 	"testing"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/waitfor"
 )
 
 // pollEvery is how often waitFor and eventually look again.
@@ -17,37 +19,14 @@ const pollEvery = 20 * time.Millisecond
 // last error if that takes longer than timeout.
 func waitFor(t *testing.T, timeout time.Duration, ready func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
-	for {
-		err := ready()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready after %v: %v", timeout, err)
-		}
-		<-tick.C
-	}
+	waitfor.NoError(t, timeout, pollEvery, "ready", ready)
 }
 
 // eventually calls cond until it returns true, for at most timeout, and
 // says whether it did. It fails nothing: the caller's own assertions judge
 // what happened when the condition never came.
 func eventually(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		<-tick.C
-	}
+	return waitfor.True(timeout, pollEvery, cond)
 }
 
 // waitUntil returns at the moment at (at once if it has passed): for a

@@ -98,14 +98,14 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	// source brings the first config, which over xDS may take long; a bad
 	// config file cuts that short.
 	prepareCtx, stopPreparing := context.WithCancel(ctx)
+	defer stopPreparing()
 	prepared := make(chan bool, 1)
 	go func() { prepared <- prepare(prepareCtx, a.lim, log) }()
 	cfg, err := src.First(ctx)
 	if err != nil || cfg == nil {
-		stopPreparing()
+		stopPreparing() // no service will start: its store's setup is moot
 	}
 	a.credentialsRefused.Store(<-prepared)
-	stopPreparing()
 	if err != nil {
 		return nil, err
 	}

@@ -9,20 +9,17 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/settings"
 )
 
+// newLogger builds the logger of validated settings (the table checks the
+// level and the format).
 func newLogger(s *settings.Settings) (*zap.Logger, error) {
 	level, err := zapcore.ParseLevel(s.LogLevel)
 	if err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	var zc zap.Config
-	switch s.LogFormat {
-	case "json":
-		zc = zap.NewProductionConfig()
-	case "console":
+	zc := zap.NewProductionConfig() // json
+	if s.LogFormat == "console" {
 		zc = zap.NewDevelopmentConfig()
 		zc.DisableStacktrace = true // a warning is not a bug: keep the terminal readable
-	default:
-		return nil, fmt.Errorf("--log-format: %q is not json or console", s.LogFormat)
 	}
 	zc.Level = zap.NewAtomicLevelAt(level)
 	// A client can make every request log (over-limit shadows, refused

@@ -15,6 +15,8 @@ import (
 	"golang.org/x/net/http2/hpack"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/slidingwindow/ratelimit/internal/waitfor"
 )
 
 // rawClient is a hand-driven HTTP/2 client.
@@ -139,16 +141,5 @@ func countingAdmit(admitted, done *atomic.Int32) func() AdmitFunc {
 // waitFor polls cond for up to d: generous bounds, for what the defects
 // made never happen, not latency targets.
 func waitFor(cond func() bool, d time.Duration) bool {
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	poll := time.NewTicker(5 * time.Millisecond)
-	defer poll.Stop()
-	for !cond() {
-		select {
-		case <-poll.C:
-		case <-deadline.C:
-			return cond()
-		}
-	}
-	return true
+	return waitfor.True(d, 5*time.Millisecond, cond)
 }

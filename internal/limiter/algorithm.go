@@ -115,7 +115,7 @@ func (h *Hit) burst() uint32 {
 // capacity is the most units the hit's counter ever holds: a bucket's size,
 // else the limit (also for an unknown algorithm, which is never decided).
 func (h *Hit) capacity() uint32 {
-	if d, err := describe(h.Algorithm); err == nil && d.Bucket {
+	if h.Algorithm.Bucket() {
 		return h.burst()
 	}
 	return h.Limit

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/waitfor"
 )
 
 // splitRouter stands in for a cluster: keys go to servers by slot, and
@@ -78,11 +78,8 @@ func (g *gate) await(t *testing.T, n int, what string) {
 // waitFor polls cond until it holds, failing the test after a while.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		runtime.Gosched()
+	if !waitfor.True(10*time.Second, time.Millisecond, cond) {
+		t.Fatalf("timed out waiting: %s", what)
 	}
 }
 

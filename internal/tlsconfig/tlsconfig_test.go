@@ -21,6 +21,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/tlsconfig"
 	"github.com/slidingwindow/ratelimit/internal/tlsconfig/tlsconfigtest"
+	"github.com/slidingwindow/ratelimit/internal/waitfor"
 )
 
 // errorLog collects what onError receives.
@@ -124,21 +125,7 @@ func clientConfig(ca *tlsconfigtest.CA, leaf *tlsconfigtest.Leaf) *tls.Config {
 // eventually retries check until it passes, for past a reload interval.
 func eventually(t *testing.T, what string, check func() error) {
 	t.Helper()
-	deadline := time.NewTimer(tlsconfig.CheckInterval + 5*time.Second)
-	defer deadline.Stop()
-	poll := time.NewTicker(50 * time.Millisecond)
-	defer poll.Stop()
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		select {
-		case <-poll.C:
-		case <-deadline.C:
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
+	waitfor.NoError(t, tlsconfig.CheckInterval+5*time.Second, 50*time.Millisecond, what, check)
 }
 
 func TestServerTLSWithoutClientCA(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/tlsconfig"
 	"github.com/slidingwindow/ratelimit/internal/tlsconfig/tlsconfigtest"
+	"github.com/slidingwindow/ratelimit/internal/waitfor"
 	"github.com/slidingwindow/ratelimit/internal/xdsconfig/xdsconfigtest"
 )
 
@@ -331,7 +332,7 @@ func TestClientMutualTLS(t *testing.T) {
 			}
 			core, logs := observer.New(zap.WarnLevel)
 			got := runClient(t, srv.Addr, credentials.NewTLS(clientTLS), Options{Logger: zap.New(core)})
-			found := xdsconfigtest.Poll(wait, 10*time.Millisecond, func() bool {
+			found := waitfor.True(wait, 10*time.Millisecond, func() bool {
 				for _, e := range logs.FilterMessageSnippet("stream ended").All() {
 					if err, ok := e.ContextMap()["error"].(string); ok && strings.Contains(err, tt.wantLog) {
 						return true

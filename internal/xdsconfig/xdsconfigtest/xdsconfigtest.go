@@ -20,6 +20,8 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+
+	"github.com/slidingwindow/ratelimit/internal/waitfor"
 )
 
 // Server is an xDS server of a test. Stop and Restart simulate a control
@@ -119,7 +121,7 @@ func (s *Server) Restart(t testing.TB) {
 	var ln net.Listener
 	var err error
 	// The old listener's socket may take a moment to go.
-	Poll(5*time.Second, 20*time.Millisecond, func() bool {
+	waitfor.True(5*time.Second, 20*time.Millisecond, func() bool {
 		ln, err = net.Listen("tcp", s.Addr)
 		return err == nil
 	})
@@ -175,23 +177,6 @@ func (s *Server) WaitRequest(t testing.TB, timeout time.Duration, what string, m
 			t.Fatalf("the xDS server saw no %s within %v; it saw %d requests", what, timeout, len(s.Requests()))
 		}
 	}
-}
-
-// Poll calls cond every interval until it reports true or timeout has
-// passed, and returns its last answer: for conditions nothing signals.
-func Poll(timeout, interval time.Duration, cond func() bool) bool {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			return cond()
-		}
-	}
-	return true
 }
 
 // Config returns a RateLimitConfig resource named name for domain, with one
