@@ -34,8 +34,9 @@ descriptors:
       requests_per_unit: 100
 `
 
-// referenceReplica is the binary run as envoyproxy/ratelimit is: no
-// arguments, only the environment given (nothing of the test's).
+// referenceReplica is a binary run as envoyproxy/ratelimit is: no
+// arguments, only the environment given (nothing of the test's). It is this
+// service (startReference) or envoyproxy/ratelimit itself (startUpstream).
 type referenceReplica struct {
 	cmd                          *exec.Cmd
 	grpcAddr, httpAddr, debugAdr string
@@ -45,7 +46,13 @@ type referenceReplica struct {
 	health                       healthpb.HealthClient
 }
 
+// startReference runs this service as the reference is run.
 func startReference(t *testing.T, env map[string]string) *referenceReplica {
+	t.Helper()
+	return startReplica(t, binary, env)
+}
+
+func startReplica(t *testing.T, bin string, env map[string]string) *referenceReplica {
 	t.Helper()
 	ports := [3]int{freePort(t), freePort(t), freePort(t)}
 	env["PORT"], env["GRPC_PORT"], env["DEBUG_PORT"] = strconv.Itoa(ports[0]), strconv.Itoa(ports[1]), strconv.Itoa(ports[2])
@@ -53,7 +60,7 @@ func startReference(t *testing.T, env map[string]string) *referenceReplica {
 		httpAddr: "127.0.0.1:" + env["PORT"], grpcAddr: "127.0.0.1:" + env["GRPC_PORT"], debugAdr: "127.0.0.1:" + env["DEBUG_PORT"],
 		logs: &syncBuffer{}, exited: make(chan error, 1),
 	}
-	r.cmd = exec.Command(binary)
+	r.cmd = exec.Command(bin)
 	r.cmd.Env = []string{}
 	for k, v := range env {
 		r.cmd.Env = append(r.cmd.Env, k+"="+v)
