@@ -61,6 +61,9 @@ type Rule struct {
 	Burst           uint32        // GCRA only: the bucket's size, rate_limit.burst or RequestsPerUnit; 0 otherwise
 	FailureMode     FailureMode   // the rule's, or Defaults.FailureMode
 	RecordCosts     CostRecording // the rule's, or Defaults.RecordCosts
+	// RefundOldest: a refund gives back the oldest units first
+	// (refund_order: oldest, the log only), for concurrency limits.
+	RefundOldest bool
 	Unlimited       bool
 	ShadowMode      bool
 	// QuotaMode: the rule's denial denies its request only when every

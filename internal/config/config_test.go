@@ -39,6 +39,7 @@ func summary(r *Rule) string {
 		{last.Wildcard, "wildcard"},
 		{last.ShareThreshold, "share_threshold"},
 		{r.Burst > 0, fmt.Sprint("burst=", r.Burst)},
+		{r.RefundOldest, "refund_order=oldest"},
 	} {
 		if f.on {
 			b.WriteString(" " + f.text)
@@ -86,6 +87,8 @@ func TestLoadValid(t *testing.T) {
 			"ai: team [0] | 100000/HOUR*1 sliding_window_counter defer record_costs=always @budgets.yaml:9",
 			"ai: team [1] | 2000/HOUR*1 sliding_window_log defer record_costs=never @budgets.yaml:9",
 			"ai: plain | 5/MINUTE*1 sliding_window_counter defer @budgets.yaml:19",
+			"ai: seats | 20/MINUTE*1 sliding_window_log defer refund_order=oldest @budgets.yaml:22",
+			"ai: newest | 20/MINUTE*1 sliding_window_log defer @budgets.yaml:24",
 		}},
 		{"gcra.yaml", []string{
 			"shaping: client | 10/SECOND*1 gcra defer burst=50 @gcra.yaml:4",
@@ -148,6 +151,8 @@ func TestLoadValidDirectory(t *testing.T) {
 		"ai: team [0]",
 		"ai: team [1]",
 		"ai: plain",
+		"ai: seats",
+		"ai: newest",
 		"api: tenant",
 		"api: tenant / user",
 		"api: tenant / bulk",
