@@ -64,8 +64,8 @@ type Rule struct {
 	// RefundOldest: a refund gives back the oldest units first
 	// (refund_order: oldest, the log only), for concurrency limits.
 	RefundOldest bool
-	Unlimited       bool
-	ShadowMode      bool
+	Unlimited    bool
+	ShadowMode   bool
 	// QuotaMode: the rule's denial denies its request only when every
 	// quota-mode descriptor of the request is denied (quota_mode).
 	QuotaMode      bool
