@@ -574,8 +574,12 @@ func (p *parser) refundOrder(r *Rule, rl *rawRateLimit) error {
 			SlidingWindowLog, r.Algorithm)
 	}
 	if r.RefundOldest && r.RecordCosts == RecordNoCosts {
+		how := "record_costs: never"
+		if !rl.RecordCosts.Set {
+			how = "the default record_costs never; add record_costs: descriptor"
+		}
 		return p.errorf(rl.RefundOrder.Line,
-			"refund_order: oldest needs recorded acquisitions: with record_costs: never a denied acquisition takes no seat, and its release frees another's")
+			"refund_order: oldest needs recorded acquisitions (a denied one takes no seat, and its release frees another's), and this rule has %s", how)
 	}
 	return nil
 }
