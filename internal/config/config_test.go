@@ -517,7 +517,8 @@ func TestLoadErrors(t *testing.T) {
 // the default record_costs is refused when that default is never, and says
 // how to mend it.
 func TestRefundOrderWithDefaultNeverRecorded(t *testing.T) {
-	const doc = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: sliding_window_log, refund_order: oldest}\n"
+	const doc = "domain: d\ndescriptors:\n  - key: k\n" +
+		"    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: sliding_window_log, refund_order: oldest}\n"
 	_, err := Parse("inline.yaml", []byte(doc), Defaults{RecordCosts: RecordNoCosts})
 	const want = "inline.yaml:4: refund_order: oldest needs recorded acquisitions (a denied one takes no seat, and its release frees another's)," +
 		" and this rule has the default record_costs never; add record_costs: descriptor"

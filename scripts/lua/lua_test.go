@@ -58,7 +58,8 @@ func TestLuaConstants(t *testing.T) {
 	if want := []string{"8", "16", "32", "64", "128"}; !slices.Equal(got, want) {
 		t.Errorf("the Lua's flags are %q, want %q", got, want)
 	}
-	if want := []string{fmt.Sprint(FlagShadow), fmt.Sprint(FlagRecord), fmt.Sprint(FlagRefund), fmt.Sprint(FlagQuota), fmt.Sprint(FlagOldest)}; !slices.Equal(got, want) {
+	want := []string{fmt.Sprint(FlagShadow), fmt.Sprint(FlagRecord), fmt.Sprint(FlagRefund), fmt.Sprint(FlagQuota), fmt.Sprint(FlagOldest)}
+	if !slices.Equal(got, want) {
 		t.Errorf("the Lua's flags are %q, Go's %q", got, want)
 	}
 	for _, a := range Algorithms {
