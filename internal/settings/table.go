@@ -468,11 +468,11 @@ func table(s *Settings) []Setting {
 			Ref: []RefVar{{Name: "FORCE_START_WITHOUT_INITIAL_CONFIG", Default: "false", Conv: convBool}}},
 		// Roll-out.
 		{Name: "shadow-mode", bind: boolFlag(&s.ShadowMode, false),
-			Help: "put every rule in shadow mode: always answer OK, count as usual, log and count would-be denials",
-			Doc: "every rule in shadow mode: answers are always OK, counting goes on, would-be denials are logged and counted. " +
-				"For a safe roll-out",
-			Ref: []RefVar{{Name: "SHADOW_MODE", Default: "false", Conv: convBool,
-				Here: "--shadow-mode (here each status is OK too, not only the overall code)"}}},
+			Help: "deny nothing: the overall code is always OK, the statuses say what would be denied; counting goes on",
+			Doc: "deny nothing: the overall code is always OK (no `retry-after`), while each descriptor's status, `OVER_LIMIT` " +
+				"included, and the headers stay as they would be, as the reference's; counting goes on, would-be denials are logged " +
+				"and counted. For a safe roll-out",
+			Ref: []RefVar{{Name: "SHADOW_MODE", Default: "false", Conv: convBool}}},
 		{Name: "near-limit-ratio", bind: floatFlag(&s.NearLimitRatio, 0.8),
 			Help: "share of a limit in use from which an admitted decision counts as near_limit in metrics",
 			Doc:  "share of a limit in use from which an admitted decision counts as `near_limit` in metrics",
