@@ -98,6 +98,19 @@ func TestReferenceConfigDirectory(t *testing.T) {
 			t.Errorf("request %d (%s %v): envoyproxy/ratelimit answers %s, this service %s", i, req.Domain, req.Descriptors, a, b)
 		}
 	}
+
+	// A change in a subdirectory reloads this service's config (the
+	// reference, watching only the directory itself, would not see it).
+	writeFile(t, filepath.Join(root, "ratelimit", "config", "extra", "nested", "limits.conf"),
+		strings.Replace(extraConfig, "requests_per_unit: 5", "requests_per_unit: 7", 1))
+	waitFor(t, 10*time.Second, func() error {
+		if rules := debugRules(t, ours); !slices.ContainsFunc(rules, func(l string) bool {
+			return strings.HasPrefix(l, "extra.user: unit=HOUR requests_per_unit=7,")
+		}) {
+			return fmt.Errorf("no reload after a change in extra/nested: %q", rules)
+		}
+		return nil
+	})
 }
 
 // TestReferenceConfigDirectoryDotFiles: with RUNTIME_IGNOREDOTFILES unset

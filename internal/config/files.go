@@ -30,9 +30,6 @@ const (
 
 var fileSetNames = []string{YAMLFiles: "yaml", AllFiles: "all", VisibleFiles: "visible"}
 
-// FileSetNames returns the names ParseFileSet accepts, for help texts.
-func FileSetNames() []string { return slices.Clone(fileSetNames) }
-
 // ParseFileSet returns the file set named s.
 func ParseFileSet(s string) (FileSet, error) {
 	if i := slices.Index(fileSetNames, s); i >= 0 {
@@ -54,12 +51,12 @@ func (s FileSet) skipped(name string) bool {
 	return s != AllFiles && strings.HasPrefix(name, ".")
 }
 
-// list returns the files Load reads for path, in name order (a directory's
-// files before its subdirectories' only where their names sort so), and a
-// warning for each entry left out that the reference would try and fail
-// to read: a symbolic link to a directory (the reference's walk does not
-// follow them, so a Kubernetes ConfigMap's "..data" is never read through
-// it), a dangling link, a directory it cannot list.
+// list returns the files Load reads for path, each directory's entries in
+// name order (a subdirectory's files where its name sorts), and a warning
+// for each entry left out that the reference would try and fail to read: a
+// symbolic link to a directory (the reference's walk does not follow them,
+// so a Kubernetes ConfigMap's "..data" is never read through it), a
+// dangling link, a directory it cannot list.
 func (s FileSet) list(path string) (files, warnings []string, err error) {
 	info, err := os.Stat(path)
 	if err != nil {

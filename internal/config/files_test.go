@@ -148,10 +148,10 @@ func TestLoadFileSetsLeaveOut(t *testing.T) {
 }
 
 func TestParseFileSet(t *testing.T) {
-	for _, s := range FileSetNames() {
+	for s, want := range map[string]FileSet{"yaml": YAMLFiles, "all": AllFiles, "visible": VisibleFiles} {
 		f, err := ParseFileSet(s)
-		if err != nil || f.String() != s {
-			t.Errorf("ParseFileSet(%q) = %v, %v", s, f, err)
+		if err != nil || f != want || f.String() != s {
+			t.Errorf("ParseFileSet(%q) = %v, %v; want %d", s, f, err, want)
 		}
 	}
 	if _, err := ParseFileSet("YAML"); err == nil || !strings.Contains(err.Error(), "yaml, all, visible") {
