@@ -50,7 +50,8 @@ func referenceConfigDir(t *testing.T, root string) {
 	writeFile(t, filepath.Join(dir, "extra", "nested", "limits.conf"), extraConfig)
 	writeFile(t, filepath.Join(dir, ".notes"), "Rules for the echo service.\n")
 	writeFile(t, filepath.Join(dir, ".git", "HEAD"), "0123456789abcdef\n")
-	for _, link := range [][2]string{{filepath.Base(data), "..data"}, {filepath.Join("..data", "rules"), "rules"}, {filepath.Join("..data", "team"), "team"}} {
+	links := [][2]string{{filepath.Base(data), "..data"}, {filepath.Join("..data", "rules"), "rules"}, {filepath.Join("..data", "team"), "team"}}
+	for _, link := range links {
 		if err := os.Symlink(link[0], filepath.Join(dir, link[1])); err != nil {
 			t.Fatal(err)
 		}
