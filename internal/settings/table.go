@@ -19,6 +19,7 @@ import (
 // The names of the flags that code refers to, beyond their table entry.
 const (
 	FlagConfig               = "config"
+	FlagConfigFiles          = "config-files"
 	FlagGRPCAddr             = "grpc-addr"
 	FlagHTTPAddr             = "http-addr"
 	FlagDebugAddr            = "debug-addr"
@@ -66,8 +67,9 @@ func table(s *Settings) []Setting {
 	return []Setting{
 		// Config.
 		{Name: FlagConfig, bind: stringFlag(&s.ConfigPath, ""), DocDefault: "(required)",
-			Help: "config file, or directory of *.yaml / *.yml files (required, unless --config-type GRPC_XDS_SOTW)",
-			Doc: "a config file, or a directory: every `*.yaml` / `*.yml` directly in it, one domain per YAML document. " +
+			Help: "config file, or directory of them (--config-files) (required, unless --config-type GRPC_XDS_SOTW)",
+			Doc: "a config file, or a directory: the files `--config-files` says, by default every `*.yaml` / `*.yml` directly " +
+				"in it; one domain per YAML document. " +
 				"Or `RUNTIME_ROOT`/`RUNTIME_SUBDIRECTORY`/`config`, as envoyproxy/ratelimit. Not read with `--config-type GRPC_XDS_SOTW`",
 			Ref: []RefVar{
 				{Name: "RUNTIME_ROOT", Default: "/srv/runtime_data/current", Joint: true,
@@ -75,6 +77,21 @@ func table(s *Settings) []Setting {
 				{Name: "RUNTIME_SUBDIRECTORY", Joint: true, Here: "see RUNTIME_ROOT"},
 				{Name: "RUNTIME_APPDIRECTORY", Default: "config", Joint: true, Here: "see RUNTIME_ROOT"},
 			}},
+		{Name: FlagConfigFiles, bind: stringFlag(&s.ConfigFiles, config.YAMLFiles.String()),
+			Help: "files read in a --config dir: yaml (*.yaml/*.yml in it), all (every file, recursively), visible (no dot files)",
+			Doc: "the files of a `--config` directory read: `yaml`, the `*.yaml` / `*.yml` directly in it, dot files skipped; " +
+				"`all`, every file under it whatever its name, in subdirectories too, as envoyproxy/ratelimit reads; " +
+				"`visible`, the same without dot files and dot directories (a Kubernetes ConfigMap's `..data`), as the reference " +
+				"with `RUNTIME_IGNOREDOTFILES=true`. A file that is not a valid config fails the load",
+			check: func() error {
+				if _, err := config.ParseFileSet(s.ConfigFiles); err != nil {
+					return fmt.Errorf("--%s: %w", FlagConfigFiles, err)
+				}
+				return nil
+			},
+			Ref: []RefVar{{Name: "RUNTIME_IGNOREDOTFILES", Default: "false", Joint: true,
+				Here: "with the reference's config directory (RUNTIME_ROOT and the like, not --config): --config-files visible " +
+					"when true, all when false, the files the reference reads"}}},
 		// Listeners.
 		{Name: FlagGRPCAddr, bind: stringFlag(&s.GRPCAddr, ":8081"),
 			Help: "gRPC listen address (rate limit service, health, reflection); unix:PATH for a Unix socket",
