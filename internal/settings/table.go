@@ -159,9 +159,9 @@ func table(s *Settings) []Setting {
 		// Rules.
 		{Name: FlagDefaultAlgorithm, bind: stringFlag(&s.DefaultAlgorithm, config.SlidingWindowCounter.String()),
 			Help: "default algorithm: " + orList(config.AlgorithmNames()),
-			Doc: "algorithm of rules that name none. `reference_fixed_window` when the reference's variables are in use " +
-				"and this flag is not given: envoyproxy/ratelimit's own counters, shared with its replicas " +
-				"(see [Migration](migration.md))",
+			Doc: "algorithm of rules that name none. `reference_fixed_window` when any of the reference's variables is set " +
+				"and neither this flag nor `RATELIMIT_DEFAULT_ALGORITHM` is: envoyproxy/ratelimit's own counters, shared with " +
+				"its replicas (see [Migration](migration.md#the-swap-step-by-step))",
 			check: func() error {
 				_, err := config.ParseAlgorithm(s.DefaultAlgorithm)
 				return flagError(FlagDefaultAlgorithm, err)
