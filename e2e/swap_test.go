@@ -57,9 +57,9 @@ func TestSwapSharesCounters(t *testing.T) {
 	configMapDir(t, root, "config.yaml", swapConfig)
 	up := startUpstream(t, swapEnv(r.addr, root))
 	up.waitHealthcheck(t, http.StatusOK)
-	// Every request below falls in one minute, hence one hour and one day.
-	awayFromEdge(time.Minute, 20*time.Second)
-	now := time.Now().Unix()
+	// Every request below falls in one day (a replica starts in between).
+	awayFromEdge(24*time.Hour, time.Minute)
+	day := strconv.FormatInt(time.Now().Unix()/86400*86400, 10)
 
 	// Before the swap: 3 of the day's 5 used on the reference.
 	for i := range 3 {
@@ -80,7 +80,10 @@ func TestSwapSharesCounters(t *testing.T) {
 		t.Fatalf("the reference after the day's 5: %v, want OVER_LIMIT", got)
 	}
 
-	// During the swap: requests alternate over both replicas.
+	// During the swap: requests alternate over both replicas, in one minute,
+	// hence one hour.
+	awayFromEdge(time.Minute, 15*time.Second)
+	now := time.Now().Unix()
 	replicas := []*referenceReplica{up, ours}
 	limits := map[string]int{"minute": 10, "hour": 10, "day": 5}
 	for _, key := range slices.Sorted(maps.Keys(limits)) {
@@ -100,7 +103,7 @@ func TestSwapSharesCounters(t *testing.T) {
 	// window start; ours never wrote one of its own.
 	start := func(unit int64) string { return strconv.FormatInt(now/unit*unit, 10) }
 	want := []string{
-		"swap_day_before_" + start(86400), "swap_day_spread_" + start(86400),
+		"swap_day_before_" + day, "swap_day_spread_" + day,
 		"swap_hour_spread_" + start(3600), "swap_minute_spread_" + start(60),
 	}
 	keys, err := r.client.Keys(context.Background(), "*").Result()
