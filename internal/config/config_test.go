@@ -523,7 +523,8 @@ func TestDefaultReferenceOneLimit(t *testing.T) {
 		t.Errorf("the rule naming no algorithm has %v, want reference_fixed_window", got)
 	}
 	two := strings.Replace(one, ", algorithm: gcra", "", 1)
-	if _, err := Parse("two.yaml", []byte(two), defaults); err == nil || !strings.Contains(err.Error(), "one limit of algorithm reference_fixed_window") {
+	_, err = Parse("two.yaml", []byte(two), defaults)
+	if err == nil || !strings.Contains(err.Error(), "one limit of algorithm reference_fixed_window") {
 		t.Errorf("two limits of the default reference_fixed_window: error %v", err)
 	}
 }
