@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -29,6 +32,8 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 100, algorithm: fixed_window}
   - key: hot_gcra
     rate_limit: {unit: day, requests_per_unit: 100, algorithm: gcra}
+  - key: hot_reference
+    rate_limit: {unit: day, requests_per_unit: 100, algorithm: reference_fixed_window}
   - key: aon_log
     rate_limit: {unit: day, requests_per_unit: 3, algorithm: sliding_window_log}
   - key: aon_counter
@@ -37,6 +42,8 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 3, algorithm: fixed_window}
   - key: aon_gcra
     rate_limit: {unit: day, requests_per_unit: 3, algorithm: gcra}
+  - key: aon_reference
+    rate_limit: {unit: day, requests_per_unit: 3, algorithm: reference_fixed_window}
   - key: aon_shadow
     shadow_mode: true
     rate_limit: {unit: day, requests_per_unit: 1}
@@ -48,6 +55,8 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 40, algorithm: fixed_window}
   - key: ms_gcra
     rate_limit: {unit: day, requests_per_unit: 40, algorithm: gcra}
+  - key: ms_reference
+    rate_limit: {unit: day, requests_per_unit: 40, algorithm: reference_fixed_window}
   - key: lat
     rate_limit: {unit: day, requests_per_unit: 1000000}
   - key: fo_allow
@@ -63,12 +72,17 @@ descriptors:
 // wrong.
 const bigLimit = 1000000
 
-// algCodes are the algorithms as the key schema names them.
-var algCodes = []string{"log", "counter", "fixed", "gcra"}
+// algCodes are the algorithms as the key schema names them; "reference"
+// is reference_fixed_window, keyed as envoyproxy/ratelimit keys.
+var algCodes = []string{"log", "counter", "fixed", "gcra", "reference"}
 
 // dayKey is the store key of descriptor (rule=value) in domain e2e under a
-// day window, by the key schema (docs/stores.md): rl:{<domain>|<key>=<value>}:<alg>:<seconds>.
+// day window, by the key schema (docs/stores.md): rl:{<domain>|<key>=<value>}:<alg>:<seconds>;
+// for "reference", the reference's: <domain>_<key>_<value>_<today's start>.
 func dayKey(rule, value, alg string) string {
+	if alg == "reference" {
+		return "e2e_" + rule + "_" + value + "_" + strconv.FormatInt(time.Now().Unix()/86400*86400, 10)
+	}
 	return "rl:{e2e|" + rule + "=" + value + "}:" + alg + ":86400"
 }
 
@@ -90,6 +104,15 @@ func (c *redisCluster) usage(t *testing.T, base string) int64 {
 	ctx := context.Background()
 	master := c.node(t, c.masterOf(t, base))
 	switch {
+	case strings.HasPrefix(base, "e2e_"): // the reference's plain integer
+		n, err := master.client.Get(ctx, base).Int64()
+		if errors.Is(err, redis.Nil) {
+			return 0
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
 	case strings.Contains(base, ":log:"):
 		n, err := master.client.ZCard(ctx, base).Result()
 		if err != nil {
@@ -130,7 +153,7 @@ func TestClusterExactAcrossInstances(t *testing.T) {
 	c := startCluster(t)
 	servers := startClusterServers(t, c, 3, "2s")
 	avoidMidnight(t, 30*time.Second)
-	for i, key := range []string{"hot_log", "hot_counter", "hot_fixed", "hot_gcra"} {
+	for i, key := range []string{"hot_log", "hot_counter", "hot_fixed", "hot_gcra", "hot_reference"} {
 		t.Run(key, func(t *testing.T) {
 			const clients, perClient, limit = 200, 3, 100
 			var admitted, denied, failed atomic.Int64

@@ -38,6 +38,10 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 10000, algorithm: fixed_window, failure_mode: allow}
   - key: mig_load_gcra # a bucket of 10000 refilling slowly: what the load takes stays taken
     rate_limit: {unit: day, requests_per_unit: 10, burst: 10000, algorithm: gcra, failure_mode: allow}
+  - key: mig_reference
+    rate_limit: {unit: day, requests_per_unit: 13, algorithm: reference_fixed_window, failure_mode: allow}
+  - key: mig_load_reference
+    rate_limit: {unit: day, requests_per_unit: 10000, algorithm: reference_fixed_window, failure_mode: allow}
 `
 
 // hashSlot is the Redis Cluster hash slot of key (CRC16/XMODEM of its hash

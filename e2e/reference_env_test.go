@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -172,7 +173,10 @@ func TestIstioSampleEnvironment(t *testing.T) {
 		t.Fatalf("/healthcheck body %q, want OK as the reference's", body)
 	}
 
-	// PATH "/": 1 a minute, across both replicas.
+	// PATH "/": 1 a minute, across both replicas, in the reference's fixed
+	// windows: every request below falls in one.
+	awayFromEdge(time.Minute, 10*time.Second)
+	minute := strconv.FormatInt(time.Now().Unix()/60*60, 10)
 	if got := a.code(t, "/"); got != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("first request: %v", got)
 	}
@@ -188,10 +192,12 @@ func TestIstioSampleEnvironment(t *testing.T) {
 			t.Fatalf("/other request %d: %v", i, got)
 		}
 	}
-	// The counters are in the test's Redis, not in an embedded store.
-	keys, err := r.client.Keys(context.Background(), "rl:{echo-ratelimit*").Result()
-	if err != nil || len(keys) != 2 {
-		t.Fatalf("keys in Redis: %q, %v; want the two counters", keys, err)
+	// The counters are in the test's Redis, not in an embedded store, at the
+	// reference's own keys (rules naming no algorithm count as it counts).
+	keys, err := r.client.Keys(context.Background(), "*").Result()
+	slices.Sort(keys)
+	if want := []string{"echo-ratelimit_PATH_/_" + minute, "echo-ratelimit_PATH_/other_" + minute}; err != nil || !slices.Equal(keys, want) {
+		t.Fatalf("keys in Redis: %q, %v; want the two counters %q", keys, err, want)
 	}
 
 	// The reference's debug port and metric names.
@@ -299,6 +305,8 @@ func TestPrometheusAddrAndKeyPrefix(t *testing.T) {
 		"LOG_LEVEL": "info", "RUNTIME_IGNOREDOTFILES": "true",
 	})
 	s.waitHealthcheck(t, http.StatusOK)
+	awayFromEdge(time.Minute, 10*time.Second)
+	minute := strconv.FormatInt(time.Now().Unix()/60*60, 10)
 	if got := s.code(t, "/"); got != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("first request: %v", got)
 	}
@@ -308,7 +316,7 @@ func TestPrometheusAddrAndKeyPrefix(t *testing.T) {
 		t.Fatalf("PROMETHEUS_ADDR /metrics: %d\n%s", code, body)
 	}
 	keys, err := r.client.Keys(context.Background(), "*").Result()
-	if err != nil || len(keys) != 1 || !strings.HasPrefix(keys[0], "eg_rl:{echo-ratelimit") {
-		t.Fatalf("keys %q, %v: want one, prefixed eg_", keys, err)
+	if want := "eg_echo-ratelimit_PATH_/_" + minute; err != nil || len(keys) != 1 || keys[0] != want {
+		t.Fatalf("keys %q, %v: want the reference's one, prefixed eg_: %s", keys, err, want)
 	}
 }

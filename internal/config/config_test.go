@@ -529,3 +529,24 @@ func TestRefundOrderWithDefaultNeverRecorded(t *testing.T) {
 		t.Fatalf("with the default record_costs: %v", err)
 	}
 }
+
+// TestDefaultReferenceOneLimit: with reference_fixed_window the default (the
+// reference's environment), a descriptor's rate_limits may hold one limit
+// naming no algorithm; a second one is refused as if it named it.
+func TestDefaultReferenceOneLimit(t *testing.T) {
+	defaults := Defaults{Algorithm: ReferenceFixedWindow}
+	one := "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n" +
+		"      - {unit: minute, requests_per_unit: 5}\n      - {unit: day, requests_per_unit: 50, algorithm: gcra}\n"
+	c, err := Parse("one.yaml", []byte(one), defaults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Rules()[0].Algorithm; got != ReferenceFixedWindow {
+		t.Errorf("the rule naming no algorithm has %v, want reference_fixed_window", got)
+	}
+	two := strings.Replace(one, ", algorithm: gcra", "", 1)
+	_, err = Parse("two.yaml", []byte(two), defaults)
+	if err == nil || !strings.Contains(err.Error(), "one limit of algorithm reference_fixed_window") {
+		t.Errorf("two limits of the default reference_fixed_window: error %v", err)
+	}
+}

@@ -22,6 +22,7 @@ const (
 	SlidingWindowCounter                      // "sliding_window_counter": two counters, weighted
 	FixedWindow                               // "fixed_window": one counter, as envoyproxy/ratelimit
 	GCRA                                      // "gcra": a token bucket of Rule.Burst units, refilled at the rate
+	ReferenceFixedWindow                      // "reference_fixed_window": envoyproxy/ratelimit's own counters and keys
 )
 
 // algorithmNames are indexed by Algorithm, as parseEnum wants: lua.Algorithms
@@ -76,6 +77,10 @@ var bucketNames = func() []string {
 
 // Bucket reports a token bucket: its rules take rate_limit.burst.
 func (a Algorithm) Bucket() bool { return a.describe().Bucket }
+
+// ReferenceKeys reports an algorithm counting at envoyproxy/ratelimit's own
+// keys, one per window start.
+func (a Algorithm) ReferenceKeys() bool { return a.describe().ReferenceKeys }
 
 // CheckLimit refuses a limit above the algorithm's bound, if it has one.
 func (a Algorithm) CheckLimit(limit uint32) error {

@@ -16,16 +16,18 @@ func TestParseAlgorithm(t *testing.T) {
 		{"sliding_window_counter", SlidingWindowCounter},
 		{"fixed_window", FixedWindow},
 		{"gcra", GCRA},
+		{"reference_fixed_window", ReferenceFixedWindow},
 	} {
 		got, err := ParseAlgorithm(tt.in)
 		if err != nil || got != tt.want || got.String() != tt.in {
 			t.Errorf("ParseAlgorithm(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}
 	}
-	if got, want := Algorithms(), []Algorithm{SlidingWindowLog, SlidingWindowCounter, FixedWindow, GCRA}; !slices.Equal(got, want) {
-		t.Errorf("Algorithms() = %v, want %v", got, want)
+	all := []Algorithm{SlidingWindowLog, SlidingWindowCounter, FixedWindow, GCRA, ReferenceFixedWindow}
+	if got := Algorithms(); !slices.Equal(got, all) {
+		t.Errorf("Algorithms() = %v, want %v", got, all)
 	}
-	want := []string{"sliding_window_log", "sliding_window_counter", "fixed_window", "gcra"}
+	want := []string{"sliding_window_log", "sliding_window_counter", "fixed_window", "gcra", "reference_fixed_window"}
 	if got := AlgorithmNames(); !slices.Equal(got, want) {
 		t.Errorf("AlgorithmNames() = %q, want %q", got, want)
 	}

@@ -381,8 +381,8 @@ func (p *parser) descriptors(raws []rawDescriptor, lvl level, path []Level, line
 
 // rules validates the limits of rd, a descriptor at the end of levels: its
 // rate_limit, then each of its rate_limits. Several limits each have their
-// own counter, so no two may share an algorithm and a window, and none may
-// be unlimited.
+// own counter, so no two may share an algorithm and a window, nor two be
+// keyed as the reference keys, and none may be unlimited.
 func (p *parser) rules(rd *rawDescriptor, levels []Level) ([]*Rule, error) {
 	var raws []*rawRateLimit
 	if rd.RateLimit != nil {
@@ -406,6 +406,12 @@ func (p *parser) rules(rd *rawDescriptor, levels []Level) ([]*Rule, error) {
 			return nil, p.errorf(line, "a descriptor with several limits cannot have an unlimited one")
 		}
 		for _, prev := range rules[:i] {
+			if prev.Algorithm.ReferenceKeys() && r.Algorithm.ReferenceKeys() {
+				// Its keys name no window length: both would count at one key
+				// whenever their windows start together.
+				return nil, p.errorf(line, "a descriptor has one limit of algorithm %s (envoyproxy/ratelimit's keys, "+
+					"one per descriptor); give the others another algorithm", r.Algorithm)
+			}
 			if prev.Algorithm == r.Algorithm && prev.Window() == r.Window() {
 				return nil, p.errorf(line, "two limits of one descriptor with algorithm %s and a window of %v would share one counter", r.Algorithm, r.Window())
 			}

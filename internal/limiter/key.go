@@ -36,20 +36,52 @@ import (
 // separates the counters of services sharing one Redis (the reference's
 // CACHE_KEY_PREFIX), and never changes which slot a key hashes to.
 //
+// The algorithms with lua.Algorithm.ReferenceKeys (reference_fixed_window)
+// are keyed instead as envoyproxy/ratelimit keys its counters, byte for
+// byte, so that its replicas and this service count together (started with
+// ResetReference):
+//
+//	<prefix><domain>_<key>_<value>_..._<window start>
+//
+// one `<key>_<value>_` per descriptor entry, `<key>_<pattern>_` for an entry
+// matched by a share_threshold wildcard (the configured value, its '*'
+// included), and the start of the window that holds Now, in Unix seconds:
+// Now's seconds rounded down to a multiple of the window's. Nothing is
+// escaped or hashed and there is no hash tag, as in the reference: distinct
+// descriptors can share a key there too ("a_b" and "a", "b_c"), a key is as
+// long as its values, and the keys of one request land on as many Redis
+// Cluster slots as they hash to (the limiter decides a request's slots all
+// or nothing). A new window is a new key.
+//
 // The zero value is ready to use; reusing a builder reuses its buffer.
 type KeyBuilder struct {
 	Prefix string
-	buf    []byte
+	// Now is the instant whose window the reference's keys name: one clock
+	// reading per request, as the reference reads its clock.
+	Now       time.Time
+	buf       []byte
+	reference bool // started with ResetReference
 }
 
 // Reset starts a key for domain.
 func (b *KeyBuilder) Reset(domain string) {
+	b.reference = false
 	b.buf = append(append(b.buf[:0], b.Prefix...), "rl:{"...)
 	b.buf = appendEscaped(b.buf, domain)
 }
 
+// ResetReference starts a key for domain in envoyproxy/ratelimit's schema.
+func (b *KeyBuilder) ResetReference(domain string) {
+	b.reference = true
+	b.buf = append(append(append(b.buf[:0], b.Prefix...), domain...), '_')
+}
+
 // Add appends a descriptor entry.
 func (b *KeyBuilder) Add(key, value string) {
+	if b.reference {
+		b.buf = append(append(append(append(b.buf, key...), '_'), value...), '_')
+		return
+	}
 	b.buf = append(b.buf, '|')
 	b.buf = appendEscaped(b.buf, key)
 	b.buf = append(b.buf, '=')
@@ -58,14 +90,24 @@ func (b *KeyBuilder) Add(key, value string) {
 
 // AddShared appends an entry whose values share one counter per pattern.
 func (b *KeyBuilder) AddShared(key, pattern string) {
+	if b.reference {
+		b.Add(key, pattern)
+		return
+	}
 	b.buf = append(b.buf, '|')
 	b.buf = appendEscaped(b.buf, key)
 	b.buf = append(b.buf, '=', '*')
 	b.buf = appendEscaped(b.buf, pattern)
 }
 
-// Key finishes the key with the algorithm and the window and returns it.
+// Key finishes the key with the algorithm and the window and returns it; a
+// key in the reference's schema ends with the start of Now's window instead.
 func (b *KeyBuilder) Key(a config.Algorithm, window time.Duration) string {
+	if b.reference {
+		unit := max(int64(window/time.Second), 1)
+		b.buf = strconv.AppendInt(b.buf, b.Now.Unix()/unit*unit, 10)
+		return string(b.buf)
+	}
 	b.buf = append(b.buf, '}', ':')
 	b.buf = append(b.buf, algorithmCode(a)...)
 	b.buf = append(b.buf, ':')

@@ -17,6 +17,9 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
+// algorithms are those whose window Redis's clock places, which the tests
+// move; reference_fixed_window's is in its key, from the Go side's clock
+// (reference_test.go).
 var algorithms = []config.Algorithm{config.SlidingWindowLog, config.SlidingWindowCounter, config.FixedWindow, config.GCRA}
 
 // clock is a frozen Redis TIME: tests move it by hand.
@@ -50,9 +53,15 @@ func newTestLimiter(t *testing.T, start time.Time) (*Limiter, *clock) {
 // fixed windows start.
 var epoch = time.Unix(1_700_006_400, 0) // divisible by 3600 and 60
 
+// hit is a hit of a on key; an algorithm with the reference's keys gets
+// one of epoch's window.
 func hit(a config.Algorithm, key string, limit uint32, window time.Duration, cost uint64) Hit {
-	var b KeyBuilder
-	b.Reset("test")
+	b := KeyBuilder{Now: epoch}
+	if a.ReferenceKeys() {
+		b.ResetReference("test")
+	} else {
+		b.Reset("test")
+	}
 	b.Add("k", key)
 	return Hit{Key: b.Key(a, window), Algorithm: a, Limit: limit, Window: window, Cost: cost}
 }

@@ -79,7 +79,7 @@ func (a *Admin) find(domain string, entries []*adminv1.Entry) (target, error) {
 	if l == nil || l.unlimited {
 		return target{l: l}, nil
 	}
-	kb := limiter.KeyBuilder{Prefix: a.svc.opts.KeyPrefix}
+	kb := limiter.KeyBuilder{Prefix: a.svc.opts.KeyPrefix, Now: a.svc.opts.Now()}
 	return target{l: l, hit: l.storeHit(&kb, domain, d.Entries, 0)}, nil
 }
 

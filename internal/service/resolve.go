@@ -30,6 +30,7 @@ type limit struct {
 	shadow          bool
 	quota           bool // quota_mode: denies only with every quota descriptor of the request
 	unlimited       bool
+	overridden      bool             // its numbers come from the descriptor's limit override
 	replaces        []string         // names of the limits this one drops
 	metadata        *structpb.Struct // for dynamic_metadata; shared, never modified
 	hit             int              // index into the request's hits, or -1
@@ -92,6 +93,7 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 	// name, replaces, quota_mode, metadata, shadow_mode or unlimited.
 	l.name, l.replaces, l.quota, l.metadata = "", nil, false, nil
 	l.shadow, l.unlimited = false, false
+	l.overridden = true
 	return l, nil
 }
 
@@ -210,11 +212,18 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 
 // storeKey names the counter of a descriptor. Entries matched by a
 // share_threshold wildcard contribute the pattern, so that all their values
-// share one counter.
+// share one counter. An algorithm with the reference's keys gets them as
+// the reference writes them, an override's with every value as it is.
 func storeKey(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, l *limit) string {
-	kb.Reset(domain)
+	shared := l.rule != nil
+	if l.algorithm.ReferenceKeys() {
+		kb.ResetReference(domain)
+		shared = shared && !l.overridden
+	} else {
+		kb.Reset(domain)
+	}
 	for i, e := range entries {
-		if l.rule != nil && i < len(l.rule.Levels) && l.rule.Levels[i].ShareThreshold {
+		if shared && i < len(l.rule.Levels) && l.rule.Levels[i].ShareThreshold {
 			kb.AddShared(e.Key, l.rule.Levels[i].Value)
 			continue
 		}

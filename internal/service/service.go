@@ -91,6 +91,10 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// KeyPrefix goes before every store key (limiter.KeyBuilder.Prefix).
 	KeyPrefix string
+	// Now is the clock that names the window of the keys in the
+	// reference's schema (limiter.KeyBuilder.Now), read once per request;
+	// nil means time.Now.
+	Now func() time.Time
 }
 
 // Service implements rlsv3.RateLimitServiceServer.
@@ -135,6 +139,9 @@ func New(cfg *config.Config, decider Decider, opts *Options) *Service {
 	}
 	if s.opts.NearLimitRatio <= 0 {
 		s.opts.NearLimitRatio = 0.8
+	}
+	if s.opts.Now == nil {
+		s.opts.Now = time.Now
 	}
 	for _, h := range []struct {
 		name *string
@@ -223,7 +230,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		requestCost = 1
 	}
 	hits := make([]limiter.Hit, 0, len(limits))
-	kb := limiter.KeyBuilder{Prefix: s.opts.KeyPrefix}
+	kb := limiter.KeyBuilder{Prefix: s.opts.KeyPrefix, Now: s.opts.Now()}
 	for i, l := range limits {
 		if l == nil || l.unlimited {
 			continue

@@ -126,6 +126,7 @@ func planEnv(lookup envLookup, explicit func(string) bool) (*Plan, error) {
 	}
 	steps := []func(*Plan, func(string) (string, bool)) error{
 		planListeners, planConfigPath, planGRPCTLS, planMetrics, planMisc, planRedis,
+		planDefaultAlgorithm,
 	}
 	for _, step := range steps {
 		if err := step(p, get); err != nil {
@@ -308,6 +309,16 @@ func planMisc(p *Plan, get func(string) (string, bool)) error {
 		return err
 	} else if on {
 		p.note(true, "per-second limits are counted on REDIS_URL's Redis with the others: REDIS_PERSECOND_* have no effect", "REDIS_PERSECOND")
+	}
+	return nil
+}
+
+// planDefaultAlgorithm: started as the reference is, the rules that name
+// no algorithm count as the reference counts, on its keys, so that its
+// replicas and these share their counters during a rolling swap.
+func planDefaultAlgorithm(p *Plan, _ func(string) (string, bool)) error {
+	if p.inUse {
+		p.set(FlagDefaultAlgorithm, config.ReferenceFixedWindow.String(), "the reference's environment", "")
 	}
 	return nil
 }

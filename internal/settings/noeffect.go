@@ -25,7 +25,8 @@ var noEffect = []RefVar{
 	{Name: "PROMETHEUS_MAPPER_YAML", Here: "no effect: the reference's default mapping is built in (a custom one changing names or labels is not read)"},
 	{Name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Default: "false", Here: "no effect: ratelimit_service_response_time_seconds is in seconds"},
 	// Limits.
-	{Name: "EXPIRATION_JITTER_MAX_SECONDS", Default: "300", Here: "no effect: keys expire with their window"},
+	{Name: "EXPIRATION_JITTER_MAX_SECONDS", Default: "300",
+		Here: "no effect: keys expire with their window (reference_fixed_window's a window after their first count, without jitter)"},
 	{Name: "BACKEND_TYPE", Default: "redis", Here: "redis is the only backend: memcache or another value refuses to start"},
 	{Name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Default: "false", Here: "no effect: a denied hit is never counted here, as if always true"},
 	// Redis.

@@ -175,8 +175,10 @@ func table(s *Settings) []Setting {
 				Here: "0: --deny-cache=0 (no local cache of denials); more: the deny cache stays on (--deny-cache), bounded by entries, not bytes"}}},
 		// Rules.
 		{Name: FlagDefaultAlgorithm, bind: stringFlag(&s.DefaultAlgorithm, config.SlidingWindowCounter.String()),
-			Help: "algorithm of rules that name none: " + orList(config.AlgorithmNames()),
-			Doc:  "algorithm of rules that name none",
+			Help: "default algorithm: " + orList(config.AlgorithmNames()),
+			Doc: "algorithm of rules that name none. `reference_fixed_window` when any of the reference's variables is set " +
+				"and neither this flag nor `RATELIMIT_DEFAULT_ALGORITHM` is: envoyproxy/ratelimit's own counters, shared with " +
+				"its replicas (see [Migration](migration.md#the-swap-step-by-step))",
 			check: func() error {
 				_, err := config.ParseAlgorithm(s.DefaultAlgorithm)
 				return flagError(FlagDefaultAlgorithm, err)

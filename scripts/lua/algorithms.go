@@ -33,8 +33,13 @@ type Algorithm struct {
 	// defines, with the functions check, commit, result and refund.
 	Name string
 	// Key ends the algorithm's store keys, before the window: a counter of
-	// one algorithm is never read as another's.
+	// one algorithm is never read as another's. An algorithm with
+	// ReferenceKeys has it only as its name among the others' codes.
 	Key string
+	// ReferenceKeys marks an algorithm keyed as envoyproxy/ratelimit keys
+	// its counters (limiter.KeyBuilder's ResetReference), so that its
+	// replicas and this service share them.
+	ReferenceKeys bool
 	// State says what the algorithm keeps at its key.
 	State string
 	// Bucket marks a token bucket (GCRA): its hits carry the bucket's size
@@ -90,6 +95,11 @@ var Algorithms = withSources([]Algorithm{
 		State:   `the string "<whole>:<remainder>", the bucket's theoretical arrival time in Unix microseconds`,
 		Bucket:  true,
 		MaxCost: 1 << 32, // gcra.lua is exact for costs up to 2^32
+	},
+	{
+		ID: 5, Name: "reference_fixed_window", Key: "reference", ReferenceKeys: true,
+		State:   "envoyproxy/ratelimit's count, a plain integer, at its own key for the window",
+		MaxCost: 1 << 53,
 	},
 })
 
