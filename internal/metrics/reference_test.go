@@ -21,7 +21,7 @@ func TestStatLabels(t *testing.T) {
 		{"d.k_a:b|c", [3]string{"d", "k_a_b_c"}},
 		{"d.host_example.com", [3]string{"d", "host_example", "com"}}, // dots outside IPv4 addresses split, as in the reference
 	} {
-		if got := statLabels(tc.key); got != tc.want {
+		if got := statLabels(sanitizeStatName(tc.key)); got != tc.want {
 			t.Errorf("statLabels(%q) = %q, want %q", tc.key, got, tc.want)
 		}
 	}
