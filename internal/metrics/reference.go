@@ -69,7 +69,7 @@ type referenceMetrics struct {
 	totalRequests        *prometheus.CounterVec
 	responseTime         *prometheus.HistogramVec
 
-	redisError, serviceError                            counter
+	redisError, serviceError                             counter
 	configLoadSuccess, configLoadError, globalShadowMode counter
 
 	stats   Stats    // nil: Prometheus only

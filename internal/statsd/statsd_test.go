@@ -11,11 +11,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
-	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 )
+
+// The tests log nowhere: gostats's sink goroutine outlives them.
 
 func TestMain(m *testing.M) {
 	// gostats's sink has no stop: its goroutine lives as long as the
@@ -82,7 +84,7 @@ var timerLine = regexp.MustCompile(`^ratelimit_server\.ShouldRateLimit\.response
 // the last flush (nothing for a counter that gained nothing).
 func TestDecisionStats(t *testing.T) {
 	l := listen(t)
-	s, err := New(l.conn.LocalAddr().String(), "udp", time.Hour, map[string]string{"env": "test"}, zaptest.NewLogger(t))
+	s, err := New(l.conn.LocalAddr().String(), "udp", time.Hour, map[string]string{"env": "test"}, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +154,7 @@ func TestNoServer(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	s, err := New(addr, "tcp", time.Millisecond, nil, zaptest.NewLogger(t))
+	s, err := New(addr, "tcp", time.Millisecond, nil, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +171,7 @@ func TestNewRefuses(t *testing.T) {
 		{"localhost:8125", "x", "GOSTATS_FLUSH_INTERVAL_SECONDS"},
 	} {
 		t.Setenv("GOSTATS_FLUSH_INTERVAL_SECONDS", tc.env)
-		_, err := New(tc.addr, "udp", time.Second, nil, zaptest.NewLogger(t))
+		_, err := New(tc.addr, "udp", time.Second, nil, zap.NewNop())
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%q) with GOSTATS_FLUSH_INTERVAL_SECONDS=%q: %v, want an error with %q", tc.addr, tc.env, err, tc.want)
 		}
