@@ -172,7 +172,9 @@ func (m *Metrics) ConfigLoaded(generation uint64, hash, previousHash, outcome st
 }
 
 // ConfigReload counts a reload that did not change the config in force:
-// outcome "failure" (the previous config stays) or "unchanged".
+// outcome "failure" (the previous config stays) or "unchanged". An
+// unchanged one is no config_load_success: the file watch checks the files
+// once as it starts, and the reference counts one load at start.
 func (m *Metrics) ConfigReload(outcome string) {
 	if m == nil {
 		return
@@ -180,7 +182,5 @@ func (m *Metrics) ConfigReload(outcome string) {
 	m.configReloads.WithLabelValues(outcome).Inc()
 	if outcome == "failure" {
 		m.ref.configLoadError.add(1)
-	} else {
-		m.ref.configLoadSuccess.add(1)
 	}
 }

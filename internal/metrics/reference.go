@@ -130,7 +130,7 @@ func newReferenceMetrics(stats Stats) *referenceMetrics {
 	r.serviceError = r.counter(r.shouldRateLimitError.WithLabelValues("service_error"), statService+"call.should_rate_limit.service_error")
 	r.configLoadSuccess = r.counter(prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ratelimit_service_config_load_success",
-		Help: "envoyproxy/ratelimit's config_load_success: configs loaded, the first and every reload that loaded.",
+		Help: "envoyproxy/ratelimit's config_load_success: configs put in force, the first and every reload that changed it.",
 	}), statService+"config_load_success")
 	r.configLoadError = r.counter(prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ratelimit_service_config_load_error",
