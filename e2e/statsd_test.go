@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,8 +138,8 @@ func statsdEnv(redisAddr, root, port string) map[string]string {
 
 // askForStats makes the decisions whose stats the tests expect: user
 // alice three times on a limit of 2 (within, near, over), a detailed_metric
-// rule, a shadow_mode rule twice on a limit of 1, and a request without a
-// domain (refused).
+// rule, a shadow_mode rule twice on a limit of 1, two descriptors of an
+// unknown domain, and a request without a domain (refused).
 func askForStats(t *testing.T, r *referenceReplica) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -152,6 +154,7 @@ func askForStats(t *testing.T, r *referenceReplica) {
 		{request("rl", descriptor("path", "/a")), rlsv3.RateLimitResponse_OK},
 		{request("rl", descriptor("shadow", "x")), rlsv3.RateLimitResponse_OK},
 		{request("rl", descriptor("shadow", "x")), rlsv3.RateLimitResponse_OK},
+		{request("nope", descriptor("user", "alice"), descriptor("path", "/a")), rlsv3.RateLimitResponse_OK},
 	} {
 		resp, err := r.rls.ShouldRateLimit(ctx, tc.req)
 		if err != nil || resp.OverallCode != tc.want {
@@ -255,4 +258,39 @@ func allowedMissing(name string) bool {
 		}
 	}
 	return false
+}
+
+// TestReferenceStatsdNobodyListening: with the reference's environment and
+// USE_STATSD unset (true, as there), the stats go over TCP to
+// STATSD_HOST:STATSD_PORT; with nothing listening they are dropped, the
+// service answers, and SIGTERM ends it cleanly.
+func TestReferenceStatsdNobodyListening(t *testing.T) {
+	r := startRedis(t)
+	root := t.TempDir()
+	configMapDir(t, root, "config.yaml", statsdConfig)
+	env := statsdEnv(r.addr, root, strconv.Itoa(freePort(t)))
+	for _, name := range []string{"USE_STATSD", "STATSD_PROTOCOL"} {
+		delete(env, name)
+	}
+	s := startReference(t, env)
+	s.waitHealthcheck(t, http.StatusOK)
+	askForStats(t, s)
+	waitFor(t, 20*time.Second, func() error {
+		if !strings.Contains(s.logs.String(), "connection error") {
+			return errors.New("no statsd connection attempt logged")
+		}
+		return nil
+	})
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-s.exited:
+		s.exited <- err
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v, want status 0", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("still running 15s after SIGTERM")
+	}
 }

@@ -75,6 +75,9 @@ type referenceMetrics struct {
 	stats   Stats    // nil: Prometheus only
 	series  sync.Map // stat key → *DescriptorSeries
 	nSeries atomic.Int64
+	// The statsd domain_not_found counters, by domain.
+	notFound  sync.Map
+	nNotFound atomic.Int64
 	methods sync.Map // gRPC full method → *methodSeries
 }
 
@@ -251,6 +254,30 @@ func (s *DescriptorSeries) Total(cost uint64) {
 	if s != nil {
 		s.totalHits.add(cost)
 	}
+}
+
+// DomainNotFound counts the descriptors of a request to a domain the config
+// does not have, as the reference's statsd counter
+// ratelimit.service.rate_limit.<domain>.domain_not_found (its Prometheus
+// mapping has none, nor has this service). The domain is the client's:
+// past MaxReferenceSeries domains, new ones are not counted.
+func (m *Metrics) DomainNotFound(domain string, descriptors int) {
+	if m == nil || m.ref.stats == nil {
+		return
+	}
+	r := m.ref
+	c, ok := r.notFound.Load(domain)
+	if !ok {
+		if r.nNotFound.Load() >= MaxReferenceSeries {
+			return
+		}
+		var loaded bool
+		c, loaded = r.notFound.LoadOrStore(domain, r.stats.Counter(statService+"rate_limit."+sanitizeStatName(domain)+".domain_not_found"))
+		if !loaded {
+			r.nNotFound.Add(1)
+		}
+	}
+	c.(StatCounter).Add(uint64(descriptors))
 }
 
 // GlobalShadowMode counts a request over a limit answered OK because of

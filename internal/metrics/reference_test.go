@@ -133,3 +133,35 @@ ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 1
 		t.Fatalf("response time: %d series, %v", n, err)
 	}
 }
+
+// countingStats counts the statsd counters made, by name.
+type countingStats struct{ names map[string]int }
+
+func (c *countingStats) Counter(name string) StatCounter { c.names[name]++; return nopStat{} }
+func (c *countingStats) Timer(string) StatTimer          { return nopStat{} }
+
+type nopStat struct{}
+
+func (nopStat) Add(uint64)       {}
+func (nopStat) AddValue(float64) {}
+
+// TestDomainNotFoundIsBounded: unknown domains, which clients name, get
+// statsd counters up to MaxReferenceSeries, and no more.
+func TestDomainNotFoundIsBounded(t *testing.T) {
+	stats := &countingStats{names: map[string]int{}}
+	m := NewWithStats(prometheus.NewRegistry(), stats)
+	for i := range MaxReferenceSeries + 50 {
+		m.DomainNotFound(fmt.Sprintf("d%d", i), 1)
+	}
+	m.DomainNotFound("d0", 1)
+	n := 0
+	for name := range stats.names {
+		if strings.HasSuffix(name, ".domain_not_found") {
+			n++
+		}
+	}
+	if n != MaxReferenceSeries || stats.names["ratelimit.service.rate_limit.d0.domain_not_found"] != 1 {
+		t.Fatalf("%d domain_not_found counters (d0 made %d times), want %d", n, stats.names["ratelimit.service.rate_limit.d0.domain_not_found"],
+			MaxReferenceSeries)
+	}
+}

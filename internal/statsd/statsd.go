@@ -76,8 +76,16 @@ func (s *Sender) scope(root string) gostats.Scope {
 }
 
 // split cuts a name at its first dot: the scope the reference makes it in,
-// and the rest.
+// and the rest. Names carry request values (detailed_metric, an unknown
+// domain), which gostats sends as they are: a control character, ':' or
+// '|' is made '_', so that no value ends a line or starts another.
 func split(name string) (root, rest string) {
+	name = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || r == ':' || r == '|' {
+			return '_'
+		}
+		return r
+	}, name)
 	root, rest, _ = strings.Cut(name, ".")
 	return root, rest
 }

@@ -96,6 +96,7 @@ func TestDecisionStats(t *testing.T) {
 	m.InvalidRequest("empty_domain")
 	m.ConfigLoaded(1, "hash", "", "")
 	m.GlobalShadowMode()
+	m.DomainNotFound("nope\nx:1|c", 2) // a client's domain ends no line
 	call := &grpc.UnaryServerInfo{FullMethod: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"}
 	if _, err := m.UnaryServerInterceptor()(context.Background(), nil, call, func(context.Context, any) (any, error) {
 		return nil, nil
@@ -108,6 +109,7 @@ func TestDecisionStats(t *testing.T) {
 		"ratelimit.service.call.should_rate_limit.service_error.__env=test:1|c",
 		"ratelimit.service.config_load_success.__env=test:1|c",
 		"ratelimit.service.global_shadow_mode.__env=test:1|c",
+		"ratelimit.service.rate_limit.nope_x_1_c.domain_not_found.__env=test:2|c",
 		"ratelimit.service.rate_limit.rl.user_a_b_c.ip_10_0_0_1.near_limit.__env=test:1|c",
 		"ratelimit.service.rate_limit.rl.user_a_b_c.ip_10_0_0_1.total_hits.__env=test:3|c",
 		"ratelimit.service.rate_limit.rl.user_a_b_c.ip_10_0_0_1.within_limit.__env=test:3|c",
