@@ -60,7 +60,7 @@ func startStatsd(t *testing.T) *statsdServer {
 		}
 	}()
 	t.Cleanup(func() {
-		conn.Close()
+		_ = conn.Close() // ends the reader, which is all it is for
 		<-done
 	})
 	return s

@@ -78,7 +78,7 @@ type referenceMetrics struct {
 	// The statsd domain_not_found counters, by domain.
 	notFound  sync.Map
 	nNotFound atomic.Int64
-	methods sync.Map // gRPC full method → *methodSeries
+	methods   sync.Map // gRPC full method → *methodSeries
 }
 
 // methodSeries are the total_requests and response_time of one gRPC method.

@@ -155,7 +155,9 @@ func TestNoServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close()
+	if err := ln.Close(); err != nil { // nothing listens there now
+		t.Fatal(err)
+	}
 	s, err := New(addr, "tcp", time.Millisecond, nil, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
