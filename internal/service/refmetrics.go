@@ -26,7 +26,7 @@ func (s *Service) referenceMetrics(cfg *config.Config, req *rlsv3.RateLimitReque
 		return
 	}
 	if !cfg.HasDomain(req.Domain) {
-		m.DomainNotFound(req.Domain, len(req.Descriptors))
+		m.DomainNotFound(metricValue(req.Domain), len(req.Descriptors)) // the client's: bounded as a value
 	}
 	enforcedDenial := false
 	for i, l := range limits {
