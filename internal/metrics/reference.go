@@ -16,7 +16,8 @@ import (
 // the names its statsd-to-Prometheus mapping (src/stats/prom/
 // default_mapper.yaml, also Envoy Gateway's statsd_conf.yaml) gives its
 // stats, so that dashboards and alerts written for it (Envoy Gateway's
-// global-ratelimit dashboard among them) work unchanged.
+// global-ratelimit dashboard among them) work unchanged. With a Stats, the
+// same counts also go out under the reference's statsd names.
 
 // MaxReferenceSeries bounds the descriptor series of the reference's
 // rate_limit metrics. Rules name their series from the config (bounded);
@@ -88,8 +89,8 @@ type methodSeries struct {
 	statDuration StatTimer // nil without Stats
 }
 
-// counter is the reference's counter of Prometheus series prom and statsd
-// name name.
+// counter pairs the Prometheus series prom with the statsd counter name,
+// when there is a Stats.
 func (r *referenceMetrics) counter(prom prometheus.Counter, name string) counter {
 	c := counter{prom: prom}
 	if r.stats != nil {
