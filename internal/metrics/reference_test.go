@@ -104,7 +104,8 @@ func TestReferenceNamesExposed(t *testing.T) {
 # HELP ratelimit_service_config_load_error envoyproxy/ratelimit's config_load_error: reloads refused.
 # TYPE ratelimit_service_config_load_error counter
 ratelimit_service_config_load_error 1
-# HELP ratelimit_service_config_load_success envoyproxy/ratelimit's config_load_success: configs put in force, the first and every reload that changed it.
+# HELP ratelimit_service_config_load_success envoyproxy/ratelimit's config_load_success: ` +
+		`configs put in force, the first and every reload that changed it.
 # TYPE ratelimit_service_config_load_success counter
 ratelimit_service_config_load_success 1
 # HELP ratelimit_service_global_shadow_mode envoyproxy/ratelimit's global_shadow_mode: requests over a limit answered OK because of --shadow-mode.
