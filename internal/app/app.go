@@ -1,6 +1,6 @@
 // Package app assembles the rate limit service from its settings: New
 // provisions and checks every part (logger, config source, store, limiter,
-// service, TLS, listeners, tracing, memory limit), Run serves until its
+// service, TLS, listeners, tracing, memory limit, statsd), Run serves until its
 // context ends, then drains. Main is the ratelimit command.
 package app
 
@@ -24,6 +24,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 	"github.com/slidingwindow/ratelimit/internal/service"
 	"github.com/slidingwindow/ratelimit/internal/settings"
+	"github.com/slidingwindow/ratelimit/internal/statsd"
 )
 
 // ErrStopped is New's error when its context ended before the service
@@ -37,6 +38,7 @@ type App struct {
 	lim      *limiter.Limiter
 	svc      *service.Service
 	registry *prometheus.Registry
+	stats    *statsd.Sender // nil without --statsd-addr
 	shedder  *service.Shedder
 	grpcTLS  *tls.Config
 	lns      *listeners
@@ -91,7 +93,11 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	}
 	a.onClose(func() { _ = store.Close() }) // at close, a connection that fails to close leaves nothing to undo
 	a.registry = prometheus.NewRegistry()
-	m := metrics.New(a.registry)
+	var stats metrics.Stats
+	if a.stats, stats, err = openStats(s, log); err != nil {
+		return nil, err
+	}
+	m := metrics.NewWithStats(a.registry, stats)
 	a.lim = newLimiter(s, store, m)
 	a.onClose(a.lim.Close)
 	// The store gets ready (connections open, code loaded) while the

@@ -100,6 +100,10 @@ func (a *App) Run(ctx context.Context) error {
 		go func() { errc <- adminServer.Serve(lns.Admin) }()
 		log.Info("admin API serving: keep this address private, Reset lifts limits", zap.String("addr", lns.Admin.Addr().String()))
 	}
+	if a.stats != nil {
+		// Flushed every interval, and once more when Run ends.
+		backgroundWork.Go(func() { a.stats.Run(background) })
+	}
 	if a.credentialsRefused.Load() {
 		a.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
 		backgroundWork.Go(func() {

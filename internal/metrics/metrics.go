@@ -1,5 +1,6 @@
 // Package metrics holds the service's Prometheus metrics, and beside them
-// those of envoyproxy/ratelimit under its names (reference.go). Labels are
+// those of envoyproxy/ratelimit under its names (reference.go), which also
+// go, with Stats, to statsd under the reference's statsd names. Labels are
 // bounded by the config: per domain and rule, never per descriptor value, so
 // a client cannot grow the series count; the reference's detailed_metric and
 // value_to_metric, which name series by values, are capped at
@@ -55,7 +56,10 @@ type Metrics struct {
 }
 
 // New registers the service's collectors, and Go's and the process's, on reg.
-func New(reg prometheus.Registerer) *Metrics {
+func New(reg prometheus.Registerer) *Metrics { return NewWithStats(reg, nil) }
+
+// NewWithStats is New whose reference metrics also go to stats (nil: none).
+func NewWithStats(reg prometheus.Registerer, stats Stats) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_decisions_total",
@@ -96,7 +100,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "ratelimit_config_info",
 			Help: "1 for the hash of the config in force.",
 		}, []string{"hash"}),
-		ref: newReferenceMetrics(),
+		ref: newReferenceMetrics(stats),
 	}
 	reg.MustRegister(m.ref.collectors()...)
 	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests, m.shed, m.overloaded,
@@ -122,7 +126,7 @@ func (m *Metrics) StoreCall(d time.Duration, errKind string) {
 		m.storeErrors.WithLabelValues(errKind).Inc()
 	}
 	if errKind != "" && errKind != "canceled" {
-		m.ref.shouldRateLimitError.WithLabelValues("redis_error").Inc()
+		m.ref.redisError.add(1)
 	}
 }
 
@@ -130,7 +134,7 @@ func (m *Metrics) StoreCall(d time.Duration, errKind string) {
 func (m *Metrics) InvalidRequest(reason string) {
 	if m != nil {
 		m.invalidRequests.WithLabelValues(reason).Inc()
-		m.ref.shouldRateLimitError.WithLabelValues("service_error").Inc()
+		m.ref.serviceError.add(1)
 	}
 }
 
@@ -146,7 +150,7 @@ func (m *Metrics) Shed() {
 func (m *Metrics) Overloaded() {
 	if m != nil {
 		m.overloaded.Inc()
-		m.ref.shouldRateLimitError.WithLabelValues("service_error").Inc()
+		m.ref.serviceError.add(1)
 	}
 }
 
@@ -159,7 +163,7 @@ func (m *Metrics) ConfigLoaded(generation uint64, hash, previousHash, outcome st
 	if outcome != "" {
 		m.configReloads.WithLabelValues(outcome).Inc()
 	}
-	m.ref.configLoadSuccess.Inc()
+	m.ref.configLoadSuccess.add(1)
 	m.configGeneration.Set(float64(generation))
 	if previousHash != "" && previousHash != hash {
 		m.configInfo.DeleteLabelValues(previousHash)
@@ -168,15 +172,15 @@ func (m *Metrics) ConfigLoaded(generation uint64, hash, previousHash, outcome st
 }
 
 // ConfigReload counts a reload that did not change the config in force:
-// outcome "failure" (the previous config stays) or "unchanged".
+// outcome "failure" (the previous config stays) or "unchanged". An
+// unchanged one is no config_load_success: the file watch checks the files
+// once as it starts, and the reference counts one load at start.
 func (m *Metrics) ConfigReload(outcome string) {
 	if m == nil {
 		return
 	}
 	m.configReloads.WithLabelValues(outcome).Inc()
 	if outcome == "failure" {
-		m.ref.configLoadError.Inc()
-	} else {
-		m.ref.configLoadSuccess.Inc()
+		m.ref.configLoadError.add(1)
 	}
 }

@@ -21,7 +21,7 @@ func TestStatLabels(t *testing.T) {
 		{"d.k_a:b|c", [3]string{"d", "k_a_b_c"}},
 		{"d.host_example.com", [3]string{"d", "host_example", "com"}}, // dots outside IPv4 addresses split, as in the reference
 	} {
-		if got := statLabels(tc.key); got != tc.want {
+		if got := statLabels(sanitizeStatName(tc.key)); got != tc.want {
 			t.Errorf("statLabels(%q) = %q, want %q", tc.key, got, tc.want)
 		}
 	}
@@ -104,7 +104,8 @@ func TestReferenceNamesExposed(t *testing.T) {
 # HELP ratelimit_service_config_load_error envoyproxy/ratelimit's config_load_error: reloads refused.
 # TYPE ratelimit_service_config_load_error counter
 ratelimit_service_config_load_error 1
-# HELP ratelimit_service_config_load_success envoyproxy/ratelimit's config_load_success: configs loaded, the first and every reload that loaded.
+# HELP ratelimit_service_config_load_success envoyproxy/ratelimit's config_load_success: ` +
+		`configs put in force, the first and every reload that changed it.
 # TYPE ratelimit_service_config_load_success counter
 ratelimit_service_config_load_success 1
 # HELP ratelimit_service_global_shadow_mode envoyproxy/ratelimit's global_shadow_mode: requests over a limit answered OK because of --shadow-mode.
@@ -131,5 +132,37 @@ ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 1
 	}
 	if n, err := testutil.GatherAndCount(reg, "ratelimit_service_response_time_seconds"); err != nil || n != 1 {
 		t.Fatalf("response time: %d series, %v", n, err)
+	}
+}
+
+// countingStats counts the statsd counters made, by name.
+type countingStats struct{ names map[string]int }
+
+func (c *countingStats) Counter(name string) StatCounter { c.names[name]++; return nopStat{} }
+func (c *countingStats) Timer(string) StatTimer          { return nopStat{} }
+
+type nopStat struct{}
+
+func (nopStat) Add(uint64)       {}
+func (nopStat) AddValue(float64) {}
+
+// TestDomainNotFoundIsBounded: unknown domains, which clients name, get
+// statsd counters up to MaxReferenceSeries, and no more.
+func TestDomainNotFoundIsBounded(t *testing.T) {
+	stats := &countingStats{names: map[string]int{}}
+	m := NewWithStats(prometheus.NewRegistry(), stats)
+	for i := range MaxReferenceSeries + 50 {
+		m.DomainNotFound(fmt.Sprintf("d%d", i), 1)
+	}
+	m.DomainNotFound("d0", 1)
+	n := 0
+	for name := range stats.names {
+		if strings.HasSuffix(name, ".domain_not_found") {
+			n++
+		}
+	}
+	if n != MaxReferenceSeries || stats.names["ratelimit.service.rate_limit.d0.domain_not_found"] != 1 {
+		t.Fatalf("%d domain_not_found counters (d0 made %d times), want %d", n, stats.names["ratelimit.service.rate_limit.d0.domain_not_found"],
+			MaxReferenceSeries)
 	}
 }

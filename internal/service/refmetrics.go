@@ -15,14 +15,18 @@ import (
 
 // referenceMetrics counts a decided request in envoyproxy/ratelimit's
 // rate_limit metrics, one series per limit named as the reference names it
-// (see statKey), and a request that only --shadow-mode admitted (shadowed)
-// in its global_shadow_mode.
-func (s *Service) referenceMetrics(req *rlsv3.RateLimitRequest, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict,
-	shadowed bool,
+// (see statKey), a request that only --shadow-mode admitted (shadowed) in
+// its global_shadow_mode, and one to a domain cfg does not have in its
+// domain_not_found.
+func (s *Service) referenceMetrics(cfg *config.Config, req *rlsv3.RateLimitRequest, limits []*limit, hits []limiter.Hit,
+	verdicts []limiter.Verdict, shadowed bool,
 ) {
 	m := s.opts.Metrics
 	if m == nil {
 		return
+	}
+	if !cfg.HasDomain(req.Domain) {
+		m.DomainNotFound(metricValue(req.Domain), len(req.Descriptors)) // the client's: bounded as a value
 	}
 	for i, l := range limits {
 		// Like the reference, unlimited rules and descriptors without a

@@ -2,6 +2,7 @@ package service
 
 import (
 	"io"
+	"maps"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -179,5 +180,42 @@ func TestReferenceMetricsHostileValues(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// namedStats records the statsd counters' sums, by name.
+type namedStats map[string]uint64
+
+type namedCounter struct {
+	stats namedStats
+	name  string
+}
+
+func (c namedCounter) Add(n uint64) { c.stats[c.name] += n }
+
+func (s namedStats) Counter(name string) metrics.StatCounter { return namedCounter{s, name} }
+func (s namedStats) Timer(string) metrics.StatTimer          { return nil }
+
+// TestDomainNotFound: a request to a domain the config does not have
+// counts its descriptors in the reference's domain_not_found, the domain
+// bounded as a request value is.
+func TestDomainNotFound(t *testing.T) {
+	stats := namedStats{}
+	s, _ := newTestService(t, &Options{Metrics: metrics.NewWithStats(prometheus.NewRegistry(), stats)})
+	long := strings.Repeat("d", 64<<10)
+	for _, domain := range []string{"nope", long, "svc"} {
+		askRequest(t, s, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlcommon.RateLimitDescriptor{
+			desc("tenant", "a"), desc("vip", "b")}})
+	}
+	const prefix, suffix = "ratelimit.service.rate_limit.", ".domain_not_found"
+	want := namedStats{prefix + "nope" + suffix: 2, prefix + metricValue(long) + suffix: 2}
+	got := namedStats{}
+	for name, n := range stats {
+		if strings.HasSuffix(name, suffix) {
+			got[name] = n
+		}
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("domain_not_found: %v, want %v", got, want)
 	}
 }

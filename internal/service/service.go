@@ -281,7 +281,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if s.opts.ResponseDynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, limits, resp.Statuses)
 	}
-	s.referenceMetrics(req, limits, hits, verdicts, shadowed)
+	s.referenceMetrics(cfg, req, limits, hits, verdicts, shadowed)
 	switch {
 	case deferred == nil:
 		return resp, nil

@@ -125,7 +125,7 @@ func planEnv(lookup envLookup, explicit func(string) bool) (*Plan, error) {
 		p.note(false, "variables of envoyproxy/ratelimit with no effect here (docs/migration.md)", unused...)
 	}
 	steps := []func(*Plan, func(string) (string, bool)) error{
-		planListeners, planConfigPath, planGRPCTLS, planMetrics, planMisc, planRedis,
+		planListeners, planConfigPath, planGRPCTLS, planMetrics, planStatsd, planMisc, planRedis,
 		planDefaultAlgorithm,
 	}
 	for _, step := range steps {
@@ -295,13 +295,38 @@ func planMetrics(p *Plan, get func(string) (string, bool)) error {
 	return nil
 }
 
-func planMisc(p *Plan, get func(string) (string, bool)) error {
-	if on, err := boolVar(get, "USE_STATSD"); err != nil {
-		return err
-	} else if _, set := get("USE_STATSD"); on && set {
-		p.note(true, "no statsd sink here: metrics are Prometheus only, on the HTTP port's /metrics "+
-			"(and PROMETHEUS_ADDR with USE_PROMETHEUS=true)", "USE_STATSD")
+// planStatsd: the reference sends its stats to STATSD_HOST:STATSD_PORT
+// unless USE_STATSD=false (true by default) or DISABLE_STATS=true.
+func planStatsd(p *Plan, get func(string) (string, bool)) error {
+	flags := map[string]bool{}
+	for _, name := range []string{"USE_STATSD", "DISABLE_STATS", "USE_PROMETHEUS", "USE_DOG_STATSD"} {
+		on, err := boolVar(get, name)
+		if err != nil {
+			return err
+		}
+		flags[name] = on
 	}
+	addr, _, err := hostPort(get, "STATSD_HOST", "STATSD_PORT")
+	if err != nil {
+		return err
+	}
+	_, useStatsdSet := get("USE_STATSD")
+	switch {
+	case !p.inUse || !flags["USE_STATSD"] || flags["DISABLE_STATS"]:
+		return nil
+	case !useStatsdSet && (flags["USE_PROMETHEUS"] || flags["USE_DOG_STATSD"]):
+		p.note(true, "no statsd: USE_STATSD is unset (true) with another stats sink, which the reference refuses to start with; "+
+			"set USE_STATSD=false, or true for statsd too", "USE_STATSD")
+		return nil
+	}
+	if addr == "" {
+		addr = net.JoinHostPort(defaultOf("STATSD_HOST"), defaultOf("STATSD_PORT"))
+	}
+	p.set(FlagStatsdAddr, addr, "USE_STATSD/STATSD_HOST/STATSD_PORT", "")
+	return nil
+}
+
+func planMisc(p *Plan, get func(string) (string, bool)) error {
 	if b, ok := get("BACKEND_TYPE"); ok && b != "redis" && b != "" {
 		return fmt.Errorf("BACKEND_TYPE=%q: Redis is the only backend here", b)
 	}

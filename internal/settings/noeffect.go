@@ -14,14 +14,9 @@ var noEffect = []RefVar{
 		Here: "no effect: the service is ready only with a config (a file config loads before serving; over xDS it waits for the first one, " +
 			"unless FORCE_START_WITHOUT_INITIAL_CONFIG, and then answers UNAVAILABLE until one arrives)"},
 	// Stats.
-	{Name: "USE_STATSD", Default: "true", Here: "no effect: no statsd sink; metrics are Prometheus only (true is logged as a warning)"},
-	{Name: "STATSD_HOST", Default: "localhost", Here: "no effect (no statsd)"},
-	{Name: "STATSD_PORT", Default: "8125", Here: "no effect (no statsd)"},
-	{Name: "USE_DOG_STATSD", Default: "false", Here: "no effect (no statsd)"},
-	{Name: "USE_DOG_STATSD_MOGRIFIERS", Here: "no effect (no statsd)"},
-	{Name: "EXTRA_TAGS", Here: "no effect: add labels in the Prometheus scrape config"},
-	{Name: "STATS_FLUSH_INTERVAL", Default: "10s", Here: "no effect: Prometheus metrics are current at every scrape"},
-	{Name: "DISABLE_STATS", Default: "false", Here: "no effect: metrics are always kept (a scrape is what costs)"},
+	{Name: "USE_DOG_STATSD", Default: "false", Here: "no effect: no DogStatsD sink (the reference's is its own, over datadog-go); " +
+		"--statsd-addr sends plain statsd, tags as name suffixes"},
+	{Name: "USE_DOG_STATSD_MOGRIFIERS", Here: "no effect (see USE_DOG_STATSD)"},
 	{Name: "PROMETHEUS_MAPPER_YAML", Here: "no effect: the reference's default mapping is built in (a custom one changing names or labels is not read)"},
 	{Name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Default: "false", Here: "no effect: ratelimit_service_response_time_seconds is in seconds"},
 	// Limits.

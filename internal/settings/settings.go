@@ -24,6 +24,8 @@ type Settings struct {
 
 	GRPCAddr, HTTPAddr, AdminAddr, DebugAddr string
 	MetricsAddr, MetricsPath                 string
+	StatsdAddr, StatsdProtocol, StatsdTags   string
+	StatsdFlushInterval                      time.Duration
 	GRPCServer                               string
 	GRPCMaxConnAge, GRPCMaxConnAgeGrace      time.Duration
 	GRPCTLS                                  GRPCTLS
@@ -98,6 +100,11 @@ func (x *XDS) NodeMetadataMap() (map[string]string, error) {
 // HeaderMap is --xds-headers parsed.
 func (x *XDS) HeaderMap() (map[string]string, error) {
 	return keyValues("--"+FlagXDSHeaders, x.Headers, ":")
+}
+
+// StatsdTagMap is --statsd-tags parsed.
+func (s *Settings) StatsdTagMap() (map[string]string, error) {
+	return keyValues("--"+FlagStatsdTags, s.StatsdTags, ":")
 }
 
 // keyValues parses "k1<sep>v1,k2<sep>v2"; empty gives none.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -25,6 +26,8 @@ const (
 	FlagDebugAddr            = "debug-addr"
 	FlagMetricsAddr          = "metrics-addr"
 	FlagMetricsPath          = "metrics-path"
+	FlagStatsdAddr           = "statsd-addr"
+	FlagStatsdTags           = "statsd-tags"
 	FlagAdminAddr            = "admin-addr"
 	FlagRedisURL             = "redis-url"
 	FlagRedisClusterURL      = "redis-cluster-url"
@@ -135,6 +138,48 @@ func table(s *Settings) []Setting {
 			Ref: []RefVar{
 				{Name: "PROMETHEUS_PATH", Default: "/metrics", Joint: true, Here: "with USE_PROMETHEUS=true: --metrics-path"},
 			}},
+		{Name: FlagStatsdAddr, bind: stringFlag(&s.StatsdAddr, ""),
+			Help: "host:port of a statsd server sent envoyproxy/ratelimit's stats, beside the Prometheus metrics; empty: off",
+			Doc: "`host:port` of a statsd server sent envoyproxy/ratelimit's stats under its statsd names, as it sends them " +
+				"(its library, lyft/gostats), beside the Prometheus metrics; empty: off (see [Metrics](metrics.md#statsd))",
+			check: func() error {
+				if s.StatsdAddr == "" {
+					return nil
+				}
+				_, port, err := net.SplitHostPort(s.StatsdAddr)
+				return want(err == nil && port != "", s.StatsdAddr, "host:port")
+			},
+			Ref: []RefVar{
+				{Name: "USE_STATSD", Default: "true", Joint: true, Here: "true, or unset with any variable of the reference set, " +
+					"as there: --statsd-addr STATSD_HOST:STATSD_PORT; false: no statsd. Unset with USE_PROMETHEUS or USE_DOG_STATSD " +
+					"true (two sinks, which the reference refuses to start with): no statsd, logged as a warning"},
+				{Name: "STATSD_HOST", Default: "localhost", Joint: true, Here: "with STATSD_PORT: --statsd-addr"},
+				{Name: "STATSD_PORT", Default: "8125", Joint: true, Here: "with STATSD_HOST: --statsd-addr"},
+				{Name: "DISABLE_STATS", Default: "false", Joint: true,
+					Here: "true: no statsd (the reference's null sink); the Prometheus metrics stay"},
+			}},
+		{Name: "statsd-protocol", bind: stringFlag(&s.StatsdProtocol, "tcp"),
+			Help: "tcp or udp (or tcp4, tcp6, udp4, udp6) to --statsd-addr",
+			Doc:  "`tcp` or `udp` (or `tcp4`, `tcp6`, `udp4`, `udp6`) to `--statsd-addr`",
+			check: func() error {
+				ok := slices.Contains([]string{"tcp", "tcp4", "tcp6", "udp", "udp4", "udp6"}, s.StatsdProtocol)
+				return want(ok, s.StatsdProtocol, "tcp or udp")
+			},
+			Ref: []RefVar{{Name: "STATSD_PROTOCOL", Default: "tcp",
+				Here: "--statsd-protocol (read by the reference's stats library, lyft/gostats, from the environment)"}}},
+		{Name: "statsd-flush-interval", bind: durationFlag(&s.StatsdFlushInterval, 10*time.Second),
+			Help: "how often the stats go to --statsd-addr",
+			Doc:  "how often the stats go to `--statsd-addr`: counters as what they gained since the last flush, as the reference",
+			check: func() error {
+				return want(s.StatsdFlushInterval > 0, s.StatsdFlushInterval, "a duration above 0")
+			},
+			Ref: []RefVar{{Name: "STATS_FLUSH_INTERVAL", Default: "10s", Conv: convDuration}}},
+		{Name: FlagStatsdTags, bind: stringFlag(&s.StatsdTags, ""),
+			Help:  "tags of every stat sent to --statsd-addr: key:value,key2:value2",
+			Doc:   "tags of every stat sent to `--statsd-addr`, `key:value,key2:value2`, each a `.__key=value` suffix of the name, as the reference",
+			check: func() error { _, err := s.StatsdTagMap(); return err },
+			Ref: []RefVar{{Name: "EXTRA_TAGS",
+				Here: "--statsd-tags (the Prometheus metrics get no labels from it: add them in the scrape config)"}}},
 		// Redis.
 		{Name: FlagRedisURL, bind: stringFlag(&s.RedisURL, ""), Group: groupRedis,
 			Help: "standalone Redis: a redis://, rediss:// or unix:// URL; no Redis flag: an embedded store, one replica",
