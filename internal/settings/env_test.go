@@ -177,7 +177,7 @@ func TestPlanEnv(t *testing.T) {
 		{name: "per-second Redis, host:port", env: map[string]string{"REDIS_URL": "r:1", "REDIS_PERSECOND": "true",
 			"REDIS_PERSECOND_SOCKET_TYPE": "tcp", "REDIS_PERSECOND_URL": "p:1", "REDIS_PERSECOND_AUTH": "u:pw",
 			"REDIS_PERSECOND_POOL_SIZE": "20"},
-			want: map[string]string{"redis-url": "redis://r:1", "redis-persecond-url": "redis://u:pw@p:1", "debug-addr": "0.0.0.0:6070"},
+			want:  map[string]string{"redis-url": "redis://r:1", "redis-persecond-url": "redis://u:pw@p:1", "debug-addr": "0.0.0.0:6070"},
 			notes: []string{"REDIS_PERSECOND_POOL_SIZE"}},
 		{name: "per-second Redis on a Unix socket", env: map[string]string{"REDIS_URL": "r:1", "REDIS_PERSECOND": "true",
 			"REDIS_PERSECOND_URL": "/run/persecond.sock"},
