@@ -10,6 +10,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -170,5 +171,40 @@ func TestPerSecondRedisLikeUpstream(t *testing.T) {
 	if len(keysWith(t, main, "fast")) != 0 || len(keysWith(t, perSecond, "slow")) != 0 ||
 		len(keysWith(t, perSecond, "fast")) != 1 || len(keysWith(t, main, "slow")) != 1 {
 		t.Fatalf("upstream's counters: main Redis %q, per-second Redis %q", keysWith(t, main, ""), keysWith(t, perSecond, ""))
+	}
+}
+
+// TestPerSecondRedisRefusingTheCredentialsIsNotReady: the per-second Redis
+// is asked for readiness as the main one is: while it refuses
+// REDIS_PERSECOND_AUTH, the service is not ready; once it accepts it, the
+// service is, and counts there.
+func TestPerSecondRedisRefusingTheCredentialsIsNotReady(t *testing.T) {
+	main, perSecond := startRedis(t), startRedis(t)
+	ctx := context.Background()
+	if err := perSecond.client.ConfigSet(ctx, "requirepass", "right").Err(); err != nil {
+		t.Fatal(err)
+	}
+	admin := redis.NewClient(&redis.Options{Addr: perSecond.addr, Password: "right"})
+	defer admin.Close()
+	root := t.TempDir()
+	configMapDir(t, root, "config.yaml", perSecondConfig)
+	env := perSecondEnv(main.addr, perSecond.addr, root)
+	env["REDIS_PERSECOND_AUTH"] = "wrong-password"
+	s := startReference(t, env)
+	s.waitHealthcheck(t, http.StatusInternalServerError)
+	if err := admin.ConfigSet(ctx, "requirepass", "wrong-password").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.waitHealthcheck(t, http.StatusOK)
+	if resp, err := s.askPerSecond(ctx, "fast", "a"); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("per-second request: %v, %v", resp, err)
+	}
+	admin = redis.NewClient(&redis.Options{Addr: perSecond.addr, Password: "wrong-password"})
+	defer admin.Close()
+	if keys, err := admin.Keys(ctx, "*fast*").Result(); err != nil || len(keys) != 1 {
+		t.Fatalf("per-second Redis keys %q, %v: want the counter", keys, err)
+	}
+	if strings.Contains(s.logs.String(), "wrong-password") {
+		t.Fatal("the password is in the log")
 	}
 }
