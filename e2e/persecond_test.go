@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/slidingwindow/ratelimit/internal/tlsconfig/tlsconfigtest"
 )
 
 // perSecondConfig has a limit per second and one per minute.
@@ -206,5 +209,39 @@ func TestPerSecondRedisRefusingTheCredentialsIsNotReady(t *testing.T) {
 	}
 	if strings.Contains(s.logs.String(), "wrong-password") {
 		t.Fatal("the password is in the log")
+	}
+}
+
+// TestPerSecondRedisTLS: REDIS_PERSECOND_TLS=true with the REDIS_TLS_*
+// files reaches a per-second Redis that serves TLS only and asks for a
+// client certificate, while the main Redis stays plaintext, as in the
+// reference, whose one TLS config serves whichever Redis has TLS on.
+func TestPerSecondRedisTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := tlsconfigtest.NewCA(t, "ca")
+	redisCert, redisKey := ca.Server(t, "redis").Write(t, dir, "redis")
+	caFile := ca.WriteCA(t, dir, "ca")
+	clientCert, clientKey := ca.Client(t, "ratelimit").Write(t, dir, "client")
+	port := freePort(t)
+	admin := tlsClient(t, ca, ca.Client(t, "admin"))
+	admin.ServerName = "127.0.0.1"
+	perSecond := startRedisArgs(t, "127.0.0.1:"+strconv.Itoa(port), &redis.Options{TLSConfig: admin},
+		"--port", "0", "--tls-port", strconv.Itoa(port),
+		"--tls-cert-file", redisCert, "--tls-key-file", redisKey, "--tls-ca-cert-file", caFile,
+		"--tls-auth-clients", "yes")
+	main := startRedis(t)
+	root := t.TempDir()
+	configMapDir(t, root, "config.yaml", perSecondConfig)
+	env := perSecondEnv(main.addr, perSecond.addr, root)
+	env["REDIS_PERSECOND_TLS"], env["REDIS_TLS_CACERT"] = "true", caFile
+	env["REDIS_TLS_CLIENT_CERT"], env["REDIS_TLS_CLIENT_KEY"] = clientCert, clientKey
+	s := startReference(t, env)
+	s.waitHealthcheck(t, http.StatusOK)
+	resp, err := s.askPerSecond(context.Background(), "fast", "tls", "slow", "plain")
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("request: %v, %v", resp, err)
+	}
+	if len(keysWith(t, perSecond, "fast")) != 1 || len(keysWith(t, main, "slow")) != 1 {
+		t.Fatalf("counters: per-second Redis (TLS) %q, main %q", keysWith(t, perSecond, ""), keysWith(t, main, ""))
 	}
 }
