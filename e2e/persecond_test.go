@@ -12,10 +12,13 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/slidingwindow/ratelimit/internal/tlsconfig/tlsconfigtest"
+	adminv1 "github.com/slidingwindow/ratelimit/proto/ratelimit/admin/v1"
 )
 
 // perSecondConfig has a limit per second and one per minute.
@@ -51,6 +54,17 @@ func (r *referenceReplica) askPerSecond(ctx context.Context, kv ...string) (*rls
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	return r.rls.ShouldRateLimit(ctx, req)
+}
+
+// adminConn is a connection to the admin API at addr.
+func adminConn(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // keysWith are the keys of r that contain part.
@@ -92,14 +106,17 @@ func admitsPerSecond(t *testing.T, replicas []*referenceReplica, value string, n
 // TestPerSecondRedis: run with the reference's environment and
 // REDIS_PERSECOND=true, the service counts a per-second limit only on the
 // per-second Redis and a per-minute limit only on the main one, and both
-// limits hold. With the per-second Redis down, only the per-second rule answers by its
+// limits hold; the admin API finds the per-second counter there. With the per-second Redis down, only the per-second rule answers by its
 // failure mode (the reference's environment names none: the call fails,
 // for Envoy's failure_mode_deny to decide).
 func TestPerSecondRedis(t *testing.T) {
 	main, perSecond := startRedis(t), startRedis(t)
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", perSecondConfig)
-	s := startReference(t, perSecondEnv(main.addr, perSecond.addr, root))
+	env := perSecondEnv(main.addr, perSecond.addr, root)
+	adminAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	env["RATELIMIT_ADMIN_ADDR"] = adminAddr
+	s := startReference(t, env)
 	s.waitHealthcheck(t, http.StatusOK)
 	ctx := context.Background()
 
@@ -123,6 +140,37 @@ func TestPerSecondRedis(t *testing.T) {
 	}
 	if len(keysWith(t, perSecond, "fast")) == 0 || len(keysWith(t, main, "slow")) == 0 {
 		t.Fatalf("counters missing: per-second Redis %q, main %q", keysWith(t, perSecond, ""), keysWith(t, main, ""))
+	}
+
+	// The admin API inspects and resets a per-second counter on its Redis.
+	admin := adminv1.NewAdminClient(adminConn(t, adminAddr))
+	checked := false
+	for attempt := 0; attempt < 5 && !checked; attempt++ {
+		waitUntil(nextEdge(time.Second))
+		start := time.Now()
+		entries := []*adminv1.Entry{{Key: "fast", Value: fmt.Sprintf("admin-%d", attempt)}}
+		if _, err := s.askPerSecond(ctx, "fast", entries[0].Value); err != nil {
+			t.Fatal(err)
+		}
+		got, err := admin.Inspect(ctx, &adminv1.InspectRequest{Domain: "persecond", Entries: entries})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reset, err := admin.Reset(ctx, &adminv1.ResetRequest{Domain: "persecond", Entries: entries})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !time.Now().Truncate(time.Second).Equal(start.Truncate(time.Second)) {
+			continue // the window moved on meanwhile
+		}
+		if got.Used != 1 || got.Remaining != 2 || reset.Deleted != 1 || len(keysWith(t, perSecond, entries[0].Value)) != 0 {
+			t.Fatalf("Inspect %v, Reset %v, per-second Redis %q: want 1 used, the counter deleted",
+				got, reset, keysWith(t, perSecond, ""))
+		}
+		checked = true
+	}
+	if !checked {
+		t.Fatal("no Inspect and Reset fitted in one second in 5 attempts")
 	}
 
 	perSecond.stop()
