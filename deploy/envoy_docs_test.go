@@ -10,6 +10,8 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
 // TestBudgetsDocTokenBudget: docs/budgets.md's two-phase snippets are Envoy
@@ -44,6 +46,38 @@ func TestBudgetsDocTokenBudget(t *testing.T) {
 	}
 	if r := slices.Index(e.filterNames, "envoy.filters.http.ratelimit"); i < 0 || i > r {
 		t.Errorf("%s: header_to_metadata must come before the rate limit filter: %v", envoyFile, e.filterNames)
+	}
+}
+
+// TestBudgetsDocConcurrencyLimit: docs/budgets.md's concurrency limit is the
+// /concurrency route's first two rate_limits entries of envoy.yaml, and its
+// rule is config/'s concurrent_per_user.
+func TestBudgetsDocConcurrencyLimit(t *testing.T) {
+	const doc = "../docs/budgets.md"
+	b, _ := loadBootstrap(t)
+	e := newEdge(t, b)
+	action := &routev3.RouteAction{}
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, doc, "# the route's action: rate_limits of a concurrency limit")), action); err != nil {
+		t.Fatalf("%s: rate_limits: %v", doc, err)
+	}
+	i := slices.IndexFunc(e.vhost.GetRoutes(), func(r *routev3.Route) bool { return r.GetName() == "concurrency" })
+	if i < 0 {
+		t.Fatalf("%s has no concurrency route", envoyFile)
+	}
+	want := e.vhost.GetRoutes()[i].GetRoute().GetRateLimits()
+	got := action.GetRateLimits()
+	if len(got) != 2 || len(want) < 2 || !proto.Equal(got[0], want[0]) || !proto.Equal(got[1], want[1]) {
+		t.Errorf("%s: rate_limits %v, want the first two of %s's concurrency route: %v", doc, got, envoyFile, want)
+	}
+	rule := "domain: edge\ndescriptors:\n" + fencedBlock(t, doc, "- key: concurrent_user")
+	cfg, err := config.Parse("budgets.md", []byte(rule), config.Defaults{})
+	if err != nil {
+		t.Fatalf("%s: the rule: %v", doc, err)
+	}
+	got1, want1 := cfg.Rules()[0], ruleNamed(t, loadRules(t), "concurrent_per_user")
+	if got1.RequestsPerUnit != want1.RequestsPerUnit || got1.Window() != want1.Window() || got1.Algorithm != want1.Algorithm ||
+		got1.RefundOldest != want1.RefundOldest || got1.RecordCosts != want1.RecordCosts {
+		t.Errorf("%s: rule %v, want %s's concurrent_per_user: %v", doc, got1, rulesDir, want1)
 	}
 }
 

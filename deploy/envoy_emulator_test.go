@@ -195,6 +195,7 @@ func (e *edge) descriptors(t *testing.T, rt *routev3.Route, r request, streamDon
 				continue
 			}
 			d.HitsAddend = wrapperspb.UInt64(cost)
+			d.IsNegativeHits = ha.GetIsNegativeHits()
 		}
 		ds = append(ds, d)
 	}

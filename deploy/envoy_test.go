@@ -190,6 +190,8 @@ func TestEnvoyDescriptors(t *testing.T) {
 			[]string{"tokens_user=dana", "remote_address=198.51.100.40"}},
 		{"llm without user", request{"POST", "/LLM", nil, "198.51.100.41"}, 0, "llm",
 			[]string{"remote_address=198.51.100.41"}},
+		{"concurrency", request{"GET", "/concurrency/export", user("erin"), "198.51.100.42"}, 0, "concurrency",
+			[]string{"concurrent_user=erin", "remote_address=198.51.100.42"}},
 		{"not api", request{"GET", "/apix", user("carol"), "198.51.100.1"}, 0, "default",
 			[]string{"remote_address=198.51.100.1"}},
 		{"spoofed x-forwarded-for is ignored", request{"GET", "/", map[string]string{"x-forwarded-for": "192.0.2.99"}, "198.51.100.20"}, 0, "default",
@@ -500,3 +502,59 @@ func TestEnvoyFailures(t *testing.T) {
 
 // docsCentralCluster parses the central "ratelimit" cluster that
 // docs/deploy.md tells users to put in place of the sidecar's.
+
+// TestEnvoyConcurrencyLimit: the /concurrency route takes a seat before
+// routing and gives it back when the stream is done, for the requests it
+// denied too. At most the limit of one user's requests are in flight; a
+// denied request's release frees its own seat, not an admitted one's; once
+// every request is done, every seat is free.
+func TestEnvoyConcurrencyLimit(t *testing.T) {
+	b, _ := loadBootstrap(t)
+	e := newEdge(t, b)
+	cfg := loadRules(t)
+	limit := int(ruleNamed(t, cfg, "concurrent_per_user").RequestsPerUnit)
+	x := newRig(t, e, cfg)
+	req := request{"GET", "/concurrency/export", map[string]string{"x-user-id": "erin"}, "198.51.100.60"}
+
+	var running []outcome
+	for i := range limit {
+		out := x.send(t, req)
+		if d := out.descriptors[0]; descString(d) != "concurrent_user=erin" || d.GetHitsAddend().GetValue() != 1 || d.GetIsNegativeHits() {
+			t.Fatalf("acquisition descriptor %v, want concurrent_user=erin with hits_addend 1", d)
+		}
+		if !out.reply.upstream {
+			t.Fatalf("request %d of %d: %+v, want admitted", i+1, limit, out.reply)
+		}
+		running = append(running, out)
+	}
+	for i := range 3 {
+		denied := x.send(t, req)
+		if denied.reply.upstream || denied.reply.status != 429 {
+			t.Fatalf("request %d over the limit: %+v, want 429", i+1, denied.reply)
+		}
+		// Envoy releases the 429's seat too: its own, recorded when denied.
+		ds := x.finish(t, denied, nil)
+		if len(ds) != 1 || descString(ds[0]) != "concurrent_user=erin" || ds[0].GetHitsAddend().GetValue() != 1 || !ds[0].GetIsNegativeHits() {
+			t.Fatalf("stream-done descriptors of a 429: %v, want concurrent_user=erin, hits_addend 1, is_negative_hits", ds)
+		}
+	}
+	// One request ends: one more is admitted, and no other.
+	x.finish(t, running[0], nil)
+	running = running[1:]
+	next := x.send(t, req)
+	if !next.reply.upstream {
+		t.Fatalf("after one request ended: %+v, want admitted", next.reply)
+	}
+	running = append(running, next)
+	if out := x.send(t, req); out.reply.upstream {
+		t.Fatalf("the limit again in flight: %+v, want 429", out.reply)
+	} else {
+		x.finish(t, out, nil)
+	}
+	for _, out := range running {
+		x.finish(t, out, nil)
+	}
+	if out := x.send(t, req); !out.reply.upstream || out.resp.GetStatuses()[0].GetLimitRemaining() != uint32(limit-1) {
+		t.Fatalf("after every request ended: %+v %v, want admitted with %d seats left", out.reply, out.resp, limit-1)
+	}
+}

@@ -61,6 +61,7 @@ type Rule struct {
 	Burst           uint32        // GCRA only: the bucket's size, rate_limit.burst or RequestsPerUnit; 0 otherwise
 	FailureMode     FailureMode   // the rule's, or Defaults.FailureMode
 	RecordCosts     CostRecording // the rule's, or Defaults.RecordCosts
+	RefundOldest    bool          // refund_order: oldest (the log only): a refund frees the oldest units first
 	Unlimited       bool
 	ShadowMode      bool
 	// QuotaMode: the rule's denial denies its request only when every

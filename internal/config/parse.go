@@ -50,6 +50,7 @@ type (
 		FailureMode    scalar[string] `yaml:"failure_mode"`
 		RecordCosts    scalar[string] `yaml:"record_costs"`
 		Burst          scalar[uint32] `yaml:"burst"`
+		RefundOrder    scalar[string] `yaml:"refund_order"`
 	}
 	rawReplace struct {
 		Name scalar[string] `yaml:"name"`
@@ -422,7 +423,7 @@ func (p *parser) rules(rd *rawDescriptor, levels []Level) ([]*Rule, error) {
 func firstLine(rl *rawRateLimit, line int) int {
 	first := 0
 	for _, l := range []int{rl.Unit.Line, rl.RequestsPerUnit.Line, rl.Unlimited.Line, rl.Name.Line, rl.Algorithm.Line,
-		rl.UnitMultiplier.Line, rl.FailureMode.Line, rl.RecordCosts.Line} {
+		rl.UnitMultiplier.Line, rl.FailureMode.Line, rl.RecordCosts.Line, rl.RefundOrder.Line} {
 		if l > 0 && (first == 0 || l < first) {
 			first = l
 		}
@@ -512,6 +513,9 @@ func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rul
 	if err := p.burst(r, rl); err != nil {
 		return nil, err
 	}
+	if err := p.refundOrder(r, rl); err != nil {
+		return nil, err
+	}
 	if err := r.Algorithm.CheckLimit(r.RequestsPerUnit); err != nil {
 		return nil, p.errorf(rl.RequestsPerUnit.Line, "requests_per_unit %v", err)
 	}
@@ -548,6 +552,38 @@ func (p *parser) burst(r *Rule, rl *rawRateLimit) error {
 	return nil
 }
 
+// refundOrder reads rate_limit.refund_order: which units a refund
+// (is_negative_hits) gives back. "newest" (the default) takes back a recent
+// charge; "oldest", for concurrency limits, frees the longest held seat, so
+// that the seats left are the most recent ones (docs/budgets.md,
+// "Concurrency limits"). Only the log keeps its units in order, and only
+// recorded acquisitions keep each release matched by a seat.
+func (p *parser) refundOrder(r *Rule, rl *rawRateLimit) error {
+	if !rl.RefundOrder.Set {
+		return nil
+	}
+	switch rl.RefundOrder.V {
+	case "newest":
+	case "oldest":
+		r.RefundOldest = true
+	default:
+		return p.errorf(rl.RefundOrder.Line, "refund_order %q: want newest or oldest", rl.RefundOrder.V)
+	}
+	if r.Algorithm != SlidingWindowLog {
+		return p.errorf(rl.RefundOrder.Line, "refund_order applies only to algorithm %s, and this rule's algorithm is %s",
+			SlidingWindowLog, r.Algorithm)
+	}
+	if r.RefundOldest && r.RecordCosts == RecordNoCosts {
+		how := "record_costs: never"
+		if !rl.RecordCosts.Set {
+			how = "the default record_costs never; add record_costs: descriptor"
+		}
+		return p.errorf(rl.RefundOrder.Line,
+			"refund_order: oldest needs recorded acquisitions (a denied one takes no seat, and its release frees another's), and this rule has %s", how)
+	}
+	return nil
+}
+
 // unlimited refuses the fields that make no sense for an unlimited rule.
 // requests_per_unit is not one of them: the reference ignores it there. Nor
 // is a unit that names none, "" or UNKNOWN: the RateLimitConfig proto's
@@ -565,6 +601,7 @@ func (p *parser) unlimited(rl *rawRateLimit) error {
 		{"failure_mode", rl.FailureMode.Set, rl.FailureMode.Line},
 		{"record_costs", rl.RecordCosts.Set, rl.RecordCosts.Line},
 		{"burst", rl.Burst.Set, rl.Burst.Line},
+		{"refund_order", rl.RefundOrder.Set, rl.RefundOrder.Line},
 	} {
 		if f.set {
 			return p.errorf(f.line, "should not specify rate limit %s when unlimited", f.name)

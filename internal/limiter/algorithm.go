@@ -43,8 +43,9 @@ func checkAlgorithms(hits []Hit) error {
 
 // hitCode is a hit's code for decide.lua: its algorithm's ID, plus
 // lua.FlagShadow for a shadow hit, lua.FlagRecord for a cost recorded even
-// when it does not fit, lua.FlagRefund for a refund, and lua.FlagQuota for
-// a quota hit. With quotas false, a quota hit goes as a shadow hit.
+// when it does not fit, lua.FlagRefund for a refund (with lua.FlagOldest
+// when it gives back the oldest units first), and lua.FlagQuota for a quota
+// hit. With quotas false, a quota hit goes as a shadow hit.
 func hitCode(h *Hit, d *lua.Algorithm, quotas bool) int {
 	code := d.ID
 	switch {
@@ -58,6 +59,9 @@ func hitCode(h *Hit, d *lua.Algorithm, quotas bool) int {
 	}
 	if h.Refund {
 		code += lua.FlagRefund
+		if h.RefundOldest {
+			code += lua.FlagOldest
+		}
 	}
 	return code
 }

@@ -80,6 +80,10 @@ type Hit struct {
 	// always admitted and applied whatever the request's other hits say, and
 	// it drops the deny cache's entry of the counter.
 	Refund bool
+	// RefundOldest makes a Refund of the sliding window log give back its
+	// oldest units instead of its newest: the release of a concurrency limit
+	// (refund_order: oldest). Other algorithms' counts have no order.
+	RefundOldest bool
 	// FailureMode answers the hit when the store cannot. Deny gives a
 	// denial; allow and FailureDefer (zero) give an admission that charged
 	// nothing, and the caller tells those two apart.

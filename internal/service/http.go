@@ -99,6 +99,7 @@ type ruleView struct {
 	Burst           uint32   `json:"burst,omitempty"`
 	FailureMode     string   `json:"failure_mode,omitempty"`
 	RecordCosts     string   `json:"record_costs,omitempty"`
+	RefundOrder     string   `json:"refund_order,omitempty"` // "oldest" when set; newest is the default
 	ShadowMode      bool     `json:"shadow_mode,omitempty"`
 	QuotaMode       bool     `json:"quota_mode,omitempty"`
 	Replaces        []string `json:"replaces,omitempty"`
@@ -131,6 +132,9 @@ func (s *Service) ConfigHandler() http.Handler {
 				rv.RequestsPerUnit, rv.Unit, rv.UnitMultiplier = r.RequestsPerUnit, r.Unit.String(), r.UnitMultiplier
 				rv.Algorithm, rv.FailureMode, rv.RecordCosts = r.Algorithm.String(), r.FailureMode.String(), r.RecordCosts.String()
 				rv.Burst = r.Burst
+				if r.RefundOldest {
+					rv.RefundOrder = "oldest"
+				}
 			}
 			view.Rules = append(view.Rules, rv)
 		}

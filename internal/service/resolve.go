@@ -26,6 +26,7 @@ type limit struct {
 	burst           uint32 // GCRA's bucket; 0: requestsPerUnit
 	failureMode     config.FailureMode
 	recordCosts     config.CostRecording
+	refundOldest    bool // refund_order: oldest
 	shadow          bool
 	quota           bool // quota_mode: denies only with every quota descriptor of the request
 	unlimited       bool
@@ -106,6 +107,7 @@ func ruleLimit(rule *config.Rule) *limit {
 		burst:           rule.Burst,
 		failureMode:     rule.FailureMode,
 		recordCosts:     rule.RecordCosts,
+		refundOldest:    rule.RefundOldest,
 		shadow:          rule.ShadowMode,
 		quota:           rule.QuotaMode,
 		unlimited:       rule.Unlimited,
@@ -182,6 +184,7 @@ func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateL
 	}
 	h := l.storeHit(kb, domain, d.Entries, cost)
 	h.Refund = d.IsNegativeHits
+	h.RefundOldest = h.Refund && l.refundOldest
 	// A check (cost 0) records nothing: it stays a plain hit, which the deny
 	// cache may answer.
 	h.Record = !h.Refund && cost > 0 && l.recordCosts.Records(fromDescriptor)

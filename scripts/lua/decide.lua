@@ -10,8 +10,8 @@
 --          the algorithm's ID (ALG_*, its index in algorithms) + FLAG_SHADOW
 --          for a shadow hit + FLAG_RECORD for a cost that is recorded even
 --          when it does not fit + FLAG_REFUND for a refund of cost units
---          + FLAG_QUOTA for a quota hit (quota_mode); algorithms.go declares
---          them all
+--          + FLAG_QUOTA for a quota hit (quota_mode) + FLAG_OLDEST for a
+--          refund of the oldest units first; algorithms.go declares them all
 --
 -- A request is charged only when every enforced (non-shadow, non-quota) hit
 -- fits and, when it has quota hits, at least one of them fits. A shadow hit,
@@ -64,7 +64,8 @@ local function parse_rule(s)
     shadow = code % FLAG_RECORD >= FLAG_SHADOW,
     record = code % FLAG_REFUND >= FLAG_RECORD,
     refund = code % FLAG_QUOTA >= FLAG_REFUND,
-    quota = code >= FLAG_QUOTA,
+    quota = code % FLAG_OLDEST >= FLAG_QUOTA,
+    oldest = code >= FLAG_OLDEST,
     string = alg ~= ALG_SLIDING_WINDOW_LOG, -- kept in a string, read by prefetch
   }
   if not rule.alg then
@@ -134,7 +135,7 @@ local function decide(keys, args)
       for i = first, last do
         local rule = hit_rules[i]
         if rule.refund then
-          rule.alg.refund(keys[i], rule.cost, rule.limit, rule.window, now)
+          rule.alg.refund(keys[i], rule.cost, rule.limit, rule.window, now, rule.oldest)
           denied[keys[i]] = nil
           states[i] = refunded
         end

@@ -54,11 +54,12 @@ func TestAlgorithmTable(t *testing.T) {
 // the numbers shared with Go: the flags, each algorithm's ID, and that
 // decide.lua's algorithms table holds each algorithm's own table at its ID.
 func TestLuaConstants(t *testing.T) {
-	got := runLua(t, library+"return FLAG_SHADOW, FLAG_RECORD, FLAG_REFUND, FLAG_QUOTA", 4)
-	if want := []string{"8", "16", "32", "64"}; !slices.Equal(got, want) {
+	got := runLua(t, library+"return FLAG_SHADOW, FLAG_RECORD, FLAG_REFUND, FLAG_QUOTA, FLAG_OLDEST", 5)
+	if want := []string{"8", "16", "32", "64", "128"}; !slices.Equal(got, want) {
 		t.Errorf("the Lua's flags are %q, want %q", got, want)
 	}
-	if want := []string{fmt.Sprint(FlagShadow), fmt.Sprint(FlagRecord), fmt.Sprint(FlagRefund), fmt.Sprint(FlagQuota)}; !slices.Equal(got, want) {
+	want := []string{fmt.Sprint(FlagShadow), fmt.Sprint(FlagRecord), fmt.Sprint(FlagRefund), fmt.Sprint(FlagQuota), fmt.Sprint(FlagOldest)}
+	if !slices.Equal(got, want) {
 		t.Errorf("the Lua's flags are %q, Go's %q", got, want)
 	}
 	for _, a := range Algorithms {

@@ -78,11 +78,20 @@ end
 -- refund removes up to units of the newest members still in the window: the
 -- units a recent charge took. Members that left the window are not counted
 -- anyway, so nothing of another window is given back.
-function sliding_window_log.refund(key, units, limit, window, now)
+--
+-- With oldest (refund_order: oldest) it removes the oldest members instead:
+-- a concurrency limit's release, which cannot say which seat it frees. The
+-- members left are then always the most recent acquisitions, as many as are
+-- not released; each is at least as recent as the oldest request still
+-- holding a seat, so none leaves the window while its request runs less than
+-- the window. Removing the newest would leave old members behind under
+-- steady traffic, which leave the window while requests still hold the seats
+-- they stand for (docs/budgets.md, "Concurrency limits").
+function sliding_window_log.refund(key, units, limit, window, now, oldest)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
   local n = math.min(units, redis.call('ZCARD', key))
   if n > 0 then
-    redis.call('ZPOPMAX', key, fmt(n))
+    redis.call(oldest and 'ZPOPMIN' or 'ZPOPMAX', key, fmt(n))
   end
   seen[key] = nil -- read again: the newest member may be gone
 end
