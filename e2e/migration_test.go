@@ -82,6 +82,12 @@ func valueInSlot(t *testing.T, prefix, rule, alg string, slot int) string {
 func metricSum(t *testing.T, s *server, name string, labels ...string) float64 {
 	t.Helper()
 	_, body := httpGet(t, "http://"+s.httpAddr+"/metrics")
+	return sampleSum(t, body, name, labels...)
+}
+
+// sampleSum is metricSum of the text of a /metrics page.
+func sampleSum(t *testing.T, body, name string, labels ...string) float64 {
+	t.Helper()
 	var sum float64
 lines:
 	for _, line := range strings.Split(body, "\n") {

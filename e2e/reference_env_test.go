@@ -265,7 +265,7 @@ func TestIncompleteRedisSettingRefusesToStart(t *testing.T) {
 		{"REDIS_SOCKET_TYPE": "tcp", "REDIS_AUTH": "hunter22"},
 		{"RATELIMIT_REDIS_URL": ""},
 	} {
-		env["RUNTIME_ROOT"], env["RUNTIME_SUBDIRECTORY"] = root, "ratelimit"
+		env["RUNTIME_ROOT"], env["RUNTIME_SUBDIRECTORY"], env["RUNTIME_IGNOREDOTFILES"] = root, "ratelimit", "true"
 		s := startReference(t, env)
 		select {
 		case err := <-s.exited:
@@ -291,10 +291,12 @@ func TestPrometheusAddrAndKeyPrefix(t *testing.T) {
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", istioConfig)
 	promAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	// RUNTIME_IGNOREDOTFILES, as Envoy Gateway sets it: else the ConfigMap's
+	// file is read twice, as the reference reads it.
 	s := startReference(t, map[string]string{
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": r.addr, "RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
 		"USE_STATSD": "false", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": promAddr, "CACHE_KEY_PREFIX": "eg_",
-		"LOG_LEVEL": "info",
+		"LOG_LEVEL": "info", "RUNTIME_IGNOREDOTFILES": "true",
 	})
 	s.waitHealthcheck(t, http.StatusOK)
 	if got := s.code(t, "/"); got != rlsv3.RateLimitResponse_OK {

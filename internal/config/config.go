@@ -13,7 +13,6 @@ import (
 	"hash"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -26,9 +25,10 @@ import (
 // this length stays far below, and every duration fits a time.Duration.
 const MaxWindow = 100 * 365 * 24 * time.Hour
 
-// Defaults are the values used where a rule does not say, and how files
-// combine. The zero value means SlidingWindowCounter, FailureDefer,
-// RecordDescriptorCosts, and a domain defined twice is an error.
+// Defaults are the values used where a rule does not say, which files
+// make a config and how they combine. The zero value means
+// SlidingWindowCounter, FailureDefer, RecordDescriptorCosts, YAMLFiles, and
+// a domain defined twice is an error.
 type Defaults struct {
 	Algorithm   Algorithm
 	FailureMode FailureMode
@@ -37,6 +37,8 @@ type Defaults struct {
 	// reference's MERGE_DOMAIN_CONFIG: their top-level descriptors join,
 	// and one (key, value) defined twice at the top is still an error.
 	MergeDomains bool
+	// Files are the files of a directory that Load reads.
+	Files FileSet
 }
 
 // Level describes one step of the path from a domain's root to a rule.
@@ -150,24 +152,32 @@ type Config struct {
 	warnings []string
 }
 
-// Load reads path: a file, or a directory whose *.yaml and *.yml files (not
-// subdirectories, not names starting with ".") are read in name order.
-// Symlinks are followed and dot names skipped so that a Kubernetes ConfigMap
-// mount, whose "..data" entry is a symlinked directory, is read once.
+// Load reads path: a file, or the files of a directory that d.Files says,
+// in name order. One file that fails to parse fails the whole config, with
+// the file's name in the error.
 func Load(path string, d Defaults) (*Config, error) {
-	files, err := configFiles(path)
+	files, skipped, err := d.Files.list(path)
 	if err != nil {
 		return nil, err
 	}
 	b := newBuilder(d)
+	b.warnings = skipped
 	for _, f := range files {
 		data, err := os.ReadFile(f)
+		if err != nil && d.Files != YAMLFiles && f != path {
+			// As the reference: a file it cannot read is left out.
+			b.warnings = append(b.warnings, notRead(f, err))
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
 		if err := b.add(f, data); err != nil {
 			return nil, err
 		}
+	}
+	if len(b.files) == 0 {
+		return nil, fmt.Errorf("%s: none of its files could be read: %s", path, strings.Join(b.warnings, "; "))
 	}
 	return b.config(), nil
 }
@@ -225,41 +235,6 @@ func (c *Config) Files() []string { return slices.Clone(c.files) }
 // that the reference accepts, and so does Load, but that has no effect: a
 // replaces entry naming no rule of its domain, metadata without rate_limit.
 func (c *Config) Warnings() []string { return slices.Clone(c.warnings) }
-
-// configFiles lists the files Load reads for path.
-func configFiles(path string) ([]string, error) {
-	info, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if !info.IsDir() {
-		return []string{path}, nil
-	}
-	entries, err := os.ReadDir(path) // sorted by name
-	if err != nil {
-		return nil, err
-	}
-	var files []string
-	for _, e := range entries {
-		name := e.Name()
-		if ext := filepath.Ext(name); strings.HasPrefix(name, ".") || ext != ".yaml" && ext != ".yml" {
-			continue
-		}
-		full := filepath.Join(path, name)
-		info, err := os.Stat(full) // follows the symlink that e describes
-		if err != nil {
-			return nil, err
-		}
-		if !info.IsDir() {
-			files = append(files, full)
-		}
-	}
-	if len(files) == 0 {
-		// Most likely a wrong path: refuse rather than limit nothing.
-		return nil, fmt.Errorf("%s: no *.yaml or *.yml files", path)
-	}
-	return files, nil
-}
 
 // builder accumulates files into a Config.
 type builder struct {

@@ -2,9 +2,9 @@ package config
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"io/fs"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -18,27 +18,36 @@ const DefaultDebounce = 250 * time.Millisecond
 // Watch reloads path whenever something in it changes, until ctx ends, and
 // once as it starts. Each config that loads is passed to onLoad (the caller
 // skips one equal to the config in force); each failure to onError, and the
-// previous config stays in force. It watches the directory (for a file, the
+// previous config stays in force. It watches directories (for a file, the
 // directory holding it), because editors replace files by renaming and a
 // Kubernetes ConfigMap update swaps a "..data" symlink rather than writing
-// the files.
+// the files; with d.Files reading subdirectories, every directory it reads,
+// those that appear included.
 func Watch(ctx context.Context, path string, d Defaults, debounce time.Duration, onLoad func(*Config), onError func(error)) error {
-	dir := path
-	info, err := os.Stat(path)
+	dirs, err := d.Files.dirs(path)
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", path, err)
-	}
-	if !info.IsDir() {
-		dir = filepath.Dir(path)
 	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", path, err)
 	}
 	defer w.Close()
-	if err := w.Add(dir); err != nil {
-		return fmt.Errorf("watch %s: %w", dir, err)
+	if err := w.Add(dirs[0]); err != nil {
+		return fmt.Errorf("watch %s: %w", dirs[0], err)
 	}
+	// watchAll watches the directories below, before each load, so that a
+	// change after the load is seen and one before it is read. Adding a
+	// watched directory again changes nothing; the watch of one removed
+	// ends by itself.
+	watchAll := func(dirs []string) {
+		for _, dir := range dirs[1:] {
+			if err := w.Add(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				onError(fmt.Errorf("watch %s: %w: changes in it are not seen", dir, err))
+			}
+		}
+	}
+	watchAll(dirs)
 
 	// One load right away: a change made between the caller's own load
 	// and the watch's start would otherwise wait for the next change.
@@ -64,7 +73,7 @@ func Watch(ctx context.Context, path string, d Defaults, debounce time.Duration,
 				return nil
 			}
 			// An overflow loses events: reload rather than miss one.
-			onError(fmt.Errorf("watch %s: %w", dir, err))
+			onError(fmt.Errorf("watch %s: %w", path, err))
 			schedule()
 		case ev, ok := <-w.Events:
 			if !ok {
@@ -76,6 +85,9 @@ func Watch(ctx context.Context, path string, d Defaults, debounce time.Duration,
 			schedule()
 		case <-timer.C:
 			burst = time.Time{}
+			if dirs, err := d.Files.dirs(path); err == nil { // else Load says why
+				watchAll(dirs)
+			}
 			cfg, err := Load(path, d)
 			if err != nil {
 				onError(err)

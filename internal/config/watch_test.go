@@ -20,11 +20,16 @@ type reloads struct {
 
 func watch(t *testing.T, path string) *reloads {
 	t.Helper()
+	return watchWith(t, path, Defaults{})
+}
+
+func watchWith(t *testing.T, path string, d Defaults) *reloads {
+	t.Helper()
 	r := &reloads{changed: make(chan struct{}, 100)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Watch(ctx, path, Defaults{}, 20*time.Millisecond, func(c *Config) {
+		done <- Watch(ctx, path, d, 20*time.Millisecond, func(c *Config) {
 			r.mu.Lock()
 			r.configs = append(r.configs, c)
 			r.mu.Unlock()
@@ -57,6 +62,23 @@ func (r *reloads) next(t *testing.T) {
 	case <-r.changed:
 	case <-time.After(5 * time.Second):
 		t.Fatal("no reload within 5s")
+	}
+}
+
+// waitFor waits for a reload whose config satisfies ok: a change made in
+// several steps may be read at any of them.
+func (r *reloads) waitFor(t *testing.T, what string, ok func(*Config) bool) {
+	t.Helper()
+	for {
+		select {
+		case <-r.changed:
+			if c, _ := r.last(); c != nil && ok(c) {
+				return
+			}
+		case <-time.After(5 * time.Second):
+			c, err := r.last()
+			t.Fatalf("no reload %s within 5s; last config %v, error %v", what, c, err)
+		}
 	}
 }
 
@@ -106,6 +128,12 @@ func TestWatchReloadsAFileAndKeepsGoingAfterErrors(t *testing.T) {
 // are symlinks through "..data", and an update swaps "..data" atomically by
 // renaming a new symlink over it.
 func TestWatchFollowsConfigMapSwaps(t *testing.T) {
+	for _, files := range []FileSet{YAMLFiles, VisibleFiles} {
+		t.Run(files.String(), func(t *testing.T) { testWatchFollowsConfigMapSwaps(t, files) })
+	}
+}
+
+func testWatchFollowsConfigMapSwaps(t *testing.T, files FileSet) {
 	mount := t.TempDir()
 	publish := func(version string, content string) {
 		ts := filepath.Join(mount, "..2026_11_20_"+version)
@@ -125,7 +153,7 @@ func TestWatchFollowsConfigMapSwaps(t *testing.T) {
 	if err := os.Symlink(filepath.Join("..data", "rules.yaml"), filepath.Join(mount, "rules.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	r := watch(t, mount)
+	r := watchWith(t, mount, Defaults{Files: files})
 
 	publish("2", limitConfig(2))
 	r.next(t)
@@ -190,4 +218,41 @@ func TestWatchReloadsAKeepChangingDirectory(t *testing.T) {
 	if n == 0 {
 		t.Fatal("no reload during 600 ms of constant changes: the debounce postponed it forever")
 	}
+}
+
+// TestWatchSeesSubdirectories: with a file set that reads subdirectories,
+// a change deep down reloads, and so does one in a directory made after
+// the watch started.
+func TestWatchSeesSubdirectories(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), "domain: a\n")
+	deeper := filepath.Join(dir, "sub", "deeper")
+	if err := os.MkdirAll(deeper, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(deeper, "w"), limitConfig(1))
+	r := watchWith(t, dir, Defaults{Files: VisibleFiles})
+	limitOf := func(domain string, want uint32) func(*Config) bool {
+		return func(c *Config) bool {
+			for _, rule := range c.Rules() {
+				if rule.Domain == domain {
+					return rule.RequestsPerUnit == want
+				}
+			}
+			return false
+		}
+	}
+
+	writeFile(t, filepath.Join(deeper, "w"), limitConfig(2))
+	r.waitFor(t, "with sub/deeper/w's new limit", limitOf("w", 11))
+
+	made := filepath.Join(dir, "made", "later")
+	if err := os.MkdirAll(made, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	other := func(n int) string { return strings.Replace(limitConfig(n), "domain: w", "domain: v", 1) }
+	writeFile(t, filepath.Join(made, "v"), other(1))
+	r.waitFor(t, "with the new directory's file", limitOf("v", 1))
+	writeFile(t, filepath.Join(made, "v"), other(3))
+	r.waitFor(t, "after a change in the new directory", limitOf("v", 111))
 }

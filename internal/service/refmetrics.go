@@ -15,16 +15,15 @@ import (
 
 // referenceMetrics counts a decided request in envoyproxy/ratelimit's
 // rate_limit metrics, one series per limit named as the reference names it
-// (see statKey), and a request that only --shadow-mode admitted in its
-// global_shadow_mode.
+// (see statKey), and a request that only --shadow-mode admitted (shadowed)
+// in its global_shadow_mode.
 func (s *Service) referenceMetrics(req *rlsv3.RateLimitRequest, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict,
-	resp *rlsv3.RateLimitResponse,
+	shadowed bool,
 ) {
 	m := s.opts.Metrics
 	if m == nil {
 		return
 	}
-	enforcedDenial := false
 	for i, l := range limits {
 		// Like the reference, unlimited rules and descriptors without a
 		// limit have no series.
@@ -52,13 +51,10 @@ func (s *Service) referenceMetrics(req *rlsv3.RateLimitRequest, limits []*limit,
 		if v.Admitted && v.Charged {
 			before -= min(before, h.Cost)
 		}
-		ruleShadow := l.shadow && l.rule != nil && l.rule.ShadowMode // an override is never in shadow mode
-		series.Hits(h.Cost, limit, before, v.Admitted, ruleShadow, s.opts.NearLimitRatio)
-		if !v.Admitted && !ruleShadow {
-			enforcedDenial = true
-		}
+		// The rule's own shadow_mode (an override never is in shadow mode).
+		series.Hits(h.Cost, limit, before, v.Admitted, l.shadow, s.opts.NearLimitRatio)
 	}
-	if s.opts.ShadowMode && enforcedDenial && resp.OverallCode == rlsv3.RateLimitResponse_OK {
+	if shadowed {
 		m.GlobalShadowMode()
 	}
 }

@@ -30,9 +30,11 @@ import (
 // failure mode defers to Envoy, and the request is not denied, there is no
 // answer to give: respond returns that limit as deferred, and the caller
 // fails the request. A denial wins over deferring: the request is refused
-// whatever the store would say.
+// whatever the store would say. Under the global shadow mode a denied
+// request is answered OK instead, its statuses as they are: shadowed
+// reports it.
 func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) (
-	resp *rlsv3.RateLimitResponse, deferred *limit,
+	resp *rlsv3.RateLimitResponse, deferred *limit, shadowed bool,
 ) {
 	resp = &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
@@ -77,10 +79,10 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 				s.log.Warn("cost exceeds the limit: denied without a store call",
 					zap.String("domain", domain), zap.Stringer("rule", m), zap.Uint64("cost", hits[m.hit].Cost))
 			}
-			if mv.FailureVerdict && m.failureMode == config.FailureDefer && !m.shadow && deferred == nil {
+			if mv.FailureVerdict && m.failureMode == config.FailureDefer && s.enforced(m) && deferred == nil {
 				deferred = m
 			}
-			if !mv.Admitted && m.shadow {
+			if !mv.Admitted && !s.enforced(m) {
 				s.log.Info("shadow mode: would deny", zap.String("domain", domain), zap.Stringer("rule", m))
 			}
 		}
@@ -106,8 +108,9 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 			}
 		}
 		q.count(i, shown.quota, st.Code == rlsv3.RateLimitResponse_OK, v.ResetAfter)
-		// Shadow rules never limit, so they never are the tightest.
-		if !shown.shadow && (tightest < 0 || st.LimitRemaining < resp.Statuses[tightest].LimitRemaining) {
+		// A shadow rule over its limit (remaining 0) may be the tightest,
+		// as in the reference and in Envoy's x-ratelimit-* headers.
+		if tightest < 0 || st.LimitRemaining < resp.Statuses[tightest].LimitRemaining {
 			tightest = i
 		}
 	}
@@ -116,7 +119,14 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		retryAfter = max(retryAfter, q.firstFree)
 	}
-	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+	switch {
+	case resp.OverallCode == rlsv3.RateLimitResponse_OK:
+	case s.opts.ShadowMode:
+		// The reference's SHADOW_MODE turns only the overall code OK. No
+		// retry-after: Envoy adds response_headers_to_add to the response
+		// it lets through too, where a wait would be a false one.
+		resp.OverallCode, shadowed = rlsv3.RateLimitResponse_OK, true
+	default:
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			header("retry-after", strconv.FormatInt(ceilSeconds(retryAfter), 10)))
 	}
@@ -132,8 +142,12 @@ func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, ve
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		deferred = nil
 	}
-	return resp, deferred
+	return resp, deferred, shadowed
 }
+
+// enforced reports a limit whose denial denies: not a shadow rule, and not
+// under the global shadow mode.
+func (s *Service) enforced(l *limit) bool { return !l.shadow && !s.opts.ShadowMode }
 
 // quotas tallies a request's quota-mode descriptors.
 type quotas struct {
@@ -185,7 +199,7 @@ func (s *Service) outcome(l *limit, v limiter.Verdict) metrics.Outcome {
 		return metrics.FailureDefer
 	case v.FailureVerdict:
 		return metrics.FailureAllow
-	case !v.Admitted && l.shadow:
+	case !v.Admitted && !s.enforced(l):
 		return metrics.ShadowWouldDeny
 	case !v.Admitted:
 		return metrics.OverLimit

@@ -75,8 +75,10 @@ type Options struct {
 	// reference's RESPONSE_DYNAMIC_METADATA does: the domain, the
 	// descriptors, and the metadata of the admitted descriptors' rules.
 	ResponseDynamicMetadata bool
-	// ShadowMode puts every rule in shadow mode: answers are always OK,
-	// counting goes on as usual, would-be denials are logged and counted.
+	// ShadowMode is the reference's SHADOW_MODE: no request is denied. Each
+	// descriptor's status stays what it would be (OVER_LIMIT included), only
+	// the overall code is OK; each hit is counted on its own, as a shadow
+	// rule's, and would-be denials are logged and counted.
 	ShadowMode bool
 	// NearLimitRatio is the share of a limit in use from which an admitted
 	// decision counts as near_limit in metrics; zero means 0.8.
@@ -203,14 +205,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			s.opts.Metrics.InvalidRequest("bad_override")
 			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 		}
-		if l != nil && (s.opts.ShadowMode || s.opts.QuotaMode) {
+		if l != nil && s.opts.QuotaMode {
 			for j := -1; j < len(l.also); j++ {
 				each := l
 				if j >= 0 {
 					each = l.also[j]
 				}
-				each.shadow = each.shadow || s.opts.ShadowMode
-				each.quota = each.quota || s.opts.QuotaMode
+				each.quota = true
 			}
 		}
 		limits[i] = l
@@ -236,6 +237,14 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 
+	if s.opts.ShadowMode {
+		// No hit denies its request: each is decided on its own, and none
+		// keeps the others from being charged. respond still shows the
+		// denials in the statuses.
+		for i := range hits {
+			hits[i].Shadow = true
+		}
+	}
 	if quotaAlwaysPasses(limits, s.opts.QuotaMode) {
 		// The quotas cannot deny this request: their hits count as shadow
 		// hits, which never keep the others from being charged.
@@ -261,11 +270,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			s.log.Warn("store unavailable: applying failure modes", zap.String("domain", req.Domain), zap.Error(err))
 		}
 	}
-	resp, deferred := s.respond(req.Domain, limits, hits, verdicts)
+	resp, deferred, shadowed := s.respond(req.Domain, limits, hits, verdicts)
 	if s.opts.ResponseDynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, limits, resp.Statuses)
 	}
-	s.referenceMetrics(req, limits, hits, verdicts, resp)
+	s.referenceMetrics(req, limits, hits, verdicts, shadowed)
 	switch {
 	case deferred == nil:
 		return resp, nil

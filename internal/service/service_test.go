@@ -202,7 +202,10 @@ func TestSharedCounterInOneRequest(t *testing.T) {
 	}
 }
 
-func TestShadowIsNeverTheTightest(t *testing.T) {
+// TestShadowOverItsLimitIsTheTightest: as in the reference (and Envoy's
+// x-ratelimit-* headers, built from the statuses), a shadow rule over its
+// limit answers OK with 0 remaining, and so the headers show it.
+func TestShadowOverItsLimitIsTheTightest(t *testing.T) {
 	cfg, err := config.Parse("shadow.yaml", []byte(`
 domain: svc
 descriptors:
@@ -219,13 +222,17 @@ descriptors:
 	s.Reload(cfg)
 	var resp *rlsv3.RateLimitResponse
 	for i := 0; i < 3; i++ {
-		resp = ask(t, s, desc("shadow", "x"), desc("real", "x"))
+		resp = ask(t, s, desc("real", "x"), desc("shadow", "x"))
 	}
-	if got := headerValue(resp, DefaultRemainingHeader); got != "7" {
-		t.Fatalf("%s %q, want 7 from the enforced rule, not the over-limit shadow one", DefaultRemainingHeader, got)
+	if got := headerValue(resp, DefaultRemainingHeader); got != "0" || headerValue(resp, DefaultLimitHeader) != "1" {
+		t.Fatalf("%s %q, want 0 from the over-limit shadow rule", DefaultRemainingHeader, got)
 	}
-	if resp.OverallCode != rlsv3.RateLimitResponse_OK {
-		t.Fatalf("shadow denied: %v", resp)
+	if st := resp.Statuses[1]; resp.OverallCode != rlsv3.RateLimitResponse_OK || st.Code != rlsv3.RateLimitResponse_OK ||
+		st.LimitRemaining != 0 || st.CurrentLimit.GetRequestsPerUnit() != 1 {
+		t.Fatalf("shadow over its limit: %v, want OK with 0 remaining", resp)
+	}
+	if got := resp.Statuses[0].LimitRemaining; got != 7 {
+		t.Fatalf("the enforced rule beside it: %d remaining, want 7", got)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -91,7 +92,9 @@ func checkGenerated(t *testing.T, path, begin, end, want string) {
 		return
 	}
 	if os.Getenv("UPDATE_DOCS") != "" {
-		out := append(append(append(append(before, begin...), want...), end...), after...)
+		// A new slice: before shares doc's array with after, which appending
+		// to before would overwrite.
+		out := slices.Concat(before, []byte(begin), []byte(want), []byte(end), after)
 		if err := os.WriteFile(path, out, 0o644); err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
 // The environment of envoyproxy/ratelimit (the reference), so that its
@@ -207,6 +209,24 @@ func planConfigPath(p *Plan, get func(string) (string, bool)) error {
 	root, rootSet := get("RUNTIME_ROOT")
 	sub, subSet := get("RUNTIME_SUBDIRECTORY")
 	app, appSet := get("RUNTIME_APPDIRECTORY")
+	_, dotSet := get("RUNTIME_IGNOREDOTFILES")
+	if !rootSet && !subSet && !appSet && !dotSet {
+		return nil
+	}
+	// The reference reads every file under its directory, dot files too
+	// unless RUNTIME_IGNOREDOTFILES: so does the directory it names, but
+	// not one --config names.
+	skipDots, err := boolVar(get, "RUNTIME_IGNOREDOTFILES")
+	if err != nil {
+		return err
+	}
+	if !p.explicit[FlagConfig] {
+		files := config.AllFiles
+		if skipDots {
+			files = config.VisibleFiles
+		}
+		p.set(FlagConfigFiles, files.String(), "RUNTIME_IGNOREDOTFILES", "")
+	}
 	if !rootSet && !subSet && !appSet {
 		return nil
 	}

@@ -8,10 +8,8 @@ var noEffect = []RefVar{
 	// Config.
 	{Name: "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Default: "3s",
 		Here: "no effect: gRPC's own reconnection backoff and the stream backoff (--xds-backoff-initial, --xds-backoff-max) cover it"},
-	{Name: "RUNTIME_IGNOREDOTFILES", Default: "false",
-		Here: "no effect: dot files are always skipped (as are files not *.yaml / *.yml, and subdirectories)"},
 	{Name: "RUNTIME_WATCH_ROOT", Default: "true",
-		Here: "no effect: the config directory is watched either way (--watch-config), ConfigMap updates included"},
+		Here: "no effect: the config directory is watched either way (--watch-config), ConfigMap updates and subdirectories included"},
 	{Name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Default: "false",
 		Here: "no effect: the service is ready only with a config (a file config loads before serving; over xDS it waits for the first one, " +
 			"unless FORCE_START_WITHOUT_INITIAL_CONFIG, and then answers UNAVAILABLE until one arrives)"},

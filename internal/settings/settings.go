@@ -18,6 +18,7 @@ import (
 // Settings are the service's settings, typed, once parsed and validated.
 type Settings struct {
 	ConfigPath  string
+	ConfigFiles string
 	WatchConfig bool
 	XDS         XDS
 
@@ -155,7 +156,11 @@ func (s *Settings) ConfigDefaults() (config.Defaults, error) {
 	if err != nil {
 		return config.Defaults{}, fmt.Errorf("--%s: %w", FlagRecordCosts, err)
 	}
-	return config.Defaults{Algorithm: alg, FailureMode: fm, RecordCosts: rc, MergeDomains: s.MergeDomainConfig}, nil
+	files, err := config.ParseFileSet(s.ConfigFiles)
+	if err != nil {
+		return config.Defaults{}, fmt.Errorf("--%s: %w", FlagConfigFiles, err)
+	}
+	return config.Defaults{Algorithm: alg, FailureMode: fm, RecordCosts: rc, MergeDomains: s.MergeDomainConfig, Files: files}, nil
 }
 
 // RedisSettingGiven reports a Redis setting: a --redis-* flag or

@@ -19,6 +19,7 @@ import (
 // The names of the flags that code refers to, beyond their table entry.
 const (
 	FlagConfig               = "config"
+	FlagConfigFiles          = "config-files"
 	FlagGRPCAddr             = "grpc-addr"
 	FlagHTTPAddr             = "http-addr"
 	FlagDebugAddr            = "debug-addr"
@@ -71,8 +72,9 @@ func table(s *Settings) []Setting {
 	return []Setting{
 		// Config.
 		{Name: FlagConfig, bind: stringFlag(&s.ConfigPath, ""), DocDefault: "(required)",
-			Help: "config file, or directory of *.yaml / *.yml files (required, unless --config-type GRPC_XDS_SOTW)",
-			Doc: "a config file, or a directory: every `*.yaml` / `*.yml` directly in it, one domain per YAML document. " +
+			Help: "config file, or directory of them (--config-files) (required, unless --config-type GRPC_XDS_SOTW)",
+			Doc: "a config file, or a directory: the files `--config-files` says, by default every `*.yaml` / `*.yml` directly " +
+				"in it; one domain per YAML document. " +
 				"Or `RUNTIME_ROOT`/`RUNTIME_SUBDIRECTORY`/`config`, as envoyproxy/ratelimit. Not read with `--config-type GRPC_XDS_SOTW`",
 			Ref: []RefVar{
 				{Name: "RUNTIME_ROOT", Default: "/srv/runtime_data/current", Joint: true,
@@ -80,6 +82,21 @@ func table(s *Settings) []Setting {
 				{Name: "RUNTIME_SUBDIRECTORY", Joint: true, Here: "see RUNTIME_ROOT"},
 				{Name: "RUNTIME_APPDIRECTORY", Default: "config", Joint: true, Here: "see RUNTIME_ROOT"},
 			}},
+		{Name: FlagConfigFiles, bind: stringFlag(&s.ConfigFiles, config.YAMLFiles.String()),
+			Help: "files read in a --config dir: yaml (*.yaml/*.yml in it), all (every file, recursively), visible (no dot files)",
+			Doc: "the files of a `--config` directory read: `yaml`, the `*.yaml` / `*.yml` directly in it, dot files skipped; " +
+				"`all`, every file under it whatever its name, in subdirectories too, as envoyproxy/ratelimit reads; " +
+				"`visible`, the same without dot files and dot directories (a Kubernetes ConfigMap's `..data`), as the reference " +
+				"with `RUNTIME_IGNOREDOTFILES=true`. A file that is not a valid config fails the load",
+			check: func() error {
+				if _, err := config.ParseFileSet(s.ConfigFiles); err != nil {
+					return fmt.Errorf("--%s: %w", FlagConfigFiles, err)
+				}
+				return nil
+			},
+			Ref: []RefVar{{Name: "RUNTIME_IGNOREDOTFILES", Default: "false", Joint: true,
+				Here: "with the reference's config directory (RUNTIME_ROOT and the like, not --config): --config-files visible " +
+					"when true, all when false, the files the reference reads"}}},
 		// Listeners.
 		{Name: FlagGRPCAddr, bind: stringFlag(&s.GRPCAddr, ":8081"),
 			Help: "gRPC listen address (rate limit service, health, reflection); unix:PATH for a Unix socket",
@@ -513,11 +530,11 @@ func table(s *Settings) []Setting {
 			Ref: []RefVar{{Name: "FORCE_START_WITHOUT_INITIAL_CONFIG", Default: "false", Conv: convBool}}},
 		// Roll-out.
 		{Name: "shadow-mode", bind: boolFlag(&s.ShadowMode, false),
-			Help: "put every rule in shadow mode: always answer OK, count as usual, log and count would-be denials",
-			Doc: "every rule in shadow mode: answers are always OK, counting goes on, would-be denials are logged and counted. " +
-				"For a safe roll-out",
-			Ref: []RefVar{{Name: "SHADOW_MODE", Default: "false", Conv: convBool,
-				Here: "--shadow-mode (here each status is OK too, not only the overall code)"}}},
+			Help: "deny nothing: the overall code is always OK, the statuses say what would be denied; counting goes on",
+			Doc: "deny nothing: the overall code is always OK (no `retry-after`), while each descriptor's status, `OVER_LIMIT` " +
+				"included, and the headers stay as they would be, as the reference's; counting goes on, would-be denials are logged " +
+				"and counted. For a safe roll-out",
+			Ref: []RefVar{{Name: "SHADOW_MODE", Default: "false", Conv: convBool}}},
 		{Name: "near-limit-ratio", bind: floatFlag(&s.NearLimitRatio, 0.8),
 			Help: "share of a limit in use from which an admitted decision counts as near_limit in metrics",
 			Doc:  "share of a limit in use from which an admitted decision counts as `near_limit` in metrics",
