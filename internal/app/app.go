@@ -35,7 +35,7 @@ var ErrStopped = errors.New("stopped before the start")
 type App struct {
 	s        *settings.Settings
 	log      *zap.Logger
-	lim      *limiter.Limiter
+	lim      *limiter.Split
 	svc      *service.Service
 	registry *prometheus.Registry
 	stats    *statsd.Sender // nil without --statsd-addr
@@ -92,13 +92,22 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		return nil, err
 	}
 	a.onClose(func() { _ = store.Close() }) // at close, a connection that fails to close leaves nothing to undo
+	perSecondStore, err := openPerSecondStore(s, redisTLS, log)
+	if err != nil {
+		return nil, err
+	}
+	var perSecond *limiter.Limiter
 	a.registry = prometheus.NewRegistry()
 	var stats metrics.Stats
 	if a.stats, stats, err = openStats(s, log); err != nil {
 		return nil, err
 	}
 	m := metrics.NewWithStats(a.registry, stats)
-	a.lim = newLimiter(s, store, m)
+	if perSecondStore != nil {
+		a.onClose(func() { _ = perSecondStore.Close() }) // as the main store's
+		perSecond = newLimiter(s, perSecondStore, m)
+	}
+	a.lim = limiter.NewSplit(newLimiter(s, store, m), perSecond)
 	a.onClose(a.lim.Close)
 	// The store gets ready (connections open, code loaded) while the
 	// source brings the first config, which over xDS may take long; a bad

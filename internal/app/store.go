@@ -3,6 +3,8 @@ package app
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -23,7 +25,8 @@ const credentialsRetry = 2 * time.Second
 // name none).
 func openStore(s *settings.Settings, redisTLS *tls.Config, log *zap.Logger) (*limiter.Store, error) {
 	store, err := limiter.OpenStore(limiter.StoreConfig{
-		URL: s.RedisURL, ClusterURL: s.RedisClusterURL, SentinelURL: s.RedisSentinelURL, TLS: redisTLS,
+		URL: s.RedisURL, ClusterURL: s.RedisClusterURL, SentinelURL: s.RedisSentinelURL,
+		TLS: tlsOf(redisTLS, s.RedisURL, s.RedisClusterURL, s.RedisSentinelURL),
 	})
 	if err != nil {
 		return nil, err
@@ -34,6 +37,36 @@ func openStore(s *settings.Settings, redisTLS *tls.Config, log *zap.Logger) (*li
 		log.Info("store", zap.String("mode", store.Mode))
 	}
 	return store, nil
+}
+
+// openPerSecondStore opens the store of the limits whose window is one
+// second (--redis-persecond-*), nil when the settings name none: those
+// limits are then counted on the main store.
+func openPerSecondStore(s *settings.Settings, redisTLS *tls.Config, log *zap.Logger) (*limiter.Store, error) {
+	urls := []string{s.RedisPerSecondURL, s.RedisPerSecondClusterURL, s.RedisPerSecondSentinelURL}
+	if urls[0] == "" && urls[1] == "" && urls[2] == "" {
+		return nil, nil
+	}
+	store, err := limiter.OpenStore(limiter.StoreConfig{
+		URL: urls[0], ClusterURL: urls[1], SentinelURL: urls[2], TLS: tlsOf(redisTLS, urls...),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("per-second store: %w", err)
+	}
+	log.Info("per-second store: the limits of a one-second window are counted there", zap.String("mode", store.Mode))
+	return store, nil
+}
+
+// tlsOf is the TLS config of a store named by urls (one set): the
+// --redis-tls-* files serve every rediss:// store, as the reference's
+// REDIS_TLS_* serve both of its Redis; a redis:// one gets none.
+func tlsOf(redisTLS *tls.Config, urls ...string) *tls.Config {
+	for _, u := range urls {
+		if strings.HasPrefix(u, "rediss://") {
+			return redisTLS
+		}
+	}
+	return nil
 }
 
 // newLimiter is the limiter on store, reporting to m.
@@ -57,7 +90,7 @@ func newLimiter(s *settings.Settings, store *limiter.Store, m *metrics.Metrics) 
 // they can. A store that refuses the credentials is a setting to fix: it
 // reports true, and the service is not ready until the store accepts them
 // (see awaitCredentials).
-func prepare(ctx context.Context, lim *limiter.Limiter, log *zap.Logger) (credentialsRefused bool) {
+func prepare(ctx context.Context, lim *limiter.Split, log *zap.Logger) (credentialsRefused bool) {
 	prepareCtx, cancel := context.WithTimeout(ctx, storeReadyWait)
 	defer cancel()
 	if err := lim.Prepare(prepareCtx); limiter.AuthRefused(err) {
@@ -72,7 +105,7 @@ func prepare(ctx context.Context, lim *limiter.Limiter, log *zap.Logger) (creden
 // awaitCredentials asks the store again, every credentialsRetry, until it
 // accepts the credentials (or fails otherwise: then the rules' failure
 // modes answer, as for a store that is down), then calls accepted.
-func awaitCredentials(ctx context.Context, lim *limiter.Limiter, log *zap.Logger, accepted func()) {
+func awaitCredentials(ctx context.Context, lim *limiter.Split, log *zap.Logger, accepted func()) {
 	t := time.NewTicker(credentialsRetry)
 	defer t.Stop()
 	for {

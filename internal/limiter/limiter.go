@@ -9,6 +9,10 @@
 // library where the server has them (FCALL, loaded by Prepare or on first
 // use) and as a script otherwise (EVALSHA, re-sent with EVAL after NOSCRIPT).
 //
+// Split sends the hits of one-second windows to a limiter on a store of
+// their own (envoyproxy/ratelimit's REDIS_PERSECOND), the others to the
+// main one.
+//
 // A request's store work is bounded by its caller's deadline, less a margin
 // to answer in time, and by the limiter's timeout. A deadline that passes
 // while the request waits in the limiter is an overload (ErrOverloaded), not

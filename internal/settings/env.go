@@ -45,6 +45,8 @@ type Plan struct {
 	inUse bool
 	// redisGroup: the variables set that planRedis reads (names only).
 	redisGroup []string
+	// perSecondGroup: the variables set that planRedisPerSecond reads.
+	perSecondGroup []string
 
 	explicit map[string]bool // flags and groups set on the command line or by RATELIMIT_*
 }
@@ -97,6 +99,9 @@ func planEnv(lookup envLookup, explicit func(string) bool) (*Plan, error) {
 			if e.Group == groupRedis {
 				p.redisGroup = append(p.redisGroup, v.Name)
 			}
+			if e.Group == groupRedisPerSecond {
+				p.perSecondGroup = append(p.perSecondGroup, v.Name)
+			}
 			switch {
 			case v.Joint: // read by its step below
 			case v.Conv != nil:
@@ -125,7 +130,7 @@ func planEnv(lookup envLookup, explicit func(string) bool) (*Plan, error) {
 		p.note(false, "variables of envoyproxy/ratelimit with no effect here (docs/migration.md)", unused...)
 	}
 	steps := []func(*Plan, func(string) (string, bool)) error{
-		planListeners, planConfigPath, planGRPCTLS, planMetrics, planStatsd, planMisc, planRedis,
+		planListeners, planConfigPath, planGRPCTLS, planMetrics, planStatsd, planMisc, planRedis, planRedisPerSecond,
 		planDefaultAlgorithm,
 	}
 	for _, step := range steps {
@@ -330,11 +335,6 @@ func planMisc(p *Plan, get func(string) (string, bool)) error {
 	if b, ok := get("BACKEND_TYPE"); ok && b != "redis" && b != "" {
 		return fmt.Errorf("BACKEND_TYPE=%q: Redis is the only backend here", b)
 	}
-	if on, err := boolVar(get, "REDIS_PERSECOND"); err != nil {
-		return err
-	} else if on {
-		p.note(true, "per-second limits are counted on REDIS_URL's Redis with the others: REDIS_PERSECOND_* have no effect", "REDIS_PERSECOND")
-	}
 	return nil
 }
 
@@ -351,7 +351,7 @@ func planDefaultAlgorithm(p *Plan, _ func(string) (string, bool)) error {
 // planRedis turns REDIS_* into one of --redis-url, --redis-cluster-url and
 // --redis-sentinel-url, and the TLS flags.
 func planRedis(p *Plan, get func(string) (string, bool)) error {
-	raw, urlSet := get("REDIS_URL")
+	_, urlSet := get("REDIS_URL")
 	if p.explicit[groupRedis] && len(p.redisGroup) > 0 {
 		p.note(true, "ignored: a --redis-* flag or RATELIMIT_REDIS_* variable is set, and the Redis settings come from there alone", p.redisGroup...)
 	}
@@ -362,43 +362,124 @@ func planRedis(p *Plan, get func(string) (string, bool)) error {
 		return errors.New("a REDIS_* variable is set but REDIS_URL is not: set REDIS_URL (or --redis-url), " +
 			"or unset every REDIS_* to run on the embedded store (one replica, counting alone)")
 	}
-	if raw == "" {
-		return errors.New("REDIS_URL is empty")
-	}
-	tlsOn, err := boolVar(get, "REDIS_TLS")
+	r, err := redisFromEnv(get, "REDIS_")
 	if err != nil {
 		return err
 	}
-	socket, socketSet := get("REDIS_SOCKET_TYPE")
+	if len(r.unused) > 0 {
+		p.note(true, "no effect without REDIS_TYPE=SENTINEL", r.unused...)
+	}
+	flag := [...]string{FlagRedisURL, FlagRedisClusterURL, FlagRedisSentinelURL}[r.kind]
+	p.set(flag, r.url, "REDIS_URL", groupRedis)
+	perSecondTLS := false
+	if on, err := boolVar(get, "REDIS_PERSECOND"); err == nil && on {
+		perSecondTLS, _ = boolVar(get, "REDIS_PERSECOND_TLS") // planRedisPerSecond reports a bad value
+	}
+	return planRedisTLS(p, get, r.tls || perSecondTLS)
+}
+
+// planRedisPerSecond turns REDIS_PERSECOND=true and REDIS_PERSECOND_* into
+// one of --redis-persecond-url, --redis-persecond-cluster-url and
+// --redis-persecond-sentinel-url, read as REDIS_* are. The TLS files are
+// REDIS_TLS_*, shared by both Redis as in the reference (planRedis).
+func planRedisPerSecond(p *Plan, get func(string) (string, bool)) error {
+	on, err := boolVar(get, "REDIS_PERSECOND")
+	if err != nil {
+		return err
+	}
+	var unused []string
+	for _, name := range p.perSecondGroup {
+		if name != "REDIS_PERSECOND" {
+			unused = append(unused, name)
+		}
+	}
+	switch {
+	case !on:
+		if len(unused) > 0 {
+			p.note(true, "no effect without REDIS_PERSECOND=true (as in the reference)", unused...)
+		}
+		return nil
+	case p.explicit[groupRedisPerSecond]:
+		p.note(true, "ignored: a --redis-persecond-* flag or RATELIMIT_REDIS_PERSECOND_* variable is set, "+
+			"and the per-second Redis comes from there alone", p.perSecondGroup...)
+		return nil
+	}
+	if _, ok := get("REDIS_PERSECOND_URL"); !ok {
+		return errors.New("REDIS_PERSECOND=true but REDIS_PERSECOND_URL is not set: set it (or --redis-persecond-url), " +
+			"or unset REDIS_PERSECOND to count per-second limits on REDIS_URL's Redis")
+	}
+	r, err := redisFromEnv(get, "REDIS_PERSECOND_")
+	if err != nil {
+		return err
+	}
+	if len(r.unused) > 0 {
+		p.note(true, "no effect without REDIS_PERSECOND_TYPE=SENTINEL", r.unused...)
+	}
+	flag := [...]string{FlagRedisPerSecondURL, FlagRedisPerSecondClusterURL, FlagRedisPerSecondSentinelURL}[r.kind]
+	p.set(flag, r.url, "REDIS_PERSECOND_URL", groupRedisPerSecond)
+	return nil
+}
+
+// redisKind is the form of a Redis the reference's *_TYPE names.
+type redisKind int
+
+const (
+	redisSingle redisKind = iota
+	redisCluster
+	redisSentinel
+)
+
+// redisEnv is a Redis read from the reference's variables.
+type redisEnv struct {
+	kind redisKind
+	url  string // go-redis's URL
+	tls  bool   // <prefix>TLS=true
+	// unused: SENTINEL_AUTH, set without TYPE=SENTINEL.
+	unused []string
+}
+
+// redisFromEnv reads the variables prefix+URL, TYPE, SOCKET_TYPE, AUTH,
+// TLS and SENTINEL_AUTH as the reference reads them (prefix REDIS_ or
+// REDIS_PERSECOND_) into a go-redis URL.
+func redisFromEnv(get func(string) (string, bool), prefix string) (redisEnv, error) {
+	name := func(v string) string { return prefix + v }
+	raw, _ := get(name("URL"))
+	if raw == "" {
+		return redisEnv{}, fmt.Errorf("%s is empty", name("URL"))
+	}
+	tlsOn, err := boolVar(get, name("TLS"))
+	if err != nil {
+		return redisEnv{}, err
+	}
+	socket, socketSet := get(name("SOCKET_TYPE"))
 	socket = strings.ToLower(socket)
 	if socketSet && socket != "tcp" && socket != "unix" {
-		return fmt.Errorf("REDIS_SOCKET_TYPE=%q: tcp or unix", socket)
+		return redisEnv{}, fmt.Errorf("%s=%q: tcp or unix", name("SOCKET_TYPE"), socket)
 	}
-	typ, typeSet := get("REDIS_TYPE")
+	typ, typeSet := get(name("TYPE"))
 	if !typeSet {
-		typ = defaultOf("REDIS_TYPE")
+		typ = defaultOf(name("TYPE"))
 	}
-	auth, _ := get("REDIS_AUTH")
+	auth, _ := get(name("AUTH"))
 	scheme := "redis"
 	if tlsOn {
 		scheme = "rediss"
 	}
-	var flag, u string
+	r := redisEnv{tls: tlsOn}
 	switch strings.ToLower(typ) {
 	case "single":
-		flag = FlagRedisURL
-		u, err = singleURL(raw, socket, scheme, auth, tlsOn)
+		r.url, err = singleURL(raw, socket, scheme, auth, tlsOn)
 	case "cluster":
-		flag = FlagRedisClusterURL
-		u, err = listURL(strings.Split(raw, ","), scheme, auth, "")
+		r.kind = redisCluster
+		r.url, err = listURL(strings.Split(raw, ","), scheme, auth, "")
 	case "sentinel":
-		flag = FlagRedisSentinelURL
+		r.kind = redisSentinel
 		parts := strings.Split(raw, ",")
 		if len(parts) < 2 || parts[0] == "" {
-			return errors.New("REDIS_URL: with REDIS_TYPE=SENTINEL, the form is MASTER_NAME,host:port[,host:port...]")
+			return redisEnv{}, fmt.Errorf("%s: with %s=SENTINEL, the form is MASTER_NAME,host:port[,host:port...]", name("URL"), name("TYPE"))
 		}
-		sentinelAuth, _ := get("REDIS_SENTINEL_AUTH")
-		u, err = listURL(parts[1:], scheme, sentinelAuth, parts[0])
+		sentinelAuth, _ := get(name("SENTINEL_AUTH"))
+		r.url, err = listURL(parts[1:], scheme, sentinelAuth, parts[0])
 		if err == nil && auth != "" {
 			user, pass := splitAuth(auth)
 			q := url.Values{}
@@ -406,19 +487,24 @@ func planRedis(p *Plan, get func(string) (string, bool)) error {
 				q.Set("username", user)
 			}
 			q.Set("password", pass)
-			u += "&" + q.Encode()
+			r.url += "&" + q.Encode()
 		}
 	default:
-		return fmt.Errorf("REDIS_TYPE=%q: SINGLE, CLUSTER or SENTINEL", typ)
+		return redisEnv{}, fmt.Errorf("%s=%q: SINGLE, CLUSTER or SENTINEL", name("TYPE"), typ)
 	}
 	if err != nil {
-		return fmt.Errorf("REDIS_URL: %w", err)
+		return redisEnv{}, fmt.Errorf("%s: %w", name("URL"), err)
 	}
-	if _, ok := get("REDIS_SENTINEL_AUTH"); ok && flag != FlagRedisSentinelURL {
-		p.note(true, "no effect without REDIS_TYPE=SENTINEL", "REDIS_SENTINEL_AUTH")
+	if _, ok := get(name("SENTINEL_AUTH")); ok && r.kind != redisSentinel {
+		r.unused = append(r.unused, name("SENTINEL_AUTH"))
 	}
-	p.set(flag, u, "REDIS_URL", groupRedis)
+	return r, nil
+}
 
+// planRedisTLS sets the Redis TLS flags from REDIS_TLS_*, which the
+// reference reads when REDIS_TLS or REDIS_PERSECOND_TLS is true, for both
+// of its Redis.
+func planRedisTLS(p *Plan, get func(string) (string, bool), tlsOn bool) error {
 	tlsVars := []struct{ name, flag string }{
 		{"REDIS_TLS_CACERT", FlagRedisTLSCA}, {"REDIS_TLS_CLIENT_CERT", FlagRedisTLSCert}, {"REDIS_TLS_CLIENT_KEY", FlagRedisTLSKey},
 	}

@@ -52,6 +52,9 @@ const (
 	groupRedis   = "redis"
 	groupGRPCTLS = "grpc-tls"
 	groupMetrics = "metrics"
+
+	// groupRedisPerSecond: the per-second Redis (REDIS_PERSECOND_*).
+	groupRedisPerSecond = "redis-persecond"
 )
 
 // EnvName is the environment variable of a flag: RATELIMIT_ and the flag's
@@ -182,13 +185,18 @@ func Validate(s *Settings) error {
 		return errors.New("a Redis setting is given but no Redis URL (--redis-url, --redis-cluster-url, --redis-sentinel-url, REDIS_URL): " +
 			"refusing to start on the embedded store")
 	}
-	if s.RedisURL != "" && !strings.Contains(s.RedisURL, "://") {
-		// host:port or a socket path, as the reference's REDIS_URL.
-		u, err := singleURL(s.RedisURL, "", "redis", "", false)
-		if err != nil {
-			return fmt.Errorf("--%s: %w (or a redis://, rediss:// or unix:// URL)", FlagRedisURL, err)
+	for _, u := range []struct {
+		flag string
+		url  *string
+	}{{FlagRedisURL, &s.RedisURL}, {FlagRedisPerSecondURL, &s.RedisPerSecondURL}} {
+		if *u.url != "" && !strings.Contains(*u.url, "://") {
+			// host:port or a socket path, as the reference's REDIS_URL.
+			full, err := singleURL(*u.url, "", "redis", "", false)
+			if err != nil {
+				return fmt.Errorf("--%s: %w (or a redis://, rediss:// or unix:// URL)", u.flag, err)
+			}
+			*u.url = full
 		}
-		s.RedisURL = u
 	}
 	return nil
 }

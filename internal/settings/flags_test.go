@@ -194,3 +194,36 @@ func TestTracingSettingsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestPerSecondRedisFlags: the per-second Redis is one URL, needs a main
+// Redis, takes host:port as --redis-url does, and a rediss:// one is
+// enough for the shared --redis-tls-* files.
+func TestPerSecondRedisFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		err  string // "": parses
+	}{
+		{[]string{"--redis-url=r:1", "--redis-persecond-url=p:1"}, ""},
+		{[]string{"--redis-persecond-url=p:1"}, "no Redis URL"},
+		{[]string{"--redis-url=r:1", "--redis-persecond-url=p:1", "--redis-persecond-cluster-url=redis://a:1"}, "give one of"},
+		{[]string{"--redis-url=r:1", "--redis-persecond-url=rediss://p:1", "--redis-tls-ca=/ca.pem"}, ""},
+		{[]string{"--redis-url=r:1", "--redis-persecond-url=p:1", "--redis-tls-ca=/ca.pem"}, "need a rediss://"},
+		{[]string{"--redis-url=r:1", "--redis-persecond-url=u:hunter22@p:1"}, "--redis-persecond-url: \"xxxxx@p:1\""},
+	} {
+		var s Settings
+		err := Parse(NewFlagSet("test", &s, &bytes.Buffer{}), &s, tc.args)
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%v: error %v, want one containing %q", tc.args, err, tc.err)
+		}
+	}
+	var s Settings
+	if err := Parse(NewFlagSet("test", &s, &bytes.Buffer{}), &s, []string{"--redis-url=r:1", "--redis-persecond-url=p:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if s.RedisPerSecondURL != "redis://p:1" {
+		t.Errorf("--redis-persecond-url p:1 is %q, want redis://p:1", s.RedisPerSecondURL)
+	}
+}

@@ -31,7 +31,7 @@ func singleURL(raw, socket, scheme, auth string, tlsOn bool) (string, error) {
 	}
 	if socket == "unix" || socket == "" && strings.HasPrefix(raw, "/") {
 		if tlsOn {
-			return "", errors.New("REDIS_TLS=true with a Unix socket")
+			return "", errors.New("TLS is on (REDIS_TLS or REDIS_PERSECOND_TLS) with a Unix socket")
 		}
 		path, err := filepath.Abs(raw) // relative to the working directory, as a dial takes it
 		if err != nil {

@@ -35,6 +35,10 @@ type Settings struct {
 	KeyPrefix                                   string
 	StoreTimeout, DenyCache                     time.Duration
 
+	// The per-second Redis: empty, the limits of a one-second window are
+	// counted on the main one.
+	RedisPerSecondURL, RedisPerSecondClusterURL, RedisPerSecondSentinelURL string
+
 	DefaultAlgorithm, DefaultFailureMode, RecordCosts string
 	MergeDomainConfig                                 bool
 

@@ -45,6 +45,11 @@ const (
 	FlagRecordCosts          = "record-costs"
 	FlagXDSNodeMetadata      = "xds-node-metadata"
 	FlagXDSHeaders           = "xds-headers"
+
+	// The per-second Redis: the reference's REDIS_PERSECOND_*.
+	FlagRedisPerSecondURL         = "redis-persecond-url"
+	FlagRedisPerSecondClusterURL  = "redis-persecond-cluster-url"
+	FlagRedisPerSecondSentinelURL = "redis-persecond-sentinel-url"
 )
 
 // table is every setting, bound to s, in docs/flags.md's order. A new
@@ -204,6 +209,44 @@ func table(s *Settings) []Setting {
 			Doc: "a Sentinel-managed master: `redis://[sentinel-user:sentinel-password@]host:port?master_name=NAME&addr=host2:port" +
 				"[&username=U&password=P]` (`username`/`password` are the master's)",
 			Ref: []RefVar{{Name: "REDIS_SENTINEL_AUTH", Joint: true, Here: "password, or user:password, of the Sentinels"}}},
+		{Name: FlagRedisPerSecondURL, bind: stringFlag(&s.RedisPerSecondURL, ""), Group: groupRedisPerSecond,
+			Help: "standalone Redis for the limits of a one-second window, as --redis-url; empty: on the main Redis",
+			Doc: "a Redis of their own for the limits whose window is one second, as the reference's `REDIS_PERSECOND`, " +
+				"in `--redis-url`'s forms; the `--redis-tls-*` files serve both. Needs a main Redis " +
+				"(see [Stores](stores.md#a-redis-for-per-second-limits))",
+			check: func() error {
+				set := 0
+				for _, u := range []string{s.RedisPerSecondURL, s.RedisPerSecondClusterURL, s.RedisPerSecondSentinelURL} {
+					if u != "" {
+						set++
+					}
+				}
+				if set > 1 {
+					return errors.New("give one of --redis-persecond-url, --redis-persecond-cluster-url and --redis-persecond-sentinel-url")
+				}
+				return nil
+			},
+			Ref: []RefVar{
+				{Name: "REDIS_PERSECOND", Default: "false", Joint: true,
+					Here: "true: the limits of unit second are counted on the Redis of REDIS_PERSECOND_*, read as REDIS_* are " +
+						"(--redis-persecond-url, --redis-persecond-cluster-url, --redis-persecond-sentinel-url)"},
+				{Name: "REDIS_PERSECOND_SOCKET_TYPE", Default: "unix", Joint: true, Here: "as REDIS_SOCKET_TYPE, with REDIS_PERSECOND=true"},
+				{Name: "REDIS_PERSECOND_TYPE", Default: "SINGLE", Joint: true,
+					Here: "SINGLE: --redis-persecond-url; CLUSTER: --redis-persecond-cluster-url; SENTINEL: --redis-persecond-sentinel-url"},
+				{Name: "REDIS_PERSECOND_URL", Default: "/var/run/nutcracker/ratelimitpersecond.sock", Joint: true,
+					Here: "as REDIS_URL; required with REDIS_PERSECOND=true"},
+				{Name: "REDIS_PERSECOND_AUTH", Joint: true, Here: "as REDIS_AUTH, for the per-second Redis"},
+				{Name: "REDIS_PERSECOND_TLS", Default: "false", Joint: true,
+					Here: "true: rediss:// to the per-second Redis, with the REDIS_TLS_* files (as in the reference)"},
+			}},
+		{Name: FlagRedisPerSecondClusterURL, bind: stringFlag(&s.RedisPerSecondClusterURL, ""), Group: groupRedisPerSecond,
+			Help: "Redis Cluster for the limits of a one-second window, as --redis-cluster-url",
+			Doc:  "a Redis Cluster for the limits whose window is one second, as `--redis-cluster-url`"},
+		{Name: FlagRedisPerSecondSentinelURL, bind: stringFlag(&s.RedisPerSecondSentinelURL, ""), Group: groupRedisPerSecond,
+			Help: "Redis Sentinel master for the limits of a one-second window, as --redis-sentinel-url",
+			Doc:  "a Sentinel-managed master for the limits whose window is one second, as `--redis-sentinel-url`",
+			Ref: []RefVar{{Name: "REDIS_PERSECOND_SENTINEL_AUTH", Joint: true,
+				Here: "as REDIS_SENTINEL_AUTH, for the per-second Redis's Sentinels"}}},
 		{Name: "store-timeout", bind: durationFlag(&s.StoreTimeout, limiter.DefaultTimeout),
 			Help: "upper bound of a request's store work, queueing included; past it the rule's failure_mode answers",
 			Doc: "upper bound of a request's store work, queueing included; the caller's own deadline (Envoy's filter timeout, " +
@@ -346,10 +389,12 @@ func table(s *Settings) []Setting {
 				if *rt == (RedisTLS{}) {
 					return nil
 				}
-				if !slices.ContainsFunc([]string{s.RedisURL, s.RedisClusterURL, s.RedisSentinelURL}, func(u string) bool {
+				if !slices.ContainsFunc([]string{s.RedisURL, s.RedisClusterURL, s.RedisSentinelURL,
+					s.RedisPerSecondURL, s.RedisPerSecondClusterURL, s.RedisPerSecondSentinelURL}, func(u string) bool {
 					return strings.HasPrefix(u, "rediss://")
 				}) {
-					return errors.New("--redis-tls-* flags need a rediss:// --redis-url, --redis-cluster-url or --redis-sentinel-url")
+					return errors.New("--redis-tls-* flags need a rediss:// --redis-url, --redis-cluster-url or --redis-sentinel-url " +
+						"(or --redis-persecond-*)")
 				}
 				if (rt.Cert == "") != (rt.Key == "") {
 					return errors.New("--redis-tls-cert and --redis-tls-key go together: set both or neither")

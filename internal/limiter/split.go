@@ -1,0 +1,173 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Split decides the hits whose window is one second on a limiter of their
+// own, on another Redis, and all others on the main one: envoyproxy/
+// ratelimit's REDIS_PERSECOND, which puts the limits of unit SECOND on a
+// Redis of their own. Without a per-second limiter everything goes to the
+// main one.
+//
+// All or nothing across the two stores holds as it does across Redis
+// Cluster slots: both parts are decided at once, each all or nothing on its
+// own store, and when the request turns out denied, the charges the other
+// part made are given back (as Envoy's is_negative_hits gives back: to the
+// counter's current window). Until that refund lands, one round trip,
+// other requests can see the charge. The reference charges each store
+// independently and never gives back.
+type Split struct {
+	main, perSecond *Limiter
+
+	// life is held for reading by Decide, for writing by Close, which thus
+	// waits for the calls in flight before it waits for their refunds.
+	life    sync.RWMutex
+	closed  bool
+	refunds sync.WaitGroup
+}
+
+// NewSplit returns a Split sending one-second hits to perSecond, the
+// others to main; a nil perSecond sends everything to main.
+func NewSplit(main, perSecond *Limiter) *Split {
+	return &Split{main: main, perSecond: perSecond}
+}
+
+// perSecondHit reports a hit that goes to the per-second store.
+func perSecondHit(h *Hit) bool { return h.Window == time.Second }
+
+// of returns the limiter of h.
+func (s *Split) of(h *Hit) *Limiter {
+	if s.perSecond != nil && perSecondHit(h) {
+		return s.perSecond
+	}
+	return s.main
+}
+
+// Decide decides hits as Limiter.Decide does, each on its limiter, and
+// returns their verdicts in the order of hits. Each store's failure
+// answers its own hits by their failure modes; the errors are joined.
+func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
+	if s.perSecond == nil {
+		return s.main.Decide(ctx, hits)
+	}
+	var second, other []int
+	for i := range hits {
+		if perSecondHit(&hits[i]) {
+			second = append(second, i)
+		} else {
+			other = append(other, i)
+		}
+	}
+	switch {
+	case len(second) == 0:
+		return s.main.Decide(ctx, hits)
+	case len(other) == 0:
+		return s.perSecond.Decide(ctx, hits)
+	}
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.closed {
+		return failureVerdicts(hits), ErrClosed
+	}
+	parts := [2]struct {
+		lim      *Limiter
+		idx      []int
+		verdicts []Verdict
+		err      error
+	}{{lim: s.perSecond, idx: second}, {lim: s.main, idx: other}}
+	var wg sync.WaitGroup
+	for p := range parts {
+		part := &parts[p]
+		sub := make([]Hit, len(part.idx))
+		for j, i := range part.idx {
+			sub[j] = hits[i]
+			// A part does not see the quota hits of the other: its quota
+			// hits go as shadow hits, and deniedAny below applies the quota
+			// rule to the whole request.
+			if sub[j].quota() {
+				sub[j].Shadow = true
+			}
+		}
+		wg.Go(func() { part.verdicts, part.err = part.lim.Decide(ctx, sub) })
+	}
+	wg.Wait()
+	verdicts := make([]Verdict, len(hits))
+	for _, part := range parts {
+		for j, i := range part.idx {
+			verdicts[i] = part.verdicts[j]
+		}
+	}
+	if deniedAny(hits, verdicts) {
+		for _, part := range parts {
+			s.giveBack(ctx, part.lim, hits, part.idx, verdicts)
+		}
+	}
+	return verdicts, errors.Join(parts[0].err, parts[1].err)
+}
+
+// giveBack takes back, in the background, the charges the hits at idx made
+// on lim for a request that was denied, and says so in their verdicts. A
+// recorded cost was spent whatever the request's fate, and a refund is
+// always applied: both stay.
+func (s *Split) giveBack(ctx context.Context, lim *Limiter, hits []Hit, idx []int, verdicts []Verdict) {
+	var back []Hit
+	for _, i := range idx {
+		h, v := hits[i], &verdicts[i]
+		if !v.Charged || h.Record || h.Refund {
+			continue
+		}
+		v.Charged = false
+		v.Remaining = min(v.Remaining+h.Cost, uint64(h.capacity()))
+		back = append(back, Hit{Key: h.Key, Algorithm: h.Algorithm, Limit: h.Limit, Window: h.Window, Cost: h.Cost,
+			Burst: h.Burst, Refund: true})
+	}
+	if len(back) == 0 {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	s.refunds.Go(func() {
+		// A refund that fails leaves the charge counted until its window
+		// forgets it; the limiter reports the failure to Observe.
+		_, _ = lim.Decide(ctx, back)
+	})
+}
+
+// Reset resets h's counter on its limiter (Limiter.Reset).
+func (s *Split) Reset(ctx context.Context, h Hit) (int64, error) {
+	return s.of(&h).Reset(ctx, h)
+}
+
+// Prepare prepares both limiters at once (Limiter.Prepare); the errors are
+// joined.
+func (s *Split) Prepare(ctx context.Context) error {
+	if s.perSecond == nil {
+		return s.main.Prepare(ctx)
+	}
+	var errSecond error
+	var wg sync.WaitGroup
+	wg.Go(func() { errSecond = s.perSecond.Prepare(ctx) })
+	errMain := s.main.Prepare(ctx)
+	wg.Wait()
+	if errSecond != nil {
+		errSecond = fmt.Errorf("per-second store: %w", errSecond)
+	}
+	return errors.Join(errMain, errSecond)
+}
+
+// Close waits for the calls in flight and their refunds, then closes both
+// limiters.
+func (s *Split) Close() {
+	s.life.Lock()
+	s.closed = true
+	s.life.Unlock()
+	s.refunds.Wait()
+	s.main.Close()
+	if s.perSecond != nil {
+		s.perSecond.Close()
+	}
+}

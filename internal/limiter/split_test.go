@@ -1,0 +1,194 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+)
+
+// newTestSplit is a Split on two fresh miniredis, the main one's clock and
+// the per-second one's both at start.
+func newTestSplit(t *testing.T, start time.Time) (s *Split, main, perSecond *clock) {
+	t.Helper()
+	mainLim, main := newTestLimiter(t, start)
+	secondLim, perSecond := newTestLimiter(t, start)
+	s = NewSplit(mainLim, secondLim)
+	t.Cleanup(s.Close)
+	return s, main, perSecond
+}
+
+// keysOf are the keys a miniredis holds.
+func keysOf(c *clock) string { return strings.Join(c.m.Keys(), " ") }
+
+// TestSplitRoutesByWindow: a hit of a one-second window is counted on the
+// per-second store only, every other on the main one only, each in the
+// order of the request.
+func TestSplitRoutesByWindow(t *testing.T) {
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			s, main, perSecond := newTestSplit(t, epoch.Add(100*time.Millisecond))
+			second, minute := hit(a, "u", 3, time.Second, 1), hit(a, "u", 5, time.Minute, 2)
+			for i := 1; i <= 2; i++ {
+				v, err := s.Decide(context.Background(), []Hit{minute, second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !v[0].Charged || v[0].Remaining != uint64(5-2*i) || !v[1].Charged || v[1].Remaining != uint64(3-i) {
+					t.Fatalf("request %d: %+v, want both charged, remaining %d and %d", i, v, 5-2*i, 3-i)
+				}
+			}
+			v, err := s.Decide(context.Background(), []Hit{minute, second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v[0].Admitted || v[0].Charged || !v[1].Admitted || v[1].Charged || v[1].Remaining != 1 {
+				t.Fatalf("request 3: %+v, want the minute's denied, the second's admitted, neither charged", v)
+			}
+			s.refunds.Wait()
+			if got := keysOf(perSecond); got != second.Key {
+				t.Errorf("per-second store holds %q, want only %q", got, second.Key)
+			}
+			if got := keysOf(main); got != minute.Key {
+				t.Errorf("main store holds %q, want only %q", got, minute.Key)
+			}
+			// The third request's second was charged, then given back: 1
+			// unit left of 3 (two charged).
+			if v := decideSplit(t, s, hit(a, "u", 3, time.Second, 0)); v.Remaining != 1 {
+				t.Errorf("per-second counter after the denied request: %+v, want 1 left", v)
+			}
+		})
+	}
+}
+
+func decideSplit(t *testing.T, s *Split, hits ...Hit) Verdict {
+	t.Helper()
+	v, err := s.Decide(context.Background(), hits)
+	if err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	return v[0]
+}
+
+// TestSplitAllOrNothing: a request denied on one store charges nothing on
+// the other: what that one charged is given back.
+func TestSplitAllOrNothing(t *testing.T) {
+	s, _, _ := newTestSplit(t, epoch.Add(100*time.Millisecond))
+	second, minute := hit(config.FixedWindow, "u", 1, time.Second, 1), hit(config.FixedWindow, "u", 10, time.Minute, 1)
+	if v := decideSplit(t, s, second); !v.Charged {
+		t.Fatalf("first: %+v", v)
+	}
+	v, err := s.Decide(context.Background(), []Hit{second, minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0].Admitted || !v[1].Admitted || v[1].Charged || v[1].Remaining != 10 {
+		t.Fatalf("verdicts %+v, want the second's denied, the minute's admitted, uncharged, 10 left", v)
+	}
+	s.refunds.Wait()
+	minute.Cost = 0
+	if v := decideSplit(t, s, minute); v.Remaining != 10 {
+		t.Fatalf("minute counter %+v, want 10 left: the denied request's charge given back", v)
+	}
+	// Recorded costs and refunds stay whatever the request's fate.
+	record, back := hit(config.FixedWindow, "r", 10, time.Minute, 3), hit(config.FixedWindow, "b", 10, time.Minute, 0)
+	record.Record, back.Refund = true, true
+	if _, err := s.Decide(context.Background(), []Hit{second, record, back}); err != nil {
+		t.Fatal(err)
+	}
+	s.refunds.Wait()
+	record.Record, record.Cost = false, 0
+	if v := decideSplit(t, s, record); v.Remaining != 7 {
+		t.Fatalf("recorded cost %+v, want 7 left", v)
+	}
+}
+
+// TestSplitQuotaAcrossStores: quota hits on both stores are one quota: the
+// request fits when one of them does.
+func TestSplitQuotaAcrossStores(t *testing.T) {
+	s, _, _ := newTestSplit(t, epoch.Add(100*time.Millisecond))
+	second, minute := hit(config.FixedWindow, "q", 1, time.Second, 1), hit(config.FixedWindow, "q", 5, time.Minute, 1)
+	second.Quota, minute.Quota = true, true
+	decideSplit(t, s, second)
+	v, err := s.Decide(context.Background(), []Hit{second, minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0].Admitted || v[0].Charged || !v[1].Admitted || !v[1].Charged {
+		t.Fatalf("verdicts %+v, want the second's denied and uncharged, the minute's admitted and charged", v)
+	}
+	minute.Cost = 0
+	if v := decideSplit(t, s, minute); v.Remaining != 4 {
+		t.Fatalf("minute quota %+v, want 4 left", v)
+	}
+	// Neither fits: nothing charged.
+	exhausted := hit(config.FixedWindow, "q2", 1, time.Minute, 2)
+	exhausted.Quota = true
+	v, _ = s.Decide(context.Background(), []Hit{second, exhausted, hit(config.FixedWindow, "e", 5, time.Minute, 1)})
+	s.refunds.Wait()
+	if v[2].Charged || decideSplit(t, s, hit(config.FixedWindow, "e", 5, time.Minute, 0)).Remaining != 5 {
+		t.Fatalf("verdicts %+v: an enforced hit was charged though no quota hit fits", v)
+	}
+}
+
+// TestSplitStoreDown: a store that is down answers its own hits by their
+// failure modes; the other store's are real, and given back when a failure
+// mode denies the request.
+func TestSplitStoreDown(t *testing.T) {
+	s, main, _ := newTestSplit(t, epoch.Add(100*time.Millisecond))
+	main.m.Close()
+	second := hit(config.FixedWindow, "d", 5, time.Second, 1)
+	minute := hit(config.FixedWindow, "d", 5, time.Minute, 1)
+	v, err := s.Decide(context.Background(), []Hit{second, minute})
+	if !errors.Is(err, ErrStore) {
+		t.Fatalf("error %v, want ErrStore", err)
+	}
+	if !v[0].Charged || v[0].FailureVerdict || !v[1].FailureVerdict || !v[1].Admitted {
+		t.Fatalf("verdicts %+v, want the second's charged, the minute's an allowing failure verdict", v)
+	}
+	minute.FailureMode = config.FailureDeny
+	v, err = s.Decide(context.Background(), []Hit{second, minute})
+	if !errors.Is(err, ErrStore) || v[0].Charged || v[1].Admitted || !v[1].FailureVerdict {
+		t.Fatalf("verdicts %+v, error %v: want the minute's denied by its failure mode, the second's given back", v, err)
+	}
+	s.refunds.Wait()
+	second.Cost = 0
+	if v := decideSplit(t, s, second); v.Remaining != 4 {
+		t.Fatalf("per-second counter %+v, want 4 left (one charged, one given back)", v)
+	}
+}
+
+// TestSplitResetAndPrepare: Reset goes to the counter's store; Prepare
+// asks both and names the per-second one when it fails.
+func TestSplitResetAndPrepare(t *testing.T) {
+	s, main, perSecond := newTestSplit(t, epoch.Add(100*time.Millisecond))
+	second, minute := hit(config.FixedWindow, "r", 5, time.Second, 1), hit(config.FixedWindow, "r", 5, time.Minute, 1)
+	decideSplit(t, s, second, minute)
+	if n, err := s.Reset(context.Background(), second); err != nil || n != 1 || keysOf(perSecond) != "" || keysOf(main) != minute.Key {
+		t.Fatalf("reset of the second: %d, %v; stores hold %q and %q", n, err, keysOf(main), keysOf(perSecond))
+	}
+	if err := s.Prepare(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	perSecond.m.Close()
+	if err := s.Prepare(context.Background()); err == nil || !strings.Contains(err.Error(), "per-second store") {
+		t.Fatalf("Prepare with the per-second store down: %v", err)
+	}
+}
+
+// TestSplitWithoutPerSecond sends everything to the main limiter.
+func TestSplitWithoutPerSecond(t *testing.T) {
+	l, main := newTestLimiter(t, epoch.Add(100*time.Millisecond))
+	s := NewSplit(l, nil)
+	second := hit(config.FixedWindow, "n", 5, time.Second, 1)
+	decideSplit(t, s, second, hit(config.FixedWindow, "n", 5, time.Minute, 1))
+	if len(main.m.Keys()) != 2 {
+		t.Fatalf("main store holds %q, want both counters", keysOf(main))
+	}
+	if _, err := s.Reset(context.Background(), second); err != nil {
+		t.Fatal(err)
+	}
+}
