@@ -293,3 +293,26 @@ func TestPerSecondRedisTLS(t *testing.T) {
 		t.Fatalf("counters: per-second Redis (TLS) %q, main %q", keysWith(t, perSecond, ""), keysWith(t, main, ""))
 	}
 }
+
+// TestPerSecondRedisMixedFleet: envoyproxy/ratelimit and this service, both
+// with REDIS_PERSECOND=true on the same two Redis, share the per-second
+// counter (the reference's keys, on the per-second Redis) and admit exactly
+// its limit between them.
+func TestPerSecondRedisMixedFleet(t *testing.T) {
+	main, perSecond := startRedis(t), startRedis(t)
+	root := t.TempDir()
+	configMapDir(t, root, "config.yaml", perSecondConfig)
+	ours := startReference(t, perSecondEnv(main.addr, perSecond.addr, root))
+	theirs := startUpstream(t, perSecondEnv(main.addr, perSecond.addr, root))
+	ours.waitHealthcheck(t, http.StatusOK)
+	theirs.waitHealthcheck(t, http.StatusOK)
+	if got := admitsPerSecond(t, []*referenceReplica{ours, theirs}, "mixed", 8); got != 3 {
+		t.Fatalf("per-second limit of 3 over both: %d admitted within one second", got)
+	}
+	if keys := keysWith(t, main, "fast"); len(keys) != 0 {
+		t.Fatalf("per-second counters on the main Redis: %q", keys)
+	}
+	if keys := keysWith(t, perSecond, "fast"); len(keys) == 0 {
+		t.Fatal("no per-second counter on the per-second Redis")
+	}
+}
