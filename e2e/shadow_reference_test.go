@@ -112,8 +112,6 @@ func compareWithReference(t *testing.T, shadowMode string, steps []shadowStep, s
 	refEnv, refProm := env(startRedis(t))
 	ref := startUpstream(t, refEnv)
 	oursEnv, oursProm := env(startRedis(t))
-	// Until the reference's environment counts in the reference's fixed windows by default.
-	oursEnv["RATELIMIT_DEFAULT_ALGORITHM"] = "fixed_window"
 	ours := startReference(t, oursEnv)
 	ref.waitHealthcheck(t, http.StatusOK)
 	ours.waitHealthcheck(t, http.StatusOK)
