@@ -127,11 +127,12 @@ descriptors:
 `
 
 // statsdEnv is the reference's environment sending its stats to port over
-// UDP (gostats's STATSD_PROTOCOL) every 100 ms, tagged env=e2e.
+// UDP (gostats's STATSD_PROTOCOL) every 100 ms, tagged env=e2e, reading a
+// ConfigMap's directory as Istio and Envoy Gateway do (dot files skipped).
 func statsdEnv(redisAddr, root, port string) map[string]string {
 	return map[string]string{
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": redisAddr, "RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
-		"USE_STATSD": "true", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port, "STATSD_PROTOCOL": "udp",
+		"RUNTIME_IGNOREDOTFILES": "true", "USE_STATSD": "true", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port, "STATSD_PROTOCOL": "udp",
 		"STATS_FLUSH_INTERVAL": "100ms", "EXTRA_TAGS": "env:e2e",
 	}
 }
