@@ -68,12 +68,14 @@ type Options struct {
 	// LimitHeader, RemainingHeader and ResetHeader name those headers;
 	// empty means the reference's names, DefaultLimitHeader and others.
 	LimitHeader, RemainingHeader, ResetHeader string
-	// QuotaMode puts every descriptor in quota mode (the reference's
+	// QuotaMode puts every descriptor in quota mode (set by the reference's
 	// QUOTA_MODE): a request is denied only when all are over their limit.
+	// The reference's quota mode never denies; this one keeps a limit.
 	QuotaMode bool
-	// ResponseDynamicMetadata fills every answer's dynamic_metadata as the
-	// reference's RESPONSE_DYNAMIC_METADATA does: the domain, the
-	// descriptors, and the metadata of the admitted descriptors' rules.
+	// ResponseDynamicMetadata fills every answer's dynamic_metadata (the
+	// reference's RESPONSE_DYNAMIC_METADATA): the domain, the descriptors as
+	// the reference sends them, and the metadata of the admitted
+	// descriptors' rules, an extension; not the reference's quota fields.
 	ResponseDynamicMetadata bool
 	// ShadowMode is the reference's SHADOW_MODE: no request is denied. Each
 	// descriptor's status stays what it would be (OVER_LIMIT included), only
