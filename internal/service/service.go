@@ -10,6 +10,12 @@
 // request bounds (codec.go), and envoyproxy/ratelimit's metrics
 // (refmetrics.go). It knows nothing of Redis; errors become gRPC
 // status codes here and nowhere deeper.
+//
+// Two things follow envoyproxy/ratelimit rather than Redis: under the
+// global shadow mode (Options.ShadowMode) a denied request is answered OK
+// with its statuses as they are, and the keys of an algorithm on the
+// reference's keys name their window by Options.Now, read once per request,
+// as the reference names them by its clock.
 package service
 
 import (
