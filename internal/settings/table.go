@@ -403,15 +403,15 @@ func table(s *Settings) []Setting {
 				}
 				return nil
 			},
-			Ref: []RefVar{{Name: "REDIS_TLS_CACERT", Joint: true, Here: "--redis-tls-ca, when REDIS_TLS=true"}}},
+			Ref: []RefVar{{Name: "REDIS_TLS_CACERT", Joint: true, Here: "--redis-tls-ca, when REDIS_TLS or REDIS_PERSECOND_TLS is true"}}},
 		{Name: FlagRedisTLSCert, bind: stringFlag(&rt.Cert, ""), Group: groupRedis,
 			Help: "PEM client certificate presented to Redis, with --redis-tls-key (rediss:// only); reloaded",
 			Doc:  "client certificate for Redis's `tls-auth-clients`, with `--redis-tls-key` (`rediss://` only). Reloaded when the file changes",
-			Ref:  []RefVar{{Name: "REDIS_TLS_CLIENT_CERT", Joint: true, Here: "--redis-tls-cert, when REDIS_TLS=true"}}},
+			Ref:  []RefVar{{Name: "REDIS_TLS_CLIENT_CERT", Joint: true, Here: "--redis-tls-cert, when REDIS_TLS or REDIS_PERSECOND_TLS is true"}}},
 		{Name: FlagRedisTLSKey, bind: stringFlag(&rt.Key, ""), Group: groupRedis,
 			Help: "PEM private key of --redis-tls-cert; reloaded when the file changes",
 			Doc:  "PEM private key of `--redis-tls-cert`. Reloaded when the file changes",
-			Ref:  []RefVar{{Name: "REDIS_TLS_CLIENT_KEY", Joint: true, Here: "--redis-tls-key, when REDIS_TLS=true"}}},
+			Ref:  []RefVar{{Name: "REDIS_TLS_CLIENT_KEY", Joint: true, Here: "--redis-tls-key, when REDIS_TLS or REDIS_PERSECOND_TLS is true"}}},
 		{Name: "redis-tls-server-name", bind: stringFlag(&rt.ServerName, ""),
 			Help: "name the Redis server's certificate must hold, when not the --redis-url host (rediss:// only)",
 			Doc:  "the name the Redis certificate must hold, when not the URL's host"},
@@ -419,7 +419,7 @@ func table(s *Settings) []Setting {
 			Help: "verify the Redis server's certificate chain but not its name (rediss:// only)",
 			Doc:  "verify the Redis certificate's chain, not its name",
 			Ref: []RefVar{{Name: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Default: "false", Joint: true,
-				Here: "--redis-tls-skip-hostname-verification, when REDIS_TLS=true"}}},
+				Here: "--redis-tls-skip-hostname-verification, when REDIS_TLS or REDIS_PERSECOND_TLS is true"}}},
 		// The gRPC port.
 		{Name: "grpc-max-connection-age", bind: durationFlag(&s.GRPCMaxConnAge, 24*time.Hour),
 			Help:  "a gRPC connection this old (±10%) is asked to go away, so clients spread over new replicas; 0: never",
