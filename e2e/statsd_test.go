@@ -134,7 +134,7 @@ func statsdEnv(redisAddr, root, port string) map[string]string {
 		// A ConfigMap layout holds each file twice: both services refuse it
 		// unless dot directories are skipped.
 		"RUNTIME_IGNOREDOTFILES": "true",
-		"USE_STATSD": "true", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port, "STATSD_PROTOCOL": "udp",
+		"USE_STATSD":             "true", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port, "STATSD_PROTOCOL": "udp",
 		"STATS_FLUSH_INTERVAL": "100ms", "EXTRA_TAGS": "env:e2e",
 	}
 }
