@@ -133,9 +133,8 @@ func statsdEnv(redisAddr, root, port string) map[string]string {
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": redisAddr, "RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
 		// A ConfigMap layout holds each file twice: both services refuse it
 		// unless dot directories are skipped.
-		"RUNTIME_IGNOREDOTFILES": "true",
-		"USE_STATSD":             "true", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port, "STATSD_PROTOCOL": "udp",
-		"STATS_FLUSH_INTERVAL": "100ms", "EXTRA_TAGS": "env:e2e",
+		"RUNTIME_IGNOREDOTFILES": "true", "USE_STATSD": "true", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port,
+		"STATSD_PROTOCOL": "udp", "STATS_FLUSH_INTERVAL": "100ms", "EXTRA_TAGS": "env:e2e",
 	}
 }
 
