@@ -387,15 +387,7 @@ func TestGracefulShutdown(t *testing.T) {
 			t.Fatalf("/readyz while draining: %v %v, want 503", resp, err)
 		}
 		s.ask(t, request("e2e", descriptor("log", "g")))
-		select {
-		case err := <-s.exited:
-			s.exited <- err
-			if err != nil {
-				t.Fatalf("exit after SIGTERM: %v, want status 0", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Fatal("still running 15s after SIGTERM")
-		}
+		waitCleanExit(t, s.exited)
 	})
 }
 

@@ -263,6 +263,22 @@ var errNotYet = errors.New("not yet")
 
 // waitLog waits for the service to log want: its output reaches the test
 // through a copying goroutine, a little after the answer it goes with.
+// waitCleanExit waits for a process signalled with SIGTERM to exit with
+// status 0; exited is its exit channel, whose error is put back for the
+// cleanup that reads it.
+func waitCleanExit(t *testing.T, exited chan error) {
+	t.Helper()
+	select {
+	case err := <-exited:
+		exited <- err
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v, want status 0", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("still running 15s after SIGTERM")
+	}
+}
+
 func (s *server) waitLog(t *testing.T, want string) {
 	t.Helper()
 	waitFor(t, 3*time.Second, func() error {

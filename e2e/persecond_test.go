@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/slidingwindow/ratelimit/internal/tlsconfig/tlsconfigtest"
 	adminv1 "github.com/slidingwindow/ratelimit/proto/ratelimit/admin/v1"
 )
 
@@ -265,18 +264,7 @@ func TestPerSecondRedisRefusingTheCredentialsIsNotReady(t *testing.T) {
 // client certificate, while the main Redis stays plaintext, as in the
 // reference, whose one TLS config serves whichever Redis has TLS on.
 func TestPerSecondRedisTLS(t *testing.T) {
-	dir := t.TempDir()
-	ca := tlsconfigtest.NewCA(t, "ca")
-	redisCert, redisKey := ca.Server(t, "redis").Write(t, dir, "redis")
-	caFile := ca.WriteCA(t, dir, "ca")
-	clientCert, clientKey := ca.Client(t, "ratelimit").Write(t, dir, "client")
-	port := freePort(t)
-	admin := tlsClient(t, ca, ca.Client(t, "admin"))
-	admin.ServerName = "127.0.0.1"
-	perSecond := startRedisArgs(t, "127.0.0.1:"+strconv.Itoa(port), &redis.Options{TLSConfig: admin},
-		"--port", "0", "--tls-port", strconv.Itoa(port),
-		"--tls-cert-file", redisCert, "--tls-key-file", redisKey, "--tls-ca-cert-file", caFile,
-		"--tls-auth-clients", "yes")
+	perSecond, caFile, clientCert, clientKey := startTLSRedis(t)
 	main := startRedis(t)
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", perSecondConfig)

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -169,12 +168,7 @@ func debugRules(t *testing.T, r *referenceReplica) []string {
 // to the window's end, which depends on when it is asked).
 func answer(t *testing.T, r *referenceReplica, req *rlsv3.RateLimitRequest) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := r.rls.ShouldRateLimit(ctx, req)
-	if err != nil {
-		t.Fatalf("ShouldRateLimit: %v", err)
-	}
+	resp := r.ask(t, req)
 	s := resp.OverallCode.String()
 	for _, st := range resp.Statuses {
 		s += fmt.Sprintf(" [%s", st.Code)

@@ -196,20 +196,28 @@ func TestGRPCTLSFlagErrors(t *testing.T) {
 	}
 }
 
-func TestRedisTLS(t *testing.T) {
+// startTLSRedis starts a redis-server that serves TLS only and asks for a
+// client certificate, and writes the files the service needs to reach it:
+// the CA's certificate and a client certificate with its key.
+func startTLSRedis(t *testing.T) (r *redisServer, caFile, clientCert, clientKey string) {
+	t.Helper()
 	dir := t.TempDir()
 	ca := tlsconfigtest.NewCA(t, "ca")
 	redisCert, redisKey := ca.Server(t, "redis").Write(t, dir, "redis")
-	caFile := ca.WriteCA(t, dir, "ca")
-	clientCert, clientKey := ca.Client(t, "ratelimit").Write(t, dir, "client")
-
+	caFile = ca.WriteCA(t, dir, "ca")
+	clientCert, clientKey = ca.Client(t, "ratelimit").Write(t, dir, "client")
 	port := freePort(t)
 	admin := tlsClient(t, ca, ca.Client(t, "admin"))
 	admin.ServerName = "127.0.0.1"
-	r := startRedisArgs(t, "127.0.0.1:"+strconv.Itoa(port), &redis.Options{TLSConfig: admin},
+	r = startRedisArgs(t, "127.0.0.1:"+strconv.Itoa(port), &redis.Options{TLSConfig: admin},
 		"--port", "0", "--tls-port", strconv.Itoa(port),
 		"--tls-cert-file", redisCert, "--tls-key-file", redisKey, "--tls-ca-cert-file", caFile,
 		"--tls-auth-clients", "yes")
+	return r, caFile, clientCert, clientKey
+}
+
+func TestRedisTLS(t *testing.T) {
+	r, caFile, clientCert, clientKey := startTLSRedis(t)
 	url := "rediss://" + r.addr
 
 	// No plaintext port: a plain client gets nowhere.

@@ -1,9 +1,12 @@
 // Package config loads envoyproxy/ratelimit's YAML rate limit configuration,
-// plus a few extensions (algorithm, unit_multiplier, failure_mode, burst), validates
-// it and indexes it so that a request descriptor is matched without allocating
+// plus a few extensions (algorithm, unit_multiplier, failure_mode, burst,
+// rate_limits, record_costs, refund_order, metadata), validates it and
+// indexes it so that a request descriptor is matched without allocating
 // (match.go). A config comes from files ([Load], [Parse]) or from documents
 // delivered otherwise, such as xDS resources ([ParseDocuments]); [Watch]
-// reloads files when they change.
+// reloads files when they change. Which files of a directory make a config
+// is a [FileSet] (files.go): the *.yaml and *.yml in it, or every file
+// under it as the reference reads its directory.
 package config
 
 import (

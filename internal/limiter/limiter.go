@@ -9,6 +9,13 @@
 // library where the server has them (FCALL, loaded by Prepare or on first
 // use) and as a script otherwise (EVALSHA, re-sent with EVAL after NOSCRIPT).
 //
+// KeyBuilder names the counters: in this service's schema, or, for an
+// algorithm with the reference's keys (reference_fixed_window), in
+// envoyproxy/ratelimit's own, so that its replicas and this service share
+// them. Such a key names its window by the Go side's clock (KeyBuilder.Now),
+// as the reference's replicas name it by theirs: the one clock that is not
+// Redis TIME.
+//
 // Split sends the hits of one-second windows to a limiter on a store of
 // their own (envoyproxy/ratelimit's REDIS_PERSECOND), the others to the
 // main one.

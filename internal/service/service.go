@@ -10,6 +10,12 @@
 // request bounds (codec.go), and envoyproxy/ratelimit's metrics
 // (refmetrics.go). It knows nothing of Redis; errors become gRPC
 // status codes here and nowhere deeper.
+//
+// Two things follow envoyproxy/ratelimit rather than Redis: under the
+// global shadow mode (Options.ShadowMode) a denied request is answered OK
+// with its statuses as they are, and the keys of an algorithm on the
+// reference's keys name their window by Options.Now, read once per request,
+// as the reference names them by its clock.
 package service
 
 import (
@@ -68,12 +74,14 @@ type Options struct {
 	// LimitHeader, RemainingHeader and ResetHeader name those headers;
 	// empty means the reference's names, DefaultLimitHeader and others.
 	LimitHeader, RemainingHeader, ResetHeader string
-	// QuotaMode puts every descriptor in quota mode (the reference's
+	// QuotaMode puts every descriptor in quota mode (set by the reference's
 	// QUOTA_MODE): a request is denied only when all are over their limit.
+	// The reference's quota mode never denies; this one keeps a limit.
 	QuotaMode bool
-	// ResponseDynamicMetadata fills every answer's dynamic_metadata as the
-	// reference's RESPONSE_DYNAMIC_METADATA does: the domain, the
-	// descriptors, and the metadata of the admitted descriptors' rules.
+	// ResponseDynamicMetadata fills every answer's dynamic_metadata (the
+	// reference's RESPONSE_DYNAMIC_METADATA): the domain, the descriptors as
+	// the reference sends them, and the metadata of the admitted
+	// descriptors' rules, an extension; not the reference's quota fields.
 	ResponseDynamicMetadata bool
 	// ShadowMode is the reference's SHADOW_MODE: no request is denied. Each
 	// descriptor's status stays what it would be (OVER_LIMIT included), only

@@ -529,7 +529,7 @@ func planRedisTLS(p *Plan, get func(string) (string, bool), tlsOn bool) error {
 		unused = append(unused, "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")
 	}
 	if len(unused) > 0 {
-		p.note(true, "no effect without REDIS_TLS=true (as in the reference)", unused...)
+		p.note(true, "no effect without REDIS_TLS=true or REDIS_PERSECOND_TLS=true (as in the reference)", unused...)
 	}
 	return nil
 }

@@ -4,6 +4,9 @@
 // tag a `.__key=value` suffix), counters as what they gained since the last
 // flush, timers in milliseconds, every flush interval. It implements
 // metrics.Stats.
+//
+// gostats's sink has no stop: the goroutine New starts (it connects and
+// writes) lives as long as the process, so a process makes one Sender.
 package statsd
 
 import (
