@@ -30,6 +30,7 @@ var algorithms = []Algorithm{
 	{"counter", "sliding_window_counter"},
 	{"fixed", "fixed_window"},
 	{"gcra", "gcra"},
+	{"reference", "reference_fixed_window"},
 }
 
 // floorAlg is the Alg of the floor scenarios: no service, the bench itself
