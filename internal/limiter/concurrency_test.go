@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -110,6 +111,61 @@ func TestDeniedAcquisitionTakesASeatUntilItsRelease(t *testing.T) {
 	if v := decide1(t, l, acquisition("s", limit, window)); !v.Admitted || v.Remaining != 0 {
 		t.Fatalf("acquisition after an admitted request ended: %+v, want admitted, 0 remaining", v)
 	}
+}
+
+// TestDeniedSeatsAreTheLeastAnExactCountHolds: a release cannot say whether
+// its request was admitted, so an exact count must assume the most requests
+// still in flight that the calls seen allow: each release is a denied
+// request's when one acquired earlier has not been released yet, else an
+// admitted one's. That is a credit a denial adds, which a release takes
+// before it frees a seat. Holding a seat per denied acquisition until a
+// release comes decides every acquisition as that most does: admitted
+// exactly when fewer than the limit may be in flight. So no exact scheme
+// with such releases admits more (a credit instead of a seat, tried in
+// issue 24, decides alike: a denial adds a credit only while every seat is
+// taken, and no seat is freed until the credits are gone). Random
+// interleavings of acquisitions and releases, each release of a request
+// acquired before it.
+func TestDeniedSeatsAreTheLeastAnExactCountHolds(t *testing.T) {
+	const window = time.Minute
+	admitted, denied := 0, 0
+	for seed := range 20 {
+		r := rand.New(rand.NewPCG(uint64(seed), 24))
+		limit := 1 + r.IntN(4)
+		l, c := newTestLimiter(t, epoch)
+		// mayRun: the most admitted requests that may still run; credits:
+		// the denied ones that may not have been released yet.
+		mayRun, credits, unreleased := 0, 0, 0
+		for step := range 200 {
+			c.add(time.Millisecond)
+			if unreleased > 0 && r.IntN(2) == 0 {
+				decide1(t, l, release("m", uint32(limit), window, true))
+				unreleased--
+				if credits > 0 {
+					credits--
+				} else {
+					mayRun--
+				}
+				continue
+			}
+			v := decide1(t, l, acquisition("m", uint32(limit), window))
+			unreleased++
+			if v.Admitted != (mayRun < limit) {
+				t.Fatalf("seed %d, step %d, limit %d: %+v with %d requests that may run", seed, step, limit, v, mayRun)
+			}
+			if v.Admitted {
+				mayRun++
+				admitted++
+			} else {
+				credits++
+				denied++
+			}
+		}
+	}
+	if admitted == 0 || denied == 0 {
+		t.Fatalf("%d admitted, %d denied: the interleavings no longer reach the limit", admitted, denied)
+	}
+	t.Logf("%d admitted, %d denied", admitted, denied)
 }
 
 // TestLostReleaseFreesItsSeat: a seat whose release never comes (Envoy
