@@ -142,9 +142,11 @@ func statsdEnv(redisAddr, root, port string) map[string]string {
 // askForStats makes the decisions whose stats the tests expect: user
 // alice three times on a limit of 2 (within, near, over), a detailed_metric
 // rule, a shadow_mode rule twice on a limit of 1, two descriptors of an
-// unknown domain, and a request without a domain (refused).
+// unknown domain, and a request without a domain (refused). The limits
+// are per minute, in fixed windows: the decisions keep off a minute's edge.
 func askForStats(t *testing.T, r *referenceReplica) {
 	t.Helper()
+	awayFromEdge(time.Minute, 10*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for i, tc := range []struct {
