@@ -42,12 +42,19 @@ descriptors:
 // newTestService serves testConfig from a miniredis with a frozen clock.
 func newTestService(t *testing.T, opts *Options) (*Service, *miniredis.Miniredis) {
 	t.Helper()
-	cfg, err := config.Parse("test.yaml", []byte(testConfig), config.Defaults{})
+	return serveRules(t, testConfig, opts)
+}
+
+// serveRules serves rules (a config file's YAML) from a miniredis whose
+// clock is frozen at the start of a minute.
+func serveRules(t *testing.T, rules string, opts *Options) (*Service, *miniredis.Miniredis) {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(rules), config.Defaults{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := miniredis.RunT(t)
-	m.SetTime(time.Unix(1_700_006_400, 0))
+	m.SetTime(time.Unix(1_700_006_400, 0)) // a multiple of 60
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})

@@ -4,16 +4,11 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/slidingwindow/ratelimit/internal/config"
-	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 )
 
@@ -98,7 +93,7 @@ func TestShadowAnswers(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			s := newShadowService(t, &Options{ShadowMode: tc.global, RateLimitHeaders: true, Metrics: metrics.New(reg)})
+			s, _ := serveRules(t, shadowConfig, &Options{ShadowMode: tc.global, RateLimitHeaders: true, Metrics: metrics.New(reg)})
 			for i, want := range tc.want {
 				if got := render(ask(t, s, tc.ask...)); got != want {
 					t.Errorf("request %d:\n got %s\nwant %s", i+1, got, want)
@@ -118,7 +113,7 @@ func TestShadowAnswers(t *testing.T) {
 // metric still calls a denial under --shadow-mode a shadow_would_deny.
 func TestGlobalShadowCountsWhatWouldBeDenied(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	s := newShadowService(t, &Options{ShadowMode: true, Metrics: metrics.New(reg)})
+	s, _ := serveRules(t, shadowConfig, &Options{ShadowMode: true, Metrics: metrics.New(reg)})
 	for range 3 {
 		ask(t, s, desc("small", "a"))
 	}
@@ -126,21 +121,6 @@ func TestGlobalShadowCountsWhatWouldBeDenied(t *testing.T) {
 	if got["small shadow_would_deny"] != 2 || got["small near_limit"] != 1 || got["small over_limit"] != 0 {
 		t.Fatalf("decisions %v, want 1 near_limit (1 of 1 used) and 2 shadow_would_deny", got)
 	}
-}
-
-func newShadowService(t *testing.T, opts *Options) *Service {
-	t.Helper()
-	cfg, err := config.Parse("shadow.yaml", []byte(shadowConfig), config.Defaults{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := miniredis.RunT(t)
-	m.SetTime(time.Unix(1_700_006_400, 0)) // a multiple of 60
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { client.Close() })
-	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
-	t.Cleanup(l.Close)
-	return New(cfg, l, opts)
 }
 
 // counterSum is the sum of a counter's series.
