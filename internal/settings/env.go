@@ -461,14 +461,11 @@ func redisFromEnv(get func(string) (string, bool), prefix string) (redisEnv, err
 		typ = defaultOf(name("TYPE"))
 	}
 	auth, _ := get(name("AUTH"))
-	scheme := "redis"
-	if tlsOn {
-		scheme = "rediss"
-	}
+	scheme := redisScheme(tlsOn)
 	r := redisEnv{tls: tlsOn}
 	switch strings.ToLower(typ) {
 	case "single":
-		r.url, err = singleURL(raw, socket, scheme, auth, tlsOn)
+		r.url, err = singleURL(raw, socket, auth, tlsOn)
 	case "cluster":
 		r.kind = redisCluster
 		r.url, err = listURL(strings.Split(raw, ","), scheme, auth, "")

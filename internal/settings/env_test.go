@@ -389,7 +389,7 @@ func TestOutOfRangeFlagsAreRefused(t *testing.T) {
 // quoted without what precedes its '@'.
 func TestRedisURLFlagHidesCredentials(t *testing.T) {
 	for _, raw := range []string{"app:hunter22@r:6379", "hunter22@r", ":hunter22@r:x"} {
-		_, err := singleURL(raw, "", "redis", "", false)
+		_, err := singleURL(raw, "", "", false)
 		if err == nil || strings.Contains(err.Error(), "hunter22") || !strings.Contains(err.Error(), "xxxxx@r") {
 			t.Errorf("--redis-url %s: error %v, want one quoting xxxxx@r", strings.ReplaceAll(raw, "hunter22", "…"), err)
 		}

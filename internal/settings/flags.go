@@ -191,7 +191,7 @@ func Validate(s *Settings) error {
 	}{{FlagRedisURL, &s.RedisURL}, {FlagRedisPerSecondURL, &s.RedisPerSecondURL}} {
 		if *u.url != "" && !strings.Contains(*u.url, "://") {
 			// host:port or a socket path, as the reference's REDIS_URL.
-			full, err := singleURL(*u.url, "", "redis", "", false)
+			full, err := singleURL(*u.url, "", "", false)
 			if err != nil {
 				return fmt.Errorf("--%s: %w (or a redis://, rediss:// or unix:// URL)", u.flag, err)
 			}

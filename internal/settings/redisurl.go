@@ -15,7 +15,7 @@ import (
 // singleURL is the go-redis URL of REDIS_TYPE=SINGLE: REDIS_URL is a
 // host:port (tcp), a socket path (unix), or already a redis:// or rediss://
 // URL, which REDIS_AUTH completes when it has no credentials.
-func singleURL(raw, socket, scheme, auth string, tlsOn bool) (string, error) {
+func singleURL(raw, socket, auth string, tlsOn bool) (string, error) {
 	if strings.HasPrefix(raw, "redis://") || strings.HasPrefix(raw, "rediss://") || strings.HasPrefix(raw, "unix://") {
 		u, err := url.Parse(raw)
 		if err != nil {
@@ -43,7 +43,15 @@ func singleURL(raw, socket, scheme, auth string, tlsOn bool) (string, error) {
 		}
 		return u.String(), nil
 	}
-	return listURL([]string{raw}, scheme, auth, "")
+	return listURL([]string{raw}, redisScheme(tlsOn), auth, "")
+}
+
+// redisScheme is go-redis's URL scheme, rediss with TLS on.
+func redisScheme(tlsOn bool) string {
+	if tlsOn {
+		return "rediss"
+	}
+	return "redis"
 }
 
 // listURL is a go-redis URL naming addrs (host:port each): the first as the
