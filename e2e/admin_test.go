@@ -5,9 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	adminv1 "github.com/slidingwindow/ratelimit/proto/ratelimit/admin/v1"
@@ -16,12 +14,7 @@ import (
 func TestAdminAPI(t *testing.T) {
 	adminAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	s := startServer(t, startRedis(t), testConfig, "--admin-addr", adminAddr)
-	conn, err := grpc.NewClient(adminAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	admin := adminv1.NewAdminClient(conn)
+	admin := adminv1.NewAdminClient(insecureConn(t, adminAddr))
 	ctx := context.Background()
 	entries := []*adminv1.Entry{{Key: "log", Value: "adm"}}
 

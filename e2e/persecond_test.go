@@ -55,8 +55,9 @@ func (r *referenceReplica) askPerSecond(ctx context.Context, kv ...string) (*rls
 	return r.rls.ShouldRateLimit(ctx, req)
 }
 
-// adminConn is a connection to the admin API at addr.
-func adminConn(t *testing.T, addr string) *grpc.ClientConn {
+// insecureConn is a gRPC connection to addr without TLS, closed when the
+// test ends.
+func insecureConn(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -143,7 +144,7 @@ func TestPerSecondRedis(t *testing.T) {
 	}
 
 	// The admin API inspects and resets a per-second counter on its Redis.
-	admin := adminv1.NewAdminClient(adminConn(t, adminAddr))
+	admin := adminv1.NewAdminClient(insecureConn(t, adminAddr))
 	checked := false
 	for attempt := 0; attempt < 5 && !checked; attempt++ {
 		waitUntil(nextEdge(time.Second))

@@ -16,8 +16,6 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -81,11 +79,7 @@ func startReplica(t *testing.T, bin string, env map[string]string) *referenceRep
 			t.Logf("service exit: %v; output:\n%s", exit, r.logs)
 		}
 	})
-	conn, err := grpc.NewClient(r.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := insecureConn(t, r.grpcAddr)
 	r.rls, r.health = rlsv3.NewRateLimitServiceClient(conn), healthpb.NewHealthClient(conn)
 	return r
 }
