@@ -256,14 +256,24 @@ func holdOn(ctx context.Context, c *conn, p holdPlan, tick *time.Ticker) {
 }
 
 // repeat runs attack on conns connections at once, each dialed again
-// when it ends, until ctx ends. attack returns when its connection
-// fails.
+// when it ends, until ctx ends; attack starts once the server's SETTINGS
+// came. attack returns when its connection fails.
 func repeat(ctx context.Context, addr string, rec *recorder, conns int, attack func(c *conn)) {
+	redial(ctx, addr, rec, conns, dialOptions{mode: readAll}, func(c *conn) {
+		if c.waitSettled(ctx) {
+			attack(c)
+		}
+	})
+}
+
+// redial runs use on conns connections at once, each dialed with o, and
+// dialed again when use returns, until ctx ends.
+func redial(ctx context.Context, addr string, rec *recorder, conns int, o dialOptions, use func(c *conn)) {
 	var wg sync.WaitGroup
 	for range conns {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				c, err := dial(ctx, addr, rec, dialOptions{mode: readAll})
+				c, err := dial(ctx, addr, rec, o)
 				if err != nil {
 					if ctx.Err() == nil {
 						rec.fail(err)
@@ -271,9 +281,7 @@ func repeat(ctx context.Context, addr string, rec *recorder, conns int, attack f
 					pause(ctx, 100*time.Millisecond)
 					continue
 				}
-				if c.waitSettled(ctx) {
-					attack(c)
-				}
+				use(c)
 				c.close()
 			}
 		})

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -203,41 +202,29 @@ type FloodOptions struct {
 func Flood(ctx context.Context, addr string, o FloodOptions) Result {
 	o.Peers = orDefault(o.Peers, 64)
 	rec := newRecorder()
-	var wg sync.WaitGroup
-	for range o.Peers {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				c, err := dial(ctx, addr, rec, dialOptions{mode: readNone})
-				if err != nil {
-					if ctx.Err() == nil {
-						rec.fail(err)
+	redial(ctx, addr, rec, o.Peers, dialOptions{mode: readNone}, func(c *conn) {
+		var ping [8]byte
+		for {
+			err := c.send(func() error {
+				for range 256 {
+					var err error
+					if o.Frame == FloodPing {
+						ping[7]++
+						err = c.fr.WritePing(false, ping)
+					} else {
+						err = c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: 16 << 10})
 					}
-					pause(ctx, 100*time.Millisecond)
-					continue
+					if err != nil {
+						return err
+					}
 				}
-				var ping [8]byte
-				for err == nil {
-					err = c.send(func() error {
-						for range 256 {
-							var err error
-							if o.Frame == FloodPing {
-								ping[7]++
-								err = c.fr.WritePing(false, ping)
-							} else {
-								err = c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: 16 << 10})
-							}
-							if err != nil {
-								return err
-							}
-						}
-						return nil
-					})
-				}
-				c.close()
+				return nil
+			})
+			if err != nil {
+				return
 			}
-		})
-	}
-	wg.Wait()
+		}
+	})
 	return rec.result()
 }
 
@@ -254,27 +241,12 @@ type PrefaceOnlyOptions struct {
 func PrefaceOnly(ctx context.Context, addr string, o PrefaceOnlyOptions) Result {
 	o.Conns = orDefault(o.Conns, 1)
 	rec := newRecorder()
-	var wg sync.WaitGroup
-	for range o.Conns {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				c, err := dial(ctx, addr, rec, dialOptions{mode: readQuiet, prefaceOnly: true})
-				if err != nil {
-					if ctx.Err() == nil {
-						rec.fail(err)
-					}
-					pause(ctx, 100*time.Millisecond)
-					continue
-				}
-				select {
-				case <-c.done:
-				case <-ctx.Done():
-				}
-				c.close()
-			}
-		})
-	}
-	wg.Wait()
+	redial(ctx, addr, rec, o.Conns, dialOptions{mode: readQuiet, prefaceOnly: true}, func(c *conn) {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+		}
+	})
 	return rec.result()
 }
 
