@@ -114,13 +114,7 @@ func (r *referenceReplica) waitHealthcheck(t *testing.T, want int) {
 
 func (r *referenceReplica) code(t *testing.T, path string) rlsv3.RateLimitResponse_Code {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := r.rls.ShouldRateLimit(ctx, request("echo-ratelimit", descriptor("PATH", path)))
-	if err != nil {
-		t.Fatalf("ShouldRateLimit: %v", err)
-	}
-	return resp.OverallCode
+	return r.ask(t, request("echo-ratelimit", descriptor("PATH", path))).OverallCode
 }
 
 // configMapDir lays out root/ratelimit/config as a Kubernetes ConfigMap

@@ -36,13 +36,7 @@ func swapEnv(redisAddr, root string) map[string]string {
 // swapCode asks replica r about one descriptor of domain swap.
 func swapCode(t *testing.T, r *referenceReplica, key, value string) rlsv3.RateLimitResponse_Code {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := r.rls.ShouldRateLimit(ctx, request("swap", descriptor(key, value)))
-	if err != nil {
-		t.Fatalf("ShouldRateLimit: %v", err)
-	}
-	return resp.OverallCode
+	return r.ask(t, request("swap", descriptor(key, value))).OverallCode
 }
 
 // TestSwapSharesCounters: envoyproxy/ratelimit itself (startUpstream) and
