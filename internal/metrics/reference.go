@@ -281,6 +281,10 @@ func (m *Metrics) DomainNotFound(domain string, descriptors int) {
 	c.(StatCounter).Add(uint64(descriptors))
 }
 
+// SendsStats reports whether the reference's stats also go to statsd: a
+// caller can skip what only a statsd name needs.
+func (m *Metrics) SendsStats() bool { return m != nil && m.ref.stats != nil }
+
 // GlobalShadowMode counts a request over a limit answered OK because of
 // --shadow-mode.
 func (m *Metrics) GlobalShadowMode() {
