@@ -55,19 +55,27 @@ func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	if s.perSecond == nil {
 		return s.main.Decide(ctx, hits)
 	}
-	var second, other []int
+	// Nearly every request's hits go to one store: it goes as it is, with
+	// nothing allocated to part it.
+	nSecond := 0
+	for i := range hits {
+		if perSecondHit(&hits[i]) {
+			nSecond++
+		}
+	}
+	switch nSecond {
+	case 0:
+		return s.main.Decide(ctx, hits)
+	case len(hits):
+		return s.perSecond.Decide(ctx, hits)
+	}
+	second, other := make([]int, 0, nSecond), make([]int, 0, len(hits)-nSecond)
 	for i := range hits {
 		if perSecondHit(&hits[i]) {
 			second = append(second, i)
 		} else {
 			other = append(other, i)
 		}
-	}
-	switch {
-	case len(second) == 0:
-		return s.main.Decide(ctx, hits)
-	case len(other) == 0:
-		return s.perSecond.Decide(ctx, hits)
 	}
 	s.life.RLock()
 	defer s.life.RUnlock()

@@ -181,7 +181,11 @@ func (m *Metrics) Descriptor(statKey, fallback string) *DescriptorSeries {
 	name := sanitizeStatName(statKey)
 	labels := statLabels(name)
 	stat := func(vec *prometheus.CounterVec, suffix string) counter {
-		return r.counter(vec.WithLabelValues(labels[:]...), statService+"rate_limit."+name+"."+suffix)
+		c := counter{prom: vec.WithLabelValues(labels[:]...)}
+		if r.stats != nil { // the statsd name only with statsd
+			c.stat = r.stats.Counter(statService + "rate_limit." + name + "." + suffix)
+		}
+		return c
 	}
 	s := &DescriptorSeries{
 		totalHits:   stat(r.totalHits, "total_hits"),
@@ -280,6 +284,10 @@ func (m *Metrics) DomainNotFound(domain string, descriptors int) {
 	}
 	c.(StatCounter).Add(uint64(descriptors))
 }
+
+// SendsStats reports whether the reference's stats also go to statsd: a
+// caller can skip what only a statsd name needs.
+func (m *Metrics) SendsStats() bool { return m != nil && m.ref.stats != nil }
 
 // GlobalShadowMode counts a request over a limit answered OK because of
 // --shadow-mode.

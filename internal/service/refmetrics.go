@@ -25,7 +25,8 @@ func (s *Service) referenceMetrics(cfg *config.Config, req *rlsv3.RateLimitReque
 	if m == nil {
 		return
 	}
-	if !cfg.HasDomain(req.Domain) {
+	// Only statsd has domain_not_found: without it, no name is made.
+	if m.SendsStats() && !cfg.HasDomain(req.Domain) {
 		m.DomainNotFound(metricValue(req.Domain), len(req.Descriptors)) // the client's: bounded as a value
 	}
 	for i, l := range limits {

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"io"
 	"maps"
 	"net/http/httptest"
@@ -217,5 +218,22 @@ func TestDomainNotFound(t *testing.T) {
 	}
 	if !maps.Equal(got, want) {
 		t.Fatalf("domain_not_found: %v, want %v", got, want)
+	}
+}
+
+// TestDomainNotFoundWithoutStats: without statsd, a request to an unknown
+// domain makes no name of it: a long domain costs what a short one does.
+func TestDomainNotFoundWithoutStats(t *testing.T) {
+	s, _ := newTestService(t, &Options{Metrics: metrics.New(prometheus.NewRegistry())})
+	allocs := func(domain string) float64 {
+		req := &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlcommon.RateLimitDescriptor{desc("tenant", "a")}}
+		return testing.AllocsPerRun(100, func() {
+			if _, err := s.ShouldRateLimit(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if short, long := allocs("nope"), allocs(strings.Repeat("d", 64<<10)); long != short {
+		t.Fatalf("a long unknown domain: %v allocations a request, a short one %v", long, short)
 	}
 }
