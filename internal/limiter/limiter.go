@@ -20,6 +20,10 @@
 // their own (envoyproxy/ratelimit's REDIS_PERSECOND), the others to the
 // main one.
 //
+// Share keeps, beside a counter, the registry of its RLQS assignments (one
+// entry per Envoy stream, shares.go) and decides one Envoy's fair share of
+// the limit so that the live assignments never sum past it.
+//
 // A request's store work is bounded by its caller's deadline, less a margin
 // to answer in time, and by the limiter's timeout. A deadline that passes
 // while the request waits in the limiter is an overload (ErrOverloaded), not

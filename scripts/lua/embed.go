@@ -7,10 +7,12 @@
 // functions (check, commit, result, refund, undo); prelude.lua holds their
 // shared helpers. decide.lua runs them: it reads Redis TIME once and decides
 // a batch of requests in order, each all or nothing. refund.lua undoes
-// charges with each algorithm's undo. The decide code reaches Redis in one
-// of two forms: Library, a Redis Functions library (Redis 7 and later:
-// loaded once, called with FCALL), or Decide, the same code as a script for
-// EVALSHA (older servers and the embedded store).
+// charges with each algorithm's undo. rlqs_shares.lua keeps the registry of
+// RLQS assignments on a counter and decides one Envoy's share of its limit.
+// The decide code reaches Redis in one of two forms: Library, a Redis
+// Functions library (Redis 7 and later: loaded once, called with FCALL), or
+// Decide, the same code as a script for EVALSHA (older servers and the
+// embedded store).
 package lua
 
 import (
@@ -28,6 +30,8 @@ var (
 	reset string
 	//go:embed refund.lua
 	refund string
+	//go:embed rlqs_shares.lua
+	rlqsShares string
 )
 
 // library is the code decide.lua and refund.lua run on. The files share
@@ -73,3 +77,8 @@ var Reset = reset
 // denied across Redis Cluster slots. Its calling convention is documented at
 // the top of refund.lua.
 var Refund = library + refund
+
+// RLQSShares is the script that decides one Envoy's share of a limit in the
+// registry of RLQS assignments. Its calling convention is documented at the
+// top of rlqs_shares.lua.
+var RLQSShares = rlqsShares

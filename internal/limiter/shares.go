@@ -1,0 +1,136 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/scripts/lua"
+)
+
+var sharesScript = redis.NewScript(lua.RLQSShares)
+
+// ShareRequest asks for one Envoy's part of a limit (RLQS): the registry at
+// Key holds every live member's demand and assignment on one counter.
+type ShareRequest struct {
+	// Key is the registry key: the counter's key in this service's schema
+	// followed by ":rlqs", so that both share a cluster slot.
+	Key string
+	// Member is the Envoy stream's id.
+	Member string
+	// Demand is the units per Window the Envoy asks for; < 0 (or NaN) is
+	// unknown (its first report) and asks for the whole Limit, so that the
+	// member gets an equal share.
+	Demand float64
+	// Limit is the units per Window the whole fleet may take.
+	Limit uint64
+	// Window is the limit's window, whole seconds.
+	Window time.Duration
+	// Current is the T the member holds now (0: none); a new share within a
+	// fifth of it keeps it, since Envoy restarts a changed token bucket full.
+	Current uint64
+	// ReportInterval is R, Envoy's reporting period: the bucket's size is
+	// about one R of refill, M = max(1, ceil(T * min(R, W) / W)).
+	ReportInterval time.Duration
+	// Lease is how long the assignment lives: the member's entry ends Lease
+	// after Redis TIME now, and the registry expires 2*Lease after the last
+	// report (or at the latest lease end).
+	Lease time.Duration
+}
+
+// Share is the member's part of the limit.
+type Share struct {
+	// Tokens is T, the units per Window granted (0: none left).
+	Tokens uint64
+	// MaxTokens is M, the token bucket's size for Tokens (0 when Tokens is 0).
+	MaxTokens uint64
+	// Lookahead is the units the OTHER live members may still take before
+	// their leases end: ceil(sum of T * (lease end - now) / Window) plus the
+	// sum of their M.
+	Lookahead uint64
+}
+
+// Share records r's demand in its registry and decides the member's share:
+// the max-min fair share of Limit among the live members' demands (members
+// whose lease ended are dropped), rounded up and at least 1, kept at
+// Current within a fifth of it, and capped so that the live members' T
+// never sum past Limit, whatever the order of the calls. A Limit of 0 has
+// nothing to share: Share answers Share{} without a store call.
+//
+// Like Reset it runs one atomic script (EVALSHA, re-sent with EVAL on
+// NOSCRIPT) within the limiter's timeout, and is observed like every store
+// call (Options.Observe). A failure wraps ErrStore; a bad request (empty
+// Key or Member, a Window not whole seconds, a Lease under a second, a
+// ReportInterval not positive) is an error that does not.
+func (l *Limiter) Share(ctx context.Context, r ShareRequest) (Share, error) {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		return Share{}, ErrClosed
+	}
+	if err := checkShare(r); err != nil {
+		return Share{}, fmt.Errorf("share: %w", err)
+	}
+	if r.Limit == 0 {
+		return Share{}, nil
+	}
+	demand := r.Demand
+	switch {
+	case math.IsNaN(demand) || demand < 0:
+		demand = -1
+	case demand > float64(r.Limit): // +Inf too: the script reads no "+Inf"
+		demand = float64(r.Limit)
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	start := time.Now()
+	reply, err := l.script(ctx, sharesScript, []string{r.Key}, []any{
+		r.Member, strconv.FormatFloat(demand, 'f', -1, 64), r.Limit, r.Window.Milliseconds(),
+		r.Current, r.ReportInterval.Milliseconds(), r.Lease.Milliseconds(),
+	}).StringSlice()
+	l.observe(time.Since(start), err)
+	if err != nil {
+		return Share{}, fmt.Errorf("%w: share: %w", ErrStore, err)
+	}
+	s, err := parseShare(reply)
+	if err != nil {
+		return Share{}, fmt.Errorf("%w: share: %w", ErrStore, err)
+	}
+	return s, nil
+}
+
+func checkShare(r ShareRequest) error {
+	switch {
+	case r.Key == "":
+		return errors.New("empty key")
+	case r.Member == "":
+		return errors.New("empty member")
+	case r.Window < time.Second || r.Window%time.Second != 0:
+		return fmt.Errorf("window %v is not whole seconds", r.Window)
+	case r.Lease < time.Second:
+		return fmt.Errorf("lease %v is under a second", r.Lease)
+	case r.ReportInterval < time.Millisecond:
+		return fmt.Errorf("report interval %v is under a millisecond", r.ReportInterval)
+	}
+	return nil
+}
+
+func parseShare(reply []string) (Share, error) {
+	if len(reply) != 3 {
+		return Share{}, fmt.Errorf("reply %q, want 3 numbers", reply)
+	}
+	var n [3]uint64
+	for i, s := range reply {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return Share{}, fmt.Errorf("reply %q: %w", reply, err)
+		}
+		n[i] = v
+	}
+	return Share{Tokens: n[0], MaxTokens: n[1], Lookahead: n[2]}, nil
+}
