@@ -2,11 +2,13 @@
 // plus a few extensions (algorithm, unit_multiplier, failure_mode, burst,
 // rate_limits, record_costs, refund_order, metadata), validates it and
 // indexes it so that a request descriptor is matched without allocating
-// (match.go). A config comes from files ([Load], [Parse]) or from documents
-// delivered otherwise, such as xDS resources ([ParseDocuments]); [Watch]
-// reloads files when they change. Which files of a directory make a config
-// is a [FileSet] (files.go): the *.yaml and *.yml in it, or every file
-// under it as the reference reads its directory.
+// (match.go); [BucketEntries] (bucket.go) puts an RLQS bucket id, a map, in
+// the order the domain's tree nests its keys. A config comes from files
+// ([Load], [Parse]) or from documents delivered otherwise, such as xDS
+// resources ([ParseDocuments]); [Watch] reloads files when they change.
+// Which files of a directory make a config is a [FileSet] (files.go): the
+// *.yaml and *.yml in it, or every file under it as the reference reads its
+// directory.
 package config
 
 import (
