@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
+	"github.com/slidingwindow/ratelimit/internal/quota"
 	"github.com/slidingwindow/ratelimit/internal/service"
 	"github.com/slidingwindow/ratelimit/internal/settings"
 	"github.com/slidingwindow/ratelimit/internal/statsd"
@@ -36,6 +38,7 @@ type App struct {
 	s        *settings.Settings
 	log      *zap.Logger
 	lim      *limiter.Split
+	rlqs     *service.RLQS
 	svc      *service.Service
 	registry *prometheus.Registry
 	stats    *statsd.Sender // nil without --statsd-addr
@@ -186,6 +189,10 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		return nil, err
 	}
 	rlsv3.RegisterRateLimitServiceServer(a.grpc, a.svc)
+	// The Rate Limit Quota Service leases from the same counters.
+	alloc := quota.New(a.lim, &quota.Options{ReportInterval: s.RLQSReportInterval, Lease: s.RLQSLease})
+	a.rlqs = service.NewRLQS(a.svc, alloc)
+	rlqsv3.RegisterRateLimitQuotaServiceServer(a.grpc, a.rlqs)
 	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpc, a.health)
 	reflection.Register(a.grpc)

@@ -135,6 +135,7 @@ func (a *App) Run(ctx context.Context) error {
 	drainCtx, cancel := context.WithTimeout(context.Background(), s.DrainTimeout)
 	defer cancel()
 	stopped := make(chan struct{})
+	a.rlqs.Drain() // quota streams never end on their own
 	go func() {
 		a.grpc.GracefulStop()
 		if adminServer != nil {

@@ -49,9 +49,9 @@ type Share struct {
 	Tokens uint64
 	// MaxTokens is M, the token bucket's size for Tokens (0 when Tokens is 0).
 	MaxTokens uint64
-	// Lookahead is the units the OTHER live members may still take before
-	// their leases end: ceil(sum of T * (lease end - now) / Window) plus the
-	// sum of their M.
+	// Lookahead is the units the OTHER live members' buckets may still
+	// refill before their leases end: ceil(sum of T * (lease end - now) /
+	// Window). A bucket's first fill (M) is not leased.
 	Lookahead uint64
 }
 

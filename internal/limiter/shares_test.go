@@ -235,8 +235,8 @@ func TestShareMaxTokens(t *testing.T) {
 	}
 }
 
-// TestShareLookahead: the units the other live members may still take,
-// ceil(sum of T * (lease end - now) / W) + their M; the member's own old
+// TestShareLookahead: the units the other live members' buckets may still
+// refill, ceil(sum of T * (lease end - now) / W) (their M is not leased); the member's own old
 // shareEntry and ended leases count for nothing.
 func TestShareLookahead(t *testing.T) {
 	l, c := newTestLimiter(t, epoch)
@@ -248,8 +248,8 @@ func TestShareLookahead(t *testing.T) {
 		"me":   {demand: 10, tokens: 10, size: 1, leaseEnd: epoch.Add(5 * time.Second)},
 	})
 	s := share1(t, l, shareReq("me", 10, 10))
-	if want := uint64(13 + 8); s.Lookahead != want {
-		t.Fatalf("Lookahead %d, want %d (ceil(12.25) + M 5 + 3)", s.Lookahead, want)
+	if want := uint64(13); s.Lookahead != want {
+		t.Fatalf("Lookahead %d, want %d (ceil(12.25))", s.Lookahead, want)
 	}
 	if s.Tokens != 10 {
 		t.Fatalf("Tokens %d, want the 10 the others leave", s.Tokens)

@@ -150,6 +150,12 @@ func (s *Split) Reset(ctx context.Context, h Hit) (int64, error) {
 	return s.of(&h).Reset(ctx, h)
 }
 
+// Share keeps the shares of a counter where its hits go: those of a
+// one-second window on the per-second store.
+func (s *Split) Share(ctx context.Context, r ShareRequest) (Share, error) {
+	return s.of(&Hit{Window: r.Window}).Share(ctx, r)
+}
+
 // Prepare prepares both limiters at once (Limiter.Prepare); the errors are
 // joined.
 func (s *Split) Prepare(ctx context.Context) error {

@@ -52,7 +52,8 @@ type Metrics struct {
 	configGeneration prometheus.Gauge
 	configInfo       *prometheus.GaugeVec
 
-	ref *referenceMetrics
+	ref  *referenceMetrics
+	rlqs *rlqsMetrics
 }
 
 // New registers the service's collectors, and Go's and the process's, on reg.
@@ -100,9 +101,11 @@ func NewWithStats(reg prometheus.Registerer, stats Stats) *Metrics {
 			Name: "ratelimit_config_info",
 			Help: "1 for the hash of the config in force.",
 		}, []string{"hash"}),
-		ref: newReferenceMetrics(stats),
+		ref:  newReferenceMetrics(stats),
+		rlqs: newRLQSMetrics(),
 	}
 	reg.MustRegister(m.ref.collectors()...)
+	reg.MustRegister(m.rlqs.collectors()...)
 	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests, m.shed, m.overloaded,
 		m.configReloads, m.configGeneration, m.configInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

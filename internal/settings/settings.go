@@ -43,6 +43,7 @@ type Settings struct {
 	MergeDomainConfig                                 bool
 
 	MaxDescriptors, MaxEntries, MaxRequestBytes, MaxInFlight int
+	RLQSReportInterval, RLQSLease                            time.Duration
 	MemoryLimit                                              ByteSize
 
 	RateLimitHeaders                          bool

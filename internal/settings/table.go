@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/quota"
 	"github.com/slidingwindow/ratelimit/internal/service"
 	"github.com/slidingwindow/ratelimit/internal/xdsconfig"
 )
@@ -306,6 +307,23 @@ func table(s *Settings) []Setting {
 				"it, a `POST /json` body with 413. Envoy takes 60 KiB of headers by default and several descriptors may copy one " +
 				"header. Values of any length or bytes within it are limited like others (see [Key schema](stores.md#key-schema))",
 			check: func() error { return want(s.MaxRequestBytes > 0, s.MaxRequestBytes, "a positive number of bytes") }},
+		// Rate Limit Quota Service.
+		{Name: "rlqs-report-interval", bind: durationFlag(&s.RLQSReportInterval, quota.DefaultReportInterval),
+			Help: "how often Envoys report to the Rate Limit Quota Service (Envoy's is 5s, whatever its reporting_interval)",
+			Doc: "how often Envoys send their usage to the Rate Limit Quota Service: Envoy reports every 5 s whatever its " +
+				"filter's `reporting_interval` says. A token bucket holds about one interval's refill (see [RLQS](rlqs.md))",
+			check: func() error {
+				return want(s.RLQSReportInterval >= time.Second, s.RLQSReportInterval, "a duration of 1s or more")
+			}},
+		{Name: "rlqs-lease", bind: durationFlag(&s.RLQSLease, quota.DefaultLease),
+			Help: "how long an RLQS assignment lives unless renewed, whole seconds above --rlqs-report-interval",
+			Doc: "how long a Rate Limit Quota Service assignment lives unless a report renews it (its " +
+				"`assignment_time_to_live`), and how far ahead its token bucket's refills are leased from the counter: whole " +
+				"seconds (Envoy reads no fraction), above `--rlqs-report-interval` so that one lost report expires nothing",
+			check: func() error {
+				return want(s.RLQSLease > s.RLQSReportInterval && s.RLQSLease%time.Second == 0, s.RLQSLease,
+					"whole seconds above --rlqs-report-interval")
+			}},
 		// Answers.
 		{Name: "ratelimit-headers", bind: boolFlag(&s.RateLimitHeaders, false),
 			Help: "add the limit, remaining and reset headers to answers (off: Envoy's enable_x_ratelimit_headers may)",

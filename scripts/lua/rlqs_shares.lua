@@ -11,15 +11,16 @@
 -- Members whose lease has ended are dropped. The member's share is its
 -- max-min fair share (water-filling) of the limit among the live members'
 -- demands, its new one included, rounded up, at least 1; kept at current
--- when within a fifth of it (Envoy restarts a changed token bucket full);
+-- when current is at most a fifth above it or it at most 5 % above current
+-- (Envoy restarts a changed token bucket full: it changes when it must);
 -- and never more than the limit less the other live members' T, so that
 -- the live members' T never sum past the limit.
 --
 -- Reply: three whole numbers as strings: T granted (0: nothing left), M
 -- (the bucket's size, max(1, ceil(T * min(interval, window) / window)), 0
--- for no T), and the lookahead: the units the other live members may still
--- take before their leases end, ceil(sum of T * (lease end - now) / window)
--- plus the sum of their M.
+-- for no T), and the lookahead: the units the other live members' buckets
+-- may still refill before their leases end, ceil(sum of T * (lease end -
+-- now) / window). A bucket's first fill (M) is not leased: see docs/rlqs.md.
 local key, member = KEYS[1], ARGV[1]
 local demand = tonumber(ARGV[2])
 local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -39,7 +40,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local fields = redis.call('HGETALL', key)
 local demands = { wanted(demand) }
-local others_t, others_m, ahead, last_end = 0, 0, 0, now + lease
+local others_t, ahead, last_end = 0, 0, now + lease
 for i = 1, #fields, 2 do
   local name = fields[i]
   local d, tokens, size, lease_end = string.match(fields[i + 1], '^(%S+) (%d+) (%d+) (%d+)$')
@@ -51,7 +52,7 @@ for i = 1, #fields, 2 do
     redis.call('HDEL', key, name)
   elseif name ~= member then
     demands[#demands + 1] = wanted(d)
-    others_t, others_m = others_t + tokens, others_m + size
+    others_t = others_t + tokens
     ahead = ahead + tokens * (lease_end - now)
     last_end = math.max(last_end, lease_end)
   end
@@ -75,7 +76,7 @@ if level and share > level then
 end
 
 local desired = math.max(1, math.ceil(share))
-if current > 0 and math.abs(desired - current) <= current / 5 then
+if current > 0 and desired <= current and current <= desired * 1.2 or desired >= current and desired <= current * 1.05 then
   desired = current
 end
 local granted = math.max(0, math.min(desired, limit - others_t))
@@ -86,4 +87,4 @@ end
 
 redis.call('HSET', key, member, string.format('%s %d %d %d', ARGV[2], granted, size, now + lease))
 redis.call('PEXPIRE', key, string.format('%d', math.max(2 * lease, last_end - now)))
-return { string.format('%d', granted), string.format('%d', size), string.format('%d', math.ceil(ahead / window) + others_m) }
+return { string.format('%d', granted), string.format('%d', size), string.format('%d', math.ceil(ahead / window)) }

@@ -1,0 +1,405 @@
+// Package quota assigns the token buckets of Envoy's Rate Limit Quota
+// Service (RLQS) from the counters ShouldRateLimit decides on. It knows
+// nothing of gRPC or of Envoy's messages: a report is a number of requests
+// seen for one bucket by one Envoy, an answer an Assignment.
+//
+// Two things in the store make a fleet's buckets hold one limit (see
+// docs/rlqs.md):
+//
+//   - the shares (limiter.Share): each Envoy's part of a limit, a max-min
+//     fair share of the demands every Envoy reported, capped so that the
+//     parts of all live assignments, across Envoys and service instances, add
+//     up to the limit at most; a part lives as long as its assignment;
+//   - the lease: before an assignment is sent, the units its token bucket can
+//     hand out until the assignment expires are charged to the counter
+//     (limiter.Decide), so that ShouldRateLimit sees them; units leased for
+//     time not yet come (the fleet's lookahead) raise the lease's own limit,
+//     so that the fleet's advance never denies the fleet, while what
+//     ShouldRateLimit admitted does. Units leased and not used expire with
+//     the counter's window.
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+)
+
+// Defaults where Options leave a field zero.
+const (
+	// DefaultReportInterval is how often Envoy reports: every 5 seconds,
+	// whatever the filter's reporting_interval says.
+	DefaultReportInterval = 5 * time.Second
+	// DefaultLease is an assignment's time to live: two reports, so that
+	// one lost report does not expire it.
+	DefaultLease = 10 * time.Second
+)
+
+// deliveryMargin covers the time between an assignment's lease and its
+// arrival at Envoy, where its time to live starts.
+const deliveryMargin = time.Second
+
+// headroom is how much more than its measured demand an Envoy asks for, so
+// that a demand that grows is not denied until the next report.
+const headroom = 1.1
+
+// Ledger is where buckets lease from: *limiter.Limiter.
+type Ledger interface {
+	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
+	Share(ctx context.Context, r limiter.ShareRequest) (limiter.Share, error)
+}
+
+// Options configure an Allocator. A nil *Options means the defaults.
+type Options struct {
+	// ReportInterval is how often Envoys report (DefaultReportInterval).
+	ReportInterval time.Duration
+	// Lease is an assignment's time to live, a whole number of seconds
+	// (DefaultLease).
+	Lease time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Allocator answers Envoys' reports with assignments. It is safe for
+// concurrent use; a Bucket is not.
+type Allocator struct {
+	ledger   Ledger
+	interval time.Duration
+	lease    time.Duration
+	now      func() time.Time
+}
+
+// New returns an Allocator leasing from ledger.
+func New(ledger Ledger, opts *Options) *Allocator {
+	if opts == nil {
+		opts = &Options{}
+	}
+	a := &Allocator{ledger: ledger, interval: opts.ReportInterval, lease: opts.Lease, now: opts.Now}
+	if a.interval <= 0 {
+		a.interval = DefaultReportInterval
+	}
+	if a.lease <= 0 {
+		a.lease = DefaultLease
+	}
+	if a.now == nil {
+		a.now = time.Now
+	}
+	return a
+}
+
+// Lease is the assignments' time to live.
+func (a *Allocator) Lease() time.Duration { return a.lease }
+
+// Kind says what an Assignment lets through.
+type Kind int
+
+const (
+	// AllowAll lets every request through (Envoy's blanket rule ALLOW_ALL).
+	AllowAll Kind = iota
+	// DenyAll denies every request (DENY_ALL).
+	DenyAll
+	// TokenBucket admits a request per token.
+	TokenBucket
+)
+
+// Assignment is what one Envoy is told to enforce for one bucket.
+type Assignment struct {
+	Kind Kind
+	// The token bucket: MaxTokens at most, refilled with TokensPerFill
+	// every FillInterval (Envoy refills continuously, at that rate).
+	MaxTokens, TokensPerFill uint64
+	FillInterval             time.Duration
+	// TTL is how long the assignment lives unless sent again.
+	TTL time.Duration
+}
+
+// Limit is the counter a bucket leases from: the hits of its rule's
+// limits (Cost unset), the first the one whose rate the buckets share.
+type Limit struct {
+	Hits []limiter.Hit
+	// ShareKey names the shares of the first hit's counter.
+	ShareKey string
+}
+
+// Bucket is one Envoy's lease on one limit, carried from report to report.
+// The stream that reports it owns it.
+type Bucket struct {
+	// Member names the Envoy among the shares: its stream, unique.
+	Member string
+
+	held       Assignment // as last sent
+	leaseEnd   time.Time  // until when the held bucket's refills are leased
+	carry      float64    // units leased beyond the exact amount (a credit)
+	lastReport time.Time  // zero before the first report
+	pending    uint64     // requests of reports too close together to measure
+	demand     float64    // units per window, as last measured; < 0 unknown
+	others     uint64     // units on the counter that are not the fleet's, at the last lease
+}
+
+// Held is the assignment last sent for the bucket.
+func (b *Bucket) Held() Assignment { return b.held }
+
+// Allow is the assignment of a bucket no limit applies to.
+func (a *Allocator) Allow() Assignment { return Assignment{Kind: AllowAll, TTL: a.lease} }
+
+// Deny is the assignment of a bucket whose limit admits nothing.
+func (a *Allocator) Deny() Assignment { return Assignment{Kind: DenyAll, TTL: a.lease} }
+
+// Report takes one report of b: requests (allowed and denied) seen since
+// the last one, and returns the assignment to send. An error wraps the
+// store's (limiter.ErrStore and the like): no assignment is made, and the
+// one Envoy holds runs out at its time to live.
+func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests uint64) (Assignment, error) {
+	if len(lim.Hits) == 0 {
+		return Assignment{}, errors.New("quota: a limit without hits")
+	}
+	gov := lim.Hits[0]
+	now := a.now()
+	demand := a.measure(b, gov.Window, requests, now)
+	share, err := a.ledger.Share(ctx, limiter.ShareRequest{
+		Key:            lim.ShareKey,
+		Member:         b.Member,
+		Demand:         demand,
+		Limit:          uint64(gov.Limit) - min(b.others, uint64(gov.Limit)),
+		Window:         gov.Window,
+		Current:        b.tokens(),
+		ReportInterval: a.interval,
+		Lease:          a.lease + deliveryMargin,
+	})
+	if err != nil {
+		return Assignment{}, fmt.Errorf("quota: share: %w", err)
+	}
+	if share.Tokens == 0 {
+		// What others took may have left since: measured again for the
+		// next report, the lease the Envoy may get then.
+		if err := a.measureOthers(ctx, b, lim); err != nil {
+			return Assignment{}, err
+		}
+		return a.deny(ctx, b, lim, now)
+	}
+	ok, remaining, err := a.lease1(ctx, b, lim, share.Tokens, share.MaxTokens, share.Lookahead, now)
+	if err != nil || ok {
+		return b.held, err
+	}
+	// What ShouldRateLimit admitted leaves less than the share: a smaller
+	// bucket, if what remains pays for one.
+	smaller := uint64(float64(share.Tokens) * float64(remaining) / float64(a.cost(b, gov.Window, share.Tokens, share.MaxTokens, now)))
+	if smaller == 0 {
+		return a.deny(ctx, b, lim, now)
+	}
+	ok, _, err = a.lease1(ctx, b, lim, smaller, maxTokens(smaller, gov.Window, a.interval), share.Lookahead, now)
+	if err != nil || ok {
+		return b.held, err
+	}
+	return a.deny(ctx, b, lim, now)
+}
+
+// measure returns the Envoy's demand in units per window, with headroom,
+// or -1 while it is unknown (its first report).
+func (a *Allocator) measure(b *Bucket, window time.Duration, requests uint64, now time.Time) float64 {
+	if b.lastReport.IsZero() {
+		b.lastReport, b.demand = now, -1
+		return -1
+	}
+	b.pending += requests
+	elapsed := now.Sub(b.lastReport)
+	if elapsed < a.interval/2 {
+		// A new bucket's own report, then the periodic one: too short a
+		// time to measure; counted with the next.
+		return b.demand
+	}
+	perWindow := float64(b.pending) * float64(window) / float64(elapsed)
+	b.demand = perWindow*headroom + 1
+	b.lastReport, b.pending = now, 0
+	return b.demand
+}
+
+// replacedBy reports whether a bucket of tokens and maxTokens replaces the
+// token bucket b holds.
+func (b *Bucket) replacedBy(tokens, maxTokens uint64) bool {
+	return b.held.Kind == TokenBucket && (b.held.TokensPerFill != tokens || b.held.MaxTokens != maxTokens)
+}
+
+// ahead is what b's bucket has leased for refills still to come.
+func (b *Bucket) ahead(now time.Time) uint64 {
+	if b.held.Kind != TokenBucket || !b.leaseEnd.After(now) {
+		return 0
+	}
+	return uint64(float64(b.held.TokensPerFill) * b.leaseEnd.Sub(now).Seconds() / b.held.FillInterval.Seconds())
+}
+
+// tokens is the tokens per fill the Envoy holds, 0 for none.
+func (b *Bucket) tokens() uint64 {
+	if b.held.Kind != TokenBucket {
+		return 0
+	}
+	return b.held.TokensPerFill
+}
+
+// cost is the units a bucket of tokens per window and maxTokens costs to
+// lease until a new assignment's end: its refills not leased yet, and
+// its first fill when it is new to the Envoy. It keeps the fraction in b.
+func (a *Allocator) cost(b *Bucket, window time.Duration, tokens, maxTokens uint64, now time.Time) uint64 {
+	units, _ := a.units(b, window, tokens, maxTokens, now)
+	return units
+}
+
+func (a *Allocator) units(b *Bucket, window time.Duration, tokens, maxTokens uint64, now time.Time) (uint64, float64) {
+	end := now.Add(a.lease + deliveryMargin)
+	from, exact := b.leaseEnd, -b.carry // the carry was charged already
+	fresh := b.held.Kind != TokenBucket || b.held.TokensPerFill != tokens || b.held.MaxTokens != maxTokens
+	if fresh || from.Before(now) {
+		from, exact = now, 0
+	}
+	exact += float64(tokens) * end.Sub(from).Seconds() / window.Seconds()
+	units := math.Ceil(max(exact, 0))
+	return uint64(units), units - exact
+}
+
+// lease1 charges the counter for a bucket of tokens per window and
+// maxTokens, and makes it b's on success. It returns whether the charge
+// was admitted, and else what the counter has left.
+//
+// The charge goes to the counter and, beside it, to the fleet's own count
+// of what it leased (fleetHit): their difference is what others (the
+// counter's ShouldRateLimit callers) took, which the next share leaves
+// them.
+func (a *Allocator) lease1(ctx context.Context, b *Bucket, lim Limit, tokens, maxTokens, lookahead uint64,
+	now time.Time,
+) (bool, uint64, error) {
+	window := lim.Hits[0].Window
+	units, carry := a.units(b, window, tokens, maxTokens, now)
+	// The fleet's leases for refills still to come do not deny its own next
+	// lease; a bucket being replaced gives its own back first (giveBack:
+	// the store applies a request's refunds before its charges).
+	raise := lookahead
+	if !b.replacedBy(tokens, maxTokens) {
+		raise += b.ahead(now)
+	}
+	hits := make([]limiter.Hit, len(lim.Hits)+1)
+	for i, h := range lim.Hits {
+		h.Cost = units
+		if h.Algorithm.Bucket() {
+			h.Burst = saturate(uint64(h.Limit), h.Burst, raise)
+		} else {
+			h.Limit = saturate(uint64(h.Limit), 0, raise)
+		}
+		hits[i] = h
+	}
+	fleet := fleetHit(lim.Hits[0])
+	fleet.Cost = units
+	hits[len(lim.Hits)] = fleet
+	hits = append(hits, a.giveBack(b, lim, tokens, maxTokens, now)...)
+	verdicts, err := a.ledger.Decide(ctx, hits)
+	if err != nil {
+		return false, 0, fmt.Errorf("quota: lease: %w", err)
+	}
+	remaining := uint64(math.MaxUint64)
+	admitted := true
+	for _, v := range verdicts[:len(lim.Hits)] {
+		admitted = admitted && v.Admitted
+		remaining = min(remaining, v.Remaining)
+	}
+	if !admitted {
+		return false, remaining, nil
+	}
+	b.others = others(hits[0], fleet, verdicts[0], verdicts[len(lim.Hits)])
+	b.held = Assignment{Kind: TokenBucket, MaxTokens: maxTokens, TokensPerFill: tokens, FillInterval: window, TTL: a.lease}
+	b.leaseEnd, b.carry = now.Add(a.lease+deliveryMargin), carry
+	return true, 0, nil
+}
+
+// measureOthers reads b.others off the counter without charging it.
+func (a *Allocator) measureOthers(ctx context.Context, b *Bucket, lim Limit) error {
+	// Unbounded, so that the count is read whole; a check charges nothing.
+	hits := []limiter.Hit{fleetHit(lim.Hits[0]), fleetHit(lim.Hits[0])}
+	hits[0].Key = lim.Hits[0].Key
+	verdicts, err := a.ledger.Decide(ctx, hits)
+	if err != nil {
+		return fmt.Errorf("quota: measure: %w", err)
+	}
+	b.others = others(hits[0], hits[1], verdicts[0], verdicts[1])
+	return nil
+}
+
+// others is what the counter of h holds that the fleet did not lease, by
+// the verdicts of h and of its fleet count.
+func others(h, fleet limiter.Hit, onCounter, onFleet limiter.Verdict) uint64 {
+	counted := uint64(capacity(h)) - min(onCounter.Remaining, uint64(capacity(h)))
+	leased := uint64(capacity(fleet)) - min(onFleet.Remaining, uint64(capacity(fleet)))
+	return counted - min(leased, counted)
+}
+
+// giveBack returns the refunds of the refills b's bucket has leased ahead,
+// when a bucket of tokens and maxTokens replaces it (Envoy drops the old
+// one as the new one arrives), and forgets them.
+func (a *Allocator) giveBack(b *Bucket, lim Limit, tokens, maxTokens uint64, now time.Time) []limiter.Hit {
+	held := b.held
+	if !b.replacedBy(tokens, maxTokens) {
+		return nil
+	}
+	ahead := b.leaseEnd.Sub(now) - deliveryMargin
+	units := uint64(float64(held.TokensPerFill) * ahead.Seconds() / held.FillInterval.Seconds())
+	b.leaseEnd, b.carry = now, 0
+	if ahead <= 0 || units == 0 {
+		return nil
+	}
+	back := make([]limiter.Hit, 0, len(lim.Hits)+1)
+	for _, h := range append(lim.Hits, fleetHit(lim.Hits[0])) {
+		h.Cost, h.Refund = units, true
+		back = append(back, h)
+	}
+	return back
+}
+
+// fleetHit is the fleet's own count of the units leased on h's counter:
+// the same window (and, for GCRA, rate), at a key of its own beside h's (in
+// its hash slot), with no bound of its own.
+func fleetHit(h limiter.Hit) limiter.Hit {
+	f := limiter.Hit{Key: h.Key + ":rlqs-leased", Algorithm: h.Algorithm, Limit: math.MaxUint32, Window: h.Window}
+	if h.Algorithm.Bucket() {
+		f.Limit, f.Burst = h.Limit, math.MaxUint32
+	}
+	return f
+}
+
+// capacity is what h's counter holds at most.
+func capacity(h limiter.Hit) uint32 {
+	if h.Algorithm.Bucket() && h.Burst != 0 {
+		return h.Burst
+	}
+	return h.Limit
+}
+
+// deny makes DENY_ALL b's assignment, giving back what the bucket it
+// replaces leased ahead.
+func (a *Allocator) deny(ctx context.Context, b *Bucket, lim Limit, now time.Time) (Assignment, error) {
+	back := a.giveBack(b, lim, 0, 0, now)
+	b.held, b.leaseEnd, b.carry = a.Deny(), now, 0
+	if len(back) > 0 {
+		if _, err := a.ledger.Decide(ctx, back); err != nil {
+			return b.held, fmt.Errorf("quota: give back: %w", err)
+		}
+	}
+	return b.held, nil
+}
+
+// maxTokens is the size of a bucket of tokens per window: about one
+// report's refill, so that a burst between two reports is admitted, and at
+// least one token. limiter.Share computes the same.
+func maxTokens(tokens uint64, window, interval time.Duration) uint64 {
+	return max(1, uint64(math.Ceil(float64(tokens)*min(interval, window).Seconds()/window.Seconds())))
+}
+
+// saturate returns base (or given, when set) plus raise, at most the
+// largest uint32.
+func saturate(base uint64, given uint32, raise uint64) uint32 {
+	if given != 0 {
+		base = uint64(given)
+	}
+	return uint32(min(base+raise, math.MaxUint32))
+}

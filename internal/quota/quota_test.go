@@ -1,0 +1,264 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+)
+
+var epoch = time.Unix(1_700_006_400, 0) // a multiple of 60 s
+
+// fleet is a frozen clock shared by Redis and the allocator, and the
+// limiter both lease from.
+type fleet struct {
+	m     *miniredis.Miniredis
+	now   time.Time
+	lim   *limiter.Limiter
+	alloc *Allocator
+}
+
+func newFleet(t *testing.T) *fleet {
+	t.Helper()
+	f := &fleet{m: miniredis.RunT(t), now: epoch}
+	f.m.SetTime(f.now)
+	client := redis.NewClient(&redis.Options{Addr: f.m.Addr()})
+	t.Cleanup(func() { client.Close() })
+	f.lim = limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
+	t.Cleanup(f.lim.Close)
+	f.alloc = New(f.lim, &Options{Now: func() time.Time { return f.now }})
+	return f
+}
+
+func (f *fleet) advance(d time.Duration) {
+	f.now = f.now.Add(d)
+	f.m.SetTime(f.now)
+}
+
+// limitOf is a bucket's limit of requests per window on algorithm a.
+func limitOf(a config.Algorithm, requests uint32, window time.Duration) Limit {
+	kb := limiter.KeyBuilder{Now: epoch}
+	kb.Reset("rlqs")
+	kb.Add("user", "alice")
+	key := kb.Key(a, window)
+	return Limit{
+		Hits:     []limiter.Hit{{Key: key, Algorithm: a, Limit: requests, Window: window}},
+		ShareKey: key + ":rlqs",
+	}
+}
+
+// envoy is one Envoy's bucket as Envoy's token bucket runs it: refilled
+// continuously, capped, starting full when new.
+type envoy struct {
+	lease   Bucket
+	held    Assignment
+	tokens  float64
+	seen    uint64 // requests since the last report
+	created int    // token buckets started
+}
+
+// apply takes an assignment as Envoy does: an equal token bucket is kept.
+func (e *envoy) apply(a Assignment) {
+	if a.Kind == TokenBucket && (e.held.Kind != TokenBucket || e.held.MaxTokens != a.MaxTokens ||
+		e.held.TokensPerFill != a.TokensPerFill || e.held.FillInterval != a.FillInterval) {
+		e.tokens = float64(a.MaxTokens)
+		e.created++
+	}
+	e.held = a
+}
+
+// serve lets n requests arrive evenly over d, returning those admitted.
+func (e *envoy) serve(n int, d time.Duration) int {
+	admitted := 0
+	step := d / time.Duration(max(n, 1))
+	for range n {
+		if e.held.Kind == TokenBucket {
+			rate := float64(e.held.TokensPerFill) / e.held.FillInterval.Seconds()
+			e.tokens = math.Min(float64(e.held.MaxTokens), e.tokens+rate*step.Seconds())
+		}
+		e.seen++
+		switch {
+		case e.held.Kind == AllowAll:
+			admitted++
+		case e.held.Kind == TokenBucket && e.tokens >= 1:
+			e.tokens--
+			admitted++
+		}
+	}
+	if n == 0 && e.held.Kind == TokenBucket {
+		rate := float64(e.held.TokensPerFill) / e.held.FillInterval.Seconds()
+		e.tokens = math.Min(float64(e.held.MaxTokens), e.tokens+rate*d.Seconds())
+	}
+	return admitted
+}
+
+func (f *fleet) report(t *testing.T, e *envoy, lim Limit) Assignment {
+	t.Helper()
+	a, err := f.alloc.Report(context.Background(), &e.lease, lim, e.seen)
+	if err != nil {
+		t.Fatalf("report: %v", err)
+	}
+	e.seen = 0
+	e.apply(a)
+	return a
+}
+
+// TestFleetHoldsTheLimit runs Envoys at twice a limit of 600 a minute, with
+// equal and skewed demand, reporting every 5 s, on each algorithm that can
+// be leased: the fleet admits at most the bound in every minute, at least
+// 90 % of the limit once the first two reports are in, and the shares never
+// add up to more than the limit.
+func TestFleetHoldsTheLimit(t *testing.T) {
+	const limit = 600
+	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.SlidingWindowLog, config.FixedWindow, config.GCRA} {
+		for _, demand := range [][]int{{34, 33, 33}, {60, 30, 10}, {10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, {40, 20, 10, 10, 5, 5, 5, 5, 0, 0}} {
+			t.Run(fmt.Sprintf("%v/%v", a, demand), func(t *testing.T) {
+				f := newFleet(t)
+				lim := limitOf(a, limit, time.Minute)
+				envoys := make([]*envoy, len(demand))
+				for i := range envoys {
+					envoys[i] = &envoy{lease: Bucket{Member: fmt.Sprint("envoy-", i)}}
+					envoys[i].seen = 1 // the request that made the bucket
+					f.report(t, envoys[i], lim)
+				}
+				// Per 5 s report interval: admitted requests of the fleet.
+				var perInterval []int
+				for range 36 { // three minutes
+					admitted := 0
+					for i, e := range envoys {
+						admitted += e.serve(demand[i], 5*time.Second) // per 5 s: 100 in all, twice the limit
+					}
+					f.advance(5 * time.Second)
+					for _, e := range envoys {
+						f.report(t, e, lim)
+					}
+					var sum uint64
+					for _, e := range envoys {
+						sum += e.lease.tokens()
+					}
+					if sum > limit {
+						t.Fatalf("the shares add up to %d tokens a minute, over the limit of %d", sum, limit)
+					}
+					perInterval = append(perInterval, admitted)
+				}
+				bound := limit
+				for _, e := range envoys {
+					bound += int(e.held.MaxTokens) * e.created
+				}
+				for start := 0; start+12 <= len(perInterval); start++ {
+					minute := 0
+					for _, n := range perInterval[start : start+12] {
+						minute += n
+					}
+					if minute > bound {
+						t.Errorf("minute from %v: admitted %d, over the bound %d", time.Duration(start)*5*time.Second, minute, bound)
+					}
+					if start >= 2 && minute < limit*9/10 {
+						t.Errorf("minute from %v: admitted %d, under 90%% of %d", time.Duration(start)*5*time.Second, minute, limit)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestSteadyDemandKeepsTheBucket: a bucket changed in Envoy starts full
+// again, so the assignment stays the same while demand does.
+func TestSteadyDemandKeepsTheBucket(t *testing.T) {
+	f := newFleet(t)
+	lim := limitOf(config.SlidingWindowCounter, 600, time.Minute)
+	e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+	f.report(t, e, lim)
+	for range 24 {
+		e.serve(30, 5*time.Second) // 360 a minute, within the limit
+		f.advance(5 * time.Second)
+		f.report(t, e, lim)
+	}
+	if e.created > 2 {
+		t.Errorf("%d token buckets for a steady demand: want at most 2 (the first, then the measured share)", e.created)
+	}
+	if e.held.Kind != TokenBucket || e.held.TTL != DefaultLease || e.held.FillInterval != time.Minute {
+		t.Errorf("held %+v, want a token bucket refilled per minute living %v", e.held, DefaultLease)
+	}
+}
+
+// TestShouldRateLimitTakesTheCounter: what the counter admitted outside
+// RLQS turns the next assignment to DENY_ALL, and the fleet's leases show
+// to the counter's other callers.
+func TestShouldRateLimitTakesTheCounter(t *testing.T) {
+	f := newFleet(t)
+	lim := limitOf(config.SlidingWindowCounter, 600, time.Minute)
+	e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+	if a := f.report(t, e, lim); a.Kind != TokenBucket {
+		t.Fatalf("first assignment %+v, want a token bucket", a)
+	}
+	check := lim.Hits[0]
+	check.Cost = 0
+	v, err := f.lim.Decide(context.Background(), []limiter.Hit{check})
+	if err != nil || v[0].Remaining >= 600 {
+		t.Fatalf("after a lease the counter has %d of 600 left (%v): the lease is not on it", v[0].Remaining, err)
+	}
+	take := lim.Hits[0]
+	take.Cost = v[0].Remaining
+	if v, err := f.lim.Decide(context.Background(), []limiter.Hit{take}); err != nil || !v[0].Admitted {
+		t.Fatalf("taking the rest: %+v %v", v, err)
+	}
+	// The lease in force stays; within two reports the Envoy is denied.
+	for range 2 {
+		f.advance(5 * time.Second)
+		e.seen = 100
+		f.report(t, e, lim)
+	}
+	if e.held.Kind != DenyAll {
+		t.Errorf("with the counter taken, the assignment is %+v, want DENY_ALL", e.held)
+	}
+}
+
+// TestNewAndGoneEnvoys: a new Envoy gets a share at its first report after
+// the others reported once; an Envoy that stops reporting loses its share
+// when its assignment expires.
+func TestNewAndGoneEnvoys(t *testing.T) {
+	f := newFleet(t)
+	lim := limitOf(config.SlidingWindowCounter, 600, time.Minute)
+	first := &envoy{lease: Bucket{Member: "first"}, seen: 1}
+	f.report(t, first, lim)
+	second := &envoy{lease: Bucket{Member: "second"}, seen: 1}
+	f.report(t, second, lim) // the first holds all: nothing left yet
+	for range 3 {
+		first.serve(100, 5*time.Second)
+		second.serve(100, 5*time.Second)
+		f.advance(5 * time.Second)
+		f.report(t, first, lim)
+		f.report(t, second, lim)
+	}
+	if got := second.lease.tokens(); got < 250 {
+		t.Fatalf("the second Envoy holds %d of 600 after three reports, want about half", got)
+	}
+	// The first stops reporting: after its lease, the second gets it all.
+	for range 4 {
+		second.serve(100, 5*time.Second)
+		f.advance(5 * time.Second)
+		f.report(t, second, lim)
+	}
+	if got := second.lease.tokens(); got < 550 {
+		t.Errorf("alone after the first's lease ended, the second holds %d of 600", got)
+	}
+}
+
+// TestStoreDown: no assignment when the store cannot lease.
+func TestStoreDown(t *testing.T) {
+	f := newFleet(t)
+	lim := limitOf(config.SlidingWindowCounter, 600, time.Minute)
+	f.m.Close()
+	e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+	if _, err := f.alloc.Report(context.Background(), &e.lease, lim, 1); err == nil {
+		t.Error("a report with the store down gave an assignment")
+	}
+}

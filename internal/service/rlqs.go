@@ -1,0 +1,319 @@
+package service
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/quota"
+)
+
+// Envoy's Rate Limit Quota Service: each Envoy streams its usage per
+// bucket, and is answered with an assignment per bucket (internal/quota),
+// from the same config and counters as ShouldRateLimit.
+
+// Bounds on what one stream may make the service hold.
+const (
+	// MaxRLQSBuckets bounds the buckets one stream reports: a report of
+	// more is answered for the first ones; Envoy applies its
+	// no_assignment_behavior to the others.
+	MaxRLQSBuckets = 4096
+	// rlqsParallel bounds the buckets of one report decided at once.
+	rlqsParallel = 32
+)
+
+// RLQS implements rlqsv3.RateLimitQuotaServiceServer beside a Service.
+type RLQS struct {
+	rlqsv3.UnimplementedRateLimitQuotaServiceServer
+
+	svc      *Service
+	alloc    *quota.Allocator
+	instance string        // names this process's streams among the shares
+	streams  atomic.Uint64 // numbers them
+
+	draining  chan struct{} // closed by Drain
+	drainOnce sync.Once
+}
+
+// NewRLQS returns the quota service of s, assigning with alloc.
+func NewRLQS(s *Service, alloc *quota.Allocator) *RLQS {
+	var id [8]byte
+	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
+	return &RLQS{svc: s, alloc: alloc, instance: hex.EncodeToString(id[:]), draining: make(chan struct{})}
+}
+
+// rlqsBucket is one bucket of a stream.
+type rlqsBucket struct {
+	id    *rlqsv3.BucketId
+	lease quota.Bucket
+	// Of the report being answered.
+	allowed, denied uint64
+	action          *rlqsv3.RateLimitQuotaResponse_BucketAction
+}
+
+// StreamRateLimitQuotas answers each usage report with the assignments of
+// its buckets. The stream lasts as long as Envoy keeps it, or until Drain;
+// its buckets' leases end with it, their shares when their assignments
+// expire.
+func (q *RLQS) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	member := q.instance + "." + strconv.FormatUint(q.streams.Add(1), 10)
+	q.svc.opts.Metrics.RLQSStream(1)
+	defer q.svc.opts.Metrics.RLQSStream(-1)
+	ctx := stream.Context()
+	// Recv blocks: it runs on its own, so that a drain ends the stream. It
+	// ends when the stream does, which the handler's return ensures.
+	reports, recvErr := make(chan *rlqsv3.RateLimitQuotaUsageReports), make(chan error, 1)
+	go func() {
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case reports <- r:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	buckets := map[string]*rlqsBucket{}
+	var domain string
+	for {
+		var r *rlqsv3.RateLimitQuotaUsageReports
+		select {
+		case r = <-reports:
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-q.draining:
+			// Envoy opens a new stream at its next report, to another
+			// instance; its assignments live until then.
+			return nil
+		}
+		if r.Domain != "" {
+			domain = r.Domain // the protocol sends it first; Envoy in every message
+		}
+		resp := q.answer(ctx, member, domain, buckets, r)
+		if len(resp.BucketAction) == 0 {
+			continue
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+// Drain ends every stream, and those opened later at once: a service
+// about to stop sends its Envoys to the others.
+func (q *RLQS) Drain() { q.drainOnce.Do(func() { close(q.draining) }) }
+
+// answer decides the buckets of one report. Each report holds every
+// bucket Envoy has (its domain in every message, as Envoy sends it).
+func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[string]*rlqsBucket,
+	reports *rlqsv3.RateLimitQuotaUsageReports,
+) *rlqsv3.RateLimitQuotaResponse {
+	// One report's work ends before the next report is due.
+	ctx, cancel := context.WithTimeout(ctx, q.alloc.Lease()/2)
+	defer cancel()
+	var todo []*rlqsBucket
+	for _, u := range reports.BucketQuotaUsages {
+		if len(u.GetBucketId().GetBucket()) == 0 {
+			continue // Envoy ignores an action for an empty id
+		}
+		key := bucketKey(u.BucketId.Bucket)
+		b := buckets[key]
+		if b == nil {
+			if len(buckets) >= MaxRLQSBuckets {
+				continue
+			}
+			b = &rlqsBucket{id: u.BucketId, lease: quota.Bucket{Member: member + "." + strconv.Itoa(len(buckets))}}
+			buckets[key] = b
+		}
+		if b.allowed == 0 && b.denied == 0 && b.action == nil {
+			todo = append(todo, b) // once, however often the report names it
+		}
+		b.allowed += u.NumRequestsAllowed
+		b.denied += u.NumRequestsDenied
+		b.action = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id}
+	}
+	cfg := q.svc.current.Load().config
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, rlqsParallel)
+	for _, b := range todo {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			q.decide(ctx, cfg, domain, b)
+		})
+	}
+	wg.Wait()
+	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(todo))}
+	for _, b := range todo {
+		if b.action.BucketAction != nil {
+			resp.BucketAction = append(resp.BucketAction, b.action)
+		}
+		b.allowed, b.denied, b.action = 0, 0, nil
+	}
+	return resp
+}
+
+// decide fills b.action: the assignment of b's rule, or none when the store
+// cannot lease.
+func (q *RLQS) decide(ctx context.Context, cfg *config.Config, domain string, b *rlqsBucket) {
+	l, entries := q.resolveBucket(cfg, domain, b.id.Bucket)
+	if l == nil {
+		q.svc.opts.Metrics.RLQSUnmatched()
+		b.action.BucketAction = assignmentAction(q.alloc.Allow())
+		return
+	}
+	var a quota.Assignment
+	switch {
+	case l.unlimited || l.shadow:
+		a = q.alloc.Allow()
+	case l.requestsPerUnit == 0:
+		a = q.alloc.Deny()
+	default:
+		var err error
+		a, err = q.alloc.Report(ctx, &b.lease, q.leaseLimit(domain, entries, l), b.allowed+b.denied)
+		if err != nil {
+			q.svc.log.Warn("rlqs: no lease for a bucket: its assignment runs out at its time to live",
+				zap.String("domain", domain), zap.Stringer("rule", l), zap.Error(err))
+			q.svc.opts.Metrics.RLQSReport(domain, l.label(), b.allowed, b.denied, "none")
+			return
+		}
+	}
+	q.svc.opts.Metrics.RLQSReport(domain, l.label(), b.allowed, b.denied, kindLabel(a.Kind))
+	b.action.BucketAction = assignmentAction(a)
+}
+
+// resolveBucket finds the limit of a bucket id, and its entries in the
+// order of the domain's tree (config.BucketEntries); nil when none applies.
+func (q *RLQS) resolveBucket(cfg *config.Config, domain string, bucket map[string]string) (*limit,
+	[]*rlcommon.RateLimitDescriptor_Entry,
+) {
+	ordered, ok := config.BucketEntries(cfg, domain, bucket)
+	if !ok {
+		return nil, nil
+	}
+	d := &rlcommon.RateLimitDescriptor{Entries: make([]*rlcommon.RateLimitDescriptor_Entry, len(ordered))}
+	for i, e := range ordered {
+		d.Entries[i] = &rlcommon.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value}
+	}
+	l, err := resolve(cfg, domain, d)
+	if err != nil || l == nil {
+		return nil, nil // no override in a bucket id: an error cannot happen
+	}
+	limits := []*limit{l}
+	dropReplaced(limits)
+	if limits[0] == nil {
+		return nil, nil
+	}
+	return limits[0], d.Entries
+}
+
+// leaseLimit is what a bucket under l leases from: the counters of l and
+// of its other limits, the one with the least rate first, whose shares
+// are keyed in this service's schema whatever the algorithm's keys.
+func (q *RLQS) leaseLimit(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, l *limit) quota.Limit {
+	kb := limiter.KeyBuilder{Prefix: q.svc.opts.KeyPrefix, Now: q.svc.opts.Now()}
+	all := append([]*limit{l}, l.also...)
+	slices.SortStableFunc(all, func(x, y *limit) int {
+		// x's rate below y's: x.requests / x.window < y.requests / y.window.
+		rx := float64(x.requestsPerUnit) / x.window().Seconds()
+		ry := float64(y.requestsPerUnit) / y.window().Seconds()
+		switch {
+		case rx < ry:
+			return -1
+		case rx > ry:
+			return 1
+		}
+		return 0
+	})
+	lim := quota.Limit{Hits: make([]limiter.Hit, len(all))}
+	for i, each := range all {
+		lim.Hits[i] = each.storeHit(&kb, domain, entries, 0)
+	}
+	gov := all[0]
+	kb.Reset(domain)
+	for i, e := range entries {
+		if gov.rule != nil && i < len(gov.rule.Levels) && gov.rule.Levels[i].ShareThreshold {
+			kb.AddShared(e.Key, gov.rule.Levels[i].Value)
+			continue
+		}
+		kb.Add(e.Key, e.Value)
+	}
+	lim.ShareKey = kb.Key(gov.algorithm, gov.window()) + ":rlqs"
+	return lim
+}
+
+// assignmentAction is Envoy's form of a.
+func assignmentAction(a quota.Assignment) *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_ {
+	strategy := &typev3.RateLimitStrategy{}
+	switch a.Kind {
+	case quota.AllowAll:
+		strategy.Strategy = &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_ALLOW_ALL}
+	case quota.DenyAll:
+		strategy.Strategy = &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_DENY_ALL}
+	case quota.TokenBucket:
+		strategy.Strategy = &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+			MaxTokens:     uint32(min(a.MaxTokens, 1<<32-1)),
+			TokensPerFill: wrapperspb.UInt32(uint32(min(a.TokensPerFill, 1<<32-1))),
+			FillInterval:  durationpb.New(a.FillInterval),
+		}}
+	}
+	return &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+		QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+			// Envoy reads whole seconds: a lease is one.
+			AssignmentTimeToLive: durationpb.New(a.TTL.Truncate(time.Second)),
+			RateLimitStrategy:    strategy,
+		},
+	}
+}
+
+func kindLabel(k quota.Kind) string {
+	switch k {
+	case quota.DenyAll:
+		return "deny_all"
+	case quota.TokenBucket:
+		return "token_bucket"
+	}
+	return "allow_all"
+}
+
+// bucketKey identifies a bucket id whatever the order of its map: its
+// entries sorted by key, each length-prefixed so that no two ids meet.
+func bucketKey(bucket map[string]string) string {
+	keys := make([]string, 0, len(bucket))
+	for k := range bucket {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b []byte
+	for _, k := range keys {
+		v := bucket[k]
+		b = strconv.AppendInt(b, int64(len(k)), 10)
+		b = append(append(b, ':'), k...)
+		b = strconv.AppendInt(b, int64(len(v)), 10)
+		b = append(append(b, ':'), v...)
+	}
+	return string(b)
+}
