@@ -58,7 +58,7 @@ func TestTokenBucketKeptOrReplaced(t *testing.T) {
 	}{
 		{"first token bucket: new, full", tokenBucketStrategy(5, 1, sec), 1, 5, 1, time.Second},
 		{"the same again: kept", tokenBucketStrategy(5, 1, sec), 1, 0, 1, time.Second},
-		{"fill_interval.seconds changed alone: kept, old rate", tokenBucketStrategy(5, 1, durationpb.New(2 * time.Second)), 1, 0, 1, 2 * time.Second},
+		{"fill_interval.seconds changed alone: kept, old rate", tokenBucketStrategy(5, 1, durationpb.New(2*time.Second)), 1, 0, 1, 2 * time.Second},
 		{"fill_interval.nanos changed: new, full", tokenBucketStrategy(5, 1, &durationpb.Duration{Seconds: 2, Nanos: 1}), 2, 5, 0.5, 2*time.Second + 1},
 		{"max_tokens changed: new, full", tokenBucketStrategy(7, 1, &durationpb.Duration{Seconds: 2, Nanos: 1}), 3, 7, 0.5, 2*time.Second + 1},
 		{"tokens_per_fill changed: new, full", tokenBucketStrategy(7, 2, &durationpb.Duration{Seconds: 2, Nanos: 1}), 4, 7, 1, 2*time.Second + 1},

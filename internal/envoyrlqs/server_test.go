@@ -130,7 +130,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		e.conn.Close()
+		_ = e.conn.Close()
 		e.gs.Stop()
 	})
 	return e
