@@ -294,6 +294,24 @@ func TestAllowAllocatesNothing(t *testing.T) {
 	}
 }
 
+// BenchmarkAllow: the load generator's hot path, a known token bucket
+// decided from many goroutines.
+func BenchmarkAllow(b *testing.B) {
+	e := newEnv(b)
+	c := e.client(Options{ReportInterval: time.Hour})
+	c.Allow(b1)
+	wait(b, "the first report", func() bool { return len(e.srv.all()) == 1 })
+	e.srv.push(b, assign(b1, tokenBucketStrategy(1_000_000, 1_000_000, durationpb.New(time.Second)), hour))
+	wait(b, "the token bucket", func() bool { return c.Assignment(b1).Kind == KindTokenBucket })
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			c.Allow(b1)
+		}
+	})
+}
+
 func TestNoAssignmentTokenBucketRefused(t *testing.T) {
 	defer func() {
 		if recover() == nil {

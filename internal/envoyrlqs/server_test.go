@@ -85,7 +85,7 @@ func (s *fakeRLQS) all() []*rlqspb.RateLimitQuotaUsageReports {
 	return out
 }
 
-func (s *fakeRLQS) latest(t *testing.T) *fakeStream {
+func (s *fakeRLQS) latest(t testing.TB) *fakeStream {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -96,7 +96,7 @@ func (s *fakeRLQS) latest(t *testing.T) *fakeStream {
 }
 
 // push sends actions on the latest stream.
-func (s *fakeRLQS) push(t *testing.T, actions ...*rlqspb.RateLimitQuotaResponse_BucketAction) {
+func (s *fakeRLQS) push(t testing.TB, actions ...*rlqspb.RateLimitQuotaResponse_BucketAction) {
 	t.Helper()
 	s.latest(t).out <- &rlqspb.RateLimitQuotaResponse{BucketAction: actions}
 }
@@ -104,7 +104,7 @@ func (s *fakeRLQS) push(t *testing.T, actions ...*rlqspb.RateLimitQuotaResponse_
 // env is a fake server on a loopback port, a connection to it and a frozen
 // clock for the clients' token buckets.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	srv   *fakeRLQS
 	gs    *grpc.Server
 	addr  string
@@ -112,7 +112,7 @@ type env struct {
 	clock *fakeClock
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -177,7 +177,7 @@ func (f *fakeClock) Now() time.Time          { return f.base.Add(time.Duration(f
 func (f *fakeClock) Advance(d time.Duration) { f.ns.Add(int64(d)) }
 
 // wait fails t unless cond holds within a generous bound.
-func wait(t *testing.T, what string, cond func() bool) {
+func wait(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	if !waitfor.True(10*time.Second, 5*time.Millisecond, cond) {
 		t.Fatalf("%s: not so after 10s", what)
@@ -214,8 +214,10 @@ func assign(id map[string]string, s *typev3.RateLimitStrategy, ttl *durationpb.D
 
 func abandon(id map[string]string) *rlqspb.RateLimitQuotaResponse_BucketAction {
 	return &rlqspb.RateLimitQuotaResponse_BucketAction{
-		BucketId:     &rlqspb.BucketId{Bucket: id},
-		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
+		BucketId: &rlqspb.BucketId{Bucket: id},
+		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{
+			AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{},
+		},
 	}
 }
 
