@@ -140,8 +140,8 @@ func TestExpiry(t *testing.T) {
 		{"no fallback: straight to the default", Options{}, sec, KindNone},
 		{"TTL under 1s expires at once", Options{}, &durationpb.Duration{Nanos: 900_000_000}, KindNone},
 		{"unset TTL expires at once", Options{}, nil, KindNone},
-		{"fallback for its timeout (1.9s read as 1s), then the default",
-			Options{Expired: denyAll, ExpiredTimeout: 1900 * time.Millisecond}, sec, KindDenyAll},
+		{"fallback for its timeout (2.9s read as 2s), then the default",
+			Options{Expired: denyAll, ExpiredTimeout: 2900 * time.Millisecond}, sec, KindDenyAll},
 		{"fallback timeout 0 ends at once", Options{Expired: denyAll}, sec, KindNone},
 	}
 	for _, tc := range cases {
