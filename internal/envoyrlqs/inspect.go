@@ -11,7 +11,7 @@ import (
 type Kind int
 
 const (
-	KindNone        Kind = iota // Envoy holds no bucket of that id: never matched, or abandoned
+	KindNone        Kind = iota // no bucket of that id: never matched, abandoned, or its creation still queued
 	KindAllowAll                // blanket ALLOW_ALL (or an unknown blanket rule, which F lets through)
 	KindDenyAll                 // blanket DENY_ALL
 	KindTokenBucket             // a token bucket
