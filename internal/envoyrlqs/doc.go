@@ -44,7 +44,10 @@
 // no_assignment_behavior (Envoy dereferences a null limiter on the second
 // request: New refuses it), and the variant of c33e7f82 where a replacing
 // token bucket passes a remaining-tokens ratio into the constructor's bool
-// init_fill (here a replacement always starts full, as in 0b559611).
+// init_fill (here a replacement always starts full, as in 0b559611), and the
+// token_bucket_impl.cc variant whose init_fill, when max_tokens / rate exceeds
+// the monotonic clock's reading (about the host's uptime), logs an ENVOY_BUG
+// and starts the bucket empty (always so for tokens_per_fill unset).
 //
 // Timers (report period, TTLs, fallback timeout) run on real time; the token
 // buckets and time_elapsed read Options.Now, as Envoy's monotonic time source.
