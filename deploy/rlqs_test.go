@@ -212,7 +212,8 @@ func TestQuotaFilterConfig(t *testing.T) {
 	cfg := loadRules(t)
 	hf, f := e.quotaFilter(t)
 
-	if got, want := f.GetRlqsServer().GetEnvoyGrpc().GetClusterName(), e.filter.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName(); got != want {
+	got, want := f.GetRlqsServer().GetEnvoyGrpc().GetClusterName(), e.filter.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName()
+	if got != want {
 		t.Errorf("rlqs_server cluster %q, want the rate limit service's %q", got, want)
 	}
 	if f.GetRlqsServer().GetTimeout() != nil {
