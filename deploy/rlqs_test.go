@@ -4,6 +4,7 @@ import (
 	"errors"
 	"maps"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -351,5 +353,36 @@ func TestQuotaBuckets(t *testing.T) {
 	perUser := quotaActions(t, f.GetBucketMatchers())["quota_per_user"]
 	if id := bucketID(t, perUser, request{"GET", "/quota", nil, "198.51.100.70"}); id != nil {
 		t.Errorf("bucket id without x-user-id: %v, want none", id)
+	}
+}
+
+// TestRLQSDocFilter: docs/rlqs.md's blocks are envoy.yaml's quota filter and
+// the route that enables it, field for field.
+func TestRLQSDocFilter(t *testing.T) {
+	const doc = "../docs/rlqs.md"
+	b, _ := loadBootstrap(t)
+	e := newEdge(t, b)
+	want, _ := e.quotaFilter(t)
+	filter := &hcmv3.HttpFilter{}
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, doc, "# the quota filter: an http_filters entry, disabled unless a route enables it")), filter); err != nil {
+		t.Fatalf("%s: filter: %v", doc, err)
+	}
+	route := &routev3.Route{}
+	if err := unmarshalEnvoy([]byte(fencedBlock(t, doc, "# the route that enables the quota filter")), route); err != nil {
+		t.Fatalf("%s: route: %v", doc, err)
+	}
+	for _, m := range []proto.Message{filter, route} {
+		check := &schemaCheck{}
+		check.validate(m, string(m.ProtoReflect().Descriptor().Name()))
+		for _, err := range check.errs {
+			t.Errorf("%s: %v", doc, err)
+		}
+	}
+	if !proto.Equal(filter, want) {
+		t.Errorf("%s: the quota filter differs from %s's", doc, envoyFile)
+	}
+	i := slices.IndexFunc(e.vhost.GetRoutes(), func(r *routev3.Route) bool { return r.GetName() == route.GetName() })
+	if i < 0 || !proto.Equal(e.vhost.GetRoutes()[i], route) {
+		t.Errorf("%s: route %s differs from %s's", doc, route.GetName(), envoyFile)
 	}
 }
