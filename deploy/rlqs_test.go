@@ -364,7 +364,8 @@ func TestRLQSDocFilter(t *testing.T) {
 	e := newEdge(t, b)
 	want, _ := e.quotaFilter(t)
 	filter := &hcmv3.HttpFilter{}
-	if err := unmarshalEnvoy([]byte(fencedBlock(t, doc, "# the quota filter: an http_filters entry, disabled unless a route enables it")), filter); err != nil {
+	filterBlock := fencedBlock(t, doc, "# the quota filter: an http_filters entry, disabled unless a route enables it")
+	if err := unmarshalEnvoy([]byte(filterBlock), filter); err != nil {
 		t.Fatalf("%s: filter: %v", doc, err)
 	}
 	route := &routev3.Route{}
