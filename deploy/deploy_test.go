@@ -7,6 +7,11 @@
 //   - its rate_limits actions, emulated on a table of requests, produce
 //     descriptors that the service, loaded with config/, matches and limits as
 //     intended, and every rule in config/ is reached (envoy_test.go);
+//   - its rate_limit_quota filter (RLQS) runs on the /quota route only, its
+//     bucket settings hold against what Envoy's client does, and its
+//     bucket_matchers, evaluated on a table of requests, build the bucket ids
+//     intended (rlqs_test.go), which resolve to their rules of config/
+//     (rlqs_bucket_test.go);
 //   - the kustomizations under k8s/ decode strictly into the Kubernetes API
 //     types and refer to each other consistently (k8s_test.go);
 //   - the Dockerfile's build step yields a static binary that accepts

@@ -136,6 +136,7 @@ type emulated struct {
 	route       string // the matched route's name; "" when none matched (404)
 	descriptors []*rlcommon.RateLimitDescriptor
 	matched     *routev3.Route // the route, for the stream-done call
+	quota       bool           // the rate_limit_quota filter runs on the route (rlqs_test.go)
 	req         request        // the request as routed (path normalized)
 }
 
@@ -160,10 +161,7 @@ func (e *edge) emulate(t *testing.T, r request) emulated {
 		if !routeMatches(t, rt.GetMatch(), path) {
 			continue
 		}
-		out := emulated{route: rt.GetName(), matched: rt, req: r}
-		if len(rt.GetTypedPerFilterConfig()) > 0 {
-			t.Fatalf("route %s: the emulator does not model typed_per_filter_config", rt.GetName())
-		}
+		out := emulated{route: rt.GetName(), matched: rt, req: r, quota: e.quotaEnabled(t, rt)}
 		out.descriptors = e.descriptors(t, rt, r, false, nil)
 		return out
 	}
