@@ -1,8 +1,3 @@
-//go:build rlqs_bucket
-
-// The build tag holds this file back until config.BucketEntries is merged
-// (issue 25); drop it then.
-
 package deploy
 
 import (

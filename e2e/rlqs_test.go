@@ -232,7 +232,7 @@ func TestRLQSDenyAfterShouldRateLimit(t *testing.T) {
 	bucket := map[string]string{"name": "fleet", "scenario": "reverse"}
 	e.Allow(bucket)
 	waitFor(t, 10*time.Second, func() error {
-		if a := e.Assignment(bucket); a.Kind != envoyrlqs.TokenBucket {
+		if a := e.Assignment(bucket); a.Kind != envoyrlqs.KindTokenBucket {
 			return fmt.Errorf("assignment %+v, want a token bucket", a)
 		}
 		return nil
@@ -246,7 +246,7 @@ func TestRLQSDenyAfterShouldRateLimit(t *testing.T) {
 	}
 	taken := time.Now()
 	waitFor(t, 2*5*time.Second+2*time.Second, func() error {
-		if a := e.Assignment(bucket); a.Kind != envoyrlqs.DenyAll {
+		if a := e.Assignment(bucket); a.Kind != envoyrlqs.KindDenyAll {
 			return fmt.Errorf("assignment %+v, want DENY_ALL", a)
 		}
 		return nil
@@ -272,29 +272,29 @@ func TestRLQSServiceRestart(t *testing.T) {
 		envoys[i] = newEnvoy(t, envoyConn(t, s.grpcAddr), envoyrlqs.Options{Expired: fallback, ExpiredTimeout: time.Hour})
 		envoys[i].Allow(bucket)
 	}
-	all := func(kind envoyrlqs.Kind) func() error {
+	all := func(from envoyrlqs.Source) func() error {
 		return func() error {
 			for i, e := range envoys {
-				if a := e.Assignment(bucket); a.Kind != kind {
-					return fmt.Errorf("envoy %d holds %+v, want kind %v", i, a, kind)
+				if a := e.Assignment(bucket); a.Kind != envoyrlqs.KindTokenBucket || a.From != from {
+					return fmt.Errorf("envoy %d holds %+v, want a token bucket from %v", i, a, from)
 				}
 			}
 			return nil
 		}
 	}
-	waitFor(t, 15*time.Second, all(envoyrlqs.TokenBucket))
+	waitFor(t, 15*time.Second, all(envoyrlqs.FromServer))
 
 	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	<-s.exited
 	killed := time.Now()
-	waitFor(t, 10*time.Second+5*time.Second, all(envoyrlqs.Fallback))
+	waitFor(t, 10*time.Second+5*time.Second, all(envoyrlqs.FromFallback))
 	t.Logf("fell back %v after the kill (lease 10s)", time.Since(killed).Round(100*time.Millisecond))
 	opened := envoys[0].Stats().StreamsOpened
 
 	back := startServer(t, r, rlqsConfig, "--grpc-addr", s.grpcAddr)
-	waitFor(t, 20*time.Second, all(envoyrlqs.TokenBucket))
+	waitFor(t, 20*time.Second, all(envoyrlqs.FromServer))
 	if got := envoys[0].Stats().StreamsOpened; got <= opened {
 		t.Errorf("streams opened %d, then %d: the Envoy did not resubscribe", opened, got)
 	}
