@@ -34,7 +34,8 @@ descriptors:
     value: fleet
     descriptors:
       - key: scenario
-        rate_limit: {unit: minute, requests_per_unit: 600}
+        # exact: the counter shows all the fleet leased
+        rate_limit: {unit: minute, requests_per_unit: 600, algorithm: sliding_window_log}
   - key: name
     value: busy
     descriptors:
@@ -154,72 +155,91 @@ func (s *bucketSizes) bound(from, to time.Time) int {
 // equal and skewed demand at twice a limit of 600 a minute, admit at most
 // the published bound in every minute, at least 90 % of the limit in every
 // minute after the first two reports, and leave the counter exhausted for
-// ShouldRateLimit.
+// ShouldRateLimit. The eight fleets run at once, each on its own counter.
 func TestRLQSFleetBound(t *testing.T) {
 	r := startRedis(t)
 	servers := make([]*server, 3)
 	for i := range servers {
 		servers[i] = startServer(t, r, rlqsConfig)
 	}
-	skew := map[int][]float64{3: {0.6, 0.3, 0.1}, 10: {0.3, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05}}
-	const run = 75 * time.Second
+	type fleet struct {
+		name         string
+		instances, n int
+		skewed       bool
+		start        time.Time
+		got          admissions
+		sizes        *bucketSizes
+		afterwards   *rlsv3.RateLimitResponse
+		askErr       error
+	}
+	var fleets []*fleet
 	for _, instances := range []int{1, 3} {
 		for _, n := range []int{3, 10} {
 			for _, skewed := range []bool{false, true} {
 				name := fmt.Sprintf("instances=%d/envoys=%d/skewed=%v", instances, n, skewed)
-				t.Run(name, func(t *testing.T) {
-					t.Parallel()
-					bucket := map[string]string{"name": "fleet", "scenario": name}
-					envoys := make([]*envoyrlqs.Client, n)
-					for i := range envoys {
-						envoys[i] = newEnvoy(t, envoyConn(t, servers[i%instances].grpcAddr), envoyrlqs.Options{})
-					}
-					done := make(chan struct{})
-					var got admissions
-					var wg sync.WaitGroup
-					start := time.Now()
-					sizes := watchBuckets(envoys, bucket, done)
-					for i, e := range envoys {
-						share := 1 / float64(n)
-						if skewed {
-							share = skew[n][i]
-						}
-						wg.Go(func() { drive(e, bucket, 2*rlqsLimit/60.0*share, done, &got) })
-					}
-					waitUntil(start.Add(run))
-					close(done)
-					wg.Wait()
-
-					// Every minute-long window, a second apart.
-					slices.SortFunc(got.times, func(a, b time.Time) int { return a.Compare(b) })
-					worst, least := 0, len(got.times)
-					for from := start; !from.Add(time.Minute).After(start.Add(run)); from = from.Add(time.Second) {
-						to := from.Add(time.Minute)
-						lo, _ := slices.BinarySearchFunc(got.times, from, func(a, b time.Time) int { return a.Compare(b) })
-						hi, _ := slices.BinarySearchFunc(got.times, to, func(a, b time.Time) int { return a.Compare(b) })
-						admitted := hi - lo
-						if bound := sizes.bound(from, to); admitted > bound {
-							t.Errorf("minute from +%v: admitted %d, over the bound %d", from.Sub(start).Round(time.Second), admitted, bound)
-						}
-						worst = max(worst, admitted)
-						if from.Sub(start) >= 10*time.Second {
-							least = min(least, admitted)
-							if admitted < rlqsLimit*9/10 {
-								t.Errorf("minute from +%v: admitted %d, under 90%% of %d", from.Sub(start).Round(time.Second), admitted, rlqsLimit)
-							}
-						}
-					}
-					t.Logf("%s: most in a minute %d, least after two reports %d (limit %d, bound over the first minute %d)",
-						name, worst, least, rlqsLimit, sizes.bound(start, start.Add(time.Minute)))
-
-					// The fleet's leases are on the counter ShouldRateLimit uses.
-					resp := servers[0].ask(t, request("rlqs", descriptor("name", "fleet", "scenario", name)))
-					if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
-						t.Errorf("ShouldRateLimit on the bucket the fleet exhausted: %v, want OVER_LIMIT", resp)
-					}
-				})
+				fleets = append(fleets, &fleet{name: name, instances: instances, n: n, skewed: skewed})
 			}
 		}
+	}
+	skew := map[int][]float64{3: {0.6, 0.3, 0.1}, 10: {0.3, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05}}
+	const run = 75 * time.Second
+	var all sync.WaitGroup
+	for _, f := range fleets {
+		bucket := map[string]string{"name": "fleet", "scenario": f.name}
+		envoys := make([]*envoyrlqs.Client, f.n)
+		for i := range envoys {
+			envoys[i] = newEnvoy(t, envoyConn(t, servers[i%f.instances].grpcAddr), envoyrlqs.Options{})
+		}
+		all.Go(func() {
+			done := make(chan struct{})
+			var wg sync.WaitGroup
+			f.start = time.Now()
+			f.sizes = watchBuckets(envoys, bucket, done)
+			for i, e := range envoys {
+				share := 1 / float64(f.n)
+				if f.skewed {
+					share = skew[f.n][i]
+				}
+				wg.Go(func() { drive(e, bucket, 2*rlqsLimit/60.0*share, done, &f.got) })
+			}
+			waitUntil(f.start.Add(run))
+			// The fleet's leases are on the counter ShouldRateLimit uses.
+			f.afterwards, f.askErr = servers[0].rls.ShouldRateLimit(context.Background(),
+				request("rlqs", descriptor("name", "fleet", "scenario", f.name)))
+			close(done)
+			wg.Wait()
+		})
+	}
+	all.Wait()
+
+	for _, f := range fleets {
+		t.Run(f.name, func(t *testing.T) {
+			times := f.got.times
+			slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+			worst, least := 0, len(times)
+			// Every minute-long window, a second apart.
+			for from := f.start; !from.Add(time.Minute).After(f.start.Add(run)); from = from.Add(time.Second) {
+				to := from.Add(time.Minute)
+				lo, _ := slices.BinarySearchFunc(times, from, func(a, b time.Time) int { return a.Compare(b) })
+				hi, _ := slices.BinarySearchFunc(times, to, func(a, b time.Time) int { return a.Compare(b) })
+				admitted := hi - lo
+				if bound := f.sizes.bound(from, to); admitted > bound {
+					t.Errorf("minute from +%v: admitted %d, over the bound %d", from.Sub(f.start).Round(time.Second), admitted, bound)
+				}
+				worst = max(worst, admitted)
+				if from.Sub(f.start) >= 2*envoyrlqs.DefaultReportInterval {
+					least = min(least, admitted)
+					if admitted < rlqsLimit*9/10 {
+						t.Errorf("minute from +%v: admitted %d, under 90%% of %d", from.Sub(f.start).Round(time.Second), admitted, rlqsLimit)
+					}
+				}
+			}
+			t.Logf("most in a minute %d, least after two reports %d (limit %d, bound over the first minute %d)",
+				worst, least, rlqsLimit, f.sizes.bound(f.start, f.start.Add(time.Minute)))
+			if f.askErr != nil || f.afterwards.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+				t.Errorf("ShouldRateLimit on the bucket the fleet exhausted: %v %v, want OVER_LIMIT", f.afterwards, f.askErr)
+			}
+		})
 	}
 }
 
@@ -255,7 +275,8 @@ func TestRLQSDenyAfterShouldRateLimit(t *testing.T) {
 	}
 	take()
 	taken := time.Now()
-	waitFor(t, 2*5*time.Second+2*time.Second, func() error {
+	// Two reports, and time for the second's answer on a busy machine.
+	waitFor(t, 2*envoyrlqs.DefaultReportInterval+3*time.Second, func() error {
 		take()
 		if a := e.Assignment(bucket); a.Kind != envoyrlqs.KindDenyAll {
 			return fmt.Errorf("assignment %+v, want DENY_ALL", a)
@@ -386,4 +407,29 @@ func TestRLQSStoreWork(t *testing.T) {
 	if perRLS < 20*perRLQS {
 		t.Errorf("RLQS costs %.4f commands per admitted request, ShouldRateLimit %.3f: want at least 20x fewer", perRLQS, perRLS)
 	}
+}
+
+// TestRLQSStreamsEndOnSigterm: a stopping service ends its quota streams,
+// which would otherwise hold the drain to its deadline, on either gRPC
+// server.
+func TestRLQSStreamsEndOnSigterm(t *testing.T) {
+	onEachGRPCServer(t, func(t *testing.T, kind string) {
+		s := startServer(t, startRedis(t), rlqsConfig, "--drain-timeout", "1m", "--grpc-server", kind)
+		e := newEnvoy(t, envoyConn(t, s.grpcAddr), envoyrlqs.Options{})
+		bucket := map[string]string{"name": "fleet", "scenario": "sigterm"}
+		e.Allow(bucket)
+		waitFor(t, 15*time.Second, func() error {
+			if a := e.Assignment(bucket); a.From != envoyrlqs.FromServer {
+				return fmt.Errorf("assignment %+v, want one from the service", a)
+			}
+			return nil
+		})
+		if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		waitCleanExit(t, s.exited) // within 15 s: the drain's deadline is a minute
+		if strings.Contains(s.logs.String(), "drain deadline passed") {
+			t.Error("the drain waited for its deadline: a quota stream held it")
+		}
+	})
 }

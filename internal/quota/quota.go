@@ -181,7 +181,7 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 		}
 		return a.deny(ctx, b, lim, now)
 	}
-	ok, err := a.lease1(ctx, b, lim, share.Tokens, share.MaxTokens, share.Lookahead, now)
+	ok, err := a.leaseBucket(ctx, b, lim, share.Tokens, share.MaxTokens, share.Lookahead, now)
 	if err != nil || ok {
 		return b.held, err
 	}
@@ -248,7 +248,7 @@ func (a *Allocator) units(b *Bucket, window time.Duration, tokens, maxTokens uin
 	return uint64(units), units - exact
 }
 
-// lease1 charges the counter for a bucket of tokens per window and
+// leaseBucket charges the counter for a bucket of tokens per window and
 // maxTokens, and makes it b's on success. It returns whether the charge
 // was admitted.
 //
@@ -256,7 +256,7 @@ func (a *Allocator) units(b *Bucket, window time.Duration, tokens, maxTokens uin
 // of what it leased (fleetHit): their difference is what others (the
 // counter's ShouldRateLimit callers) took, which the next share leaves
 // them.
-func (a *Allocator) lease1(ctx context.Context, b *Bucket, lim Limit, tokens, maxTokens, lookahead uint64,
+func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, tokens, maxTokens, lookahead uint64,
 	now time.Time,
 ) (bool, error) {
 	window := lim.Hits[0].Window
@@ -290,12 +290,13 @@ func (a *Allocator) lease1(ctx context.Context, b *Bucket, lim Limit, tokens, ma
 	if err != nil {
 		return false, fmt.Errorf("quota: lease: %w", err)
 	}
+	// Charged or not (all or nothing), the two counts are read alike.
+	b.others = others(hits[0], fleet, verdicts[0], verdicts[len(lim.Hits)])
 	for _, v := range verdicts[:len(lim.Hits)] {
-		if !v.Admitted && !(alone && v.Charged) {
+		if !v.Admitted && (!alone || !v.Charged) {
 			return false, nil
 		}
 	}
-	b.others = others(hits[0], fleet, verdicts[0], verdicts[len(lim.Hits)])
 	b.held = Assignment{Kind: TokenBucket, MaxTokens: maxTokens, TokensPerFill: tokens, FillInterval: window, TTL: a.lease}
 	b.leaseEnd, b.carry = now.Add(a.lease+deliveryMargin), carry
 	return true, nil
@@ -374,13 +375,6 @@ func (a *Allocator) deny(ctx context.Context, b *Bucket, lim Limit, now time.Tim
 		}
 	}
 	return b.held, nil
-}
-
-// maxTokens is the size of a bucket of tokens per window: about one
-// report's refill, so that a burst between two reports is admitted, and at
-// least one token. limiter.Share computes the same.
-func maxTokens(tokens uint64, window, interval time.Duration) uint64 {
-	return max(1, uint64(math.Ceil(float64(tokens)*min(interval, window).Seconds()/window.Seconds())))
 }
 
 // saturate returns base (or given, when set) plus raise, at most the

@@ -148,6 +148,17 @@ func TestFleetHoldsTheLimit(t *testing.T) {
 					}
 					perInterval = append(perInterval, admitted)
 				}
+				// The fleet's leases are on the counter: on a sliding window
+				// a caller of the counter (ShouldRateLimit) finds it full. A
+				// fixed window's next window, and GCRA's burst, are open to
+				// whoever comes first; the fleet's next lease then finds
+				// what others took (TestShouldRateLimitTakesTheCounter).
+				check := lim.Hits[0]
+				check.Cost = 1
+				v, err := f.lim.Decide(context.Background(), []limiter.Hit{check})
+				if sliding := a == config.SlidingWindowLog || a == config.SlidingWindowCounter; err != nil || sliding && v[0].Admitted {
+					t.Errorf("a hit on the counter the fleet uses: %+v %v, want denied", v, err)
+				}
 				bound := limit
 				for _, e := range envoys {
 					bound += int(e.held.MaxTokens) * e.created
@@ -193,8 +204,14 @@ func TestSteadyDemandKeepsTheBucket(t *testing.T) {
 // RLQS turns the next assignment to DENY_ALL, and the fleet's leases show
 // to the counter's other callers.
 func TestShouldRateLimitTakesTheCounter(t *testing.T) {
+	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.SlidingWindowLog, config.FixedWindow, config.GCRA} {
+		t.Run(a.String(), func(t *testing.T) { shouldRateLimitTakes(t, a) })
+	}
+}
+
+func shouldRateLimitTakes(t *testing.T, a config.Algorithm) {
 	f := newFleet(t)
-	lim := limitOf(config.SlidingWindowCounter, 600, time.Minute)
+	lim := limitOf(a, 600, time.Minute)
 	e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
 	if a := f.report(t, e, lim); a.Kind != TokenBucket {
 		t.Fatalf("first assignment %+v, want a token bucket", a)
@@ -205,18 +222,31 @@ func TestShouldRateLimitTakesTheCounter(t *testing.T) {
 	if err != nil || v[0].Remaining >= 600 {
 		t.Fatalf("after a lease the counter has %d of 600 left (%v): the lease is not on it", v[0].Remaining, err)
 	}
-	take := lim.Hits[0]
-	take.Cost = v[0].Remaining
-	if v, err := f.lim.Decide(context.Background(), []limiter.Hit{take}); err != nil || !v[0].Admitted {
-		t.Fatalf("taking the rest: %+v %v", v, err)
-	}
-	// The lease in force stays; within two reports the Envoy is denied.
+	// ShouldRateLimit's callers take what the counter has left, as it
+	// frees up. The lease in force stays; within two reports the Envoy is
+	// denied, or, on GCRA, which frees units continuously, cut to at most
+	// what the first taking left it.
+	firstTaken := v[0].Remaining
 	for range 2 {
+		v, err := f.lim.Decide(context.Background(), []limiter.Hit{check})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v[0].Remaining > 0 {
+			take := lim.Hits[0]
+			take.Cost = v[0].Remaining
+			if v, err := f.lim.Decide(context.Background(), []limiter.Hit{take}); err != nil || !v[0].Admitted {
+				t.Fatalf("taking the rest: %+v %v", v, err)
+			}
+		}
 		f.advance(5 * time.Second)
 		e.seen = 100
 		f.report(t, e, lim)
 	}
-	if e.held.Kind != DenyAll {
+	switch {
+	case e.held.Kind == DenyAll:
+	case a == config.GCRA && e.held.Kind == TokenBucket && e.held.TokensPerFill <= 600-firstTaken:
+	default:
 		t.Errorf("with the counter taken, the assignment is %+v, want DENY_ALL", e.held)
 	}
 }
