@@ -309,14 +309,23 @@ func measureInterval(ctx context.Context, c RLQSCase, d time.Duration, counts *t
 }
 
 func (r *RLQSRun) summary() string {
-	return fmt.Sprintf("%d offered, %d admitted, %d Redis commands: %.4f per admitted request",
-		r.Offered, r.Admitted, r.Commands, r.perAdmitted())
+	return fmt.Sprintf("%d offered, %d admitted, %d Redis commands (%.1f/s): %.4f per admitted request",
+		r.Offered, r.Admitted, r.Commands, r.commandsPerSecond(), r.perAdmitted())
+}
+
+// commandsPerSecond is the Redis commands per second of the measured
+// interval: through RLQS it follows the Envoys and buckets, not the rate.
+func (r *RLQSRun) commandsPerSecond() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Commands) / r.Elapsed.Seconds()
 }
 
 // writeRLQS writes the runs' table: per row the path, Envoys, rate offered,
-// requests offered and admitted, Redis commands, commands per admitted
-// request, and for RLQS rows ShouldRateLimit's figure at the same rate
-// divided by it.
+// measured time, requests offered and admitted, Redis commands in all and
+// per second, commands per admitted request, and for RLQS rows
+// ShouldRateLimit's figure at the same rate divided by it.
 func writeRLQS(w io.Writer, runs []*RLQSRun) {
 	if len(runs) == 0 {
 		return
@@ -331,8 +340,9 @@ func writeRLQS(w io.Writer, runs []*RLQSRun) {
 	fmt.Fprintf(w, "RLQS store work: Redis commands (INFO commandstats, less INFO) per admitted request on a bucket of rule `%s`, "+
 		"through RLQS (emulated Envoys, reports every %s) and through ShouldRateLimit, in this run:\n\n",
 		rlqsRuleKey, envoyrlqs.DefaultReportInterval)
-	fmt.Fprintln(w, "| path | Envoys | offered req/s | measured | offered | admitted | Redis commands | commands / admitted | ShouldRateLimit / RLQS |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(w, "| path | Envoys | offered req/s | measured | offered | admitted | Redis commands | commands/s "+
+		"| commands / admitted | ShouldRateLimit / RLQS |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, r := range runs {
 		envoys, ratio := "-", "-"
 		if r.Envoys > 0 {
@@ -341,8 +351,8 @@ func writeRLQS(w io.Writer, runs []*RLQSRun) {
 				ratio = fmt.Sprintf("%.0fx", b.perAdmitted()/r.perAdmitted())
 			}
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.4f | %s |\n", r.Path(), envoys, count(float64(r.Rate)),
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.1f | %.4f | %s |\n", r.Path(), envoys, count(float64(r.Rate)),
 			r.Elapsed.Round(100*time.Millisecond), count(float64(r.Offered)), count(float64(r.Admitted)),
-			count(float64(r.Commands)), r.perAdmitted(), ratio)
+			count(float64(r.Commands)), r.commandsPerSecond(), r.perAdmitted(), ratio)
 	}
 }
