@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -177,6 +178,9 @@ func startProcess(t *testing.T, r *redisServer, configYAML string, creds credent
 	}
 	args := []string{"--config", dir, "--grpc-addr", s.grpcAddr, "--http-addr", s.httpAddr,
 		"--log-level", "debug"}
+	if i := slices.Index(extra, "--grpc-addr"); i >= 0 && i+1 < len(extra) {
+		s.grpcAddr = extra[i+1] // an extra flag wins: the test dials it (a restart on the same port)
+	}
 	if r != nil {
 		args = append(args, "--redis-url", "redis://"+r.addr)
 	}

@@ -223,29 +223,40 @@ func TestRLQSFleetBound(t *testing.T) {
 	}
 }
 
-// TestRLQSDenyAfterShouldRateLimit: ShouldRateLimit taking the counter
-// turns an Envoy's assignment to a deny within two reports.
+// TestRLQSDenyAfterShouldRateLimit: ShouldRateLimit callers taking what
+// the counter has left turn an Envoy's assignment to a deny within two
+// reports.
 func TestRLQSDenyAfterShouldRateLimit(t *testing.T) {
 	r := startRedis(t)
 	s := startServer(t, r, rlqsConfig)
 	e := newEnvoy(t, envoyConn(t, s.grpcAddr), envoyrlqs.Options{})
 	bucket := map[string]string{"name": "fleet", "scenario": "reverse"}
-	e.Allow(bucket)
-	waitFor(t, 10*time.Second, func() error {
-		if a := e.Assignment(bucket); a.Kind != envoyrlqs.KindTokenBucket {
+	done := make(chan struct{})
+	var got admissions
+	var wg sync.WaitGroup
+	defer func() { close(done); wg.Wait() }()
+	wg.Go(func() { drive(e, bucket, 2, done, &got) }) // 120 a minute of 600
+	waitFor(t, 20*time.Second, func() error {
+		if a := e.Assignment(bucket); a.Kind != envoyrlqs.KindTokenBucket || a.From != envoyrlqs.FromServer {
 			return fmt.Errorf("assignment %+v, want a token bucket", a)
 		}
 		return nil
 	})
+	// ShouldRateLimit callers take whatever the counter has left, as it
+	// frees up.
 	req := request("rlqs", descriptor("name", "fleet", "scenario", "reverse"))
-	req.HitsAddend = 1
-	left := s.ask(t, req).Statuses[0].LimitRemaining
-	req.HitsAddend = left
-	if resp := s.ask(t, req); resp.OverallCode != rlsv3.RateLimitResponse_OK {
-		t.Fatalf("taking the %d left: %v", left, resp)
+	take := func() {
+		req.HitsAddend = 1
+		resp := s.ask(t, req)
+		if left := resp.Statuses[0].LimitRemaining; resp.OverallCode == rlsv3.RateLimitResponse_OK && left > 0 {
+			req.HitsAddend = left
+			s.ask(t, req)
+		}
 	}
+	take()
 	taken := time.Now()
 	waitFor(t, 2*5*time.Second+2*time.Second, func() error {
+		take()
 		if a := e.Assignment(bucket); a.Kind != envoyrlqs.KindDenyAll {
 			return fmt.Errorf("assignment %+v, want DENY_ALL", a)
 		}
@@ -287,7 +298,7 @@ func TestRLQSServiceRestart(t *testing.T) {
 	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-s.exited
+	s.exited <- <-s.exited // waited for; left for the cleanup
 	killed := time.Now()
 	waitFor(t, 10*time.Second+5*time.Second, all(envoyrlqs.FromFallback))
 	t.Logf("fell back %v after the kill (lease 10s)", time.Since(killed).Round(100*time.Millisecond))

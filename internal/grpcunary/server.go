@@ -39,8 +39,8 @@
 // request metadata, grpc-timeout deadlines, RST_STREAM cancellation, flow
 // control both ways, a bound on message size and on concurrent streams,
 // graceful stop and a maximum connection age (two-step GOAWAY, as
-// grpc-go). Streaming methods (server reflection, health's Watch) are
-// served simply (streaming.go). Not served: compressed messages
+// grpc-go). Streaming methods (server reflection, health's Watch, the
+// Rate Limit Quota Service's streams) are served simply (streaming.go). Not served: compressed messages
 // (UNIMPLEMENTED, as grpc-go without the compressor), stream interceptors,
 // stats handlers. It passes h2spec's HTTP/2 conformance suite, which make
 // test runs.

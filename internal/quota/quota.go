@@ -181,20 +181,12 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 		}
 		return a.deny(ctx, b, lim, now)
 	}
-	ok, remaining, err := a.lease1(ctx, b, lim, share.Tokens, share.MaxTokens, share.Lookahead, now)
+	ok, err := a.lease1(ctx, b, lim, share.Tokens, share.MaxTokens, share.Lookahead, now)
 	if err != nil || ok {
 		return b.held, err
 	}
-	// What ShouldRateLimit admitted leaves less than the share: a smaller
-	// bucket, if what remains pays for one.
-	smaller := uint64(float64(share.Tokens) * float64(remaining) / float64(a.cost(b, gov.Window, share.Tokens, share.MaxTokens, now)))
-	if smaller == 0 {
-		return a.deny(ctx, b, lim, now)
-	}
-	ok, _, err = a.lease1(ctx, b, lim, smaller, maxTokens(smaller, gov.Window, a.interval), share.Lookahead, now)
-	if err != nil || ok {
-		return b.held, err
-	}
+	// The counter is full of what others took: the share is cut to what
+	// they leave at the next report (Share's limit); until then, nothing.
 	return a.deny(ctx, b, lim, now)
 }
 
@@ -240,14 +232,10 @@ func (b *Bucket) tokens() uint64 {
 	return b.held.TokensPerFill
 }
 
-// cost is the units a bucket of tokens per window and maxTokens costs to
-// lease until a new assignment's end: its refills not leased yet, and
-// its first fill when it is new to the Envoy. It keeps the fraction in b.
-func (a *Allocator) cost(b *Bucket, window time.Duration, tokens, maxTokens uint64, now time.Time) uint64 {
-	units, _ := a.units(b, window, tokens, maxTokens, now)
-	return units
-}
-
+// units is what a bucket of tokens per window and maxTokens costs to
+// lease until a new assignment's end: its refills not leased yet (all of
+// them when the bucket is new to the Envoy), and the fraction charged
+// beyond the exact amount, carried to the next lease.
 func (a *Allocator) units(b *Bucket, window time.Duration, tokens, maxTokens uint64, now time.Time) (uint64, float64) {
 	end := now.Add(a.lease + deliveryMargin)
 	from, exact := b.leaseEnd, -b.carry // the carry was charged already
@@ -262,7 +250,7 @@ func (a *Allocator) units(b *Bucket, window time.Duration, tokens, maxTokens uin
 
 // lease1 charges the counter for a bucket of tokens per window and
 // maxTokens, and makes it b's on success. It returns whether the charge
-// was admitted, and else what the counter has left.
+// was admitted.
 //
 // The charge goes to the counter and, beside it, to the fleet's own count
 // of what it leased (fleetHit): their difference is what others (the
@@ -270,7 +258,7 @@ func (a *Allocator) units(b *Bucket, window time.Duration, tokens, maxTokens uin
 // them.
 func (a *Allocator) lease1(ctx context.Context, b *Bucket, lim Limit, tokens, maxTokens, lookahead uint64,
 	now time.Time,
-) (bool, uint64, error) {
+) (bool, error) {
 	window := lim.Hits[0].Window
 	units, carry := a.units(b, window, tokens, maxTokens, now)
 	// The fleet's leases for refills still to come do not deny its own next
@@ -280,9 +268,13 @@ func (a *Allocator) lease1(ctx context.Context, b *Bucket, lim Limit, tokens, ma
 	if !b.replacedBy(tokens, maxTokens) {
 		raise += b.ahead(now)
 	}
+	// A counter nobody else took from is the fleet's: its lease is recorded
+	// whatever the counter says, as the shares already hold the fleet to
+	// the limit (the counter's own rounding would deny a fleet at 100 %).
+	alone := b.others <= units
 	hits := make([]limiter.Hit, len(lim.Hits)+1)
 	for i, h := range lim.Hits {
-		h.Cost = units
+		h.Cost, h.Record = units, alone && units > 0
 		if h.Algorithm.Bucket() {
 			h.Burst = saturate(uint64(h.Limit), h.Burst, raise)
 		} else {
@@ -291,26 +283,22 @@ func (a *Allocator) lease1(ctx context.Context, b *Bucket, lim Limit, tokens, ma
 		hits[i] = h
 	}
 	fleet := fleetHit(lim.Hits[0])
-	fleet.Cost = units
+	fleet.Cost, fleet.Record = units, alone && units > 0 // charged with the counter, even past it
 	hits[len(lim.Hits)] = fleet
 	hits = append(hits, a.giveBack(b, lim, tokens, maxTokens, now)...)
 	verdicts, err := a.ledger.Decide(ctx, hits)
 	if err != nil {
-		return false, 0, fmt.Errorf("quota: lease: %w", err)
+		return false, fmt.Errorf("quota: lease: %w", err)
 	}
-	remaining := uint64(math.MaxUint64)
-	admitted := true
 	for _, v := range verdicts[:len(lim.Hits)] {
-		admitted = admitted && v.Admitted
-		remaining = min(remaining, v.Remaining)
-	}
-	if !admitted {
-		return false, remaining, nil
+		if !v.Admitted && !(alone && v.Charged) {
+			return false, nil
+		}
 	}
 	b.others = others(hits[0], fleet, verdicts[0], verdicts[len(lim.Hits)])
 	b.held = Assignment{Kind: TokenBucket, MaxTokens: maxTokens, TokensPerFill: tokens, FillInterval: window, TTL: a.lease}
 	b.leaseEnd, b.carry = now.Add(a.lease+deliveryMargin), carry
-	return true, 0, nil
+	return true, nil
 }
 
 // measureOthers reads b.others off the counter without charging it.

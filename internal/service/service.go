@@ -1,5 +1,6 @@
 // Package service is the face of the rate limiter: it implements Envoy's
-// envoy.service.ratelimit.v3.RateLimitService (service.go). It validates a
+// envoy.service.ratelimit.v3.RateLimitService (service.go) and
+// envoy.service.rate_limit_quota.v3.RateLimitQuotaService (rlqs.go). It validates a
 // request (validate.go), matches each descriptor to the rules of the
 // current config (resolve.go), asks the limiter for a decision on all of
 // them at once, and turns the verdicts into Envoy's answer (respond.go).
@@ -8,7 +9,9 @@
 // (admin.go), shedding past --max-inflight (overload.go), a request codec
 // that keeps descriptor values' bytes as sent and allocates within the
 // request bounds (codec.go), and envoyproxy/ratelimit's metrics
-// (refmetrics.go). It knows nothing of Redis; errors become gRPC
+// (refmetrics.go), and Envoy's Rate Limit Quota Service (rlqs.go): usage
+// reports per bucket answered with the assignments internal/quota leases
+// from the same counters. It knows nothing of Redis; errors become gRPC
 // status codes here and nowhere deeper.
 //
 // Two things follow envoyproxy/ratelimit rather than Redis: under the
