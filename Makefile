@@ -50,7 +50,7 @@ tools:
 
 ## bench: load-test the service at its shipped defaults on a real redis-server, with
 ## Envoy's 20 ms deadline, against an INCRBY+EXPIRE floor: 54 scenarios of 6 s;
-## BENCH_QUICK=1: a representative subset (< 1 min); BENCH_FLAGS: more flags (docs/bench.md)
+## BENCH_QUICK=1: a representative subset (about a minute); BENCH_FLAGS: more flags (docs/bench.md)
 bench:
 	$(GO) run ./cmd/ratelimit-bench $(BENCH_FLAGS)
 

@@ -12,13 +12,15 @@
 // HTTP/2 connections, each call with Envoy's deadline (grpc-timeout, 20 ms
 // by default), measures for a bounded time after a warm-up, reads the CPU
 // time of the service and Redis processes from /proc and the service's
-// failure counters from its /metrics. Then it sends bursts at one key per
-// algorithm (burst.go). It knows the service only through gRPC and /metrics.
+// failure counters from its /metrics. Then it counts Redis commands per
+// admitted request through RLQS, with emulated Envoys, and through
+// ShouldRateLimit (rlqs.go), and sends bursts at one key per algorithm
+// (burst.go). It knows the service only through gRPC and /metrics.
 // The report is Markdown on stdout; progress goes to stderr. docs/bench.md
 // explains the columns.
 //
 //	ratelimit-bench [-quick] [-run REGEXP] [-duration 5s] [-warmup 1s] [-timeout 20ms]
-//	                [-conns 4] [-floor-conns 10] [-rate 0] [-cpuprofile DIR] [-list]
+//	                [-conns 4] [-floor-conns 10] [-rate 0] [-rlqs-duration 20s] [-cpuprofile DIR] [-list]
 package main
 
 import (
@@ -38,6 +40,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/envoyrlqs"
 )
 
 func main() {
@@ -65,6 +69,7 @@ type options struct {
 	svcArgs    listFlag
 	svcEnv     listFlag
 	bursts     int
+	rlqsDur    time.Duration
 	args       []string
 }
 
@@ -99,6 +104,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		"an extra flag for the service, e.g. -service-arg=--ratelimit-headers (repeatable; after the bench's own, so it wins)")
 	fs.Var(&o.svcEnv, "service-env", "an environment variable for the service only, e.g. -service-env GOGC=400 (repeatable)")
 	fs.IntVar(&o.bursts, "bursts", 3, "bursts per algorithm at one key, on a service started for them (see burst.go; -quick: 1); 0: none")
+	fs.DurationVar(&o.rlqsDur, "rlqs-duration", 20*time.Second,
+		"measured time of each RLQS run, at least 15s (three report intervals; see rlqs.go; -quick: 15s); 0: no RLQS runs")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -117,6 +124,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if !set["bursts"] {
 			o.bursts = 1
 		}
+		if !set["rlqs-duration"] {
+			o.rlqsDur = 3 * envoyrlqs.DefaultReportInterval
+		}
 	}
 	switch {
 	case o.duration < 100*time.Millisecond:
@@ -129,6 +139,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-rate must not be negative")
 	case o.bursts < 0:
 		return o, errors.New("-bursts must not be negative")
+	case o.rlqsDur != 0 && o.rlqsDur < 3*envoyrlqs.DefaultReportInterval:
+		return o, fmt.Errorf("-rlqs-duration must be 0 or at least %s", 3*envoyrlqs.DefaultReportInterval)
 	case o.conns < 1 || o.floorConns < 1:
 		return o, errors.New("-conns and -floor-conns must be at least 1")
 	}
@@ -155,20 +167,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 2
 	}
-	if len(scenarios) == 0 && len(bursts) == 0 {
-		fmt.Fprintf(stderr, "ratelimit-bench: -run %q matches no scenario and no burst (see -list)\n", o.run)
+	rlqsCases, err := selectRLQS(o.quick, o.run, o.rlqsDur)
+	if err != nil {
+		fmt.Fprintln(stderr, "ratelimit-bench:", err)
+		return 2
+	}
+	if len(scenarios) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 {
+		fmt.Fprintf(stderr, "ratelimit-bench: -run %q matches no scenario, RLQS run or burst (see -list)\n", o.run)
 		return 2
 	}
 	if o.list {
 		for _, s := range scenarios {
 			fmt.Fprintln(stdout, s.Name())
 		}
+		for _, c := range rlqsCases {
+			fmt.Fprintln(stdout, c.Name())
+		}
 		for _, a := range bursts {
 			fmt.Fprintln(stdout, burstName(a))
 		}
 		return 0
 	}
-	if err := bench(ctx, o, scenarios, bursts, stdout, stderr); err != nil {
+	if err := bench(ctx, o, scenarios, rlqsCases, bursts, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 1
 	}
@@ -209,13 +229,15 @@ type Report struct {
 	Options      options
 	ServiceArgs  []string // the service's command line, after its binary
 	Measurements []*Measurement
+	RLQS         []*RLQSRun
 	Bursts       []*BurstResult
 	Profiles     []Profile
 	Began        time.Time
 	Took         time.Duration
 }
 
-func bench(ctx context.Context, o options, scenarios []Scenario, bursts []Algorithm, stdout, stderr io.Writer) error {
+func bench(ctx context.Context, o options, scenarios []Scenario, rlqsCases []RLQSCase, bursts []Algorithm,
+	stdout, stderr io.Writer) error {
 	began := time.Now()
 	root, err := moduleRoot()
 	if err != nil {
@@ -289,6 +311,15 @@ func bench(ctx context.Context, o options, scenarios []Scenario, bursts []Algori
 		}
 		fmt.Fprintf(stderr, "        %s\n", m.summary())
 		rep.Measurements = append(rep.Measurements, m)
+	}
+	for i, c := range rlqsCases {
+		fmt.Fprintf(stderr, "[%d/%d] %s ...\n", i+1, len(rlqsCases), c.Name())
+		r, err := measureRLQS(ctx, o, c, svc, load, rdb)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.Name(), err)
+		}
+		fmt.Fprintf(stderr, "        %s\n", r.summary())
+		rep.RLQS = append(rep.RLQS, r)
 	}
 	if err := svc.alive(); err != nil {
 		return err
