@@ -66,7 +66,10 @@ func newEnvoy(t *testing.T, conn *grpc.ClientConn, opts envoyrlqs.Options) *envo
 	if opts.Domain == "" {
 		opts.Domain = "rlqs"
 	}
-	c := envoyrlqs.New(conn, opts)
+	c, err := envoyrlqs.New(conn, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(c.Close)
 	return c
 }

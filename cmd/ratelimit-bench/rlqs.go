@@ -212,7 +212,10 @@ func measureRLQS(ctx context.Context, o options, c RLQSCase, svc *service, load 
 		if err != nil {
 			return nil, err
 		}
-		conns[i], envoys[i] = conn, envoyrlqs.New(conn, envoyrlqs.Options{Domain: domain})
+		conns[i] = conn
+		if envoys[i], err = envoyrlqs.New(conn, envoyrlqs.Options{Domain: domain}); err != nil {
+			return nil, err
+		}
 	}
 	bucket := map[string]string{rlqsRuleKey: c.value()}
 	var counts tally

@@ -2,6 +2,7 @@ package envoyrlqs
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -95,12 +96,16 @@ type usage struct {
 	lastReport      time.Time // the main goroutine's
 }
 
+// ErrNoAssignmentTokenBucket is New's error for a token bucket as
+// no_assignment_behavior, which crashes Envoy at a bucket's second request.
+var ErrNoAssignmentTokenBucket = errors.New("envoyrlqs: a token bucket as no_assignment_behavior crashes Envoy at a bucket's second request")
+
 // New returns the client of one Envoy for opts.Domain, speaking to the
 // RateLimitQuotaService behind conn. Nothing is sent until the first Allow.
-// It panics when opts.NoAssignment is a token bucket (see Options).
-func New(conn grpc.ClientConnInterface, opts Options) *Client {
+// A token bucket as opts.NoAssignment is refused (see Options).
+func New(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 	if opts.NoAssignment.GetTokenBucket() != nil {
-		panic("envoyrlqs: a token bucket as no_assignment_behavior crashes Envoy at a bucket's second request")
+		return nil, ErrNoAssignmentTokenBucket
 	}
 	c := &Client{
 		rlqs:            rlqspb.NewRateLimitQuotaServiceClient(conn),
@@ -132,7 +137,7 @@ func New(conn grpc.ClientConnInterface, opts Options) *Client {
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.wg.Add(1)
 	go c.run()
-	return c
+	return c, nil
 }
 
 // Allow decides one request matched to bucket, as Envoy's filter does, and

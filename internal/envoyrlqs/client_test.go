@@ -1,6 +1,7 @@
 package envoyrlqs
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -313,10 +314,8 @@ func BenchmarkAllow(b *testing.B) {
 }
 
 func TestNoAssignmentTokenBucketRefused(t *testing.T) {
-	defer func() {
-		if recover() == nil {
-			t.Fatal("New took a token bucket as no_assignment_behavior")
-		}
-	}()
-	New(nil, Options{NoAssignment: tokenBucketStrategy(1, 1, durationpb.New(time.Second))})
+	c, err := New(nil, Options{NoAssignment: tokenBucketStrategy(1, 1, durationpb.New(time.Second))})
+	if !errors.Is(err, ErrNoAssignmentTokenBucket) || c != nil {
+		t.Fatalf("New with a token bucket as no_assignment_behavior: %v, %v; want ErrNoAssignmentTokenBucket", c, err)
+	}
 }

@@ -163,7 +163,10 @@ func (e *env) client(opts Options) *Client {
 	if opts.Now == nil {
 		opts.Now = e.clock.Now
 	}
-	c := New(e.conn, opts)
+	c, err := New(e.conn, opts)
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	e.t.Cleanup(c.Close)
 	return c
 }
