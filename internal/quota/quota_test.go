@@ -292,3 +292,40 @@ func TestStoreDown(t *testing.T) {
 		t.Error("a report with the store down gave an assignment")
 	}
 }
+
+// TestShiftingDemand: when demand moves from one Envoy to another, the
+// shares follow within a few reports, and the fleet keeps admitting the
+// limit: every 5 s after the first three reports that follow a shift
+// admits at least 90 % of the limit's 50.
+func TestShiftingDemand(t *testing.T) {
+	const limit = 600
+	f := newFleet(t)
+	lim := limitOf(config.SlidingWindowLog, limit, time.Minute)
+	envoys := make([]*envoy, 3)
+	for i := range envoys {
+		envoys[i] = &envoy{lease: Bucket{Member: fmt.Sprint("envoy-", i)}, seen: 1}
+		f.report(t, envoys[i], lim)
+	}
+	phases := [][]int{{60, 30, 10}, {10, 30, 60}, {0, 0, 100}, {50, 50, 0}} // per 5 s: twice the limit
+	var least int
+	for p, demand := range phases {
+		least = limit
+		for k := range 12 { // a minute each
+			admitted := 0
+			for i, e := range envoys {
+				admitted += e.serve(demand[i], 5*time.Second)
+			}
+			f.advance(5 * time.Second)
+			for _, e := range envoys {
+				f.report(t, e, lim)
+			}
+			if k >= 3 {
+				least = min(least, admitted)
+				if admitted < limit/12*9/10 {
+					t.Errorf("phase %d (%v), 5 s #%d: admitted %d, under 90%% of %d", p, demand, k, admitted, limit/12)
+				}
+			}
+		}
+		t.Logf("demand %v per 5 s: least admitted in 5 s after three reports %d of %d", demand, least, limit/12)
+	}
+}
