@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/internal/envoyrlqs"
+	"github.com/slidingwindow/ratelimit/internal/quota"
 )
 
 // The Rate Limit Quota Service against Envoy's client as Envoy's source has
@@ -74,15 +75,22 @@ func newEnvoy(t *testing.T, conn *grpc.ClientConn, opts envoyrlqs.Options) *envo
 	return c
 }
 
-// admissions records when requests were admitted.
+// admissions records when requests were admitted: under an assignment of
+// the service's, or else (unassigned) under Envoy's own
+// no_assignment_behavior or expired fallback, which no bound of the
+// service's covers.
 type admissions struct {
-	mu    sync.Mutex
-	times []time.Time
+	mu                sync.Mutex
+	times, unassigned []time.Time
 }
 
-func (a *admissions) add(at time.Time) {
+func (a *admissions) add(at time.Time, assigned bool) {
 	a.mu.Lock()
-	a.times = append(a.times, at)
+	if assigned {
+		a.times = append(a.times, at)
+	} else {
+		a.unassigned = append(a.unassigned, at)
+	}
 	a.mu.Unlock()
 }
 
@@ -90,10 +98,18 @@ func (a *admissions) add(at time.Time) {
 func drive(c *envoyrlqs.Client, bucket map[string]string, perSecond float64, done <-chan struct{}, got *admissions) {
 	every := time.Duration(float64(time.Second) / perSecond)
 	for pause(done, every) {
+		assigned := c.Assignment(bucket).From == envoyrlqs.FromServer
 		if c.Allow(bucket) {
-			got.add(time.Now())
+			got.add(time.Now(), assigned)
 		}
 	}
+}
+
+// within counts the times in [from, to) of sorted times.
+func within(times []time.Time, from, to time.Time) int {
+	lo, _ := slices.BinarySearchFunc(times, from, func(a, b time.Time) int { return a.Compare(b) })
+	hi, _ := slices.BinarySearchFunc(times, to, func(a, b time.Time) int { return a.Compare(b) })
+	return hi - lo
 }
 
 // bucketSizes samples each Envoy's token bucket every second: its size
@@ -217,16 +233,17 @@ func TestRLQSFleetBound(t *testing.T) {
 
 	for _, f := range fleets {
 		t.Run(f.name, func(t *testing.T) {
-			times := f.got.times
-			slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
-			worst, least := 0, len(times)
-			// Every minute-long window, a second apart.
+			byTime := func(a, b time.Time) int { return a.Compare(b) }
+			slices.SortFunc(f.got.times, byTime)
+			slices.SortFunc(f.got.unassigned, byTime)
+			worst, least := 0, len(f.got.times)
+			// Every minute-long window, a second apart. Requests Envoy let
+			// through before its first assignment count, beside the bound.
 			for from := f.start; !from.Add(time.Minute).After(f.start.Add(run)); from = from.Add(time.Second) {
 				to := from.Add(time.Minute)
-				lo, _ := slices.BinarySearchFunc(times, from, func(a, b time.Time) int { return a.Compare(b) })
-				hi, _ := slices.BinarySearchFunc(times, to, func(a, b time.Time) int { return a.Compare(b) })
-				admitted := hi - lo
-				if bound := f.sizes.bound(from, to); admitted > bound {
+				unassigned := within(f.got.unassigned, from, to)
+				admitted := within(f.got.times, from, to) + unassigned
+				if bound := f.sizes.bound(from, to) + unassigned; admitted > bound {
 					t.Errorf("minute from +%v: admitted %d, over the bound %d", from.Sub(f.start).Round(time.Second), admitted, bound)
 				}
 				worst = max(worst, admitted)
@@ -237,8 +254,9 @@ func TestRLQSFleetBound(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("most in a minute %d, least after two reports %d (limit %d, bound over the first minute %d)",
-				worst, least, rlqsLimit, f.sizes.bound(f.start, f.start.Add(time.Minute)))
+			t.Logf("most in a minute %d, least after two reports %d (limit %d, bound over the first minute %d, of which %d "+
+				"let through before a first assignment)", worst, least, rlqsLimit,
+				f.sizes.bound(f.start, f.start.Add(time.Minute))+len(f.got.unassigned), len(f.got.unassigned))
 			if f.askErr != nil || f.afterwards.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 				t.Errorf("ShouldRateLimit on the bucket the fleet exhausted: %v %v, want OVER_LIMIT", f.afterwards, f.askErr)
 			}
@@ -278,8 +296,9 @@ func TestRLQSDenyAfterShouldRateLimit(t *testing.T) {
 	}
 	take()
 	taken := time.Now()
-	// Two reports, and time for the second's answer on a busy machine.
-	waitFor(t, 2*envoyrlqs.DefaultReportInterval+3*time.Second, func() error {
+	// Two reports, and a third's time for the second's answer on a busy
+	// machine.
+	waitFor(t, 3*envoyrlqs.DefaultReportInterval, func() error {
 		take()
 		if a := e.Assignment(bucket); a.Kind != envoyrlqs.KindDenyAll {
 			return fmt.Errorf("assignment %+v, want DENY_ALL", a)
@@ -324,8 +343,8 @@ func TestRLQSServiceRestart(t *testing.T) {
 	}
 	s.exited <- <-s.exited // waited for; left for the cleanup
 	killed := time.Now()
-	waitFor(t, 10*time.Second+5*time.Second, all(envoyrlqs.FromFallback))
-	t.Logf("fell back %v after the kill (lease 10s)", time.Since(killed).Round(100*time.Millisecond))
+	waitFor(t, quota.DefaultLease+5*time.Second, all(envoyrlqs.FromFallback))
+	t.Logf("fell back %v after the kill (lease %v)", time.Since(killed).Round(100*time.Millisecond), quota.DefaultLease)
 	opened := envoys[0].Stats().StreamsOpened
 
 	back := startServer(t, r, rlqsConfig, "--grpc-addr", s.grpcAddr)

@@ -134,7 +134,8 @@ func TestShareWaterFilling(t *testing.T) {
 }
 
 // TestShareHysteresis: a member keeps the T it holds while the new share is
-// within a fifth of it, but never past the cap.
+// at most a fifth below it (when that leaves the others their fair shares)
+// or at most 5 % above it, but never past the cap.
 func TestShareHysteresis(t *testing.T) {
 	for _, tt := range []struct {
 		name          string
@@ -143,11 +144,14 @@ func TestShareHysteresis(t *testing.T) {
 		current, want uint64
 	}{
 		{"no current: the share", nil, 100, 0, 100},
-		{"up 11%: kept", nil, 100, 90, 90},
+		{"up 4%: kept", nil, 100, 96, 96},
+		{"up 11%: changed", nil, 100, 90, 100},
 		{"up 25%: changed", nil, 100, 80, 100},
 		{"down 17%: kept", nil, 50, 60, 60},
 		{"down 20% exactly: kept", nil, 40, 50, 50},
 		{"up 25% from 40: changed", nil, 50, 40, 50},
+		{"down 17%, but another lacks its fair share: changed",
+			map[string]shareEntry{"other": {demand: 50, tokens: 45, leaseEnd: epoch.Add(time.Second)}}, 100, 55, 50},
 		{"the cap wins over the kept T", map[string]shareEntry{"other": {demand: 95, tokens: 95, leaseEnd: epoch.Add(time.Second)}}, 5, 6, 5},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -162,7 +166,7 @@ func TestShareHysteresis(t *testing.T) {
 
 // TestShareCap: a second member gets only what the first leaves, nothing
 // while the first holds the whole limit, and its share once the first has
-// reported again and taken a smaller one.
+// reported holding a smaller one.
 func TestShareCap(t *testing.T) {
 	l, c := newTestLimiter(t, epoch)
 	a := share1(t, l, shareReq("a", -1, 0))
@@ -179,8 +183,16 @@ func TestShareCap(t *testing.T) {
 		t.Fatalf("a's second report: %+v, want half", a)
 	}
 	c.add(time.Second)
+	if b = share1(t, l, shareReq("b", -1, b.Tokens)); b.Tokens != 0 {
+		t.Fatalf("b's second report: %+v, want nothing while a may still hold all (its answer on the way)", b)
+	}
+	c.add(time.Second)
+	if a = share1(t, l, shareReq("a", -1, a.Tokens)); a.Tokens != 50 {
+		t.Fatalf("a's third report, holding half: %+v, want half", a)
+	}
+	c.add(time.Second)
 	if b = share1(t, l, shareReq("b", -1, b.Tokens)); b.Tokens != 50 {
-		t.Fatalf("b's second report: %+v, want the half a left", b)
+		t.Fatalf("b's third report: %+v, want the half a left", b)
 	}
 	if r := registry(t, c.m); r["a"].tokens+r["b"].tokens != 100 {
 		t.Fatalf("registry %+v, want 100 units held in all", r)
@@ -277,14 +289,16 @@ func TestShareExpiresTheRegistry(t *testing.T) {
 }
 
 // TestShareSumNeverPassesTheLimit: whatever the order of the calls, their
-// demands, the currents they claim and the clock, the live members' T in
-// the registry never sum past the limit.
+// demands and the clock, and with answers lost on the way (the Envoy then
+// holds its old T, and says so next time), the T the Envoys hold under live
+// entries never sum past the limit; an entry keeps the larger of its old T
+// and its new share.
 func TestShareSumNeverPassesTheLimit(t *testing.T) {
 	for _, limit := range []uint64{1, 7, 100, 600} {
 		t.Run(strconv.FormatUint(limit, 10), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(limit, 25))
 			l, c := newTestLimiter(t, epoch)
-			held := map[string]uint64{}
+			held := map[string]uint64{} // what each Envoy holds
 			for i := range 500 {
 				c.add(time.Duration(rng.IntN(3000)) * time.Millisecond)
 				member := fmt.Sprintf("m%d", rng.IntN(8))
@@ -293,24 +307,26 @@ func TestShareSumNeverPassesTheLimit(t *testing.T) {
 					demand = -1
 				}
 				current := held[member]
-				if rng.IntN(10) == 0 {
-					current = rng.Uint64N(2*limit + 1) // a stale or wrong claim
-				}
 				r := shareReq(member, demand, current)
 				r.Limit = limit
 				s := share1(t, l, r)
-				held[member] = s.Tokens
+				if rng.IntN(10) != 0 { // else the answer is lost
+					held[member] = s.Tokens
+				}
 				var sum uint64
-				for name, e := range registry(t, c.m) {
-					if e.leaseEnd.After(c.now) {
-						sum += e.tokens
+				entries := registry(t, c.m)
+				for name := range held {
+					if e, ok := entries[name]; !ok || !e.leaseEnd.After(c.now) {
+						held[name] = 0 // its assignment expired in Envoy too
+						continue
 					}
-					if name == member && (e.tokens != s.Tokens || e.size != s.MaxTokens) {
-						t.Fatalf("call %d: stored %+v, answered %+v", i, e, s)
-					}
+					sum += held[name]
+				}
+				if e := entries[member]; e.tokens != max(s.Tokens, current) || e.size != s.MaxTokens {
+					t.Fatalf("call %d: stored %+v, answered %+v for a current of %d", i, e, s, current)
 				}
 				if sum > limit {
-					t.Fatalf("call %d (%+v -> %+v): live members hold %d, over the limit %d", i, r, s, sum, limit)
+					t.Fatalf("call %d (%+v -> %+v): the Envoys hold %d, over the limit %d", i, r, s, sum, limit)
 				}
 			}
 		})

@@ -34,14 +34,18 @@ const (
 	// DefaultReportInterval is how often Envoy reports: every 5 seconds,
 	// whatever the filter's reporting_interval says.
 	DefaultReportInterval = 5 * time.Second
-	// DefaultLease is an assignment's time to live: two reports, so that
-	// one lost report does not expire it.
-	DefaultLease = 10 * time.Second
+	// DefaultLease is an assignment's time to live: two reports and a
+	// second, so that one lost report does not expire it.
+	DefaultLease = 11 * time.Second
 )
 
-// deliveryMargin covers the time between an assignment's lease and its
-// arrival at Envoy, where its time to live starts.
-const deliveryMargin = time.Second
+// AnswerWithin bounds the time between an assignment's share and lease and
+// its sending: a report's answer is sent by then, with the buckets decided
+// in time. An assignment's share and lease outlive its time to live by it,
+// so that Envoy's copy never outlives them.
+const AnswerWithin = time.Second
+
+const deliveryMargin = AnswerWithin
 
 // headroom is how much more than its measured demand an Envoy asks for, so
 // that a demand that grows is not denied until the next report.
@@ -91,9 +95,6 @@ func New(ledger Ledger, opts *Options) *Allocator {
 	return a
 }
 
-// Lease is the assignments' time to live.
-func (a *Allocator) Lease() time.Duration { return a.lease }
-
 // Kind says what an Assignment lets through.
 type Kind int
 
@@ -138,6 +139,7 @@ type Bucket struct {
 	pending    uint64     // requests of reports too close together to measure
 	demand     float64    // units per window, as last measured; < 0 unknown
 	others     uint64     // units on the counter that are not the fleet's, at the last lease
+	measured   bool       // others was read off the counter
 }
 
 // Held is the assignment last sent for the bucket.
@@ -159,6 +161,12 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 	}
 	gov := lim.Hits[0]
 	now := a.now()
+	if !b.measured {
+		// A new stream's first lease must know what others hold too.
+		if err := a.measureOthers(ctx, b, lim); err != nil {
+			return Assignment{}, err
+		}
+	}
 	demand := a.measure(b, gov.Window, requests, now)
 	share, err := a.ledger.Share(ctx, limiter.ShareRequest{
 		Key:            lim.ShareKey,
@@ -271,7 +279,7 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	// A counter nobody else took from is the fleet's: its lease is recorded
 	// whatever the counter says, as the shares already hold the fleet to
 	// the limit (the counter's own rounding would deny a fleet at 100 %).
-	alone := b.others <= units
+	alone := b.others <= aloneSlack
 	hits := make([]limiter.Hit, len(lim.Hits)+1)
 	for i, h := range lim.Hits {
 		h.Cost, h.Record = units, alone && units > 0
@@ -302,6 +310,11 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	return true, nil
 }
 
+// aloneSlack is what others may hold on a counter that still counts as the
+// fleet's alone: a unit of rounding between the counter and the fleet's
+// count.
+const aloneSlack = 1
+
 // measureOthers reads b.others off the counter without charging it.
 func (a *Allocator) measureOthers(ctx context.Context, b *Bucket, lim Limit) error {
 	// Unbounded, so that the count is read whole; a check charges nothing.
@@ -311,7 +324,7 @@ func (a *Allocator) measureOthers(ctx context.Context, b *Bucket, lim Limit) err
 	if err != nil {
 		return fmt.Errorf("quota: measure: %w", err)
 	}
-	b.others = others(hits[0], hits[1], verdicts[0], verdicts[1])
+	b.others, b.measured = others(hits[0], hits[1], verdicts[0], verdicts[1]), true
 	return nil
 }
 

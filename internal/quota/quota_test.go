@@ -329,3 +329,49 @@ func TestShiftingDemand(t *testing.T) {
 		t.Logf("demand %v per 5 s: least admitted in 5 s after three reports %d of %d", demand, least, limit/12)
 	}
 }
+
+// TestLateEnvoyGetsItsShare: an Envoy that joins five that hold the limit
+// between them gets its fair share once they have reported twice (they
+// give up theirs at one report, and hold them until their next says the
+// answer arrived), however close the old shares are to the new ones.
+func TestLateEnvoyGetsItsShare(t *testing.T) {
+	const limit = 600
+	f := newFleet(t)
+	lim := limitOf(config.SlidingWindowLog, limit, time.Minute)
+	var envoys []*envoy
+	join := func() {
+		e := &envoy{lease: Bucket{Member: fmt.Sprint("envoy-", len(envoys))}, seen: 1}
+		envoys = append(envoys, e)
+		f.report(t, e, lim)
+	}
+	round := func() {
+		for _, e := range envoys {
+			e.serve(50, 5*time.Second) // 600 a minute each: every one wants more than its part
+		}
+		f.advance(5 * time.Second)
+		for _, e := range envoys {
+			f.report(t, e, lim)
+		}
+	}
+	for range 5 {
+		join()
+	}
+	for range 3 {
+		round()
+	}
+	join()
+	for range 3 {
+		round()
+	}
+	late := envoys[len(envoys)-1].lease.tokens()
+	if late < limit/6*9/10 {
+		t.Errorf("the sixth Envoy holds %d tokens a minute after three reports, want about %d", late, limit/6)
+	}
+	var sum uint64
+	for _, e := range envoys {
+		sum += e.lease.tokens()
+	}
+	if sum > limit {
+		t.Errorf("the six hold %d, over the limit %d", sum, limit)
+	}
+}

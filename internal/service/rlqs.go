@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -131,8 +132,9 @@ func (q *RLQS) Drain() { q.drainOnce.Do(func() { close(q.draining) }) }
 func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[string]*rlqsBucket,
 	reports *rlqsv3.RateLimitQuotaUsageReports,
 ) *rlqsv3.RateLimitQuotaResponse {
-	// One report's work ends before the next report is due.
-	ctx, cancel := context.WithTimeout(ctx, q.alloc.Lease()/2)
+	// The answer goes within quota.AnswerWithin of the first share, which
+	// outlives the assignment's time to live by that much.
+	ctx, cancel := context.WithTimeout(ctx, quota.AnswerWithin)
 	defer cancel()
 	var todo []*rlqsBucket
 	for _, u := range reports.BucketQuotaUsages {
@@ -151,21 +153,32 @@ func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[st
 		if b.allowed == 0 && b.denied == 0 && b.action == nil {
 			todo = append(todo, b) // once, however often the report names it
 		}
-		b.allowed += u.NumRequestsAllowed
-		b.denied += u.NumRequestsDenied
+		// Counts a client sends: added without wrapping.
+		b.allowed = saturatingAdd(b.allowed, u.NumRequestsAllowed)
+		b.denied = saturatingAdd(b.denied, u.NumRequestsDenied)
 		b.action = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id}
 	}
 	cfg := q.svc.current.Load().config
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, rlqsParallel)
+	var failed atomic.Int64
+	var lastErr atomic.Pointer[error]
 	for _, b := range todo {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			q.decide(ctx, cfg, domain, b)
+			if err := q.decide(ctx, cfg, domain, b); err != nil {
+				failed.Add(1)
+				lastErr.Store(&err)
+			}
 		})
 	}
 	wg.Wait()
+	if n := failed.Load(); n > 0 && ctx.Err() == nil {
+		// Once per report, not per bucket: a report holds thousands.
+		q.svc.log.Warn("rlqs: no lease for some buckets: their assignments run out at their time to live",
+			zap.String("domain", domain), zap.Int64("buckets", n), zap.Error(*lastErr.Load()))
+	}
 	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(todo))}
 	for _, b := range todo {
 		if b.action.BucketAction != nil {
@@ -177,13 +190,13 @@ func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[st
 }
 
 // decide fills b.action: the assignment of b's rule, or none when the store
-// cannot lease.
-func (q *RLQS) decide(ctx context.Context, cfg *config.Config, domain string, b *rlqsBucket) {
+// cannot lease, which it returns.
+func (q *RLQS) decide(ctx context.Context, cfg *config.Config, domain string, b *rlqsBucket) error {
 	l, entries := q.resolveBucket(cfg, domain, b.id.Bucket)
 	if l == nil {
 		q.svc.opts.Metrics.RLQSUnmatched()
 		b.action.BucketAction = assignmentAction(q.alloc.Allow())
-		return
+		return nil
 	}
 	var a quota.Assignment
 	switch {
@@ -195,14 +208,13 @@ func (q *RLQS) decide(ctx context.Context, cfg *config.Config, domain string, b 
 		var err error
 		a, err = q.alloc.Report(ctx, &b.lease, q.leaseLimit(domain, entries, l), b.allowed+b.denied)
 		if err != nil {
-			q.svc.log.Warn("rlqs: no lease for a bucket: its assignment runs out at its time to live",
-				zap.String("domain", domain), zap.Stringer("rule", l), zap.Error(err))
 			q.svc.opts.Metrics.RLQSReport(domain, l.label(), b.allowed, b.denied, "none")
-			return
+			return err
 		}
 	}
 	q.svc.opts.Metrics.RLQSReport(domain, l.label(), b.allowed, b.denied, kindLabel(a.Kind))
 	b.action.BucketAction = assignmentAction(a)
+	return nil
 }
 
 // resolveBucket finds the limit of a bucket id, and its entries in the
@@ -316,4 +328,12 @@ func bucketKey(bucket map[string]string) string {
 		b = append(append(b, ':'), v...)
 	}
 	return string(b)
+}
+
+// saturatingAdd is a+b, at most the largest uint64.
+func saturatingAdd(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
 }

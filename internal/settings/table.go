@@ -316,13 +316,14 @@ func table(s *Settings) []Setting {
 				return want(s.RLQSReportInterval >= time.Second, s.RLQSReportInterval, "a duration of 1s or more")
 			}},
 		{Name: "rlqs-lease", bind: durationFlag(&s.RLQSLease, quota.DefaultLease),
-			Help: "how long an RLQS assignment lives unless renewed, whole seconds above --rlqs-report-interval",
+			Help: "how long an RLQS assignment lives unless renewed: whole seconds, at least twice --rlqs-report-interval and 1s",
 			Doc: "how long a Rate Limit Quota Service assignment lives unless a report renews it (its " +
 				"`assignment_time_to_live`), and how far ahead its token bucket's refills are leased from the counter: whole " +
-				"seconds (Envoy reads no fraction), above `--rlqs-report-interval` so that one lost report expires nothing",
+				"seconds (Envoy reads no fraction), at least two report intervals and a second, so that one lost report " +
+				"expires nothing",
 			check: func() error {
-				return want(s.RLQSLease > s.RLQSReportInterval && s.RLQSLease%time.Second == 0, s.RLQSLease,
-					"whole seconds above --rlqs-report-interval")
+				return want(s.RLQSLease >= 2*s.RLQSReportInterval+time.Second && s.RLQSLease%time.Second == 0, s.RLQSLease,
+					"whole seconds, at least twice --rlqs-report-interval and 1s")
 			}},
 		// Answers.
 		{Name: "ratelimit-headers", bind: boolFlag(&s.RateLimitHeaders, false),

@@ -11,10 +11,12 @@
 -- Members whose lease has ended are dropped. The member's share is its
 -- max-min fair share (water-filling) of the limit among the live members'
 -- demands, its new one included, rounded up, at least 1; kept at current
--- when current is at most a fifth above it or it at most 5 % above current
--- (Envoy restarts a changed token bucket full: it changes when it must);
--- and never more than the limit less the other live members' T, so that
--- the live members' T never sum past the limit.
+-- when current is at most a fifth above it and leaves the others their fair
+-- shares, or it is at most 5 % above current (Envoy restarts a changed token
+-- bucket full: it changes when it must); and never more than the limit less
+-- the other live members' T, so that the T the Envoys hold never sum past
+-- the limit. The member's entry keeps the larger of current and the share
+-- granted until its next call: it holds current until the new one arrives.
 --
 -- Reply: three whole numbers as strings: T granted (0: nothing left), M
 -- (the bucket's size, max(1, ceil(T * min(interval, window) / window)), 0
@@ -41,6 +43,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local fields = redis.call('HGETALL', key)
 local demands = { wanted(demand) }
 local others_t, ahead, last_end = 0, 0, now + lease
+local others = {} -- { wanted demand, T } of each other live member
 for i = 1, #fields, 2 do
   local name = fields[i]
   local d, tokens, size, lease_end = string.match(fields[i + 1], '^(%S+) (%d+) (%d+) (%d+)$')
@@ -52,6 +55,7 @@ for i = 1, #fields, 2 do
     redis.call('HDEL', key, name)
   elseif name ~= member then
     demands[#demands + 1] = wanted(d)
+    others[#others + 1] = { wanted(d), tokens }
     others_t = others_t + tokens
     ahead = ahead + tokens * (lease_end - now)
     last_end = math.max(last_end, lease_end)
@@ -75,8 +79,21 @@ if level and share > level then
   share = level
 end
 
+-- What the other members lack of their own fair shares: a share kept above
+-- its fair one must leave them that.
+local deficit = 0
+for _, o in ipairs(others) do
+  local fair = o[1]
+  if level and fair > level then
+    fair = level
+  end
+  deficit = deficit + math.max(0, math.max(1, math.ceil(fair)) - o[2])
+end
+
 local desired = math.max(1, math.ceil(share))
-if current > 0 and desired <= current and current <= desired * 1.2 or desired >= current and desired <= current * 1.05 then
+if current > 0 and desired <= current and current - desired <= current / 5 and current <= limit - others_t - deficit then
+  desired = current
+elseif current > 0 and desired >= current and desired <= current * 1.05 then
   desired = current
 end
 local granted = math.max(0, math.min(desired, limit - others_t))
@@ -85,6 +102,9 @@ if granted > 0 then
   size = math.max(1, math.ceil(granted * math.min(interval, window) / window))
 end
 
-redis.call('HSET', key, member, string.format('%s %d %d %d', ARGV[2], granted, size, now + lease))
+-- The member holds current until the answer with granted reaches it (or
+-- for good, when that answer is never sent): the larger of the two counts
+-- until its next call, so that what it gives up goes to others only then.
+redis.call('HSET', key, member, string.format('%s %d %d %d', ARGV[2], math.max(granted, current), size, now + lease))
 redis.call('PEXPIRE', key, string.format('%d', math.max(2 * lease, last_end - now)))
 return { string.format('%d', granted), string.format('%d', size), string.format('%d', math.ceil(ahead / window)) }
