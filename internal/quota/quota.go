@@ -20,6 +20,7 @@
 package quota
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -280,20 +281,27 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	// whatever the counter says, as the shares already hold the fleet to
 	// the limit (the counter's own rounding would deny a fleet at 100 %).
 	alone := b.others <= aloneSlack
+	back, given := a.giveBack(b, lim, tokens, maxTokens, now)
+	// On a counter others use, what the replaced bucket gives back goes to
+	// them, not to its successor in the same call.
+	var keep uint64
+	if !alone {
+		keep = given
+	}
 	hits := make([]limiter.Hit, len(lim.Hits)+1)
 	for i, h := range lim.Hits {
 		h.Cost, h.Record = units, alone && units > 0
 		if h.Algorithm.Bucket() {
-			h.Burst = saturate(uint64(h.Limit), h.Burst, raise)
+			h.Burst = adjust(uint64(cmp.Or(h.Burst, h.Limit)), raise, keep)
 		} else {
-			h.Limit = saturate(uint64(h.Limit), 0, raise)
+			h.Limit = adjust(uint64(h.Limit), raise, keep)
 		}
 		hits[i] = h
 	}
 	fleet := fleetHit(lim.Hits[0])
 	fleet.Cost, fleet.Record = units, alone && units > 0 // charged with the counter, even past it
 	hits[len(lim.Hits)] = fleet
-	hits = append(hits, a.giveBack(b, lim, tokens, maxTokens, now)...)
+	hits = append(hits, back...)
 	verdicts, err := a.ledger.Decide(ctx, hits)
 	if err != nil {
 		return false, fmt.Errorf("quota: lease: %w", err)
@@ -338,24 +346,24 @@ func others(h, fleet limiter.Hit, onCounter, onFleet limiter.Verdict) uint64 {
 
 // giveBack returns the refunds of the refills b's bucket has leased ahead,
 // when a bucket of tokens and maxTokens replaces it (Envoy drops the old
-// one as the new one arrives), and forgets them.
-func (a *Allocator) giveBack(b *Bucket, lim Limit, tokens, maxTokens uint64, now time.Time) []limiter.Hit {
+// one as the new one arrives), and their units, and forgets them.
+func (a *Allocator) giveBack(b *Bucket, lim Limit, tokens, maxTokens uint64, now time.Time) ([]limiter.Hit, uint64) {
 	held := b.held
 	if !b.replacedBy(tokens, maxTokens) {
-		return nil
+		return nil, 0
 	}
 	ahead := b.leaseEnd.Sub(now) - deliveryMargin
 	units := uint64(float64(held.TokensPerFill) * ahead.Seconds() / held.FillInterval.Seconds())
 	b.leaseEnd, b.carry = now, 0
 	if ahead <= 0 || units == 0 {
-		return nil
+		return nil, 0
 	}
 	back := make([]limiter.Hit, 0, len(lim.Hits)+1)
 	for _, h := range append(lim.Hits, fleetHit(lim.Hits[0])) {
 		h.Cost, h.Refund = units, true
 		back = append(back, h)
 	}
-	return back
+	return back, units
 }
 
 // fleetHit is the fleet's own count of the units leased on h's counter:
@@ -380,7 +388,7 @@ func capacity(h limiter.Hit) uint32 {
 // deny makes DENY_ALL b's assignment, giving back what the bucket it
 // replaces leased ahead.
 func (a *Allocator) deny(ctx context.Context, b *Bucket, lim Limit, now time.Time) (Assignment, error) {
-	back := a.giveBack(b, lim, 0, 0, now)
+	back, _ := a.giveBack(b, lim, 0, 0, now)
 	b.held, b.leaseEnd, b.carry = a.Deny(), now, 0
 	if len(back) > 0 {
 		if _, err := a.ledger.Decide(ctx, back); err != nil {
@@ -390,11 +398,9 @@ func (a *Allocator) deny(ctx context.Context, b *Bucket, lim Limit, now time.Tim
 	return b.held, nil
 }
 
-// saturate returns base (or given, when set) plus raise, at most the
-// largest uint32.
-func saturate(base uint64, given uint32, raise uint64) uint32 {
-	if given != 0 {
-		base = uint64(given)
-	}
-	return uint32(min(base+raise, math.MaxUint32))
+// adjust returns capacity plus raise less keep, within 0 and the largest
+// uint32.
+func adjust(capacity, raise, keep uint64) uint32 {
+	capacity = min(capacity+raise, math.MaxUint32)
+	return uint32(capacity - min(keep, capacity))
 }
