@@ -225,14 +225,6 @@ func (b *Bucket) replacedBy(tokens, maxTokens uint64) bool {
 	return b.held.Kind == TokenBucket && (b.held.TokensPerFill != tokens || b.held.MaxTokens != maxTokens)
 }
 
-// ahead is what b's bucket has leased for refills still to come.
-func (b *Bucket) ahead(now time.Time) uint64 {
-	if b.held.Kind != TokenBucket || !b.leaseEnd.After(now) {
-		return 0
-	}
-	return uint64(float64(b.held.TokensPerFill) * b.leaseEnd.Sub(now).Seconds() / b.held.FillInterval.Seconds())
-}
-
 // tokens is the tokens per fill the Envoy holds, 0 for none.
 func (b *Bucket) tokens() uint64 {
 	if b.held.Kind != TokenBucket {
@@ -270,23 +262,18 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 ) (bool, error) {
 	window := lim.Hits[0].Window
 	units, carry := a.units(b, window, tokens, maxTokens, now)
-	// The fleet's leases for refills still to come do not deny its own next
-	// lease; a bucket being replaced gives its own back first (giveBack:
-	// the store applies a request's refunds before its charges).
-	raise := lookahead
-	if !b.replacedBy(tokens, maxTokens) {
-		raise += b.ahead(now)
-	}
 	// A counter nobody else took from is the fleet's: its lease is recorded
 	// whatever the counter says, as the shares already hold the fleet to
 	// the limit (the counter's own rounding would deny a fleet at 100 %).
+	// On a counter others use, they come first: the lease must fit beside
+	// what they took and what the other Envoys leased ahead, and what a
+	// replaced bucket gives back goes to them, not to its successor in the
+	// same call (the store applies a request's refunds before its charges).
 	alone := b.others <= aloneSlack
 	back, given := a.giveBack(b, lim, tokens, maxTokens, now)
-	// On a counter others use, what the replaced bucket gives back goes to
-	// them, not to its successor in the same call.
-	var keep uint64
-	if !alone {
-		keep = given
+	raise, keep := lookahead, given
+	if alone {
+		keep = 0
 	}
 	hits := make([]limiter.Hit, len(lim.Hits)+1)
 	for i, h := range lim.Hits {
