@@ -144,6 +144,19 @@ func watchBuckets(envoys []*envoyrlqs.Client, bucket map[string]string, done <-c
 	return s
 }
 
+// created is the token buckets each Envoy was given, at the last sample,
+// and their sizes then.
+func (s *bucketSizes) created() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, samples := range s.samples {
+		last := samples[len(samples)-1]
+		out = append(out, fmt.Sprintf("%d(M %d)", last.created, last.maxTokens))
+	}
+	return out
+}
+
 // bound is the published bound for the window [from, to): the limit, plus
 // for each Envoy its largest bucket times one more than the buckets it was
 // given within the window (a new bucket starts full). Samples a second
@@ -255,8 +268,8 @@ func TestRLQSFleetBound(t *testing.T) {
 				}
 			}
 			t.Logf("most in a minute %d, least after two reports %d (limit %d, bound over the first minute %d, of which %d "+
-				"let through before a first assignment)", worst, least, rlqsLimit,
-				f.sizes.bound(f.start, f.start.Add(time.Minute))+len(f.got.unassigned), len(f.got.unassigned))
+				"let through before a first assignment); token buckets given %v", worst, least, rlqsLimit,
+				f.sizes.bound(f.start, f.start.Add(time.Minute))+len(f.got.unassigned), len(f.got.unassigned), f.sizes.created())
 			if f.askErr != nil || f.afterwards.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 				t.Errorf("ShouldRateLimit on the bucket the fleet exhausted: %v %v, want OVER_LIMIT", f.afterwards, f.askErr)
 			}
