@@ -31,8 +31,9 @@ type ShareRequest struct {
 	Limit uint64
 	// Window is the limit's window, whole seconds.
 	Window time.Duration
-	// Current is the T the member holds now (0: none); a new share within a
-	// fifth of it keeps it, since Envoy restarts a changed token bucket full.
+	// Current is the T the member holds now (0: none); a new share close to
+	// it keeps it (see Share), since Envoy restarts a changed token bucket
+	// full.
 	Current uint64
 	// ReportInterval is R, Envoy's reporting period: the bucket's size is
 	// about one R of refill, M = max(1, ceil(T * min(R, W) / W)).
@@ -58,8 +59,11 @@ type Share struct {
 // Share records r's demand in its registry and decides the member's share:
 // the max-min fair share of Limit among the live members' demands (members
 // whose lease ended are dropped), rounded up and at least 1, kept at
-// Current within a fifth of it, and capped so that the live members' T
-// never sum past Limit, whatever the order of the calls. A Limit of 0 has
+// Current when at most a fifth below it (leaving the others their fair
+// shares) or at most 5 % above it, and capped so that the T the members
+// hold never sum past Limit, whatever the order of the calls: a member's
+// entry keeps the larger of Current and its new share until ConfirmShare
+// says the new one was sent, or its next call. A Limit of 0 has
 // nothing to share: Share answers Share{} without a store call.
 //
 // Like Reset it runs one atomic script (EVALSHA, re-sent with EVAL on
@@ -133,4 +137,33 @@ func parseShare(reply []string) (Share, error) {
 		n[i] = v
 	}
 	return Share{Tokens: n[0], MaxTokens: n[1], Lookahead: n[2]}, nil
+}
+
+var confirmScript = redis.NewScript(lua.RLQSConfirm)
+
+// ConfirmShare lowers member's entry in the registry at key to tokens, the
+// share it was sent, once sent: Share keeps the larger of a member's old
+// and new T until told the new one is on its way, so that what it gives up
+// goes to no one while it may still hold it. window is the limit's (Split
+// routes by it). Like Share it is one atomic script within the limiter's
+// timeout, observed; a failure wraps ErrStore. An entry that has expired,
+// or holds no more than tokens, is left as it is.
+func (l *Limiter) ConfirmShare(ctx context.Context, key, member string, window time.Duration, tokens uint64) error {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		return ErrClosed
+	}
+	if key == "" || member == "" {
+		return errors.New("confirm share: empty key or member")
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	start := time.Now()
+	err := l.script(ctx, confirmScript, []string{key}, []any{member, tokens}).Err()
+	l.observe(time.Since(start), err)
+	if err != nil {
+		return fmt.Errorf("%w: confirm share: %w", ErrStore, err)
+	}
+	return nil
 }

@@ -393,3 +393,33 @@ func TestShareIsObserved(t *testing.T) {
 		t.Fatalf("observed %v, want one successful store call", observed)
 	}
 }
+
+// TestConfirmShare: a member sent a smaller share has its entry lowered to
+// it, so that the others get what it gave up at once; a confirmation never
+// raises an entry, and one for an expired entry changes nothing.
+func TestConfirmShare(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	ctx := context.Background()
+	share1(t, l, shareReq("a", -1, 0)) // a holds all 100
+	if a := share1(t, l, shareReq("a", 40, 100)); a.Tokens != 40 || registry(t, c.m)["a"].tokens != 100 {
+		t.Fatalf("a's smaller share %+v, entry %+v: want 40 granted and 100 kept until sent", a, registry(t, c.m)["a"])
+	}
+	if b := share1(t, l, shareReq("b", 60, 0)); b.Tokens != 0 {
+		t.Fatalf("b before a's share was sent: %+v, want nothing", b)
+	}
+	if err := l.ConfirmShare(ctx, shareKey, "a", time.Minute, 40); err != nil {
+		t.Fatal(err)
+	}
+	if b := share1(t, l, shareReq("b", 60, 0)); b.Tokens != 60 {
+		t.Fatalf("b once a's share was sent: %+v, want the 60 a gave up", b)
+	}
+	if err := l.ConfirmShare(ctx, shareKey, "a", time.Minute, 90); err != nil || registry(t, c.m)["a"].tokens != 40 {
+		t.Fatalf("a confirmation above the entry: %v, entry %+v; want it left at 40", err, registry(t, c.m)["a"])
+	}
+	if err := l.ConfirmShare(ctx, shareKey, "gone", time.Minute, 1); err != nil {
+		t.Fatalf("a confirmation for no entry: %v", err)
+	}
+	if _, ok := registry(t, c.m)["gone"]; ok {
+		t.Fatal("a confirmation made an entry")
+	}
+}

@@ -156,6 +156,11 @@ func (s *Split) Share(ctx context.Context, r ShareRequest) (Share, error) {
 	return s.of(&Hit{Window: r.Window}).Share(ctx, r)
 }
 
+// ConfirmShare lowers a share where Share keeps it (Limiter.ConfirmShare).
+func (s *Split) ConfirmShare(ctx context.Context, key, member string, window time.Duration, tokens uint64) error {
+	return s.of(&Hit{Window: window}).ConfirmShare(ctx, key, member, window, tokens)
+}
+
 // Prepare prepares both limiters at once (Limiter.Prepare); the errors are
 // joined.
 func (s *Split) Prepare(ctx context.Context) error {

@@ -56,6 +56,7 @@ const headroom = 1.1
 type Ledger interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 	Share(ctx context.Context, r limiter.ShareRequest) (limiter.Share, error)
+	ConfirmShare(ctx context.Context, key, member string, window time.Duration, tokens uint64) error
 }
 
 // Options configure an Allocator. A nil *Options means the defaults.
@@ -141,6 +142,7 @@ type Bucket struct {
 	demand     float64    // units per window, as last measured; < 0 unknown
 	others     uint64     // units on the counter that are not the fleet's, at the last lease
 	measured   bool       // others was read off the counter
+	shrunk     bool       // the assignment made holds less than the one before: Confirm once sent
 }
 
 // Held is the assignment last sent for the bucket.
@@ -197,6 +199,22 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 	// The counter is full of what others took: the share is cut to what
 	// they leave at the next report (Share's limit); until then, nothing.
 	return a.deny(ctx, b, lim, now)
+}
+
+// Confirm tells the shares that the assignment Report made for b was sent,
+// when it holds less than the one before: until then b's share counts the
+// larger, which Envoy may still hold, and what b gave up goes to the others
+// at their next report rather than after b's. An error wraps the store's;
+// the share then stays the larger until b's next report.
+func (a *Allocator) Confirm(ctx context.Context, b *Bucket, lim Limit) error {
+	if !b.shrunk || len(lim.Hits) == 0 {
+		return nil
+	}
+	b.shrunk = false
+	if err := a.ledger.ConfirmShare(ctx, lim.ShareKey, b.Member, lim.Hits[0].Window, b.tokens()); err != nil {
+		return fmt.Errorf("quota: confirm: %w", err)
+	}
+	return nil
 }
 
 // measure returns the Envoy's demand in units per window, with headroom,
@@ -300,6 +318,7 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 			return false, nil
 		}
 	}
+	b.shrunk = b.tokens() > tokens
 	b.held = Assignment{Kind: TokenBucket, MaxTokens: maxTokens, TokensPerFill: tokens, FillInterval: window, TTL: a.lease}
 	b.leaseEnd, b.carry = now.Add(a.lease+deliveryMargin), carry
 	return true, nil
@@ -376,6 +395,7 @@ func capacity(h limiter.Hit) uint32 {
 // replaces leased ahead.
 func (a *Allocator) deny(ctx context.Context, b *Bucket, lim Limit, now time.Time) (Assignment, error) {
 	back, _ := a.giveBack(b, lim, 0, 0, now)
+	b.shrunk = b.tokens() > 0
 	b.held, b.leaseEnd, b.carry = a.Deny(), now, 0
 	if len(back) > 0 {
 		if _, err := a.ledger.Decide(ctx, back); err != nil {

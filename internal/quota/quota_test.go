@@ -106,7 +106,10 @@ func (f *fleet) report(t *testing.T, e *envoy, lim Limit) Assignment {
 		t.Fatalf("report: %v", err)
 	}
 	e.seen = 0
-	e.apply(a)
+	e.apply(a) // sent, and arrived
+	if err := f.alloc.Confirm(context.Background(), &e.lease, lim); err != nil {
+		t.Fatalf("confirm: %v", err)
+	}
 	return a
 }
 
@@ -331,9 +334,9 @@ func TestShiftingDemand(t *testing.T) {
 }
 
 // TestLateEnvoyGetsItsShare: an Envoy that joins five that hold the limit
-// between them gets its fair share once they have reported twice (they
-// give up theirs at one report, and hold them until their next says the
-// answer arrived), however close the old shares are to the new ones.
+// between them gets its fair share at its next report, once they have
+// reported and been sent their smaller shares, however close the old shares
+// are to the new ones.
 func TestLateEnvoyGetsItsShare(t *testing.T) {
 	const limit = 600
 	f := newFleet(t)
@@ -360,12 +363,13 @@ func TestLateEnvoyGetsItsShare(t *testing.T) {
 		round()
 	}
 	join()
-	for range 3 {
-		round()
+	if got := envoys[len(envoys)-1].lease.tokens(); got != 0 {
+		t.Fatalf("the sixth Envoy's first report got %d of a limit the five hold", got)
 	}
+	round()
 	late := envoys[len(envoys)-1].lease.tokens()
 	if late < limit/6*9/10 {
-		t.Errorf("the sixth Envoy holds %d tokens a minute after three reports, want about %d", late, limit/6)
+		t.Errorf("the sixth Envoy holds %d tokens a minute at its next report, want about %d", late, limit/6)
 	}
 	var sum uint64
 	for _, e := range envoys {

@@ -63,6 +63,7 @@ func NewRLQS(s *Service, alloc *quota.Allocator) *RLQS {
 type rlqsBucket struct {
 	id    *rlqsv3.BucketId
 	lease quota.Bucket
+	lim   quota.Limit // as last leased
 	// Of the report being answered.
 	allowed, denied uint64
 	action          *rlqsv3.RateLimitQuotaResponse_BucketAction
@@ -113,14 +114,35 @@ func (q *RLQS) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_StreamR
 		if r.Domain != "" {
 			domain = r.Domain // the protocol sends it first; Envoy in every message
 		}
-		resp := q.answer(ctx, member, domain, buckets, r)
+		resp, sent := q.answer(ctx, member, domain, buckets, r)
 		if len(resp.BucketAction) == 0 {
 			continue
 		}
 		if err := stream.Send(resp); err != nil {
 			return err
 		}
+		q.confirm(ctx, sent)
 	}
+}
+
+// confirm tells the shares which buckets were sent smaller assignments
+// than they held (quota.Allocator.Confirm), so that what they gave up goes
+// to the other Envoys at their next report.
+func (q *RLQS) confirm(ctx context.Context, sent []*rlqsBucket) {
+	ctx, cancel := context.WithTimeout(ctx, quota.AnswerWithin)
+	defer cancel()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, rlqsParallel)
+	for _, b := range sent {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			// A failure leaves the larger share until the bucket's next
+			// report: the others wait a report longer.
+			_ = q.alloc.Confirm(ctx, &b.lease, b.lim)
+		})
+	}
+	wg.Wait()
 }
 
 // Drain ends every stream, and those opened later at once: a service
@@ -131,7 +153,7 @@ func (q *RLQS) Drain() { q.drainOnce.Do(func() { close(q.draining) }) }
 // bucket Envoy has (its domain in every message, as Envoy sends it).
 func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[string]*rlqsBucket,
 	reports *rlqsv3.RateLimitQuotaUsageReports,
-) *rlqsv3.RateLimitQuotaResponse {
+) (*rlqsv3.RateLimitQuotaResponse, []*rlqsBucket) {
 	// The answer goes within quota.AnswerWithin of the first share, which
 	// outlives the assignment's time to live by that much.
 	ctx, cancel := context.WithTimeout(ctx, quota.AnswerWithin)
@@ -180,13 +202,15 @@ func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[st
 			zap.String("domain", domain), zap.Int64("buckets", n), zap.Error(*lastErr.Load()))
 	}
 	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(todo))}
+	var sent []*rlqsBucket
 	for _, b := range todo {
 		if b.action.BucketAction != nil {
 			resp.BucketAction = append(resp.BucketAction, b.action)
+			sent = append(sent, b)
 		}
 		b.allowed, b.denied, b.action = 0, 0, nil
 	}
-	return resp
+	return resp, sent
 }
 
 // decide fills b.action: the assignment of b's rule, or none when the store
@@ -206,7 +230,8 @@ func (q *RLQS) decide(ctx context.Context, cfg *config.Config, domain string, b 
 		a = q.alloc.Deny()
 	default:
 		var err error
-		a, err = q.alloc.Report(ctx, &b.lease, q.leaseLimit(domain, entries, l), b.allowed+b.denied)
+		b.lim = q.leaseLimit(domain, entries, l)
+		a, err = q.alloc.Report(ctx, &b.lease, b.lim, b.allowed+b.denied)
 		if err != nil {
 			q.svc.opts.Metrics.RLQSReport(domain, l.label(), b.allowed, b.denied, "none")
 			return err

@@ -32,6 +32,8 @@ var (
 	refund string
 	//go:embed rlqs_shares.lua
 	rlqsShares string
+	//go:embed rlqs_confirm.lua
+	rlqsConfirm string
 )
 
 // library is the code decide.lua and refund.lua run on. The files share
@@ -82,3 +84,8 @@ var Refund = library + refund
 // registry of RLQS assignments. Its calling convention is documented at the
 // top of rlqs_shares.lua.
 var RLQSShares = rlqsShares
+
+// RLQSConfirm is the script that lowers a member's entry in the registry of
+// RLQS assignments to the share it was sent. Its calling convention is
+// documented at the top of rlqs_confirm.lua.
+var RLQSConfirm = rlqsConfirm

@@ -44,7 +44,7 @@ func TestAlgorithmTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range files {
-		if name := strings.TrimSuffix(f, ".lua"); !names[name] && !slices.Contains([]string{"prelude", "decide", "refund", "reset", "rlqs_shares"}, name) {
+		if name := strings.TrimSuffix(f, ".lua"); !names[name] && !slices.Contains([]string{"prelude", "decide", "refund", "reset", "rlqs_shares", "rlqs_confirm"}, name) {
 			t.Errorf("%s is neither an algorithm's file (no entry in Algorithms) nor a shared one", f)
 		}
 	}
@@ -145,6 +145,7 @@ func TestLibraryOrder(t *testing.T) {
 	(&checker{file: "refund.lua", script: true}).check(t, refundScope, refund)
 	(&checker{file: "reset.lua", script: true}).check(t, newScope(nil), reset)
 	(&checker{file: "rlqs_shares.lua", script: true}).check(t, newScope(nil), rlqsShares)
+	(&checker{file: "rlqs_confirm.lua", script: true}).check(t, newScope(nil), rlqsConfirm)
 	if !decideScope.names["decide"] {
 		t.Error("decide.lua declares no local decide, which Decide and Library call")
 	}
