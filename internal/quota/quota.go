@@ -7,16 +7,19 @@
 // docs/rlqs.md):
 //
 //   - the shares (limiter.Share): each Envoy's part of a limit, a max-min
-//     fair share of the demands every Envoy reported, capped so that the
-//     parts of all live assignments, across Envoys and service instances, add
-//     up to the limit at most; a part lives as long as its assignment;
-//   - the lease: before an assignment is sent, the units its token bucket can
-//     hand out until the assignment expires are charged to the counter
-//     (limiter.Decide), so that ShouldRateLimit sees them; units leased for
-//     time not yet come (the fleet's lookahead) raise the lease's own limit,
-//     so that the fleet's advance never denies the fleet, while what
-//     ShouldRateLimit admitted does. Units leased and not used expire with
-//     the counter's window.
+//     fair share of the demands every Envoy reported, less what others
+//     (ShouldRateLimit's callers) took, capped so that the parts the Envoys
+//     hold, across Envoys and service instances, add up to the limit at
+//     most; a part lives as long as its assignment, and a smaller one counts
+//     once sent (Confirm);
+//   - the lease: before an assignment is sent, the refills its token bucket
+//     can make until the assignment expires are charged to the counter
+//     (limiter.Decide), so that ShouldRateLimit sees them, and to the fleet's
+//     own count beside it, whose difference is what others took. On a
+//     counter only the fleet uses a lease is recorded whatever the counter
+//     says; on one others use, it must fit beside them, or the bucket is
+//     denied. A replaced bucket's refills not yet made are given back;
+//     others expire with the counter's window.
 package quota
 
 import (
@@ -144,9 +147,6 @@ type Bucket struct {
 	measured   bool       // others was read off the counter
 	shrunk     bool       // the assignment made holds less than the one before: Confirm once sent
 }
-
-// Held is the assignment last sent for the bucket.
-func (b *Bucket) Held() Assignment { return b.held }
 
 // Allow is the assignment of a bucket no limit applies to.
 func (a *Allocator) Allow() Assignment { return Assignment{Kind: AllowAll, TTL: a.lease} }
