@@ -22,18 +22,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// freePorts returns n distinct free loopback ports. The listeners stay open
-// until all n are chosen, so the kernel cannot hand one out twice.
+// freePorts returns n distinct free loopback ports (freePort).
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
 	ports := make([]int, 0, n)
 	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, freePort(t))
 	}
 	return ports
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -50,14 +51,43 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// The tests' ports come from below Linux's ephemeral range (32768-60999 by
+// default), from which every outgoing connection and every ":0" listener
+// of the tests running beside these draws: a port picked there can be
+// taken by one of them between its pick and the service's bind. Each port
+// is handed out once per run.
+const portsFrom, portsTo = 20000, 32768
+
+var (
+	portMu    sync.Mutex
+	portNext  = portsFrom + rand.IntN(portsTo-portsFrom)
+	handedOut = map[int]bool{}
+)
+
+// freePort returns a loopback port nothing listens on, and that no other
+// test of this run was given.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	portMu.Lock()
+	defer portMu.Unlock()
+	for range portsTo - portsFrom {
+		p := portNext
+		if portNext++; portNext == portsTo {
+			portNext = portsFrom
+		}
+		if handedOut[p] {
+			continue
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue // taken
+		}
+		_ = ln.Close() // only a probe
+		handedOut[p] = true
+		return p
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatalf("no free loopback port in %d-%d", portsFrom, portsTo-1)
+	return 0
 }
 
 // syncBuffer collects a process's output for the failure report.
