@@ -35,6 +35,10 @@ const (
 	// more is answered for the first ones; Envoy applies its
 	// no_assignment_behavior to the others.
 	MaxRLQSBuckets = 4096
+	// MaxRLQSBucketsTotal bounds the buckets of all streams together, each
+	// holding its id, lease and keys (about a kilobyte): many streams
+	// cannot grow the service's memory past about 16 MiB this way.
+	MaxRLQSBucketsTotal = 16384
 	// rlqsParallel bounds the buckets of one report decided at once.
 	rlqsParallel = 32
 )
@@ -47,6 +51,8 @@ type RLQS struct {
 	alloc    *quota.Allocator
 	instance string        // names this process's streams among the shares
 	streams  atomic.Uint64 // numbers them
+	buckets  atomic.Int64  // held by all streams, at most maxTotal
+	maxTotal int64
 
 	draining  chan struct{} // closed by Drain
 	drainOnce sync.Once
@@ -56,7 +62,7 @@ type RLQS struct {
 func NewRLQS(s *Service, alloc *quota.Allocator) *RLQS {
 	var id [8]byte
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
-	return &RLQS{svc: s, alloc: alloc, instance: hex.EncodeToString(id[:]), draining: make(chan struct{})}
+	return &RLQS{svc: s, alloc: alloc, instance: hex.EncodeToString(id[:]), draining: make(chan struct{}), maxTotal: MaxRLQSBucketsTotal}
 }
 
 // rlqsBucket is one bucket of a stream.
@@ -96,6 +102,7 @@ func (q *RLQS) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_StreamR
 		}
 	}()
 	buckets := map[string]*rlqsBucket{}
+	defer func() { q.buckets.Add(-int64(len(buckets))) }()
 	var domain string
 	for {
 		var r *rlqsv3.RateLimitQuotaUsageReports
@@ -166,8 +173,11 @@ func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[st
 		key := bucketKey(u.BucketId.Bucket)
 		b := buckets[key]
 		if b == nil {
-			if len(buckets) >= MaxRLQSBuckets {
-				continue
+			if len(buckets) >= MaxRLQSBuckets || q.buckets.Add(1) > q.maxTotal {
+				if len(buckets) < MaxRLQSBuckets {
+					q.buckets.Add(-1)
+				}
+				continue // Envoy applies its no_assignment_behavior
 			}
 			b = &rlqsBucket{id: u.BucketId, lease: quota.Bucket{Member: member + "." + strconv.Itoa(len(buckets))}}
 			buckets[key] = b

@@ -22,6 +22,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 	"github.com/slidingwindow/ratelimit/internal/quota"
+	"github.com/slidingwindow/ratelimit/internal/waitfor"
 )
 
 const rlqsRules = `
@@ -252,4 +253,26 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestRLQSBucketsBound: past the buckets all streams may hold, a new bucket
+// gets no action (Envoy's no_assignment_behavior applies) while the known
+// ones keep theirs; a stream's end gives its buckets back.
+func TestRLQSBucketsBound(t *testing.T) {
+	r := newRLQSTest(t)
+	r.rlqs.maxTotal = 2
+	actions := r.report(t, "edge", usage(1, "name", "open"), usage(1, "name", "closed"), usage(1, "name", "nowhere"))
+	if len(actions) != 2 || actions[bucketKey(map[string]string{"name": "nowhere"})] != nil {
+		t.Fatalf("3 buckets with room for 2: %d actions (%v), want the first two", len(actions), actions)
+	}
+	if actions = r.report(t, "edge", usage(1, "name", "open"), usage(1, "name", "nowhere")); len(actions) != 1 {
+		t.Fatalf("a known bucket and a new one past the bound: %d actions, want the known one's", len(actions))
+	}
+	if err := r.stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.True(5*time.Second, 10*time.Millisecond, func() bool { return r.rlqs.buckets.Load() == 0 })
+	if n := r.rlqs.buckets.Load(); n != 0 {
+		t.Fatalf("%d buckets held after the stream ended, want 0", n)
+	}
 }
