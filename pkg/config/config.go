@@ -1,0 +1,188 @@
+// Package config loads, parses and validates rate limit configs: the YAML of
+// envoyproxy/ratelimit (domains, nested descriptors, rate_limit with unit and
+// requests_per_unit, shadow_mode, replaces, share_threshold, quota_mode,
+// detailed_metric) with this project's extensions (algorithm,
+// unit_multiplier, burst, failure_mode, rate_limits, record_costs,
+// refund_order, metadata), exactly as the rate limit service reads them.
+//
+// A Config is built once and never changes, so one value can be read by any
+// number of goroutines; a new config is a new value. Errors name the file and
+// line they come from: "FILE:LINE: what is wrong".
+//
+// Use it to check configs in CI with the service's own parser, or to find the
+// rule that applies to a descriptor (Config.Match).
+package config
+
+import (
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/pkgbridge"
+)
+
+// Options are the defaults of the rules that do not say, and how a
+// directory's files combine. A nil *Options means the service's defaults.
+type Options struct {
+	// DefaultAlgorithm is the algorithm of a rule that names none, as the
+	// config names it ("sliding_window_log", "fixed_window", ...); empty
+	// means "sliding_window_counter".
+	DefaultAlgorithm string
+	// MergeDomains lets several files define one domain, their top-level
+	// descriptors joined (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG);
+	// otherwise a domain defined twice is an error.
+	MergeDomains bool
+	// AllFiles reads every file under a directory, as envoyproxy/ratelimit
+	// does; otherwise Load reads the directory's *.yaml and *.yml files.
+	AllFiles bool
+}
+
+func (o *Options) defaults() (config.Defaults, error) {
+	var d config.Defaults
+	if o == nil {
+		return d, nil
+	}
+	if o.DefaultAlgorithm != "" {
+		a, err := config.ParseAlgorithm(o.DefaultAlgorithm)
+		if err != nil {
+			return d, err
+		}
+		d.Algorithm = a
+	}
+	d.MergeDomains = o.MergeDomains
+	if o.AllFiles {
+		d.Files = config.AllFiles
+	}
+	return d, nil
+}
+
+// Config is a loaded and validated set of domains, indexed for matching.
+// It is immutable and safe for concurrent use.
+type Config struct {
+	c *config.Config
+}
+
+// Load reads the config at path: one YAML file, or a directory of them.
+func Load(path string, opts *Options) (*Config, error) {
+	d, err := opts.defaults()
+	if err != nil {
+		return nil, err
+	}
+	c, err := config.Load(path, d)
+	if err != nil {
+		return nil, err
+	}
+	return &Config{c: c}, nil
+}
+
+// Parse reads one config held in memory; name stands for its file name in
+// errors and in each rule's Source.
+func Parse(name string, data []byte, opts *Options) (*Config, error) {
+	d, err := opts.defaults()
+	if err != nil {
+		return nil, err
+	}
+	c, err := config.Parse(name, data, d)
+	if err != nil {
+		return nil, err
+	}
+	return &Config{c: c}, nil
+}
+
+func init() {
+	pkgbridge.ConfigOf = func(c any) *config.Config { return c.(*Config).c }
+}
+
+// Warnings returns what the config does that is allowed but probably not
+// meant (such as a rule that can never match), each "FILE:LINE: ...".
+func (c *Config) Warnings() []string { return c.c.Warnings() }
+
+// Hash identifies the config's content: equal configs have equal hashes.
+func (c *Config) Hash() string { return c.c.Hash() }
+
+// Rules returns every rule, in the order of the files and of the
+// descriptors within them: one per descriptor with a rate_limit or
+// rate_limits, however many limits it has.
+func (c *Config) Rules() []Rule {
+	var out []Rule
+	for _, r := range c.c.Rules() {
+		if r.Limits()[0] == r { // the others are its further limits
+			out = append(out, Rule{r: r})
+		}
+	}
+	return out
+}
+
+// Entry is one entry of a request's descriptor.
+type Entry struct {
+	Key, Value string
+}
+
+// GetKey returns e.Key.
+func (e Entry) GetKey() string { return e.Key }
+
+// GetValue returns e.Value.
+func (e Entry) GetValue() string { return e.Value }
+
+// Match returns the rule the service applies to a descriptor of domain with
+// these entries, in the request's order, and false when none applies.
+func (c *Config) Match(domain string, entries ...Entry) (Rule, bool) {
+	r := config.Match(c.c, domain, entries)
+	if r == nil {
+		return Rule{}, false
+	}
+	return Rule{r: r}, true
+}
+
+// Rule is one configured limit: a descriptor that has a rate_limit. The zero
+// Rule is not a rule.
+type Rule struct {
+	r *config.Rule
+}
+
+// Limit is one of a rule's limits.
+type Limit struct {
+	// Requests is the number of units Window admits.
+	Requests uint32
+	// Window is the window's length: the unit times unit_multiplier.
+	Window time.Duration
+	// Algorithm is the rule's algorithm as the config names it, such as
+	// "sliding_window_log".
+	Algorithm string
+	// Burst is the GCRA bucket's size; zero for other algorithms.
+	Burst uint32
+}
+
+// Domain returns the rule's domain.
+func (r Rule) Domain() string { return r.r.Domain }
+
+// Path identifies the rule within its domain, such as "path=/v1/* / user".
+func (r Rule) Path() string { return r.r.Path() }
+
+// Name is the rule's rate_limit.name, empty when it has none.
+func (r Rule) Name() string { return r.r.Name }
+
+// Source is where the rule is written: "FILE:LINE".
+func (r Rule) Source() string { return r.r.Source }
+
+// Unlimited reports a rule that never limits (rate_limit.unlimited).
+func (r Rule) Unlimited() bool { return r.r.Unlimited }
+
+// Shadow reports a rule in shadow mode: evaluated and counted, never denying.
+func (r Rule) Shadow() bool { return r.r.ShadowMode }
+
+// Limits returns the rule's limits: its rate_limit, then those of
+// rate_limits; none when it is unlimited.
+func (r Rule) Limits() []Limit {
+	if r.r.Unlimited {
+		return nil
+	}
+	all := r.r.Limits()
+	out := make([]Limit, len(all))
+	for i, l := range all {
+		out[i] = Limit{Requests: l.RequestsPerUnit, Window: l.Window(), Algorithm: l.Algorithm.String(), Burst: l.Burst}
+	}
+	return out
+}
+
+// String identifies the rule for logs, such as "api: path=/v1/* / user".
+func (r Rule) String() string { return r.r.String() }

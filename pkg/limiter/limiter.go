@@ -1,0 +1,293 @@
+// Package limiter decides rate limits on Redis, on the same counters and with
+// the same Lua scripts as the rate limit service, so that a Go program and
+// Envoy's requests through the service can count against one limit.
+//
+// A Limiter takes the hits of one request (a key, a limit, a cost each) and
+// decides them atomically, all or nothing: when any of them does not fit,
+// none is charged. Each hit gets a Verdict: admitted or not, what remains of
+// its limit, and when it frees up. The clock is Redis TIME, read inside the
+// script, so that every instance sharing one Redis agrees on it.
+//
+// The store is any go-redis UniversalClient (a standalone or Sentinel
+// *redis.Client, or a *redis.ClusterClient), or the embedded store
+// (NewEmbedded), an in-process Redis for tests and single instances.
+//
+// Keys name counters. Key builds the key the service gives a descriptor's
+// limit, so that a Go program counts on the counter Envoy's requests count on.
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/pkgbridge"
+)
+
+func init() {
+	pkgbridge.LimiterOf = func(l any) *limiter.Limiter { return l.(*Limiter).lim }
+}
+
+// Algorithm is how a limit's window slides.
+type Algorithm uint8
+
+// The algorithms, as the config file names them (String).
+const (
+	// SlidingWindowLog keeps one entry per admitted unit: exact, memory
+	// grows with the limit.
+	SlidingWindowLog Algorithm = Algorithm(config.SlidingWindowLog)
+	// SlidingWindowCounter weighs the previous window's count by its
+	// overlap with the sliding window: two counters, close to exact.
+	SlidingWindowCounter Algorithm = Algorithm(config.SlidingWindowCounter)
+	// FixedWindow is one counter per window, as envoyproxy/ratelimit
+	// counts: up to twice the limit across a window's edge.
+	FixedWindow Algorithm = Algorithm(config.FixedWindow)
+	// GCRA is a token bucket of Limit.Burst units refilled at the rate
+	// Limit.Requests per Limit.Window.
+	GCRA Algorithm = Algorithm(config.GCRA)
+)
+
+// String returns the algorithm's name in the config file, such as
+// "sliding_window_log".
+func (a Algorithm) String() string { return config.Algorithm(a).String() }
+
+// ParseAlgorithm returns the algorithm the config file names s.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	a, err := config.ParseAlgorithm(s)
+	if err != nil {
+		return 0, err
+	}
+	if a == config.ReferenceFixedWindow {
+		return 0, fmt.Errorf("algorithm %q names its counters by the service's clock: use it through the service", s)
+	}
+	return Algorithm(a), nil
+}
+
+// Limit is how many units a window admits, and how it slides.
+type Limit struct {
+	// Algorithm decides how the window slides; zero means
+	// SlidingWindowCounter, the service's default.
+	Algorithm Algorithm
+	// Requests is the number of units Window admits.
+	Requests uint32
+	// Window is the window's length, a whole number of seconds.
+	Window time.Duration
+	// Burst is, for GCRA, the bucket's size in units; zero means Requests.
+	// Other algorithms ignore it.
+	Burst uint32
+}
+
+// FailureMode is the answer a hit gets when the store cannot decide it.
+type FailureMode uint8
+
+const (
+	// FailOpen admits the hit without charging it (the zero value, as
+	// Envoy's failure_mode_deny: false).
+	FailOpen FailureMode = iota
+	// FailClosed denies the hit.
+	FailClosed
+)
+
+// Hit asks whether Cost more units fit Limit on the counter Key.
+type Hit struct {
+	// Key names the counter: hits with one Key count together. Key builds
+	// the service's keys; any string will do for a counter of one's own,
+	// and a Redis Cluster hash tag ({...}) in it picks its slot.
+	Key string
+	// Limit is the limit the counter is held to.
+	Limit Limit
+	// Cost is the number of units the hit takes; zero checks without
+	// taking, and is denied while nothing remains.
+	Cost uint64
+	// Shadow evaluates and charges the hit as usual, but its denial denies
+	// neither it nor the request (a dry run of a new limit).
+	Shadow bool
+	// FailureMode answers the hit when the store cannot.
+	FailureMode FailureMode
+}
+
+// Verdict is the answer for one Hit.
+type Verdict struct {
+	// Admitted reports that the hit fits its limit. A shadow hit's
+	// Admitted says whether it would have.
+	Admitted bool
+	// Remaining is the number of units still available after the decision.
+	Remaining uint64
+	// ResetAfter is, for an admitted hit, the time until the window is
+	// empty again; for a denied one, until its cost would fit if nothing
+	// else came (the retry-after the service announces).
+	ResetAfter time.Duration
+	// FromFailureMode reports an answer given by the hit's FailureMode
+	// because the store could not answer.
+	FromFailureMode bool
+}
+
+// Errors Decide returns, with errors.Is.
+var (
+	// ErrStore wraps every failure to get an answer from the store
+	// (unreachable, timed out, an unexpected reply).
+	ErrStore = limiter.ErrStore
+	// ErrOverloaded reports a request whose deadline passed before it was
+	// sent to the store: the process, not the store, was too slow.
+	ErrOverloaded = limiter.ErrOverloaded
+	// ErrClosed answers the calls made after Close; it wraps ErrStore.
+	ErrClosed = limiter.ErrClosed
+	// ErrInvalid reports a hit the limiter cannot decide (an unknown
+	// algorithm, a window that is not whole seconds): nothing was sent.
+	ErrInvalid = errors.New("invalid hit")
+)
+
+// Options configure a Limiter. A nil *Options means the defaults.
+type Options struct {
+	// Timeout bounds a request's store work when its context has a later
+	// deadline or none; zero means one second.
+	Timeout time.Duration
+}
+
+// Limiter decides hits on a Redis store. It is safe for concurrent use.
+type Limiter struct {
+	lim   *limiter.Limiter
+	store *limiter.Store // the embedded store, closed with the limiter
+}
+
+// New returns a Limiter on client: a *redis.Client (standalone, or a
+// Sentinel failover client), a *redis.ClusterClient, or a UniversalClient
+// holding one. Concurrent requests share pipelines to each server. On a
+// cluster, a request's hits are grouped by hash slot and every group is
+// decided at once, each on its slot's master. The caller keeps owning client:
+// Close does not close it.
+func New(client redis.UniversalClient, opts *Options) *Limiter {
+	return &Limiter{lim: limiter.New(client, internalOptions(opts))}
+}
+
+// NewEmbedded returns a Limiter on the embedded store: an in-process Redis
+// (miniredis) on a loopback port, one replica, shared with no other process
+// and not persistent. Close stops it.
+func NewEmbedded(opts *Options) (*Limiter, error) {
+	store, err := limiter.OpenStore(limiter.StoreConfig{})
+	if err != nil {
+		return nil, err
+	}
+	return &Limiter{lim: limiter.New(store.Client, internalOptions(opts)), store: store}, nil
+}
+
+func internalOptions(opts *Options) *limiter.Options {
+	o := &limiter.Options{}
+	if opts != nil {
+		o.Timeout = opts.Timeout
+	}
+	return o
+}
+
+// Decide decides the hits of one request atomically and returns a verdict per
+// hit, in order. When any hit that is not Shadow does not fit, none is
+// charged. Hits on the same Key are one demand: their costs add up against
+// the smallest of their limits.
+//
+// When the store cannot answer, Decide returns an error wrapping ErrStore (or
+// ErrOverloaded), together with the verdicts of the hits' failure modes.
+// A hit that cannot be decided at all returns an error wrapping ErrInvalid
+// and no verdicts.
+func (l *Limiter) Decide(ctx context.Context, hits ...Hit) ([]Verdict, error) {
+	in := make([]limiter.Hit, len(hits))
+	for i, h := range hits {
+		lh, err := h.internal()
+		if err != nil {
+			return nil, err
+		}
+		in[i] = lh
+	}
+	out, err := l.lim.Decide(ctx, in)
+	if out == nil {
+		return nil, err
+	}
+	verdicts := make([]Verdict, len(out))
+	for i, v := range out {
+		verdicts[i] = Verdict{
+			Admitted:        v.Admitted,
+			Remaining:       v.Remaining,
+			ResetAfter:      v.ResetAfter,
+			FromFailureMode: v.FailureVerdict,
+		}
+	}
+	return verdicts, err
+}
+
+// Reset empties the counter of key for limit, so that the whole limit is
+// available at once.
+func (l *Limiter) Reset(ctx context.Context, key string, limit Limit) error {
+	h, err := Hit{Key: key, Limit: limit}.internal()
+	if err != nil {
+		return err
+	}
+	_, err = l.lim.Reset(ctx, h)
+	return err
+}
+
+// Close waits for the calls in flight, then stops the limiter (and the
+// embedded store). Later calls are answered by failure mode, with ErrClosed.
+func (l *Limiter) Close() {
+	l.lim.Close()
+	if l.store != nil {
+		_ = l.store.Close() // an in-process server: nothing to report
+	}
+}
+
+func (h Hit) internal() (limiter.Hit, error) {
+	alg := h.Limit.Algorithm
+	if alg == 0 {
+		alg = SlidingWindowCounter
+	}
+	switch {
+	case alg > GCRA:
+		return limiter.Hit{}, fmt.Errorf("%w: algorithm %d", ErrInvalid, alg)
+	case h.Limit.Window < time.Second || h.Limit.Window%time.Second != 0 || h.Limit.Window > config.MaxWindow:
+		return limiter.Hit{}, fmt.Errorf("%w: window %v is not a whole number of seconds up to %v", ErrInvalid, h.Limit.Window, config.MaxWindow)
+	case h.Key == "":
+		return limiter.Hit{}, fmt.Errorf("%w: empty key", ErrInvalid)
+	}
+	hit := limiter.Hit{
+		Key:       h.Key,
+		Algorithm: config.Algorithm(alg),
+		Limit:     h.Limit.Requests,
+		Window:    h.Limit.Window,
+		Cost:      h.Cost,
+		Shadow:    h.Shadow,
+	}
+	if alg == GCRA {
+		hit.Burst = h.Limit.Burst
+	}
+	hit.FailureMode = config.FailureAllow
+	if h.FailureMode == FailClosed {
+		hit.FailureMode = config.FailureDeny
+	}
+	return hit, nil
+}
+
+// Entry is one entry of an Envoy descriptor: a key and its value.
+type Entry struct {
+	Key, Value string
+}
+
+// Key returns the key the service gives the counter of a descriptor (domain
+// and entries, in the request's order) held to limit, so that a hit on it
+// counts together with the service's. prefix is the service's key prefix
+// (--key-prefix), usually empty. Entries matched by a share_threshold
+// wildcard are not covered: their counter is named by the pattern.
+func Key(prefix, domain string, limit Limit, entries ...Entry) string {
+	alg := limit.Algorithm
+	if alg == 0 {
+		alg = SlidingWindowCounter
+	}
+	b := limiter.KeyBuilder{Prefix: prefix}
+	b.Reset(domain)
+	for _, e := range entries {
+		b.Add(e.Key, e.Value)
+	}
+	return b.Key(config.Algorithm(alg), limit.Window)
+}

@@ -1,0 +1,13 @@
+package service_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package when a test leaves a goroutine behind: a
+// client, server, store or ticker that was not closed.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

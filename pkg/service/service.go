@@ -1,0 +1,127 @@
+// Package service serves Envoy's rate limit protocols from a config and a
+// limiter: envoy.service.ratelimit.v3.RateLimitService (ShouldRateLimit, what
+// Envoy's ratelimit filters call) and
+// envoy.service.rate_limit_quota.v3.RateLimitQuotaService (the
+// rate_limit_quota filter's quota reports), registered on the caller's own
+// gRPC server beside its other services.
+//
+// It answers exactly as the ratelimit binary does: per descriptor a status,
+// the remaining quota, the time until reset and, on a denial, a retry-after
+// header. A request a client controls never fails a call: bad input is
+// answered, OVER_LIMIT is an answer, and only a store that cannot decide
+// yields an error (codes.Unavailable) when the rule's failure mode defers to
+// Envoy's.
+package service
+
+import (
+	"context"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+
+	"github.com/slidingwindow/ratelimit/internal/pkgbridge"
+	"github.com/slidingwindow/ratelimit/internal/quota"
+	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/pkg/config"
+	"github.com/slidingwindow/ratelimit/pkg/limiter"
+)
+
+// Options configure a Service. A nil *Options means the defaults, which are
+// the ratelimit binary's.
+type Options struct {
+	// KeyPrefix goes before every counter's key, to separate services that
+	// share one Redis (the binary's --key-prefix).
+	KeyPrefix string
+	// RateLimitHeaders adds the RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset headers to every answer with a limited descriptor.
+	RateLimitHeaders bool
+	// ShadowMode denies no request: each descriptor's status stays what it
+	// would be, only the overall code is OK (envoyproxy/ratelimit's
+	// SHADOW_MODE).
+	ShadowMode bool
+	// QuotaMode denies a request only when every descriptor is over its
+	// limit (envoyproxy/ratelimit's QUOTA_MODE).
+	QuotaMode bool
+	// MaxDescriptors and MaxEntries bound a request's descriptors and a
+	// descriptor's entries (a request past them is answered with an
+	// error status); zero means the binary's defaults.
+	MaxDescriptors, MaxEntries int
+	// MaxRequestBytes bounds a request message; zero means 256 KiB.
+	MaxRequestBytes int
+}
+
+// Service answers ShouldRateLimit and quota reports. It is safe for
+// concurrent use.
+type Service struct {
+	svc          *service.Service
+	rlqs         *service.RLQS
+	maxRecvBytes int
+}
+
+// New returns a Service answering from cfg, deciding on lim. Counters live
+// where lim keeps them: services (and ratelimit binaries) on one Redis with
+// one KeyPrefix count together.
+func New(cfg *config.Config, lim *limiter.Limiter, opts *Options) *Service {
+	if opts == nil {
+		opts = &Options{}
+	}
+	l := pkgbridge.LimiterOf(lim)
+	svc := service.New(pkgbridge.ConfigOf(cfg), l, &service.Options{
+		KeyPrefix:        opts.KeyPrefix,
+		RateLimitHeaders: opts.RateLimitHeaders,
+		ShadowMode:       opts.ShadowMode,
+		QuotaMode:        opts.QuotaMode,
+		MaxDescriptors:   opts.MaxDescriptors,
+		MaxEntries:       opts.MaxEntries,
+		MaxRequestBytes:  opts.MaxRequestBytes,
+	})
+	return &Service{
+		svc:          svc,
+		rlqs:         service.NewRLQS(svc, quota.New(l, nil)),
+		maxRecvBytes: maxRequestBytes(opts.MaxRequestBytes),
+	}
+}
+
+// ServerOptions returns the options the gRPC server that Register is given
+// must be created with: the request codec, which keeps a descriptor value's
+// bytes as Envoy sent them (a header that is not UTF-8 must not fail the call)
+// and bounds what a request may allocate, and the message size bound. The
+// codec decodes every other message as grpc-go's own, so the server's other
+// services are unaffected.
+func (s *Service) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(s.svc.Codec()),
+		grpc.MaxRecvMsgSize(s.maxRecvBytes),
+	}
+}
+
+// Register registers the rate limit service and the quota service on r,
+// a server created with ServerOptions.
+func (s *Service) Register(r grpc.ServiceRegistrar) {
+	rlsv3.RegisterRateLimitServiceServer(r, s.svc)
+	rlqsv3.RegisterRateLimitQuotaServiceServer(r, s.rlqs)
+}
+
+// ShouldRateLimit decides a request in process, as a gRPC call would: a Go
+// program's own requests (an HTTP middleware, say) count on the counters
+// Envoy's requests count on.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return s.svc.ShouldRateLimit(ctx, req)
+}
+
+// Reload puts cfg in force atomically: requests in flight finish with the
+// config they started with. Counters carry over.
+func (s *Service) Reload(cfg *config.Config) { s.svc.Reload(pkgbridge.ConfigOf(cfg)) }
+
+// Drain ends every quota stream, and refuses new ones, so that a server about
+// to stop sends its Envoys to the other instances: call it before the
+// server's GracefulStop, which would otherwise wait for the streams.
+func (s *Service) Drain() { s.rlqs.Drain() }
+
+func maxRequestBytes(n int) int {
+	if n <= 0 {
+		return service.DefaultMaxRequestBytes
+	}
+	return n
+}
