@@ -11,16 +11,16 @@ export PATH := $(if $(GOBIN_DIR),$(GOBIN_DIR):)$(PATH)
 # tests); go parallelises within each step.
 .NOTPARALLEL:
 
-.PHONY: run test lint build vet clean proto tools bench bench-attacks bench-micro fuzz accuracy
+.PHONY: run test lint build vet api clean proto tools bench bench-attacks bench-micro fuzz accuracy
 
 ## run: serve the example config on the embedded store (gRPC :8081, HTTP :8080, admin localhost:9090)
 run:
 	$(GO) run ./cmd/ratelimit --config examples/config --log-format console --admin-addr localhost:9090
 
 ## test: install what the tests need when it is missing (make tools: redis-server and
-## redis-sentinel, protoc, the code generators, h2spec, golangci-lint), then lint,
-## vet, and every test with the race detector
-test: tools lint vet
+## redis-sentinel, protoc, the code generators, h2spec, golangci-lint, apidiff), then lint,
+## vet, the API check, and every test with the race detector
+test: tools lint vet api
 	$(GO) test $(GOFLAGS_TEST) ./...
 
 ## lint: golangci-lint at its pinned version (installed when missing), config .golangci.yml
@@ -33,6 +33,12 @@ build:
 
 vet:
 	$(GO) vet ./...
+
+## api: the public packages (pkg/..., scripts/lua) against their committed API baseline
+## (api/*.export): an incompatible change fails; .ci/api.sh --write records one on purpose
+api:
+	.ci/tools.sh apidiff
+	.ci/api.sh
 
 clean:
 	rm -rf bin

@@ -16,6 +16,8 @@
 #                       that version's)
 #   golangci-lint       GOLANGCI_LINT_VERSION below: `make lint`
 #                       (.golangci.yml)
+#   apidiff             APIDIFF_VERSION below: `make api`, the public API
+#                       against its baseline in api/
 #
 # The packages come from apt-get (as root, or with sudo when it needs no
 # password); elsewhere the script stops and says what to install. The Go
@@ -25,7 +27,7 @@
 #
 # usage: .ci/tools.sh [--check] [TOOL...]
 #   TOOL: redis, protoc, protoc-gen-go, protoc-gen-go-grpc, h2spec,
-#         golangci-lint (default: all of them)
+#         golangci-lint, apidiff (default: all of them)
 #   --check: install nothing; exit 1 naming what is wrong
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +41,8 @@ PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
 H2SPEC_VERSION=v2.2.1+incompatible
 # Read from the binary's module information too, as h2spec's.
 GOLANGCI_LINT_VERSION=v2.15.0
+# golang.org/x/exp has no releases: a pseudo-version, read as golangci-lint's.
+APIDIFF_VERSION=v0.0.0-20261113113407-e3970619a1a4
 
 export PATH="/usr/local/go/bin:$PATH"
 gobin="$(go env GOBIN)"
@@ -47,13 +51,13 @@ if [ -z "$gobin" ]; then
 fi
 export PATH="$gobin:$PATH"
 
-all=(redis protoc protoc-gen-go protoc-gen-go-grpc h2spec golangci-lint)
+all=(redis protoc protoc-gen-go protoc-gen-go-grpc h2spec golangci-lint apidiff)
 check=false
 tools=()
 for arg in "$@"; do
   case "$arg" in
     --check) check=true ;;
-    redis | protoc | protoc-gen-go | protoc-gen-go-grpc | h2spec | golangci-lint) tools+=("$arg") ;;
+    redis | protoc | protoc-gen-go | protoc-gen-go-grpc | h2spec | golangci-lint | apidiff) tools+=("$arg") ;;
     *) echo "usage: $0 [--check] [TOOL...], TOOL one of: ${all[*]}" >&2; exit 2 ;;
   esac
 done
@@ -84,6 +88,7 @@ version_of() {
     protoc-gen-go-grpc) protoc-gen-go-grpc --version 2>/dev/null | sed -n 's/^protoc-gen-go-grpc /v/p' || true ;;
     h2spec) module_version "$(command -v h2spec)" github.com/summerwind/h2spec ;;
     golangci-lint) module_version "$(command -v golangci-lint)" github.com/golangci/golangci-lint/v2 ;;
+    apidiff) module_version "$(command -v apidiff)" golang.org/x/exp ;;
   esac
 }
 
@@ -197,6 +202,8 @@ ensure h2spec "$H2SPEC_VERSION" \
   go install "github.com/summerwind/h2spec/cmd/h2spec@$H2SPEC_VERSION"
 ensure golangci-lint "$GOLANGCI_LINT_VERSION" \
   go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$GOLANGCI_LINT_VERSION"
+ensure apidiff "$APIDIFF_VERSION" \
+  go install "golang.org/x/exp/cmd/apidiff@$APIDIFF_VERSION"
 
 if [ ${#wrong[@]} -gt 0 ]; then
   printf '%s\n' "${wrong[@]}" >&2

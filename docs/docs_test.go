@@ -13,8 +13,9 @@ import (
 	"unicode"
 )
 
-// maxReadmeBytes keeps the README a front door: depth goes to docs/.
-const maxReadmeBytes = 15000
+// maxReadmeBytes keeps the README a front door: depth goes to docs/. It
+// holds one whole Go program (Use it from Go), which e2e builds as it is.
+const maxReadmeBytes = 16000
 
 func TestReadmeSize(t *testing.T) {
 	fi, err := os.Stat(filepath.Join("..", "README.md"))

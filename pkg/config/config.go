@@ -114,7 +114,10 @@ func (c *Config) Rules() []Rule {
 
 // Entry is one entry of a request's descriptor.
 type Entry struct {
-	Key, Value string
+	// Key is the entry's key, such as "user_id" or "remote_address".
+	Key string
+	// Value is the entry's value, as Envoy sends it.
+	Value string
 }
 
 // GetKey returns e.Key.

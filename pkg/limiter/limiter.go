@@ -271,7 +271,10 @@ func (h Hit) internal() (limiter.Hit, error) {
 
 // Entry is one entry of an Envoy descriptor: a key and its value.
 type Entry struct {
-	Key, Value string
+	// Key is the entry's key, such as "user_id" or "remote_address".
+	Key string
+	// Value is the entry's value, as Envoy sends it.
+	Value string
 }
 
 // Key returns the key the service gives the counter of a descriptor (domain
