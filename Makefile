@@ -1,5 +1,5 @@
 GO ?= go
-GOFLAGS_TEST ?= -race -count=1
+GOFLAGS_TEST ?= -race -count=1 -timeout=24m -parallel=6
 
 # The Go tools (.ci/tools.sh installs them into GOBIN) must be found by the
 # recipes and by the tests that run them (h2spec, the code generators), even

@@ -12,6 +12,7 @@ import (
 )
 
 func TestAdminAPI(t *testing.T) {
+	t.Parallel()
 	adminAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	s := startServer(t, startRedis(t), testConfig, "--admin-addr", adminAddr)
 	admin := adminv1.NewAdminClient(insecureConn(t, adminAddr))

@@ -86,6 +86,7 @@ func askCode(t *testing.T, s *server, req *rlsv3.RateLimitRequest) (*rlsv3.RateL
 // and charges nothing. Long domains, keys and values are no bound: they are
 // decided (hostile_test.go has values of any length and bytes).
 func TestBoundsAtAndPast(t *testing.T) {
+	t.Parallel()
 	for _, bc := range []struct {
 		name                           string
 		maxDescriptors, maxEntries, mb int
@@ -189,6 +190,7 @@ func TestBoundsAtAndPast(t *testing.T) {
 // a descriptor's cost is not a report of a cost already spent (those are
 // recorded past the limit: e2e/budget_test.go).
 func TestAddendExtremes(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	s := startServer(t, r, boundsConfig(1, 64), "--record-costs", "never")
 	ctx := context.Background()

@@ -57,6 +57,7 @@ func awayFromEdge(window, margin time.Duration) {
 // budget is recorded, and the next zero-cost check is denied with an honest
 // wait; for every algorithm.
 func TestTokenBudgetOverdrawn(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	s := startServer(t, r, budgetConfig)
 	ctx := context.Background()
@@ -134,6 +135,7 @@ func TestTokenBudgetOverdrawn(t *testing.T) {
 // TestRefundFreesWhatItSays: is_negative_hits gives its cost back, never
 // more than was used; for every algorithm.
 func TestRefundFreesWhatItSays(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, startRedis(t), budgetConfig)
 	awayFromEdge(time.Hour, 30*time.Second)
 	for _, alg := range budgetAlgorithms {
@@ -173,6 +175,7 @@ func TestRefundFreesWhatItSays(t *testing.T) {
 // budget and charges it 100 (two descriptors of one key) leaves it at used
 // - 300 + 100, whichever descriptor comes first; for every algorithm.
 func TestRefundAndChargeInOneRequest(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, startRedis(t), budgetConfig)
 	awayFromEdge(time.Hour, 30*time.Second)
 	for _, alg := range budgetAlgorithms {
@@ -209,6 +212,7 @@ func TestRefundAndChargeInOneRequest(t *testing.T) {
 // day used up denies while the second has room; the answer shows the limit
 // that denies.
 func TestSeveralLimitsEnforceBoth(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	s := startServer(t, r, budgetConfig)
 	ctx := context.Background()

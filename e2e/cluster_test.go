@@ -150,6 +150,7 @@ func noFailureMode(t *testing.T, servers ...*server) {
 // the service race for one key on a Redis Cluster; exactly the limit is
 // admitted, and the key lives on the master that serves its slot.
 func TestClusterExactAcrossInstances(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t)
 	servers := startClusterServers(t, c, 3, "2s")
 	avoidMidnight(t, 30*time.Second)
@@ -193,6 +194,7 @@ func TestClusterExactAcrossInstances(t *testing.T) {
 // TestClusterMultiSlotAllOrNothing: requests whose descriptors live on
 // different masters are still decided all or nothing.
 func TestClusterMultiSlotAllOrNothing(t *testing.T) {
+	t.Parallel()
 	// Proxied: the latency part delays the nodes; the rest runs with no
 	// delay.
 	c := startClusterWith(t, clusterOptions{proxied: true})

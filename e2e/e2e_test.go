@@ -63,6 +63,7 @@ var (
 )
 
 func TestStatusesInRequestOrder(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, startRedis(t), testConfig)
 
 	resp := s.ask(t, request("e2e", descriptor("log", "a"), descriptor("nope", "x"), descriptor("open", "1")))
@@ -148,6 +149,7 @@ func TestRetryAfterHolds(t *testing.T) {
 }
 
 func TestHitsAddend(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	s := startServer(t, r, testConfig)
 
@@ -187,6 +189,7 @@ func TestHitsAddend(t *testing.T) {
 }
 
 func TestLimitOverride(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, startRedis(t), testConfig)
 	d := descriptor("log", "o")
 	d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_HOUR}
@@ -203,6 +206,7 @@ func TestLimitOverride(t *testing.T) {
 }
 
 func TestShadowModeNeverDenies(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, startRedis(t), testConfig)
 	for i := 0; i < 3; i++ {
 		resp := s.ask(t, request("e2e", descriptor("shadow", "s"), descriptor("counter", "s")))
@@ -222,6 +226,7 @@ func TestShadowModeNeverDenies(t *testing.T) {
 }
 
 func TestBadInputIsInvalidArgument(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	s := startServer(t, r, testConfig, "--max-descriptors", "3", "--max-entries", "2")
 	cases := []struct {
@@ -346,6 +351,7 @@ func TestScriptFlushMidRun(t *testing.T) {
 }
 
 func TestFailureModes(t *testing.T) {
+	t.Parallel()
 	onEachGRPCServer(t, func(t *testing.T, kind string) {
 		r := startRedis(t)
 		s := startServer(t, r, testConfig, "--store-timeout", "200ms", "--grpc-server", kind)
@@ -366,6 +372,7 @@ func TestFailureModes(t *testing.T) {
 }
 
 func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
 	onEachGRPCServer(t, func(t *testing.T, kind string) {
 		s := startServer(t, startRedis(t), testConfig, "--shutdown-delay", "1s", "--grpc-server", kind)
 		s.ask(t, request("e2e", descriptor("log", "g")))
@@ -392,6 +399,7 @@ func TestGracefulShutdown(t *testing.T) {
 }
 
 func TestEmbeddedStore(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, nil, testConfig)
 	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, ok, ok, ok, over} {
 		if got := s.ask(t, request("e2e", descriptor("fixed", "e"))).OverallCode; got != want {
@@ -402,6 +410,7 @@ func TestEmbeddedStore(t *testing.T) {
 }
 
 func TestValidateCommand(t *testing.T) {
+	t.Parallel()
 	out, err := exec.Command(binary, "validate", "--config", filepath.Join("..", "examples", "config")).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "ok") {
 		t.Fatalf("validate the example config: %v\n%s", err, out)

@@ -123,6 +123,7 @@ func TestGCRABurstThenRate(t *testing.T) {
 // at once; a request denied by another descriptor charges nothing; and the
 // default bucket is the limit.
 func TestGCRACostsAndAllOrNothing(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, startRedis(t), gcraConfig)
 	withCost := func(value string, cost uint64) *rlsv3.RateLimitRequest {
 		d := descriptor("costly", value)

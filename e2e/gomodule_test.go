@@ -26,6 +26,7 @@ import (
 // against a redis-server: it decides a limit from Go, then answers
 // ShouldRateLimit to a grpc-go client on the counter it just charged.
 func TestUseItFromGo(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)

@@ -86,6 +86,7 @@ func (s *server) askRaw(t *testing.T, req *rlsv3.RateLimitRequest) *rlsv3.RateLi
 }
 
 func TestHostileInput(t *testing.T) {
+	t.Parallel()
 	onEachGRPCServer(t, func(t *testing.T, kind string) {
 		r := startRedis(t)
 		s := startServer(t, r, hostileConfig, "--grpc-server", kind) // default bounds
@@ -171,6 +172,7 @@ func TestHostileInput(t *testing.T) {
 // values is decided; past it, gRPC refuses with RESOURCE_EXHAUSTED before the
 // service sees it, /json answers 413, and nothing is written.
 func TestMessageSizeBound(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	s := startServer(t, r, hostileConfig)
 	const bound = 256 << 10

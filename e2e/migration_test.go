@@ -166,6 +166,7 @@ func redirections(t *testing.T, n *redisProc, kind string) int {
 // waited out, nothing charged twice or lost. The algorithms share one
 // cluster and one service, each migrating a slot of its own.
 func TestClusterSlotMigration(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t)
 	s := startServer(t, nil, migrationConfig, "--redis-cluster-url", c.url(), "--store-timeout", limiter.DefaultTimeout.String())
 	// The whole run (well under a minute) inside one day window; a

@@ -50,6 +50,7 @@ func metric(t *testing.T, s *server, series string) string {
 }
 
 func TestMetricsMove(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, startRedis(t), testConfig)
 	for i := 0; i < 6; i++ {
 		s.ask(t, request("e2e", descriptor("log", "m")))
@@ -99,6 +100,7 @@ func rlconfig(t *testing.T, s *server) (view struct {
 }
 
 func TestHotReloadKeepsCounters(t *testing.T) {
+	t.Parallel()
 	const rules = "domain: e2e\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: %d, algorithm: sliding_window_log}\n"
 	s := startServer(t, startRedis(t), fmt.Sprintf(rules, 5))
 	file := filepath.Join(s.configDir, "config.yaml")
@@ -143,6 +145,7 @@ func TestHotReloadKeepsCounters(t *testing.T) {
 }
 
 func TestJSONEndpoint(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, startRedis(t), testConfig)
 	post := func(body string) (int, http.Header, string) {
 		resp, err := http.Post("http://"+s.httpAddr+"/json", "application/json", strings.NewReader(body))
@@ -175,6 +178,7 @@ func TestJSONEndpoint(t *testing.T) {
 // reference's SHADOW_MODE, the statuses still say which are over their
 // limit; an admitted request has no retry-after.
 func TestGlobalShadowMode(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, startRedis(t), testConfig, "--shadow-mode")
 	if edge := nextEdge(time.Minute); time.Until(edge) < 10*time.Second { // the 8 hits in one window
 		waitUntil(edge)

@@ -110,6 +110,7 @@ func admitsPerSecond(t *testing.T, replicas []*referenceReplica, value string, n
 // failure mode (the reference's environment names none: the call fails,
 // for Envoy's failure_mode_deny to decide).
 func TestPerSecondRedis(t *testing.T) {
+	t.Parallel()
 	main, perSecond := startRedis(t), startRedis(t)
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", perSecondConfig)
@@ -187,6 +188,7 @@ func TestPerSecondRedis(t *testing.T) {
 // REDIS_PERSECOND_URL does not start (the reference would dial its default
 // socket and fail each per-second request).
 func TestPerSecondRedisIncompleteRefusesToStart(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", perSecondConfig)
 	env := perSecondEnv("127.0.0.1:1", "", root)
@@ -211,6 +213,7 @@ func TestPerSecondRedisIncompleteRefusesToStart(t *testing.T) {
 // the per-second rule's on the per-second Redis only, the per-minute
 // rule's on the main one only.
 func TestPerSecondRedisLikeUpstream(t *testing.T) {
+	t.Parallel()
 	main, perSecond := startRedis(t), startRedis(t)
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", perSecondConfig)
@@ -231,6 +234,7 @@ func TestPerSecondRedisLikeUpstream(t *testing.T) {
 // REDIS_PERSECOND_AUTH, the service is not ready; once it accepts it, the
 // service is, and counts there.
 func TestPerSecondRedisRefusingTheCredentialsIsNotReady(t *testing.T) {
+	t.Parallel()
 	main, perSecond := startRedis(t), startRedis(t)
 	ctx := context.Background()
 	if err := perSecond.client.ConfigSet(ctx, "requirepass", "right").Err(); err != nil {
@@ -266,6 +270,7 @@ func TestPerSecondRedisRefusingTheCredentialsIsNotReady(t *testing.T) {
 // client certificate, while the main Redis stays plaintext, as in the
 // reference, whose one TLS config serves whichever Redis has TLS on.
 func TestPerSecondRedisTLS(t *testing.T) {
+	t.Parallel()
 	perSecond, caFile, clientCert, clientKey := startTLSRedis(t)
 	main := startRedis(t)
 	root := t.TempDir()
@@ -289,6 +294,7 @@ func TestPerSecondRedisTLS(t *testing.T) {
 // counter (the reference's keys, on the per-second Redis) and admit exactly
 // its limit between them.
 func TestPerSecondRedisMixedFleet(t *testing.T) {
+	t.Parallel()
 	main, perSecond := startRedis(t), startRedis(t)
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", perSecondConfig)

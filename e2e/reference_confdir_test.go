@@ -64,6 +64,7 @@ func referenceConfigDir(t *testing.T, root string) {
 // team/limits: its top-level entry is a link to a directory, which the
 // reference's walk does not follow.
 func TestReferenceConfigDirectory(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	referenceConfigDir(t, root)
 	// A Redis each: they must not share counters.
@@ -120,6 +121,7 @@ func TestReferenceConfigDirectory(t *testing.T) {
 // directory and through its link, and refuses the config: its domain is
 // defined twice. So does this service, which then does not start.
 func TestReferenceConfigDirectoryDotFiles(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", istioConfig)
 	redisAddr := startRedis(t).addr

@@ -16,6 +16,7 @@ import (
 // quota_mode, requests_per_unit: 0 and replaces answers end to end, as the
 // reference's integration scripts (quota.sh, replaces.sh) expect them.
 func TestReferenceExampleConfig(t *testing.T) {
+	t.Parallel()
 	example, err := os.ReadFile(filepath.Join("..", "internal", "config", "testdata", "reference", "example.yaml"))
 	if err != nil {
 		t.Fatal(err)

@@ -150,6 +150,7 @@ func istioEnv(redisAddr, root string) map[string]string {
 // reference, with only its environment and a ConfigMap-style directory,
 // share the limits on the one Redis they are given.
 func TestIstioSampleEnvironment(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", istioConfig)
@@ -212,6 +213,7 @@ func TestIstioSampleEnvironment(t *testing.T) {
 // password keeps the service unready (gRPC health and /healthcheck) until
 // it accepts it.
 func TestRedisRefusingTheCredentialsIsNotReady(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	ctx := context.Background()
 	if err := r.client.ConfigSet(ctx, "requirepass", "right").Err(); err != nil {
@@ -253,6 +255,7 @@ func TestRedisRefusingTheCredentialsIsNotReady(t *testing.T) {
 // TestIncompleteRedisSettingRefusesToStart: a Redis variable without the
 // URL does not start on the embedded store.
 func TestIncompleteRedisSettingRefusesToStart(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", istioConfig)
 	for _, env := range []map[string]string{
@@ -281,6 +284,7 @@ func TestIncompleteRedisSettingRefusesToStart(t *testing.T) {
 // PROMETHEUS_ADDR as the reference does (Envoy Gateway scrapes :19001), and
 // CACHE_KEY_PREFIX prefixes the Redis keys.
 func TestPrometheusAddrAndKeyPrefix(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", istioConfig)

@@ -189,6 +189,7 @@ func (s *bucketSizes) bound(from, to time.Time) int {
 // minute after the first two reports, and leave the counter exhausted for
 // ShouldRateLimit. The eight fleets run at once, each on its own counter.
 func TestRLQSFleetBound(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	servers := make([]*server, 3)
 	for i := range servers {
@@ -281,6 +282,7 @@ func TestRLQSFleetBound(t *testing.T) {
 // the counter has left turn an Envoy's assignment to a deny within two
 // reports.
 func TestRLQSDenyAfterShouldRateLimit(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	s := startServer(t, r, rlqsConfig)
 	e := newEnvoy(t, envoyConn(t, s.grpcAddr), envoyrlqs.Options{})
@@ -328,6 +330,7 @@ func TestRLQSDenyAfterShouldRateLimit(t *testing.T) {
 // Envoys fall back to their expired_assignment_behavior; back, the Envoys'
 // next report reopens the stream and they get token buckets again.
 func TestRLQSServiceRestart(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	s := startServer(t, r, rlqsConfig)
 	fallback := &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
@@ -398,6 +401,7 @@ func commandCalls(t *testing.T, r *redisServer) int64 {
 // bucket, against ShouldRateLimit on a bucket of the same limit in the
 // same run: at least 20 times fewer.
 func TestRLQSStoreWork(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	s := startServer(t, r, rlqsConfig)
 	const perSecond = 200.0 // a limit of 6000 a minute: 100 a second
@@ -450,6 +454,7 @@ func TestRLQSStoreWork(t *testing.T) {
 // which would otherwise hold the drain to its deadline, on either gRPC
 // server.
 func TestRLQSStreamsEndOnSigterm(t *testing.T) {
+	t.Parallel()
 	onEachGRPCServer(t, func(t *testing.T, kind string) {
 		s := startServer(t, startRedis(t), rlqsConfig, "--drain-timeout", "1m", "--grpc-server", kind)
 		e := newEnvoy(t, envoyConn(t, s.grpcAddr), envoyrlqs.Options{})

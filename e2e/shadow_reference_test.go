@@ -53,6 +53,7 @@ type shadowSeries struct {
 // second and the time between the two calls), the overall code and the
 // headers (RateLimit-Reset likewise), and count the requests only SHADOW_MODE let through alike.
 func TestShadowModeAnswersAsTheReference(t *testing.T) {
+	t.Parallel()
 	d := descriptor
 	compareWithReference(t, "true", []shadowStep{
 		{0, []*rlcommon.RateLimitDescriptor{d("small", "a"), d("big", "a")}, []rlsv3.RateLimitResponse_Code{ok, ok}},
@@ -78,6 +79,7 @@ func TestShadowModeAnswersAsTheReference(t *testing.T) {
 // shadow_mode answers as in the reference: OK with 0 remaining over its
 // limit, which the headers show.
 func TestShadowRuleAnswersAsTheReference(t *testing.T) {
+	t.Parallel()
 	d := descriptor
 	compareWithReference(t, "false", []shadowStep{
 		{0, []*rlcommon.RateLimitDescriptor{d("big", "c"), d("trial", "c")}, []rlsv3.RateLimitResponse_Code{ok, ok}},

@@ -197,6 +197,7 @@ var referenceStats = func() map[string]string {
 // USE_STATSD=true, the service sends the reference's stats for its
 // decisions to STATSD_HOST:STATSD_PORT, over UDP as STATSD_PROTOCOL says.
 func TestReferenceStatsd(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", statsdConfig)
@@ -221,6 +222,7 @@ var statsdMissing = map[string]string{
 // those of statsdMissing, and its per-rule and per-call counters sum to the
 // same counts.
 func TestReferenceStatsdMatchesUpstream(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	// A plain directory: the reference reads a ConfigMap's ..data directory
 	// too, and refuses its second copy of the domain.
@@ -270,6 +272,7 @@ func allowedMissing(name string) bool {
 // STATSD_HOST:STATSD_PORT; with nothing listening they are dropped, the
 // service answers, and SIGTERM ends it cleanly.
 func TestReferenceStatsdNobodyListening(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", statsdConfig)

@@ -46,6 +46,7 @@ func swapCode(t *testing.T, r *referenceReplica, key, value string) rlsv3.RateLi
 // count; requests spread over both admit exactly the limit, per minute,
 // hour and day; and the only keys in Redis are the reference's own.
 func TestSwapSharesCounters(t *testing.T) {
+	t.Parallel()
 	r := startRedis(t)
 	root := t.TempDir()
 	configMapDir(t, root, "config.yaml", swapConfig)

@@ -123,6 +123,7 @@ func storeKeys(t *testing.T, r *redisServer) []string {
 }
 
 func TestGRPCMutualTLS(t *testing.T) {
+	t.Parallel()
 	onEachGRPCServer(t, func(t *testing.T, kind string) {
 		dir := t.TempDir()
 		ca := tlsconfigtest.NewCA(t, "ca")
@@ -172,6 +173,7 @@ func TestGRPCMutualTLS(t *testing.T) {
 }
 
 func TestGRPCTLSFlagErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca := tlsconfigtest.NewCA(t, "ca")
 	certFile, keyFile := ca.Server(t, "ratelimit").Write(t, dir, "server")
@@ -217,6 +219,7 @@ func startTLSRedis(t *testing.T) (r *redisServer, caFile, clientCert, clientKey 
 }
 
 func TestRedisTLS(t *testing.T) {
+	t.Parallel()
 	r, caFile, clientCert, clientKey := startTLSRedis(t)
 	url := "rediss://" + r.addr
 
@@ -257,6 +260,7 @@ func TestRedisTLS(t *testing.T) {
 }
 
 func TestRedisACL(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	r := startRedisArgs(t, "127.0.0.1:"+strconv.Itoa(port), &redis.Options{Username: "alice", Password: "secret"},
 		"--port", strconv.Itoa(port),

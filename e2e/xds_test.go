@@ -47,6 +47,7 @@ func admitted(t *testing.T, s *server, domain, key, value string, limit int) int
 // refused while the previous one keeps limiting, a restart of the control
 // plane with a change made while it was away.
 func TestXDSConfig(t *testing.T) {
+	t.Parallel()
 	srv := xdsconfigtest.Start(t)
 	srv.Set(t, xdsNode, "1", xdsconfigtest.Config("api", "api", "user", 3, rlsconfv3.RateLimitUnit_HOUR))
 	// --config is set, as Envoy Gateway sets RUNTIME_ROOT: it is not read.
@@ -105,6 +106,7 @@ func TestXDSConfig(t *testing.T) {
 // so it serves at once and fails rate limit calls until the first config
 // arrives.
 func TestXDSConfigMutualTLSForceStart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca := tlsconfigtest.NewCA(t, "eg-ca")
 	serverCert, serverKey := ca.Server(t, "envoy-gateway").Write(t, dir, "server")
