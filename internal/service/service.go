@@ -56,7 +56,9 @@ const (
 	DefaultResetHeader     = "RateLimit-Reset"
 )
 
-// Decider decides a request's hits; *limiter.Limiter is the implementation.
+// Decider decides a request's hits. The service (internal/app) gives it a
+// *limiter.Split: the main store's *limiter.Limiter, with the per-second
+// store's beside it when --redis-persecond-* names one.
 type Decider interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 }
