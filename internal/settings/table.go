@@ -12,6 +12,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/quota"
 	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // The names of the flags that code refers to, beyond their table entry.
@@ -327,7 +328,7 @@ func processSettings(s *Settings) []Setting {
 				return want(!strings.ContainsAny(s.KeyPrefix, "{}"), s.KeyPrefix, "no '{' or '}', which would change the Redis Cluster hash tag")
 			},
 			Ref: []RefVar{{Name: "CACHE_KEY_PREFIX", Here: "--key-prefix: before every Redis key"}}},
-		{Name: "max-inflight", bind: intFlag(&s.MaxInFlight, service.DefaultMaxInFlight),
+		{Name: "max-inflight", bind: intFlag(&s.MaxInFlight, transport.DefaultMaxInFlight),
 			Help: "most rate limit requests worked on at once; past it, or past a connection's share, RESOURCE_EXHAUSTED",
 			Doc: "most rate limit requests worked on at once, gRPC and `POST /json` together, a gRPC call counted once its " +
 				"message has come whole; past it a request is refused at once (`RESOURCE_EXHAUSTED`, or HTTP 503; Envoy then " +
