@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // floodPeakBound is the most peak RSS TestFloodOfMaximalRequests accepts:
@@ -65,7 +66,7 @@ func flood(t *testing.T, gomemlimit string, args ...string) (peak int64, byCode 
 	pid := s.cmd.Process.Pid
 
 	const (
-		clients = service.DefaultMaxInFlight * 3 / 2
+		clients = transport.DefaultMaxInFlight * 3 / 2
 		conns   = 16 // as many Envoy workers' connections
 		rounds  = 2
 		values  = 64

@@ -27,6 +27,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/service"
 	"github.com/slidingwindow/ratelimit/internal/settings"
 	"github.com/slidingwindow/ratelimit/internal/statsd"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // ErrStopped is New's error when its context ended before the service
@@ -42,7 +43,7 @@ type App struct {
 	svc      *service.Service
 	registry *prometheus.Registry
 	stats    *statsd.Sender // nil without --statsd-addr
-	shedder  *service.Shedder
+	shedder  *transport.Shedder
 	grpcTLS  *tls.Config
 	lns      *listeners
 	grpc     grpcPortServer
@@ -160,7 +161,7 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 			a.lns.close()
 		}
 	}()
-	a.shedder = service.NewShedder(s.MaxInFlight, m)
+	a.shedder = transport.NewShedder(s.MaxInFlight, m)
 	// The interceptors keep envoyproxy/ratelimit's total_requests and
 	// response_time, refuse calls while xDS has given no config yet, and
 	// trace calls with --tracing.
@@ -184,8 +185,10 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		log.Info("tracing gRPC calls", zap.String("protocol", s.Tracing.ExporterProtocol), zap.Float64("sampling_rate", s.Tracing.SamplingRate))
 	}
 	// The gRPC port is served by grpcunary unless --grpc-server says
-	// grpc-go (grpcserver.go); the admin port keeps grpc-go either way.
-	if a.grpc, err = newGRPCServer(s, grpcTLS, a.svc.Codec(), a.shedder, interceptors); err != nil {
+	// grpc-go (grpcserver.go); the admin port keeps grpc-go either way. Its
+	// codec decodes within the bounds the service validates against.
+	codec := transport.NewCodec(s.MaxDescriptors, s.MaxEntries)
+	if a.grpc, err = newGRPCServer(s, grpcTLS, codec, a.shedder, interceptors); err != nil {
 		return nil, err
 	}
 	rlsv3.RegisterRateLimitServiceServer(a.grpc, a.svc)

@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/slidingwindow/ratelimit/internal/grpcunary"
-	"github.com/slidingwindow/ratelimit/internal/service"
 	"github.com/slidingwindow/ratelimit/internal/settings"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // streamWorkersPerCore sizes the gRPC server's pool of stream workers (see
@@ -56,7 +56,7 @@ var (
 // Workers: a call runs on a goroutine whose stack has already grown; a few
 // per core serve as well as more, and with more the first burst after a
 // start runs on never-used goroutines and is slower.
-func newGRPCServer(s *settings.Settings, grpcTLS *tls.Config, codec encoding.CodecV2, shedder *service.Shedder,
+func newGRPCServer(s *settings.Settings, grpcTLS *tls.Config, codec encoding.CodecV2, shedder *transport.Shedder,
 	interceptors []grpc.UnaryServerInterceptor,
 ) (grpcPortServer, error) {
 	workers := streamWorkersPerCore * runtime.GOMAXPROCS(0)

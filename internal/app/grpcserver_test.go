@@ -24,6 +24,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 	"github.com/slidingwindow/ratelimit/internal/service"
 	"github.com/slidingwindow/ratelimit/internal/settings"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // blockingRLS holds every ShouldRateLimit call until release is closed.
@@ -55,7 +56,7 @@ func TestGRPCServerKinds(t *testing.T) {
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			s := &settings.Settings{GRPCServer: tc.kind, MaxRequestBytes: service.DefaultMaxRequestBytes, GRPCMaxConnAge: time.Hour}
-			shedder := service.NewShedder(1, metrics.New(prometheus.NewRegistry()))
+			shedder := transport.NewShedder(1, metrics.New(prometheus.NewRegistry()))
 			intercepted := make(chan string, 10)
 			interceptor := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 				intercepted <- info.FullMethod

@@ -9,13 +9,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // httpHandler serves the HTTP port: liveness and readiness for probes that
 // speak HTTP (envoyproxy/ratelimit's /healthcheck among them), Prometheus
 // metrics, the config in force, and the JSON API. ready says why the
 // service is not ready, nil when it is.
-func httpHandler(ready func() error, svc *service.Service, shedder *service.Shedder, maxBody int, registry *prometheus.Registry,
+func httpHandler(ready func() error, svc *service.Service, shedder *transport.Shedder, maxBody int, registry *prometheus.Registry,
 	withPprof bool,
 ) http.Handler {
 	mux := http.NewServeMux()

@@ -3,7 +3,8 @@ package config
 import "strings"
 
 // Entry is what a request descriptor's entry offers; Envoy's generated
-// *RateLimitDescriptor_Entry satisfies it.
+// *RateLimitDescriptor_Entry satisfies it, and so does BucketEntry, an RLQS
+// bucket id's entry.
 type Entry interface {
 	GetKey() string
 	GetValue() string

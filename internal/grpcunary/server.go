@@ -1,11 +1,13 @@
 // Package grpcunary serves the unary methods of gRPC services over HTTP/2,
-// with a fraction of the CPU grpc-go's server spends per call.
+// with less CPU per call than grpc-go's server.
 //
 // A rate limit decision is one small unary call, and grpc-go's server
-// transport (a goroutine per connection reading frames, per-stream
-// buffers and flow control goroutines, a writer goroutine fed through a
-// control queue) spent more of the service's CPU than the decision itself.
-// The design, file by file:
+// transport is built for any call: a goroutine per connection reading
+// frames, per-stream buffers and flow control goroutines, a writer goroutine
+// fed through a control queue. For calls this small that machinery costs
+// more than the decision itself; this server does only what a small unary
+// call needs (the figures, against grpc-go's server: docs/bench.md, "The
+// gRPC transport"). The design, file by file:
 //
 //   - Read loop (reader.go): each connection has one reader goroutine that
 //     reads frames and acts on each (headers, DATA, SETTINGS, PING,

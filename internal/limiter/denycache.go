@@ -41,11 +41,9 @@ const DefaultDenyCacheBytes = 16 << 20
 
 // denyEntryOverhead is what an entry costs beyond its key's bytes: the map
 // slot (key header and denial, 56 bytes), the map's spare slots, the key's
-// allocation rounded up to its size class. TestDenyCacheRetainedBytes
-// measures the real figure and fails if it exceeds this accounting: 102-144
-// bytes beyond the key for 40- and 200-byte keys, with the maps just below
-// and just past a growth (Go 1.26, amd64). 16 MiB thus hold about 65,000
-// denials of 60-byte keys.
+// allocation rounded up to its size class. It errs high, so that the bytes
+// bound holds: TestDenyCacheRetainedBytes measures what an entry really
+// keeps and fails should it ever be more (its figures are in docs/bench.md).
 const denyEntryOverhead = 192
 
 type denyShard struct {

@@ -55,7 +55,9 @@ const deliveryMargin = AnswerWithin
 // that a demand that grows is not denied until the next report.
 const headroom = 1.1
 
-// Ledger is where buckets lease from: *limiter.Limiter.
+// Ledger is where buckets lease from. The service (internal/app) gives it
+// the *limiter.Split ShouldRateLimit decides with, so that a bucket leases
+// from the counter, on the store, that a descriptor of its entries charges.
 type Ledger interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 	Share(ctx context.Context, r limiter.ShareRequest) (limiter.Share, error)

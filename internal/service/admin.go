@@ -17,8 +17,9 @@ import (
 	adminv1 "github.com/slidingwindow/ratelimit/proto/ratelimit/admin/v1"
 )
 
-// AdminStore is what the admin service needs of the limiter;
-// *limiter.Limiter is the implementation.
+// AdminStore is what the admin service needs of the limiter. The service
+// (internal/app) gives it the *limiter.Split the Service decides with, so
+// that a counter is inspected and reset on the store its hits go to.
 type AdminStore interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 	Reset(ctx context.Context, h limiter.Hit) (int64, error)

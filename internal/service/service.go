@@ -6,13 +6,13 @@
 // them at once, and turns the verdicts into Envoy's answer (respond.go).
 // Around that: the same call as POST /json and the config as JSON and as
 // the reference's /rlconfig text (http.go, rlconfig.go), the admin API
-// (admin.go), shedding past --max-inflight (overload.go), a request codec
-// that keeps descriptor values' bytes as sent and allocates within the
-// request bounds (codec.go), and envoyproxy/ratelimit's metrics
-// (refmetrics.go), and Envoy's Rate Limit Quota Service (rlqs.go): usage
-// reports per bucket answered with the assignments internal/quota leases
-// from the same counters. It knows nothing of Redis; errors become gRPC
-// status codes here and nowhere deeper.
+// (admin.go), envoyproxy/ratelimit's metrics (refmetrics.go), and Envoy's
+// Rate Limit Quota Service (rlqs.go): usage reports per bucket answered with
+// the assignments internal/quota leases from the same counters. It knows
+// nothing of Redis; errors become gRPC status codes here and nowhere deeper.
+// What the ports need around it, shedding past --max-inflight and the
+// request codec, is internal/transport's, which this package does not
+// import.
 //
 // Two things follow envoyproxy/ratelimit rather than Redis: under the
 // global shadow mode (Options.ShadowMode) a denied request is answered OK
@@ -56,7 +56,9 @@ const (
 	DefaultResetHeader     = "RateLimit-Reset"
 )
 
-// Decider decides a request's hits; *limiter.Limiter is the implementation.
+// Decider decides a request's hits. The service (internal/app) gives it a
+// *limiter.Split: the main store's *limiter.Limiter, with the per-second
+// store's beside it when --redis-persecond-* names one.
 type Decider interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 }

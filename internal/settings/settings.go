@@ -1,5 +1,6 @@
 // Package settings declares the service's settings once, in one table
-// (table.go): each setting's flag, its RATELIMIT_ environment variable,
+// (table, in table.go, made of one function per group of settings there and
+// in table_conns.go): each setting's flag, its RATELIMIT_ environment variable,
 // the variables of envoyproxy/ratelimit (the reference) that set it, its
 // default, its check and its help. The flag set, the reading of the
 // environment, the validation and the tables of docs/flags.md and

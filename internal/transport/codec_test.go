@@ -1,4 +1,4 @@
-package service
+package transport
 
 import (
 	"strings"
@@ -10,15 +10,17 @@ import (
 	"google.golang.org/grpc/encoding"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/service"
 )
 
 func testCodec(maxDescriptors, maxEntries int) encoding.CodecV2 {
-	return New(mustConfig(), nil, &Options{MaxDescriptors: maxDescriptors, MaxEntries: maxEntries}).Codec()
+	return NewCodec(maxDescriptors, maxEntries)
 }
 
 func decode(t *testing.T, c encoding.CodecV2, wire []byte) *rlsv3.RateLimitRequest {
@@ -142,12 +144,12 @@ func TestCodecStopsAtTheBounds(t *testing.T) {
 		t.Fatalf("%d entries decoded, want 3", len(got.Descriptors[0].Entries))
 	}
 
-	// Validation names the bounds.
-	s := New(mustConfig(), nil, &Options{MaxDescriptors: 4, MaxEntries: 2})
-	if err := s.validate(decode(t, c, empties)); err == nil || err.Error() != "request has more than the limit of 4 descriptors" {
+	// The service's validation, on the same bounds, names them.
+	s := service.New(mustConfig(), nil, &service.Options{MaxDescriptors: 4, MaxEntries: 2})
+	if _, err := s.ShouldRateLimit(t.Context(), decode(t, c, empties)); status.Convert(err).Message() != "request has more than the limit of 4 descriptors" {
 		t.Fatalf("validate: %v", err)
 	}
-	if err := s.validate(decode(t, c, wire)); err == nil || err.Error() != "descriptor 0 has more than the limit of 2 entries" {
+	if _, err := s.ShouldRateLimit(t.Context(), decode(t, c, wire)); status.Convert(err).Message() != "descriptor 0 has more than the limit of 2 entries" {
 		t.Fatalf("validate: %v", err)
 	}
 }
@@ -173,6 +175,12 @@ func TestCodecOtherMessages(t *testing.T) {
 }
 
 func mustConfig() *config.Config {
+	const testConfig = `
+domain: svc
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
 	cfg, err := config.Parse("test.yaml", []byte(testConfig), config.Defaults{})
 	if err != nil {
 		panic(err)

@@ -1,4 +1,4 @@
-package service
+package transport
 
 import (
 	"fmt"
@@ -22,23 +22,27 @@ const (
 	entryValue         = 2 // RateLimitDescriptor.Entry.value
 )
 
-// Codec returns the gRPC codec of the rate limit server (for
-// grpc.ForceServerCodecV2). It decodes a RateLimitRequest without the UTF-8
-// check proto3 strings get: descriptor values are copied from client
-// headers, and one byte that is not UTF-8 must not fail the whole request
-// (Envoy would then let it through unlimited). Domain, entry keys and values
-// keep their bytes as they are; every other field goes through the standard
-// proto decoder, so fields added to the protocol keep working. It allocates
-// at most MaxDescriptors+1 descriptors and MaxEntries+1 entries per
-// descriptor, skipping the rest, so a message of a million empty
-// descriptors costs little, and validation still sees that the request is
-// past its bounds. Every other message (health, reflection) and every
-// answer uses the standard proto codec.
-func (s *Service) Codec() encoding.CodecV2 {
+// NewCodec returns the gRPC codec of the rate limit port (for
+// grpc.ForceServerCodecV2, or grpcunary's Options.Codec). It decodes a
+// RateLimitRequest without the UTF-8 check proto3 strings get: descriptor
+// values are copied from client headers, and one byte that is not UTF-8
+// must not fail the whole request (Envoy would then let it through
+// unlimited). Domain, entry keys and values keep their bytes as they are;
+// every other field goes through the standard proto decoder, so fields
+// added to the protocol keep working. Every other message (health,
+// reflection) and every answer uses the standard proto codec.
+//
+// maxDescriptors and maxEntries, both above zero, are the service's bounds
+// (service.Options' MaxDescriptors and MaxEntries, --max-descriptors and
+// --max-entries). The codec allocates at most maxDescriptors+1 descriptors
+// and maxEntries+1 entries per descriptor, skipping the rest, so a message
+// of a million empty descriptors costs little, and the service's
+// validation still sees that the request is past its bounds.
+func NewCodec(maxDescriptors, maxEntries int) encoding.CodecV2 {
 	return &requestCodec{
 		proto:          encoding.GetCodecV2(grpcproto.Name),
-		maxDescriptors: s.opts.MaxDescriptors,
-		maxEntries:     s.opts.MaxEntries,
+		maxDescriptors: maxDescriptors,
+		maxEntries:     maxEntries,
 	}
 }
 

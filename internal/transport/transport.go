@@ -1,0 +1,15 @@
+// Package transport is what the rate limit service's gRPC and HTTP ports
+// need around the service itself: shedding past --max-inflight (Shedder,
+// and Conn, a connection's hold on its places; shedder.go), for grpcunary's
+// server, grpc-go's and POST /json alike, and the gRPC codec of the rate
+// limit requests (NewCodec, codec.go), which keeps descriptor values' bytes
+// as sent and allocates within the request bounds.
+//
+// The dependency goes one way: internal/app imports this package and
+// internal/service and wires them together (giving the codec the bounds it
+// gives the service); this package imports neither of them (its tests use
+// internal/service, to check the codec against the service's validation),
+// and internal/service does not import it. What the codec produces is
+// Envoy's own RateLimitRequest, which the service reads as it would any
+// other.
+package transport
