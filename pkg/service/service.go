@@ -19,10 +19,12 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
 
 	"github.com/slidingwindow/ratelimit/internal/pkgbridge"
 	"github.com/slidingwindow/ratelimit/internal/quota"
 	"github.com/slidingwindow/ratelimit/internal/service"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 	"github.com/slidingwindow/ratelimit/pkg/config"
 	"github.com/slidingwindow/ratelimit/pkg/limiter"
 )
@@ -56,6 +58,7 @@ type Options struct {
 type Service struct {
 	svc          *service.Service
 	rlqs         *service.RLQS
+	codec        encoding.CodecV2
 	maxRecvBytes int
 }
 
@@ -79,7 +82,8 @@ func New(cfg *config.Config, lim *limiter.Limiter, opts *Options) *Service {
 	return &Service{
 		svc:          svc,
 		rlqs:         service.NewRLQS(svc, quota.New(l, nil)),
-		maxRecvBytes: maxRequestBytes(opts.MaxRequestBytes),
+		codec:        transport.NewCodec(orDefault(opts.MaxDescriptors, service.DefaultMaxDescriptors), orDefault(opts.MaxEntries, service.DefaultMaxEntries)),
+		maxRecvBytes: orDefault(opts.MaxRequestBytes, service.DefaultMaxRequestBytes),
 	}
 }
 
@@ -91,7 +95,7 @@ func New(cfg *config.Config, lim *limiter.Limiter, opts *Options) *Service {
 // services are unaffected.
 func (s *Service) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.ForceServerCodecV2(s.svc.Codec()),
+		grpc.ForceServerCodecV2(s.codec),
 		grpc.MaxRecvMsgSize(s.maxRecvBytes),
 	}
 }
@@ -119,9 +123,10 @@ func (s *Service) Reload(cfg *config.Config) { s.svc.Reload(pkgbridge.ConfigOf(c
 // server's GracefulStop, which would otherwise wait for the streams.
 func (s *Service) Drain() { s.rlqs.Drain() }
 
-func maxRequestBytes(n int) int {
+// orDefault is n, or the service's default d where n is zero (or less).
+func orDefault(n, d int) int {
 	if n <= 0 {
-		return service.DefaultMaxRequestBytes
+		return d
 	}
 	return n
 }
