@@ -8,7 +8,9 @@
 // resources ([ParseDocuments]); [Watch] reloads files when they change.
 // Which files of a directory make a config is a [FileSet] (files.go): the
 // *.yaml and *.yml in it, or every file under it as the reference reads its
-// directory.
+// directory. The algorithms a rule may name ([Algorithm], enums.go) come
+// from internal/algorithm's table: validating a config needs neither the
+// Lua scripts nor a store.
 package config
 
 import (

@@ -6,13 +6,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/slidingwindow/ratelimit/scripts/lua"
+	"github.com/slidingwindow/ratelimit/internal/algorithm"
 )
 
 // Algorithm names a rate limit algorithm. Its values are the IDs of
-// scripts/lua's table of algorithms (lua.Algorithms), which names them: a
-// new algorithm is added there, with its Lua file, and needs no change
-// here but a constant for code that names it.
+// internal/algorithm's table, which names them: a new algorithm is added
+// there, with its Lua file, and needs no change here but a constant for
+// code that names it.
 type Algorithm uint8
 
 // The algorithms a rule can ask for with rate_limit.algorithm.
@@ -25,11 +25,11 @@ const (
 	ReferenceFixedWindow                      // "reference_fixed_window": envoyproxy/ratelimit's own counters and keys
 )
 
-// algorithmNames are indexed by Algorithm, as parseEnum wants: lua.Algorithms
-// holds IDs 1, 2, ... in order (scripts/lua's TestAlgorithmTable).
+// algorithmNames are indexed by Algorithm, as parseEnum wants: the table
+// holds IDs 1, 2, ... in order (internal/algorithm's TestTable).
 var algorithmNames = func() []string {
 	names := []string{""}
-	for _, a := range lua.Algorithms {
+	for _, a := range algorithm.All() {
 		names = append(names, a.Name)
 	}
 	return names
@@ -37,8 +37,9 @@ var algorithmNames = func() []string {
 
 // Algorithms returns every algorithm, in order.
 func Algorithms() []Algorithm {
-	all := make([]Algorithm, 0, len(lua.Algorithms))
-	for _, a := range lua.Algorithms {
+	descriptors := algorithm.All()
+	all := make([]Algorithm, 0, len(descriptors))
+	for _, a := range descriptors {
 		all = append(all, Algorithm(a.ID))
 	}
 	return all
@@ -54,11 +55,11 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	return parseEnum[Algorithm]("algorithm", s, algorithmNames, equal)
 }
 
-// describe is a's entry in lua.Algorithms.
-func (a Algorithm) describe() *lua.Algorithm {
-	d, ok := lua.ByID(int(a))
+// describe is a's entry in internal/algorithm's table, or an empty one.
+func (a Algorithm) describe() *algorithm.Descriptor {
+	d, ok := algorithm.ByID(int(a))
 	if !ok {
-		return &lua.Algorithm{}
+		return &algorithm.Descriptor{}
 	}
 	return d
 }
@@ -67,7 +68,7 @@ func (a Algorithm) describe() *lua.Algorithm {
 // rate_limit.burst.
 var bucketNames = func() []string {
 	var names []string
-	for _, a := range lua.Algorithms {
+	for _, a := range algorithm.All() {
 		if a.Bucket {
 			names = append(names, a.Name)
 		}

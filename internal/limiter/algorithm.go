@@ -6,14 +6,15 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/slidingwindow/ratelimit/internal/algorithm"
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
-// An algorithm's description comes from one table, lua.Algorithms, which
-// config.Algorithm's values index by ID: its Lua ID, its key's code, whether
-// it is a bucket, and the largest cost its Lua is exact for. Nothing here
-// names an algorithm.
+// An algorithm's description comes from one table, internal/algorithm's,
+// which config.Algorithm's values index by ID: its Lua ID, its key's code,
+// whether it is a bucket, and the largest cost its Lua is exact for.
+// Nothing here names an algorithm.
 
 // errUnknownAlgorithm refuses a hit whose algorithm the Lua does not
 // implement: only the zero Algorithm, or a value made up, can be one.
@@ -21,8 +22,8 @@ var errUnknownAlgorithm = errors.New("unknown algorithm")
 
 // describe returns the description of a, or an error wrapping
 // errUnknownAlgorithm.
-func describe(a config.Algorithm) (*lua.Algorithm, error) {
-	d, ok := lua.ByID(int(a))
+func describe(a config.Algorithm) (*algorithm.Descriptor, error) {
+	d, ok := algorithm.ByID(int(a))
 	if !ok {
 		return nil, fmt.Errorf("%w %v", errUnknownAlgorithm, a)
 	}
@@ -46,7 +47,7 @@ func checkAlgorithms(hits []Hit) error {
 // when it does not fit, lua.FlagRefund for a refund (with lua.FlagOldest
 // when it gives back the oldest units first), and lua.FlagQuota for a quota
 // hit. With quotas false, a quota hit goes as a shadow hit.
-func hitCode(h *Hit, d *lua.Algorithm, quotas bool) int {
+func hitCode(h *Hit, d *algorithm.Descriptor, quotas bool) int {
 	code := d.ID
 	switch {
 	case h.quota() && quotas:
@@ -92,7 +93,7 @@ func hitArg(h *Hit, quotas bool) (string, error) {
 
 // luaCost is a hit's cost for decide.lua, at most what its algorithm's Lua
 // is exact for: no counter holds more.
-func luaCost(h *Hit, d *lua.Algorithm) uint64 { return min(h.Cost, d.MaxCost) }
+func luaCost(h *Hit, d *algorithm.Descriptor) uint64 { return min(h.Cost, d.MaxCost) }
 
 // refundArgs appends refund.lua's arguments for a charge of h that token
 // names: its algorithm's ID, token, cost, limit and window in seconds.

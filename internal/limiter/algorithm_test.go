@@ -12,12 +12,13 @@ import (
 
 	glua "github.com/yuin/gopher-lua"
 
+	"github.com/slidingwindow/ratelimit/internal/algorithm"
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
 // describeT is describe for an algorithm the test knows.
-func describeT(t *testing.T, a config.Algorithm) *lua.Algorithm {
+func describeT(t *testing.T, a config.Algorithm) *algorithm.Descriptor {
 	t.Helper()
 	d, err := describe(a)
 	if err != nil {
@@ -123,16 +124,16 @@ func TestHitArgs(t *testing.T) {
 // Lua state.
 func TestHitCodesDecodeInLua(t *testing.T) {
 	const call = "return decide(KEYS, ARGV)\n"
-	if !strings.HasSuffix(lua.Decide, call) {
-		t.Fatalf("lua.Decide does not end with %q", call)
+	if !strings.HasSuffix(lua.Decide(), call) {
+		t.Fatalf("lua.Decide() does not end with %q", call)
 	}
 	var byName strings.Builder
-	for _, d := range lua.Algorithms {
+	for _, d := range algorithm.All() {
 		fmt.Fprintf(&byName, "[%q] = %s, ", d.Name, d.Name)
 	}
 	L := glua.NewState()
 	defer L.Close()
-	err := L.DoString(strings.TrimSuffix(lua.Decide, call) + `
+	err := L.DoString(strings.TrimSuffix(lua.Decide(), call) + `
 local by_name = { ` + byName.String() + ` }
 return function(s)
   local r = parse_rule(s)

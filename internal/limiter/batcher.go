@@ -439,12 +439,12 @@ func (b *batcher) pipeline(ctx context.Context, target redis.UniversalClient, gr
 // EvalSha and Eval build, word for word, but reading the reply straight
 // into integers rather than boxing each in an interface.
 func decideCmd(ctx context.Context, f form, keys []string, args []any) *redis.IntSliceCmd {
-	name, code := "fcall", lua.DecideFunction
+	name, code := "fcall", lua.DecideFunction()
 	switch f {
 	case formSHA:
 		name, code = "evalsha", decideScript.Hash()
 	case formEval:
-		name, code = "eval", lua.Decide
+		name, code = "eval", lua.Decide()
 	}
 	cmdArgs := make([]any, 3, 3+len(keys)+len(args))
 	cmdArgs[0], cmdArgs[1], cmdArgs[2] = name, code, len(keys)
@@ -530,7 +530,7 @@ func functionsRefused(err error) bool {
 // instance may have loaded it first: the name carries the code's hash, so
 // the library there is this one.
 func loadLibrary(ctx context.Context, server redis.UniversalClient) error {
-	err := server.FunctionLoad(ctx, lua.Library).Err()
+	err := server.FunctionLoad(ctx, lua.Library()).Err()
 	if err != nil && !strings.Contains(err.Error(), "already exists") {
 		return fmt.Errorf("FUNCTION LOAD: %w", err)
 	}

@@ -13,10 +13,10 @@ import (
 //
 //	rl:{<domain>|<key>=<value>|<key>=*<pattern>...}:<algorithm>:<window seconds>
 //
-// with <algorithm> its key code (lua.Algorithms' Key: log, counter, fixed,
-// gcra), one `|<key>=<value>` per descriptor entry in request order, and
-// `|<key>=*<pattern>` for an entry matched by a share_threshold wildcard
-// (all its values share one counter). Each component (domain, key, value,
+// with <algorithm> its key code (the Key of internal/algorithm's
+// Descriptor: log, counter, fixed, gcra), one `|<key>=<value>` per
+// descriptor entry in request order, and `|<key>=*<pattern>` for an entry
+// matched by a share_threshold wildcard (all its values share one counter). Each component (domain, key, value,
 // pattern) is written one of two ways:
 //
 //   - up to MaxKeyComponent bytes: percent-encoded, every byte outside
@@ -36,10 +36,10 @@ import (
 // separates the counters of services sharing one Redis (the reference's
 // CACHE_KEY_PREFIX), and never changes which slot a key hashes to.
 //
-// The algorithms with lua.Algorithm.ReferenceKeys (reference_fixed_window)
-// are keyed instead as envoyproxy/ratelimit keys its counters, byte for
-// byte, so that its replicas and this service count together (started with
-// ResetReference):
+// The algorithms with ReferenceKeys in internal/algorithm's table
+// (reference_fixed_window) are keyed instead as envoyproxy/ratelimit keys
+// its counters, byte for byte, so that its replicas and this service count
+// together (started with ResetReference):
 //
 //	<prefix><domain>_<key>_<value>_..._<window start>
 //

@@ -168,7 +168,7 @@ type Limiter struct {
 
 // decideScript is shared by every Limiter: a *redis.Script only holds the
 // source and its hash.
-var decideScript = redis.NewScript(lua.Decide)
+var decideScript = redis.NewScript(lua.Decide())
 
 // New returns a Limiter on store: go-redis's *Client (standalone or a
 // Sentinel failover client) or *ClusterClient, or a UniversalClient holding

@@ -11,7 +11,7 @@ import (
 )
 
 // refundScript undoes the charges of a request denied across cluster slots.
-var refundScript = redis.NewScript(lua.Refund)
+var refundScript = redis.NewScript(lua.Refund())
 
 // refund takes back, in the background, the charges of a request that was
 // denied, so that its answer waits for no more than its deadline. The

@@ -11,7 +11,7 @@ import (
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
-var resetScript = redis.NewScript(lua.Reset)
+var resetScript = redis.NewScript(lua.Reset())
 
 // Reset deletes the counter of h, so that its whole limit is available again
 // at once, and returns how many store keys it deleted (0 when the counter was

@@ -13,7 +13,7 @@ import (
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
-var sharesScript = redis.NewScript(lua.RLQSShares)
+var sharesScript = redis.NewScript(lua.RLQSShares())
 
 // ShareRequest asks for one Envoy's part of a limit (RLQS): the registry at
 // Key holds every live member's demand and assignment on one counter.
@@ -139,7 +139,7 @@ func parseShare(reply []string) (Share, error) {
 	return Share{Tokens: n[0], MaxTokens: n[1], Lookahead: n[2]}, nil
 }
 
-var confirmScript = redis.NewScript(lua.RLQSConfirm)
+var confirmScript = redis.NewScript(lua.RLQSConfirm())
 
 // ConfirmShare lowers member's entry in the registry at key to tokens, the
 // share it was sent, once sent: Share keeps the larger of a member's old

@@ -1,16 +1,21 @@
 // Package lua holds the Redis Lua scripts of the rate limiter, embedded into
 // the binary so the deployed service always runs the scripts it was tested
-// with, and the table of the algorithms they implement (Algorithms), which
-// the Go side takes their names, IDs and keys from.
+// with. Each script is a function returning its text; the calling
+// convention of each (its keys and arguments) is documented at the top of
+// its .lua file.
 //
 // Each algorithm lives in its own file and defines a local table with five
 // functions (check, commit, result, refund, undo); prelude.lua holds their
-// shared helpers. decide.lua runs them: it reads Redis TIME once and decides
-// a batch of requests in order, each all or nothing. refund.lua undoes
-// charges with each algorithm's undo. rlqs_shares.lua keeps the registry of
-// RLQS assignments on a counter and decides one Envoy's share of its limit.
-// The decide code reaches Redis in one of two forms: Library, a Redis
-// Functions library (Redis 7 and later: loaded once, called with FCALL), or
+// shared helpers. Which algorithms there are, and their IDs, comes from
+// internal/algorithm's table; Constants declares those IDs and the hit code
+// flags (the Flag constants) to the Lua. decide.lua runs the algorithms: it
+// reads Redis TIME once and decides a batch of requests in order, each all
+// or nothing. refund.lua undoes charges with each algorithm's undo.
+// reset.lua deletes a counter. rlqs_shares.lua keeps the registry of RLQS
+// assignments on a counter and decides one Envoy's share of its limit;
+// rlqs_confirm.lua lowers an entry to the share sent. The decide code
+// reaches Redis in one of two forms: Library, a Redis Functions library
+// (Redis 7 and later: loaded once, called with FCALL as DecideFunction), or
 // Decide, the same code as a script for EVALSHA (older servers and the
 // embedded store).
 package lua
@@ -38,19 +43,18 @@ var (
 
 // library is the code decide.lua and refund.lua run on. The files share
 // locals, which Lua sees only after their declaration, so the order is
-// fixed: the generated Constants, which every file may use; prelude.lua,
+// fixed: the generated constants, which every file may use; prelude.lua,
 // the helpers of every algorithm; each algorithm's file, in ID order (an
 // algorithm file uses the two above, never another algorithm's file); then
 // the generated algorithms table, which names every algorithm's table.
 // TestLibraryOrder checks that every name a file uses is declared before it.
-var library = Constants + prelude + algorithmCode()
+var library = constants + prelude + algorithmCode()
 
 // decideCode defines the local function decide(keys, args).
 var decideCode = library + decide
 
-// Decide is the script that decides a batch of requests. Its calling
-// convention is documented at the top of decide.lua.
-var Decide = decideCode + "return decide(KEYS, ARGV)\n"
+// decideScript is Decide's text.
+var decideScript = decideCode + "return decide(KEYS, ARGV)\n"
 
 // version names the decide code: instances running different code register
 // different functions, so a rolling update never runs one version's
@@ -60,32 +64,46 @@ var version = func() string {
 	return hex.EncodeToString(sum[:6])
 }()
 
-// DecideFunction is the name under which Library registers decide; FCALL
-// takes the same keys and arguments as Decide.
-var DecideFunction = "ratelimit_decide_" + version
+// decideFunction is DecideFunction's name.
+var decideFunction = "ratelimit_decide_" + version
 
-// Library is the Redis Functions library (FUNCTION LOAD) that registers
-// DecideFunction. It declares no flags: it writes, so Redis refuses it as a
-// whole, before it runs, when maxmemory is reached, and its keys share one
-// slot in a cluster.
-var Library = "#!lua name=ratelimit_" + version + "\n" + decideCode +
-	"redis.register_function('" + DecideFunction + "', decide)\n"
+// functionLibrary is Library's text.
+var functionLibrary = "#!lua name=ratelimit_" + version + "\n" + decideCode +
+	"redis.register_function('" + decideFunction + "', decide)\n"
 
-// Reset is the script that deletes one counter, whatever its algorithm. Its
-// calling convention is documented at the top of reset.lua.
-var Reset = reset
+// refundScript is Refund's text.
+var refundScript = library + refund
 
-// Refund is the script that undoes charges made by Decide, for a request
-// denied across Redis Cluster slots. Its calling convention is documented at
-// the top of refund.lua.
-var Refund = library + refund
+// Decide returns the script that decides a batch of requests. Its calling
+// convention is documented at the top of decide.lua.
+func Decide() string { return decideScript }
 
-// RLQSShares is the script that decides one Envoy's share of a limit in the
-// registry of RLQS assignments. Its calling convention is documented at the
-// top of rlqs_shares.lua.
-var RLQSShares = rlqsShares
+// DecideFunction returns the name under which Library registers decide:
+// "ratelimit_decide_" and a hash of the code. FCALL takes the same keys and
+// arguments as Decide.
+func DecideFunction() string { return decideFunction }
 
-// RLQSConfirm is the script that lowers a member's entry in the registry of
-// RLQS assignments to the share it was sent. Its calling convention is
-// documented at the top of rlqs_confirm.lua.
-var RLQSConfirm = rlqsConfirm
+// Library returns the Redis Functions library (FUNCTION LOAD) that
+// registers DecideFunction. It declares no flags: it writes, so Redis
+// refuses it as a whole, before it runs, when maxmemory is reached, and its
+// keys share one slot in a cluster.
+func Library() string { return functionLibrary }
+
+// Reset returns the script that deletes one counter, whatever its
+// algorithm. Its calling convention is documented at the top of reset.lua.
+func Reset() string { return reset }
+
+// Refund returns the script that undoes charges made by Decide, for a
+// request denied across Redis Cluster slots. Its calling convention is
+// documented at the top of refund.lua.
+func Refund() string { return refundScript }
+
+// RLQSShares returns the script that decides one Envoy's share of a limit
+// in the registry of RLQS assignments. Its calling convention is documented
+// at the top of rlqs_shares.lua.
+func RLQSShares() string { return rlqsShares }
+
+// RLQSConfirm returns the script that lowers a member's entry in the
+// registry of RLQS assignments to the share it was sent. Its calling
+// convention is documented at the top of rlqs_confirm.lua.
+func RLQSConfirm() string { return rlqsConfirm }

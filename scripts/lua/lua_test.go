@@ -11,31 +11,29 @@ import (
 	glua "github.com/yuin/gopher-lua"
 	"github.com/yuin/gopher-lua/ast"
 	"github.com/yuin/gopher-lua/parse"
+
+	"github.com/slidingwindow/ratelimit/internal/algorithm"
 )
 
-// TestAlgorithmTable: IDs are 1, 2, ... in order and below FlagShadow, names
-// and key codes distinct, and each algorithm's source is its Name.lua.
+// TestAlgorithmTable checks internal/algorithm's table against the Lua:
+// every ID is below FlagShadow, each algorithm's source is its Name.lua, and
+// every Lua file is an algorithm's or one of the shared ones.
+// internal/algorithm's TestTable checks the table itself (IDs 1, 2, ... in
+// order, names and key codes distinct, ByID).
 func TestAlgorithmTable(t *testing.T) {
-	names, keys := map[string]bool{}, map[string]bool{}
-	for i, a := range Algorithms {
+	names := map[string]bool{}
+	all := algorithm.All()
+	if len(sources) != len(all) {
+		t.Fatalf("%d sources for %d algorithms", len(sources), len(all))
+	}
+	for i, a := range all {
 		if a.ID != i+1 || a.ID >= FlagShadow {
 			t.Errorf("%s has ID %d at index %d: want index + 1, below FlagShadow (%d)", a.Name, a.ID, i, FlagShadow)
 		}
-		if names[a.Name] || keys[a.Key] || a.Key == "" || a.State == "" || a.MaxCost == 0 {
-			t.Errorf("%s: name or key code %q taken, or a field unset: %+v", a.Name, a.Key, a)
-		}
-		names[a.Name], keys[a.Key] = true, true
-		if b, ok := ByID(a.ID); !ok || b != &Algorithms[i] {
-			t.Errorf("ByID(%d) = %v, %v", a.ID, b, ok)
-		}
+		names[a.Name] = true
 		file, err := os.ReadFile(a.Name + ".lua")
-		if err != nil || string(file) != a.source {
+		if err != nil || string(file) != sources[i] {
 			t.Errorf("%s: the source is not %s.lua (%v)", a.Name, a.Name, err)
-		}
-	}
-	for _, id := range []int{0, len(Algorithms) + 1} {
-		if _, ok := ByID(id); ok {
-			t.Errorf("ByID(%d) found an algorithm", id)
 		}
 	}
 	// Every Lua file is an algorithm's or one of the shared ones.
@@ -45,8 +43,29 @@ func TestAlgorithmTable(t *testing.T) {
 	}
 	for _, f := range files {
 		if name := strings.TrimSuffix(f, ".lua"); !names[name] && !slices.Contains([]string{"prelude", "decide", "refund", "reset", "rlqs_shares", "rlqs_confirm"}, name) {
-			t.Errorf("%s is neither an algorithm's file (no entry in Algorithms) nor a shared one", f)
+			t.Errorf("%s is neither an algorithm's file (no entry in internal/algorithm's table) nor a shared one", f)
 		}
+	}
+}
+
+// TestScripts: each exported function returns the script assembled here,
+// and every script and name is set.
+func TestScripts(t *testing.T) {
+	for name, got := range map[string]string{
+		"Constants": Constants(), "Decide": Decide(), "DecideFunction": DecideFunction(), "Library": Library(),
+		"Refund": Refund(), "Reset": Reset(), "RLQSShares": RLQSShares(), "RLQSConfirm": RLQSConfirm(),
+	} {
+		if got == "" {
+			t.Errorf("%s() is empty", name)
+		}
+	}
+	if Constants() != constants || Decide() != decideScript || Library() != functionLibrary || Refund() != refundScript ||
+		Reset() != reset || RLQSShares() != rlqsShares || RLQSConfirm() != rlqsConfirm || DecideFunction() != decideFunction {
+		t.Error("an exported function does not return its script")
+	}
+	if !strings.HasPrefix(Library(), "#!lua name=ratelimit_"+version+"\n") ||
+		!strings.HasSuffix(Library(), "redis.register_function('"+DecideFunction()+"', decide)\n") {
+		t.Errorf("Library does not register DecideFunction %q", DecideFunction())
 	}
 }
 
@@ -62,10 +81,11 @@ func TestLuaConstants(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("the Lua's flags are %q, Go's %q", got, want)
 	}
-	for _, a := range Algorithms {
-		c := a.luaConstant()
+	all := algorithm.All()
+	for _, a := range all {
+		c := luaConstant(&a)
 		got := runLua(t, library+fmt.Sprintf("return %s, algorithms[%s] == %s, #algorithms", c, c, a.Name), 3)
-		if want := []string{fmt.Sprint(a.ID), "true", fmt.Sprint(len(Algorithms))}; !slices.Equal(got, want) {
+		if want := []string{fmt.Sprint(a.ID), "true", fmt.Sprint(len(all))}; !slices.Equal(got, want) {
 			t.Errorf("%s: the Lua says %s, algorithms[%s] == %s, #algorithms = %q; want %q", a.Name, c, c, a.Name, got, want)
 		}
 	}
@@ -106,17 +126,17 @@ func TestLibraryOrder(t *testing.T) {
 		name, code string
 		algorithm  string // the algorithm whose file it is
 	}
-	parts := []part{{name: "Constants", code: Constants}, {name: "prelude.lua", code: prelude}}
+	parts := []part{{name: "Constants", code: constants}, {name: "prelude.lua", code: prelude}}
 	var names []string
-	for _, a := range Algorithms {
-		parts = append(parts, part{name: a.Name + ".lua", code: a.source, algorithm: a.Name})
+	for i, a := range algorithm.All() {
+		parts = append(parts, part{name: a.Name + ".lua", code: sources[i], algorithm: a.Name})
 		names = append(names, a.Name)
 	}
-	parts = append(parts, part{name: "algorithms table", code: strings.TrimPrefix(algorithmCode(), strings.Join(sources(), ""))})
-	if !strings.HasPrefix(algorithmCode(), strings.Join(sources(), "")) {
+	parts = append(parts, part{name: "algorithms table", code: strings.TrimPrefix(algorithmCode(), strings.Join(sources, ""))})
+	if !strings.HasPrefix(algorithmCode(), strings.Join(sources, "")) {
 		t.Fatal("algorithmCode does not start with the algorithms' files in ID order")
 	}
-	if library != Constants+prelude+algorithmCode() || Decide != library+decide+"return decide(KEYS, ARGV)\n" || Refund != library+refund {
+	if library != constants+prelude+algorithmCode() || decideScript != library+decide+"return decide(KEYS, ARGV)\n" || refundScript != library+refund {
 		t.Fatal("the scripts are not assembled from library as this test checks them")
 	}
 
@@ -183,14 +203,6 @@ func TestLibraryOrderChecker(t *testing.T) {
 			}
 		})
 	}
-}
-
-func sources() []string {
-	s := make([]string, len(Algorithms))
-	for i := range Algorithms {
-		s[i] = Algorithms[i].source
-	}
-	return s
 }
 
 type scope struct {
