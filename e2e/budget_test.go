@@ -136,7 +136,7 @@ func TestTokenBudgetOverdrawn(t *testing.T) {
 // more than was used; for every algorithm.
 func TestRefundFreesWhatItSays(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, startRedis(t), budgetConfig)
+	s := startLibrary(t, startRedis(t), budgetConfig, nil)
 	awayFromEdge(time.Hour, 30*time.Second)
 	for _, alg := range budgetAlgorithms {
 		t.Run(alg, func(t *testing.T) {
@@ -176,7 +176,7 @@ func TestRefundFreesWhatItSays(t *testing.T) {
 // - 300 + 100, whichever descriptor comes first; for every algorithm.
 func TestRefundAndChargeInOneRequest(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, startRedis(t), budgetConfig)
+	s := startLibrary(t, startRedis(t), budgetConfig, nil)
 	awayFromEdge(time.Hour, 30*time.Second)
 	for _, alg := range budgetAlgorithms {
 		for _, refundFirst := range []bool{true, false} {
@@ -214,7 +214,7 @@ func TestRefundAndChargeInOneRequest(t *testing.T) {
 func TestSeveralLimitsEnforceBoth(t *testing.T) {
 	t.Parallel()
 	r := startRedis(t)
-	s := startServer(t, r, budgetConfig)
+	s := startLibrary(t, r, budgetConfig, nil)
 	ctx := context.Background()
 	awayFromEdge(24*time.Hour, 30*time.Second)
 	awayFromEdge(time.Second, 500*time.Millisecond)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 )
 
@@ -125,7 +127,7 @@ func TestBurstAtOneKeyAdmitsExactlyTheLimit(t *testing.T) {
 func TestBurstWithEnvoyDeadlines(t *testing.T) {
 	onEachGRPCServer(t, func(t *testing.T, kind string) {
 		r := startRedis(t)
-		s := withBinary(plainBinary(t), func() *server { return startServer(t, r, burstConfig, "--grpc-server", kind) })
+		s := startPlainServer(t, r, burstConfig, "--grpc-server", kind)
 		avoidHourEdge(t, 30*time.Second)
 		for _, key := range []string{"log", "counter", "fixed", "gcra"} {
 			t.Run(key, func(t *testing.T) {
@@ -180,10 +182,11 @@ func plainBinary(t *testing.T) string {
 	return plainPath
 }
 
-// withBinary runs start with the tests' service binary set to path.
-func withBinary(path string, start func() *server) *server {
-	raced := binary
-	binary = path
-	defer func() { binary = raced }()
-	return start()
+// startPlainServer is startServer on the binary built without the race
+// detector (plainBinary).
+func startPlainServer(t *testing.T, r *redisServer, configYAML string, extra ...string) *server {
+	t.Helper()
+	s := startProcessOf(t, plainBinary(t), r, configYAML, insecure.NewCredentials(), extra...)
+	s.waitHealth(t, healthpb.HealthCheckResponse_SERVING)
+	return s
 }

@@ -64,7 +64,7 @@ var (
 
 func TestStatusesInRequestOrder(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, startRedis(t), testConfig)
+	s := startLibrary(t, startRedis(t), testConfig, nil)
 
 	resp := s.ask(t, request("e2e", descriptor("log", "a"), descriptor("nope", "x"), descriptor("open", "1")))
 	if resp.OverallCode != ok || len(resp.Statuses) != 3 {
@@ -190,7 +190,7 @@ func TestHitsAddend(t *testing.T) {
 
 func TestLimitOverride(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, startRedis(t), testConfig)
+	s := startLibrary(t, startRedis(t), testConfig, nil)
 	d := descriptor("log", "o")
 	d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_HOUR}
 	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, over} {

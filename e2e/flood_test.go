@@ -62,7 +62,7 @@ func flood(t *testing.T, gomemlimit string, args ...string) (peak int64, byCode 
 	t.Setenv("GOMEMLIMIT", gomemlimit)
 
 	r := startRedis(t)
-	s := withBinary(plainBinary(t), func() *server { return startServer(t, r, hostileConfig, args...) })
+	s := startPlainServer(t, r, hostileConfig, args...)
 	pid := s.cmd.Process.Pid
 
 	const (

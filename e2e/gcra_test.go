@@ -124,7 +124,7 @@ func TestGCRABurstThenRate(t *testing.T) {
 // default bucket is the limit.
 func TestGCRACostsAndAllOrNothing(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, startRedis(t), gcraConfig)
+	s := startLibrary(t, startRedis(t), gcraConfig, nil)
 	withCost := func(value string, cost uint64) *rlsv3.RateLimitRequest {
 		d := descriptor("costly", value)
 		d.HitsAddend = wrapperspb.UInt64(cost)

@@ -195,6 +195,12 @@ func startServerWith(t *testing.T, r *redisServer, configYAML string, creds cred
 // for it to be ready.
 func startProcess(t *testing.T, r *redisServer, configYAML string, creds credentials.TransportCredentials, extra ...string) *server {
 	t.Helper()
+	return startProcessOf(t, binary, r, configYAML, creds, extra...)
+}
+
+// startProcessOf is startProcess of the service binary at bin.
+func startProcessOf(t *testing.T, bin string, r *redisServer, configYAML string, creds credentials.TransportCredentials, extra ...string) *server {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(configYAML), 0o644); err != nil {
 		t.Fatal(err)
@@ -214,7 +220,7 @@ func startProcess(t *testing.T, r *redisServer, configYAML string, creds credent
 	if r != nil {
 		args = append(args, "--redis-url", "redis://"+r.addr)
 	}
-	s.cmd = exec.Command(binary, append(args, extra...)...)
+	s.cmd = exec.Command(bin, append(args, extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)

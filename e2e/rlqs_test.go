@@ -193,7 +193,7 @@ func TestRLQSFleetBound(t *testing.T) {
 	r := startRedis(t)
 	servers := make([]*server, 3)
 	for i := range servers {
-		servers[i] = startServer(t, r, rlqsConfig)
+		servers[i] = startLibrary(t, r, rlqsConfig, nil)
 	}
 	type fleet struct {
 		name         string
@@ -284,7 +284,7 @@ func TestRLQSFleetBound(t *testing.T) {
 func TestRLQSDenyAfterShouldRateLimit(t *testing.T) {
 	t.Parallel()
 	r := startRedis(t)
-	s := startServer(t, r, rlqsConfig)
+	s := startLibrary(t, r, rlqsConfig, nil)
 	e := newEnvoy(t, envoyConn(t, s.grpcAddr), envoyrlqs.Options{})
 	bucket := map[string]string{"name": "fleet", "scenario": "reverse"}
 	done := make(chan struct{})
@@ -403,7 +403,7 @@ func commandCalls(t *testing.T, r *redisServer) int64 {
 func TestRLQSStoreWork(t *testing.T) {
 	t.Parallel()
 	r := startRedis(t)
-	s := startServer(t, r, rlqsConfig)
+	s := startLibrary(t, r, rlqsConfig, nil)
 	const perSecond = 200.0 // a limit of 6000 a minute: 100 a second
 	const run = 20 * time.Second
 

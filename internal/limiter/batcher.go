@@ -483,6 +483,10 @@ func (b *batcher) retry(ctx context.Context, s *send) resending {
 	switch {
 	case strings.HasPrefix(msg, "NOSCRIPT"):
 		s.form = formEval
+	case s.form == formFunction && strings.Contains(msg, "Function not found") && s.resends > 1:
+		// The library went again between its load and the re-send (a
+		// flush, a failover): the script's text cannot go missing.
+		s.form = formEval
 	case s.form == formFunction && strings.Contains(msg, "Function not found"):
 		if err := loadLibrary(ctx, s.target); functionsRefused(err) {
 			b.scriptsOnly.Store(true)

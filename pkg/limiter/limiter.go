@@ -161,6 +161,11 @@ type Limiter struct {
 // cluster, a request's hits are grouped by hash slot and every group is
 // decided at once, each on its slot's master. The caller keeps owning client:
 // Close does not close it.
+//
+// Give the client MaxRetries: -1, as the service's own client has: a decision
+// is not idempotent, and go-redis re-sends a command whose reply was lost,
+// which would charge it twice. ContextTimeoutEnabled: true lets the caller's
+// deadline end a stalled call.
 func New(client redis.UniversalClient, opts *Options) *Limiter {
 	return &Limiter{lim: limiter.New(client, internalOptions(opts))}
 }
