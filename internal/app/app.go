@@ -90,6 +90,19 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		return nil, err
 	}
 	a.grpcTLS = grpcTLS
+	// Tracing starts before the limiter, whose Redis batches it traces too;
+	// it stops (flushing their spans) after the limiter closed.
+	tracerProvider, traceInterceptor, stopTracing, err := startTracing(ctx, &s.Tracing)
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(func() {
+		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(flushCtx); err != nil {
+			log.Warn("tracing: spans not flushed", zap.Error(err))
+		}
+	})
 	store, err := openStore(s, redisTLS, log)
 	if err != nil {
 		return nil, err
@@ -108,9 +121,9 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	m := metrics.NewWithStats(a.registry, stats)
 	if perSecondStore != nil {
 		a.onClose(func() { _ = perSecondStore.Close() }) // as the main store's
-		perSecond = newLimiter(s, perSecondStore, m)
+		perSecond = newLimiter(s, perSecondStore, m, tracerProvider)
 	}
-	a.lim = limiter.NewSplit(newLimiter(s, store, m), perSecond)
+	a.lim = limiter.NewSplit(newLimiter(s, store, m, tracerProvider), perSecond)
 	a.onClose(a.lim.Close)
 	// The store gets ready (connections open, code loaded) while the
 	// source brings the first config, which over xDS may take long; a bad
@@ -164,17 +177,6 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	// The interceptors keep envoyproxy/ratelimit's total_requests and
 	// response_time, refuse calls while xDS has given no config yet, and
 	// trace calls with --tracing.
-	traceInterceptor, stopTracing, err := startTracing(ctx, &s.Tracing)
-	if err != nil {
-		return nil, err
-	}
-	a.onClose(func() {
-		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := stopTracing(flushCtx); err != nil {
-			log.Warn("tracing: spans not flushed", zap.Error(err))
-		}
-	})
 	interceptors := []grpc.UnaryServerInterceptor{m.UnaryServerInterceptor()}
 	if !src.Configured() { // it will be, and then stays so
 		interceptors = append([]grpc.UnaryServerInterceptor{unconfigured(src)}, interceptors...)

@@ -41,6 +41,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/scripts/lua"
@@ -142,7 +144,14 @@ type Options struct {
 	// DefaultDenyCache, a negative value turns the cache off. It reads the
 	// local clock: tests that move Redis's clock by hand turn it off.
 	DenyCache time.Duration
+	// TracerProvider gives the tracer of the spans of Redis batches (see
+	// batcher); nil means OpenTelemetry's global provider, a no-op unless
+	// one was installed.
+	TracerProvider trace.TracerProvider
 }
+
+// tracerName names the limiter's tracer (instrumentation scope).
+const tracerName = "github.com/slidingwindow/ratelimit/internal/limiter"
 
 // DefaultDenyCache bounds how long a denial is repeated from memory.
 const DefaultDenyCache = time.Second
@@ -154,6 +163,7 @@ type Limiter struct {
 	observe    func(time.Duration, error)
 	overloaded func()
 	denied     *denyCache // nil: off
+	tracer     trace.Tracer
 
 	batchers sync.Map       // redis.UniversalClient to its *batcher
 	refunds  sync.WaitGroup // refunds still running after their answers
@@ -196,6 +206,11 @@ func newWithRouter(r router, opts *Options) *Limiter {
 	if opts != nil && opts.Overloaded != nil {
 		l.overloaded = opts.Overloaded
 	}
+	tp := otel.GetTracerProvider()
+	if opts != nil && opts.TracerProvider != nil {
+		tp = opts.TracerProvider
+	}
+	l.tracer = tp.Tracer(tracerName)
 	switch {
 	case opts == nil || opts.DenyCache == 0:
 		l.denied = newDenyCache(DefaultDenyCache)
@@ -600,7 +615,7 @@ func (l *Limiter) batcher(server redis.UniversalClient) *batcher {
 	if b, ok := l.batchers.Load(server); ok {
 		return b.(*batcher)
 	}
-	b := newBatcher(server, l.timeout, l.router.node)
+	b := newBatcher(server, l.timeout, l.router.node, l.tracer)
 	if prev, loaded := l.batchers.LoadOrStore(server, b); loaded {
 		b.close() // another call started one first
 		return prev.(*batcher)
