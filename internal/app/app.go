@@ -113,6 +113,10 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		return nil, err
 	}
 	var perSecond *limiter.Limiter
+	// now is the one local clock of decisions: the window the reference's
+	// keys name (the service's Options.Now) and the limiters' deny caches.
+	// Redis TIME decides the rest (see package limiter).
+	now := time.Now
 	a.registry = prometheus.NewRegistry()
 	var stats metrics.Stats
 	if a.stats, stats, err = openStats(s, log); err != nil {
@@ -121,9 +125,9 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	m := metrics.NewWithStats(a.registry, stats)
 	if perSecondStore != nil {
 		a.onClose(func() { _ = perSecondStore.Close() }) // as the main store's
-		perSecond = newLimiter(s, perSecondStore, m, tracerProvider)
+		perSecond = newLimiter(s, perSecondStore, m, tracerProvider, now)
 	}
-	a.lim = limiter.NewSplit(newLimiter(s, store, m, tracerProvider), perSecond)
+	a.lim = limiter.NewSplit(newLimiter(s, store, m, tracerProvider, now), perSecond)
 	a.onClose(a.lim.Close)
 	// The store gets ready (connections open, code loaded) while the
 	// source brings the first config, which over xDS may take long; a bad
@@ -159,6 +163,7 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		QuotaMode:               s.QuotaMode,
 		ResponseDynamicMetadata: s.ResponseDynamicMetadata,
 		KeyPrefix:               s.KeyPrefix,
+		Now:                     now,
 	})
 	if s.ShadowMode {
 		log.Warn("global shadow mode: every answer is OK; would-be denials are logged and counted")

@@ -71,8 +71,8 @@ func tlsOf(redisTLS *tls.Config, urls ...string) *tls.Config {
 }
 
 // newLimiter is the limiter on store, reporting to m, tracing its Redis
-// batches with tp.
-func newLimiter(s *settings.Settings, store *limiter.Store, m *metrics.Metrics, tp trace.TracerProvider) *limiter.Limiter {
+// batches with tp, its deny cache on the clock now (the service's).
+func newLimiter(s *settings.Settings, store *limiter.Store, m *metrics.Metrics, tp trace.TracerProvider, now func() time.Time) *limiter.Limiter {
 	denyCache := s.DenyCache
 	if denyCache == 0 {
 		denyCache = -1 // the flag's 0 means off; the option's 0 means its default
@@ -84,6 +84,7 @@ func newLimiter(s *settings.Settings, store *limiter.Store, m *metrics.Metrics, 
 		Overloaded: m.Overloaded,
 
 		TracerProvider: tp,
+		Now:            now,
 	})
 }
 
