@@ -91,6 +91,19 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		return nil, err
 	}
 	a.grpcTLS = grpcTLS
+	// Tracing starts before the limiter, whose Redis batches it traces too;
+	// it stops (flushing their spans) after the limiter closed.
+	tracerProvider, traceInterceptor, stopTracing, err := startTracing(ctx, &s.Tracing)
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(func() {
+		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(flushCtx); err != nil {
+			log.Warn("tracing: spans not flushed", zap.Error(err))
+		}
+	})
 	store, err := openStore(s, redisTLS, log)
 	if err != nil {
 		return nil, err
@@ -101,6 +114,10 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		return nil, err
 	}
 	var perSecond *limiter.Limiter
+	// now is the one local clock of decisions: the window the reference's
+	// keys name (the service's Options.Now) and the limiters' deny caches.
+	// Redis TIME decides the rest (see package limiter).
+	now := time.Now
 	a.registry = prometheus.NewRegistry()
 	var stats metrics.Stats
 	if a.stats, stats, err = openStats(s, log); err != nil {
@@ -109,9 +126,9 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	m := metrics.NewWithStats(a.registry, stats)
 	if perSecondStore != nil {
 		a.onClose(func() { _ = perSecondStore.Close() }) // as the main store's
-		perSecond = newLimiter(s, perSecondStore, m)
+		perSecond = newLimiter(s, perSecondStore, m, tracerProvider, now)
 	}
-	a.lim = limiter.NewSplit(newLimiter(s, store, m), perSecond)
+	a.lim = limiter.NewSplit(newLimiter(s, store, m, tracerProvider, now), perSecond)
 	a.onClose(a.lim.Close)
 	// The store gets ready (connections open, code loaded) while the
 	// source brings the first config, which over xDS may take long; a bad
@@ -147,6 +164,7 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		QuotaMode:               s.QuotaMode,
 		ResponseDynamicMetadata: s.ResponseDynamicMetadata,
 		KeyPrefix:               s.KeyPrefix,
+		Now:                     now,
 	})
 	if s.ShadowMode {
 		log.Warn("global shadow mode: every answer is OK; would-be denials are logged and counted")
@@ -165,17 +183,6 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	// The interceptors keep envoyproxy/ratelimit's total_requests and
 	// response_time, refuse calls while xDS has given no config yet, and
 	// trace calls with --tracing.
-	traceInterceptor, stopTracing, err := startTracing(ctx, &s.Tracing)
-	if err != nil {
-		return nil, err
-	}
-	a.onClose(func() {
-		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := stopTracing(flushCtx); err != nil {
-			log.Warn("tracing: spans not flushed", zap.Error(err))
-		}
-	})
 	interceptors := []grpc.UnaryServerInterceptor{m.UnaryServerInterceptor()}
 	if !src.Configured() { // it will be, and then stays so
 		interceptors = append([]grpc.UnaryServerInterceptor{unconfigured(src)}, interceptors...)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/slidingwindow/ratelimit/internal/limiter"
@@ -69,8 +70,9 @@ func tlsOf(redisTLS *tls.Config, urls ...string) *tls.Config {
 	return nil
 }
 
-// newLimiter is the limiter on store, reporting to m.
-func newLimiter(s *settings.Settings, store *limiter.Store, m *metrics.Metrics) *limiter.Limiter {
+// newLimiter is the limiter on store, reporting to m, tracing its Redis
+// batches with tp, its deny cache on the clock now (the service's).
+func newLimiter(s *settings.Settings, store *limiter.Store, m *metrics.Metrics, tp trace.TracerProvider, now func() time.Time) *limiter.Limiter {
 	denyCache := s.DenyCache
 	if denyCache == 0 {
 		denyCache = -1 // the flag's 0 means off; the option's 0 means its default
@@ -80,6 +82,9 @@ func newLimiter(s *settings.Settings, store *limiter.Store, m *metrics.Metrics) 
 		DenyCache:  denyCache,
 		Observe:    func(d time.Duration, err error) { m.StoreCall(d, limiter.ErrorKind(err)) },
 		Overloaded: m.Overloaded,
+
+		TracerProvider: tp,
+		Now:            now,
 	})
 }
 

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -29,12 +30,14 @@ import (
 // certificates and timeout come from the standard OTEL_EXPORTER_OTLP_*
 // variables, which the exporter reads itself, as there.
 
-// startTracing installs the tracer provider when --tracing is on and returns
-// the interceptor that traces calls (nil when off) and the function that
-// flushes and stops the exporter.
-func startTracing(ctx context.Context, t *settings.Tracing) (grpc.UnaryServerInterceptor, func(context.Context) error, error) {
+// startTracing makes the tracer provider when --tracing is on and returns
+// it (a no-op one when off), the interceptor that traces calls (nil when
+// off) and the function that flushes and stops the exporter. The provider
+// is handed to what starts spans (the interceptor, the limiter's Redis
+// batches), not installed as OpenTelemetry's global one.
+func startTracing(ctx context.Context, t *settings.Tracing) (trace.TracerProvider, grpc.UnaryServerInterceptor, func(context.Context) error, error) {
 	if !t.Enabled {
-		return nil, func(context.Context) error { return nil }, nil
+		return noop.NewTracerProvider(), nil, func(context.Context) error { return nil }, nil
 	}
 	var client otlptrace.Client
 	switch t.ExporterProtocol {
@@ -43,11 +46,11 @@ func startTracing(ctx context.Context, t *settings.Tracing) (grpc.UnaryServerInt
 	case "grpc":
 		client = otlptracegrpc.NewClient()
 	default:
-		return nil, nil, fmt.Errorf("--tracing-exporter-protocol=%q: http or grpc", t.ExporterProtocol)
+		return nil, nil, nil, fmt.Errorf("--tracing-exporter-protocol=%q: http or grpc", t.ExporterProtocol)
 	}
 	exporter, err := otlptrace.New(ctx, client)
 	if err != nil {
-		return nil, nil, fmt.Errorf("tracing: %w", err)
+		return nil, nil, nil, fmt.Errorf("tracing: %w", err)
 	}
 	instance := t.ServiceInstanceID
 	if instance == "" {
@@ -63,7 +66,7 @@ func startTracing(ctx context.Context, t *settings.Tracing) (grpc.UnaryServerInt
 		)),
 	)
 	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, b3.New(), propagation.Baggage{})
-	return traceCalls(tp.Tracer("ratelimit"), prop), tp.Shutdown, nil
+	return tp, traceCalls(tp.Tracer("ratelimit"), prop), tp.Shutdown, nil
 }
 
 // traceCalls is a unary interceptor that runs each call in a server span,

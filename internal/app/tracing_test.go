@@ -62,7 +62,7 @@ func TestTracingExportsCallSpans(t *testing.T) {
 	if err := settings.Parse(settings.NewFlagSet("test", &s, io.Discard), &s, nil); err != nil {
 		t.Fatal(err)
 	}
-	intercept, stop, err := startTracing(context.Background(), &s.Tracing)
+	_, intercept, stop, err := startTracing(context.Background(), &s.Tracing)
 	if err != nil || intercept == nil {
 		t.Fatalf("tracing not started: %v", err)
 	}

@@ -12,6 +12,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
@@ -34,10 +38,16 @@ import (
 // some calls without running them, and those are re-sent: NOSCRIPT (as
 // EVAL), a function library not loaded yet (after FUNCTION LOAD), and, on a
 // cluster, MOVED and ASK (to the node named).
+//
+// A batch runs on a context of its own, not on any one caller's: a caller
+// that leaves must not cancel the others' calls. Its tracing span
+// (batchSpanName) is thus a root, linked to the span of every request it
+// carries, so that a trace shows the Redis call its request waited for.
 type batcher struct {
 	server  redis.UniversalClient
 	calls   chan *call
 	timeout time.Duration
+	tracer  trace.Tracer
 	// node returns the client of a node a redirection names.
 	node func(ctx context.Context, addr string, moved bool) (redis.UniversalClient, error)
 	// scriptsOnly is set once the server turned out not to have Redis
@@ -49,7 +59,8 @@ type batcher struct {
 
 // call is one store call waiting for its batch.
 type call struct {
-	// ctx is the caller's: a call whose caller left is not sent.
+	// ctx is the caller's: a call whose caller left is not sent. Its span,
+	// if any, is linked from the span of the batch that carries the call.
 	ctx context.Context
 	// deadline is when the answer stops being of use, at most the caller's
 	// own deadline: a call not sent by then is not sent, and its caller
@@ -84,12 +95,18 @@ const (
 // service, before it was sent: the service, not the store, was too slow.
 var ErrOverloaded = errors.New("rate limit store queue: the deadline passed before the call was sent")
 
+// newBatcher starts the batcher of server. tracer starts the span of each
+// batch; nil means no spans.
 func newBatcher(server redis.UniversalClient, timeout time.Duration,
-	node func(context.Context, string, bool) (redis.UniversalClient, error)) *batcher {
+	node func(context.Context, string, bool) (redis.UniversalClient, error), tracer trace.Tracer) *batcher {
+	if tracer == nil {
+		tracer = noop.NewTracerProvider().Tracer("")
+	}
 	b := &batcher{
 		server:  server,
 		calls:   make(chan *call, queueLength),
 		timeout: timeout,
+		tracer:  tracer,
 		node:    node,
 		stop:    make(chan struct{}),
 	}
@@ -267,7 +284,9 @@ const (
 func (b *batcher) exec(batch []*call) {
 	ctx, cancel := context.WithDeadline(context.Background(), b.deadline(batch))
 	defer cancel()
+	ctx, span := b.startSpan(ctx, batch)
 	sends := b.perform(ctx, b.sends(batch))
+	b.endSpan(span, batch, sends)
 	for _, s := range sends {
 		if s.script != nil {
 			s.calls[0].done <- outcome{cmd: s.cmd.(*redis.Cmd)}
@@ -287,6 +306,79 @@ func (b *batcher) exec(batch []*call) {
 			vals = vals[n:]
 		}
 	}
+}
+
+// batchSpanName names the span of a batch's Redis calls.
+const batchSpanName = "ratelimit.redis.batch"
+
+// startSpan starts the span of batch, linked to the span of each request it
+// carries (the span in its caller's context at enqueue). Where tracing is
+// off (the default no-op provider) it costs a context lookup per call.
+func (b *batcher) startSpan(ctx context.Context, batch []*call) (context.Context, trace.Span) {
+	var links []trace.Link
+	for _, c := range batch {
+		if sc := trace.SpanContextFromContext(c.ctx); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	if links == nil {
+		return b.tracer.Start(ctx, batchSpanName, trace.WithSpanKind(trace.SpanKindClient))
+	}
+	return b.tracer.Start(ctx, batchSpanName, trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...))
+}
+
+// endSpan describes the batch on its span (its requests and hits, the server,
+// the slots and commands as last sent), records the commands' errors, and
+// ends it.
+func (b *batcher) endSpan(span trace.Span, batch []*call, sends []*send) {
+	defer span.End()
+	if !span.IsRecording() {
+		return
+	}
+	hits := 0
+	for _, c := range batch {
+		hits += len(c.keys)
+	}
+	var slots []int
+	var commands []string
+	failed := 0
+	for _, s := range sends {
+		if s.script == nil && !slices.Contains(slots, s.slot) {
+			slots = append(slots, s.slot)
+		}
+		if name := s.commandName(); !slices.Contains(commands, name) {
+			commands = append(commands, name)
+		}
+		if err := s.cmd.Err(); err != nil {
+			failed++
+			span.RecordError(err)
+			if failed == 1 {
+				span.SetStatus(codes.Error, err.Error())
+			}
+		}
+	}
+	span.SetAttributes(
+		attribute.String("db.system.name", "redis"),
+		attribute.String("db.operation.name", strings.Join(commands, " ")),
+		attribute.Int("ratelimit.batch.requests", len(batch)),
+		attribute.Int("ratelimit.batch.hits", hits),
+		attribute.IntSlice("ratelimit.redis.slots", slots),
+		attribute.Int("ratelimit.redis.failed_commands", failed),
+	)
+	if o, ok := b.server.(interface{ Options() *redis.Options }); ok {
+		span.SetAttributes(attribute.String("server.address", o.Options().Addr))
+	}
+}
+
+// commandName is the Redis command s went as last: FCALL, EVALSHA or EVAL.
+func (s *send) commandName() string {
+	switch s.form {
+	case formEval:
+		return "EVAL"
+	case formSHA:
+		return "EVALSHA"
+	}
+	return "FCALL"
 }
 
 // sends turns a batch into commands: one decide per slot, holding the

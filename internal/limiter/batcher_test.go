@@ -126,7 +126,7 @@ func TestCallsWhoseCallerLeftAreNotSent(t *testing.T) {
 	m.SetTime(epoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
-	b := newBatcher(client, 5*time.Second, singleRouter{client}.node)
+	b := newBatcher(client, 5*time.Second, singleRouter{client}.node, nil)
 	defer b.close()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

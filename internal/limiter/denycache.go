@@ -18,6 +18,18 @@ import (
 // and towards denying. A Refund hit through this instance drops its
 // counter's entry (see Limiter.rememberDenials).
 //
+// Its times are the limiter's clock (Options.Now, the local clock by
+// default), not Redis TIME: an entry is measured from when its call was
+// sent, before Redis read its clock, so it expires no later than Redis's own
+// wait would end, give or take the drift between the two clocks.
+//
+// It is the only cache of denials. decide.lua's per-call table of denials
+// (denied) is no cache: it lives for one call, in which Redis TIME does not
+// move and nothing but that call writes, so it repeats a denial exactly as
+// checking again would, and saves the work of checking again for a burst at
+// one key in one batch. This cache saves the round trip, at the cost of
+// being up to maxAge stale.
+//
 // Memory is bounded in bytes, not entries: each entry is accounted as its
 // key's length plus denyEntryOverhead, and the cache holds at most maxBytes
 // of them. Entries live in two generations per shard, each at most maxAge
@@ -65,12 +77,19 @@ type denial struct {
 	expires   int64 // when the entry stops answering: fitsAt or maxAge
 }
 
-func newDenyCache(maxAge time.Duration) *denyCache {
-	return newDenyCacheSized(maxAge, DefaultDenyCacheBytes)
+// newDenyCache is a cache whose times come from a clock that reads base
+// now: the limiter's (Options.Now).
+func newDenyCache(maxAge time.Duration, base time.Time) *denyCache {
+	return newDenyCacheAt(maxAge, DefaultDenyCacheBytes, base)
 }
 
+// newDenyCacheSized is a cache on the local clock holding maxBytes.
 func newDenyCacheSized(maxAge time.Duration, maxBytes int) *denyCache {
-	c := &denyCache{maxAge: maxAge, base: time.Now(), seed: maphash.MakeSeed()}
+	return newDenyCacheAt(maxAge, maxBytes, time.Now())
+}
+
+func newDenyCacheAt(maxAge time.Duration, maxBytes int, base time.Time) *denyCache {
+	c := &denyCache{maxAge: maxAge, base: base, seed: maphash.MakeSeed()}
 	for i := range c.shards {
 		c.shards[i].maxBytes = maxBytes / denyShards
 	}

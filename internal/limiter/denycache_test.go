@@ -286,3 +286,30 @@ func TestDenyCacheRetainedBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestDenyCacheRunsOnOptionsNow: the deny cache reads Options.Now, so a test
+// freezes it: a cached denial repeats Redis's wait exactly while the clock
+// stands, and past maxAge on that clock Redis is asked again.
+func TestDenyCacheRunsOnOptionsNow(t *testing.T) {
+	m := miniredis.RunT(t)
+	m.SetTime(epoch)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+	now := epoch
+	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: time.Second, Now: func() time.Time { return now }})
+	defer l.Close()
+	full := hit(config.FixedWindow, "full", 1, time.Minute, 1)
+	decide1(t, l, full)
+	denied := decide1(t, l, full)
+	if denied.Admitted || denied.ResetAfter != time.Minute {
+		t.Fatalf("second hit %+v, want denied for the minute", denied)
+	}
+	before := m.CommandCount()
+	if v := decide1(t, l, full); v.Admitted || v.ResetAfter != denied.ResetAfter || m.CommandCount() != before {
+		t.Fatalf("with the clock frozen: %+v after %d store commands, want Redis's own wait from memory", v, m.CommandCount()-before)
+	}
+	now = now.Add(time.Second) // maxAge on the injected clock; Redis's stands still
+	if v := decide1(t, l, full); v.Admitted || m.CommandCount() == before {
+		t.Fatalf("past maxAge: %+v, want Redis asked (and denying)", v)
+	}
+}

@@ -27,7 +27,27 @@
 // A request's store work is bounded by its caller's deadline, less a margin
 // to answer in time, and by the limiter's timeout. A deadline that passes
 // while the request waits in the limiter is an overload (ErrOverloaded), not
-// a store failure (ErrStore).
+// a store failure (ErrStore). Each batch of Redis calls is a tracing span
+// of its own, linked to the spans of the requests it carries (see batcher).
+//
+// What denies a request (enforced, shadow, quota, record and refund hits) is
+// one rule, requestRule (outcome.go), whose twin in decide.lua applies it on
+// Redis. All or nothing takes three mechanisms, one per boundary a request
+// can cross, each said where it lives: within a hash slot, decide.lua (one
+// atomic call per slot); across Redis Cluster slots, a refund of the charges
+// by token (refund.go); across Split's two stores, a refund by Refund hits
+// (split.go). The last two share takeBack.
+//
+// Clocks, one per decision path:
+//   - a decision, a refund, a share: Redis TIME, read once per call (a
+//     batch's requests are decided at one instant);
+//   - the window a key in the reference's schema names: KeyBuilder.Now,
+//     which the service reads from its own Options.Now once per request;
+//   - the deny cache (denycache.go): Options.Now, time.Now by default;
+//   - deadlines, timeouts, the durations Observe gets and the tracing
+//     spans: the real clock, as the caller's deadline is.
+//
+// The app gives the service and the limiter one clock for Options.Now.
 package limiter
 
 import (
@@ -41,6 +61,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/scripts/lua"
@@ -139,10 +161,23 @@ type Options struct {
 	Overloaded func()
 	// DenyCache is how long at most a denial Redis gave may be repeated
 	// from memory for the same counter (see denyCache); zero means
-	// DefaultDenyCache, a negative value turns the cache off. It reads the
-	// local clock: tests that move Redis's clock by hand turn it off.
+	// DefaultDenyCache, a negative value turns the cache off. It reads Now,
+	// not Redis's clock: tests that move Redis's clock by hand turn it off,
+	// or move Now with it.
 	DenyCache time.Duration
+	// Now is the clock of the deny cache; nil means time.Now. Deadlines and
+	// the durations Observe gets are on the real clock whatever it says.
+	// The app gives the service's Options.Now (the reference's keys'
+	// clock) here too.
+	Now func() time.Time
+	// TracerProvider gives the tracer of the spans of Redis batches (see
+	// batcher); nil means OpenTelemetry's global provider, a no-op unless
+	// one was installed.
+	TracerProvider trace.TracerProvider
 }
+
+// tracerName names the limiter's tracer (instrumentation scope).
+const tracerName = "github.com/slidingwindow/ratelimit/internal/limiter"
 
 // DefaultDenyCache bounds how long a denial is repeated from memory.
 const DefaultDenyCache = time.Second
@@ -154,6 +189,8 @@ type Limiter struct {
 	observe    func(time.Duration, error)
 	overloaded func()
 	denied     *denyCache // nil: off
+	now        func() time.Time
+	tracer     trace.Tracer
 
 	batchers sync.Map       // redis.UniversalClient to its *batcher
 	refunds  sync.WaitGroup // refunds still running after their answers
@@ -186,7 +223,11 @@ func New(store redis.UniversalClient, opts *Options) *Limiter {
 }
 
 func newWithRouter(r router, opts *Options) *Limiter {
-	l := &Limiter{router: r, timeout: DefaultTimeout, observe: func(time.Duration, error) {}, overloaded: func() {}, stop: make(chan struct{})}
+	l := &Limiter{router: r, timeout: DefaultTimeout, observe: func(time.Duration, error) {}, overloaded: func() {},
+		now: time.Now, stop: make(chan struct{})}
+	if opts != nil && opts.Now != nil {
+		l.now = opts.Now
+	}
 	if opts != nil && opts.Timeout > 0 {
 		l.timeout = opts.Timeout
 	}
@@ -196,11 +237,16 @@ func newWithRouter(r router, opts *Options) *Limiter {
 	if opts != nil && opts.Overloaded != nil {
 		l.overloaded = opts.Overloaded
 	}
+	tp := otel.GetTracerProvider()
+	if opts != nil && opts.TracerProvider != nil {
+		tp = opts.TracerProvider
+	}
+	l.tracer = tp.Tracer(tracerName)
 	switch {
 	case opts == nil || opts.DenyCache == 0:
-		l.denied = newDenyCache(DefaultDenyCache)
+		l.denied = newDenyCache(DefaultDenyCache, l.now())
 	case opts.DenyCache > 0:
-		l.denied = newDenyCache(opts.DenyCache)
+		l.denied = newDenyCache(opts.DenyCache, l.now())
 	}
 	if _, ok := r.(*clusterRouter); ok {
 		l.swept.Go(l.sweepEvery)
@@ -377,51 +423,46 @@ func sharesKeys(hits []Hit) bool {
 	return false
 }
 
-// decide decides hits with distinct keys: one script per slot group, all
-// groups at once. Across groups, all or nothing holds by refunding: each
+// decide decides hits with distinct keys: one script per slot group (a
+// script's keys must share a slot), all groups at once. Across groups, all or nothing holds by refunding: each
 // group charges what fits in it, and when any enforced hit turned out denied,
 // the charges of the other groups are taken back.
 func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	verdicts := make([]Verdict, len(hits))
-	charge := true
 	sent := make([]int, 0, len(hits))
-	quotas, quotasSent := false, false // the request has quota hits; some go to the store
-	now := time.Now()
-	for i, h := range hits {
-		quota := h.quota()
-		quotas = quotas || quota
-		if h.Record || h.Refund {
+	// rule tallies what is known before the store answers: the hits denied
+	// here, and the hits sent, which only the store can deny (counted as
+	// fitting). When it denies already, the store only checks.
+	var rule requestRule
+	now := l.now()
+	for i := range hits {
+		h := &hits[i]
+		switch {
+		case h.Record || h.Refund:
 			sent = append(sent, i) // a cost already spent, or given back: always to the store
-			quotasSent = quotasSent || quota
-			continue
-		}
-		if h.Cost > uint64(h.capacity()) {
+			rule.add(h, true)
+		case h.Cost > uint64(h.capacity()):
 			// Never admissible: answer at once, without a store write.
 			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.Window}
-			if !h.Shadow && !quota {
-				charge = false
-			}
-			continue
-		}
-		if quota {
+			rule.add(h, false)
+		case h.quota():
 			// Not from the deny cache: its denial alone does not deny the
 			// request, the store's answer for the other quota hits decides.
 			sent = append(sent, i)
-			quotasSent = true
-			continue
-		}
-		if l.denied != nil && !h.Shadow {
-			if v, ok := l.denied.lookup(h, now); ok {
-				verdicts[i] = v // Redis denied it moments ago and would again
-				charge = false
-				continue
+			rule.add(h, true)
+		default:
+			if l.denied != nil && !h.Shadow {
+				if v, ok := l.denied.lookup(*h, now); ok {
+					verdicts[i] = v // Redis denied it moments ago and would again
+					rule.add(h, false)
+					continue
+				}
 			}
+			sent = append(sent, i)
+			rule.add(h, true)
 		}
-		sent = append(sent, i)
 	}
-	if quotas && !quotasSent {
-		charge = false // every quota hit was denied here
-	}
+	charge := !rule.denied()
 	if len(sent) == 0 {
 		return verdicts, nil
 	}
@@ -442,7 +483,7 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		wg.Go(func() { errs[g] = l.run(ctx, deadline, hits, slots[g], group, charge, false, verdicts, tokens) })
 	}
 	wg.Wait()
-	if charge && deniedAny(hits, verdicts) {
+	if charge && requestDenied(hits, verdicts) {
 		l.refund(ctx, hits, groups, verdicts, tokens)
 	}
 	return verdicts, errors.Join(errs...)
@@ -512,13 +553,13 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 		}
 		args = append(args, arg)
 	}
-	start := time.Now()
+	start, sent := time.Now(), l.now()
 	server, err := l.server(ctx, deadline, keys[0])
 	var reply []int64
 	if err == nil {
 		reply, err = l.batcher(server).decide(ctx, deadline, slot, keys, args)
 	}
-	defer l.rememberDenials(hits, group, verdicts, start)
+	defer l.rememberDenials(hits, group, verdicts, sent)
 	if err != nil {
 		for _, i := range group {
 			verdicts[i] = failureVerdict(hits[i])
@@ -600,7 +641,7 @@ func (l *Limiter) batcher(server redis.UniversalClient) *batcher {
 	if b, ok := l.batchers.Load(server); ok {
 		return b.(*batcher)
 	}
-	b := newBatcher(server, l.timeout, l.router.node)
+	b := newBatcher(server, l.timeout, l.router.node, l.tracer)
 	if prev, loaded := l.batchers.LoadOrStore(server, b); loaded {
 		b.close() // another call started one first
 		return prev.(*batcher)

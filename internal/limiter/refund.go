@@ -13,6 +13,29 @@ import (
 // refundScript undoes the charges of a request denied across cluster slots.
 var refundScript = redis.NewScript(lua.Refund())
 
+// All or nothing across Redis Cluster slots is this refund, not one atomic
+// call: a script's keys must share a slot, and the slots of a request live
+// on masters that no transaction spans. Each slot's group is decided
+// atomically at once (decide.lua), and when the whole request turns out
+// denied the charges are undone by the tokens decide.lua returned, which
+// name the very charge (the log's members, the counter's window): exact,
+// where a Refund hit would give back to whatever window is current. Split
+// cannot do the same across its two stores (see Split.giveBack): the
+// tokens stay inside each Limiter.
+
+// owesBack reports whether hit h, with verdict v, made a charge to take back
+// when its request turns out denied. A recorded cost was spent whatever the
+// request's fate, and a refund is always applied: neither is taken back.
+// The Cluster refund and Split.giveBack share it, with takeBack.
+func owesBack(h *Hit, v *Verdict) bool { return v.Charged && !h.Record && !h.Refund }
+
+// takeBack says in v, the verdict of h, that its charge was given back: not
+// charged, and the cost remaining again.
+func takeBack(h *Hit, v *Verdict) {
+	v.Charged = false
+	v.Remaining = min(v.Remaining+h.Cost, uint64(h.capacity()))
+}
+
 // refund takes back, in the background, the charges of a request that was
 // denied, so that its answer waits for no more than its deadline. The
 // verdicts say uncharged at once; until the refund lands (one round trip)
@@ -25,16 +48,16 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 		var keys []string
 		var args []any
 		for _, i := range group {
-			// A recorded cost was spent whatever the request's fate: it stays.
-			if v := &verdicts[i]; v.Charged && !hits[i].Record {
-				var err error
-				if args, err = refundArgs(args, &hits[i], tokens[i]); err != nil {
-					continue // Decide refused the hit already
-				}
-				keys = append(keys, hits[i].Key)
-				v.Charged = false
-				v.Remaining = min(v.Remaining+hits[i].Cost, uint64(hits[i].capacity()))
+			h, v := &hits[i], &verdicts[i]
+			if !owesBack(h, v) {
+				continue
 			}
+			var err error
+			if args, err = refundArgs(args, h, tokens[i]); err != nil {
+				continue // Decide refused the hit already
+			}
+			keys = append(keys, h.Key)
+			takeBack(h, v)
 		}
 		if len(keys) == 0 {
 			continue
@@ -50,20 +73,4 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 			l.observe(time.Since(start), err)
 		})
 	}
-}
-
-// deniedAny reports whether the request is denied: an enforced hit that is
-// not a quota hit was denied, or the request has quota hits and none fits.
-func deniedAny(hits []Hit, verdicts []Verdict) bool {
-	quotas, quotaFits := false, false
-	for i, v := range verdicts {
-		switch {
-		case hits[i].quota():
-			quotas = true
-			quotaFits = quotaFits || v.Admitted
-		case !v.Admitted && !hits[i].Shadow:
-			return true
-		}
-	}
-	return quotas && !quotaFits
 }

@@ -95,7 +95,7 @@ func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		for j, i := range part.idx {
 			sub[j] = hits[i]
 			// A part does not see the quota hits of the other: its quota
-			// hits go as shadow hits, and deniedAny below applies the quota
+			// hits go as shadow hits, and requestDenied below applies the quota
 			// rule to the whole request.
 			if sub[j].quota() {
 				sub[j].Shadow = true
@@ -110,7 +110,7 @@ func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 			verdicts[i] = part.verdicts[j]
 		}
 	}
-	if deniedAny(hits, verdicts) {
+	if requestDenied(hits, verdicts) {
 		for _, part := range parts {
 			s.giveBack(ctx, part.lim, hits, part.idx, verdicts)
 		}
@@ -121,16 +121,22 @@ func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 // giveBack takes back, in the background, the charges the hits at idx made
 // on lim for a request that was denied, and says so in their verdicts. A
 // recorded cost was spent whatever the request's fate, and a refund is
-// always applied: both stay.
+// always applied: both stay (owesBack, shared with the Cluster refund).
+//
+// Why Refund hits and not the Cluster refund's tokens: each part is decided
+// by its store's Limiter.Decide, a whole request on its own (itself all or
+// nothing across that store's slots), which keeps its refund tokens inside.
+// A Refund hit gives back to the counter's current window, as Envoy's
+// is_negative_hits does, and drops the deny cache's entry of the counter.
+// Moving this to tokens would change what is given back at a window's edge.
 func (s *Split) giveBack(ctx context.Context, lim *Limiter, hits []Hit, idx []int, verdicts []Verdict) {
 	var back []Hit
 	for _, i := range idx {
-		h, v := hits[i], &verdicts[i]
-		if !v.Charged || h.Record || h.Refund {
+		h, v := &hits[i], &verdicts[i]
+		if !owesBack(h, v) {
 			continue
 		}
-		v.Charged = false
-		v.Remaining = min(v.Remaining+h.Cost, uint64(h.capacity()))
+		takeBack(h, v)
 		back = append(back, Hit{Key: h.Key, Algorithm: h.Algorithm, Limit: h.Limit, Window: h.Window, Cost: h.Cost,
 			Burst: h.Burst, Refund: true})
 	}

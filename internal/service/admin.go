@@ -74,14 +74,17 @@ func (a *Admin) find(domain string, entries []*adminv1.Entry) (target, error) {
 	if err != nil {
 		return target{}, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if l != nil && a.svc.opts.ShadowMode {
-		l.shadow = true
-	}
 	if l == nil || l.unlimited {
 		return target{l: l}, nil
 	}
 	kb := limiter.KeyBuilder{Prefix: a.svc.opts.KeyPrefix, Now: a.svc.opts.Now()}
-	return target{l: l, hit: l.storeHit(&kb, domain, d.Entries, 0)}, nil
+	// The counter inspected is the descriptor's first limit's, with the
+	// global modes as a request's hit gets them.
+	first := *l
+	first.also, first.hit = nil, 0
+	hits := []limiter.Hit{first.storeHit(&kb, domain, d.Entries, 0)}
+	a.svc.applyModes([]*limit{&first}, hits)
+	return target{l: l, hit: hits[0]}, nil
 }
 
 // Inspect answers which rule applies to a descriptor and what its counter
@@ -98,7 +101,7 @@ func (a *Admin) Inspect(ctx context.Context, req *adminv1.InspectRequest) (*admi
 	resp := &adminv1.InspectResponse{
 		Matched:    true,
 		Rule:       ruleOf(l),
-		ShadowMode: l.shadow,
+		ShadowMode: l.shadow || a.svc.opts.ShadowMode, // the rule's, or the global one
 	}
 	if l.unlimited {
 		resp.Unlimited = true

@@ -33,6 +33,14 @@ import (
 // whatever the store would say. Under the global shadow mode a denied
 // request is answered OK instead, its statuses as they are: shadowed
 // reports it.
+//
+// The overall code is decided here per descriptor, from the limit each
+// status shows, rather than taken from the limiter's rule on the hits
+// (limiter's requestRule), which decides what is charged: under the global
+// shadow mode every hit is a shadow one, yet the would-be denial must be
+// shown and counted; and a descriptor with several quota limits is over when
+// the one it shows is, where the limiter charges a request when any of its
+// quota hits fits.
 func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) (
 	resp *rlsv3.RateLimitResponse, deferred *limit, shadowed bool,
 ) {

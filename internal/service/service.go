@@ -19,6 +19,10 @@
 // with its statuses as they are, and the keys of an algorithm on the
 // reference's keys name their window by Options.Now, read once per request,
 // as the reference names them by its clock.
+//
+// The global modes (Options.ShadowMode, Options.QuotaMode) reach the limiter
+// as per-hit Shadow and Quota flags, set in one place (applyModes); the
+// limiter decides from them, with its one rule, what is charged.
 package service
 
 import (
@@ -225,15 +229,6 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			s.opts.Metrics.InvalidRequest("bad_override")
 			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 		}
-		if l != nil && s.opts.QuotaMode {
-			for j := -1; j < len(l.also); j++ {
-				each := l
-				if j >= 0 {
-					each = l.also[j]
-				}
-				each.quota = true
-			}
-		}
 		limits[i] = l
 	}
 	dropReplaced(limits)
@@ -257,23 +252,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 
-	if s.opts.ShadowMode {
-		// No hit denies its request: each is decided on its own, and none
-		// keeps the others from being charged. respond still shows the
-		// denials in the statuses.
-		for i := range hits {
-			hits[i].Shadow = true
-		}
-	}
-	if quotaAlwaysPasses(limits, s.opts.QuotaMode) {
-		// The quotas cannot deny this request: their hits count as shadow
-		// hits, which never keep the others from being charged.
-		for i := range hits {
-			if hits[i].Quota {
-				hits[i].Quota, hits[i].Shadow = false, true
-			}
-		}
-	}
+	s.applyModes(limits, hits)
 
 	var verdicts []limiter.Verdict
 	var err error
@@ -307,6 +286,54 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// No answer to give: Envoy's failure_mode_deny decides, as it does for
 	// envoyproxy/ratelimit when its Redis is down.
 	return nil, status.Errorf(codes.Unavailable, "rate limit store unavailable, and rule %s has no failure_mode", deferred)
+}
+
+// applyModes maps the global modes onto a request's limits and their hits
+// (limit.hit indexes hits; a descriptor without a limit, or unlimited, has
+// none): the one place the service does. The limiter decides what denies the
+// request from the per-hit flags alone, with its one rule. respond reads the
+// modes again only to present the answer: the statuses stay what the rules
+// say, and under ShadowMode a would-be denial is answered OK.
+//
+//   - QuotaMode (the reference's QUOTA_MODE) makes every limit a quota one,
+//     and its hit a Quota hit.
+//   - ShadowMode (the reference's SHADOW_MODE) makes every hit a Shadow one:
+//     no hit denies its request, each is decided on its own, and none keeps
+//     the others from being charged. The limits keep their own shadow mode,
+//     so that respond still shows the denials in the statuses.
+//   - A request whose quotas cannot deny it (quotaAlwaysPasses) has its
+//     Quota hits go as Shadow hits, which never keep the others from being
+//     charged.
+func (s *Service) applyModes(limits []*limit, hits []limiter.Hit) {
+	if s.opts.QuotaMode {
+		for _, l := range limits {
+			if l == nil {
+				continue
+			}
+			for j := -1; j < len(l.also); j++ {
+				each := l
+				if j >= 0 {
+					each = l.also[j]
+				}
+				each.quota = true
+				if !l.unlimited { // an unlimited descriptor has no hits
+					hits[each.hit].Quota = true
+				}
+			}
+		}
+	}
+	if s.opts.ShadowMode {
+		for i := range hits {
+			hits[i].Shadow = true
+		}
+	}
+	if quotaAlwaysPasses(limits, s.opts.QuotaMode) {
+		for i := range hits {
+			if hits[i].Quota {
+				hits[i].Quota, hits[i].Shadow = false, true
+			}
+		}
+	}
 }
 
 // quotaAlwaysPasses reports a request with a quota descriptor that passes

@@ -14,7 +14,11 @@
 --          refund of the oldest units first; algorithms.go declares them all
 --
 -- A request is charged only when every enforced (non-shadow, non-quota) hit
--- fits and, when it has quota hits, at least one of them fits. A shadow hit,
+-- fits and, when it has quota hits, at least one of them fits. This rule is
+-- the twin of Go's requestRule (internal/limiter/outcome.go): the check loop
+-- below applies it, atomically, where the charges depend on it; a change to
+-- one is a change to the other, and TestRequestRuleTwins checks them against
+-- each other. A shadow hit,
 -- or a quota hit, that does not fit is not charged, and a shadow hit never
 -- denies its request. A recorded hit (a cost reported after the fact) is
 -- charged whatever its request's fate, even past its limit: the debt then
@@ -123,7 +127,10 @@ local function decide(keys, args)
   prefetch(strings)
   -- denied[key] is the last denial of key in this batch: a later hit of the
   -- same rule is denied again without asking Redis, until a charge of key
-  -- changes its state.
+  -- changes its state. It is no second deny cache (the Go one is
+  -- internal/limiter/denycache.go): it lives for this call, in which the
+  -- clock (now) does not move and nothing else writes, so it answers
+  -- exactly what checking again would, only cheaper for a burst at one key.
   local denied = {}
   local states, agains = {}, {}
   local reply, r = {}, 0
@@ -141,6 +148,9 @@ local function decide(keys, args)
         end
       end
     end
+    -- The request's rule, twin of Go's requestRule: refunds and shadow
+    -- hits never deny, a quota hit denies only with every other quota hit,
+    -- any other hit denies when it does not fit.
     local quotas, quota_fits = false, false
     for i = first, last do
       local rule = hit_rules[i]
