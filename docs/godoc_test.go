@@ -5,6 +5,7 @@ import (
 	"go/doc"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -111,4 +112,73 @@ func undocumented(pkg *doc.Package) []string {
 		}
 	}
 	return missing
+}
+
+// TestOnlyPublicPackagesImportable: outside internal/, every package with
+// Go code is a command or one of publicPackages (or proto/'s generated
+// client), and scripts/lua exports no variable a user could change.
+func TestOnlyPublicPackagesImportable(t *testing.T) {
+	allowed := map[string]bool{}
+	for _, dir := range publicPackages {
+		allowed[filepath.Clean(dir)] = true
+	}
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		switch d.Name() {
+		case "internal", "testdata", ".git", "node_modules":
+			return filepath.SkipDir
+		}
+		if path == filepath.Join("..", "proto") {
+			return filepath.SkipDir // generated code, checked by proto's own test
+		}
+		matches, err := filepath.Glob(filepath.Join(path, "*.go"))
+		if err != nil {
+			return err
+		}
+		for _, m := range matches {
+			if strings.HasSuffix(m, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(token.NewFileSet(), m, nil, parser.PackageClauseOnly)
+			if err != nil {
+				return err
+			}
+			if f.Name.Name != "main" && !allowed[path] {
+				t.Errorf("%s: package %s is importable, but is not one of the public packages: move it under internal/", path, f.Name.Name)
+			}
+			break
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	fset := token.NewFileSet()
+	var files []*ast.File
+	matches, _ := filepath.Glob("../scripts/lua/*.go")
+	for _, m := range matches {
+		if strings.HasSuffix(m, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, m, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	pkg, err := doc.NewFromFiles(fset, files, "example.com/lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range pkg.Vars {
+		for _, spec := range v.Decl.Specs {
+			t.Errorf("scripts/lua exports the variable %v: a user could change it", spec.(*ast.ValueSpec).Names)
+		}
+	}
 }

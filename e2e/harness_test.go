@@ -1,5 +1,11 @@
 // Package e2e runs the real binary against a real redis-server, both started
-// by the tests on free loopback ports, and talks to it as Envoy does.
+// by the tests on free loopback ports, and talks to it as Envoy does. Where
+// no process boundary is under test, the service runs in the test's process
+// instead, through the public API (startLibrary), still on a redis-server.
+//
+// The tests that load the CPU or time what they see (attacks, bursts, the
+// flood, overload, memory, announced waits) run one at a time, first; every
+// other test calls t.Parallel and runs after them, beside the others.
 package e2e
 
 import (
