@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -71,16 +73,8 @@ func flood(t *testing.T, gomemlimit string, args ...string) (peak int64, byCode 
 		rounds  = 2
 		values  = 64
 	)
-	valueLen := (service.DefaultMaxRequestBytes - values*32) / values
-	maximal := func(client, round int) *rlsv3.RateLimitRequest {
-		req := request("hostile")
-		for i := range values {
-			prefix := fmt.Sprintf("%d-%d-%d-", client, round, i)
-			req.Descriptors = append(req.Descriptors, descriptor("user_agent", prefix+strings.Repeat("v", valueLen-len(prefix))))
-		}
-		return req
-	}
-	if size := proto.Size(maximal(clients, rounds)); size > service.DefaultMaxRequestBytes || size < service.DefaultMaxRequestBytes*9/10 {
+	maximal := newMaximalRequests(values)
+	if size := len(maximal(clients, rounds)); size > service.DefaultMaxRequestBytes || size < service.DefaultMaxRequestBytes*9/10 {
 		t.Fatalf("a maximal request is %d bytes, want just under %d", size, service.DefaultMaxRequestBytes)
 	}
 	var ccs []*grpc.ClientConn
@@ -99,13 +93,12 @@ func flood(t *testing.T, gomemlimit string, args ...string) (peak int64, byCode 
 	var wg sync.WaitGroup
 	for c := range clients {
 		wg.Go(func() {
-			rls := rlsv3.NewRateLimitServiceClient(ccs[c%conns])
 			<-start
 			for round := range rounds {
 				req := maximal(c, round)
 				// Generous: the test asserts memory and codes, not time.
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				_, err := rls.ShouldRateLimit(ctx, req)
+				err := ccs[c%conns].Invoke(ctx, shouldRateLimit, req, &rlsv3.RateLimitResponse{}, grpc.ForceCodecV2(marshaledCodec{}))
 				cancel()
 				code := status.Code(err)
 				mu.Lock()
@@ -127,7 +120,7 @@ func flood(t *testing.T, gomemlimit string, args ...string) (peak int64, byCode 
 		t.Fatal(err)
 	}
 	t.Logf("%d clients x %d requests of %d KiB on %d connections, GOMEMLIMIT=%q, flags %q: answers by code %v; peak RSS %d MiB (bound %d MiB)",
-		clients, rounds, proto.Size(maximal(0, 0))>>10, conns, gomemlimit, args, byCode, peak>>20, floodPeakBound>>20)
+		clients, rounds, len(maximal(0, 0))>>10, conns, gomemlimit, args, byCode, peak>>20, floodPeakBound>>20)
 	return peak, byCode, other
 }
 
@@ -145,4 +138,53 @@ func procStatus(pid int, name string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no %s in /proc/%d/status", name, pid)
+}
+
+// shouldRateLimit is the method's full name, as Envoy calls it.
+const shouldRateLimit = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+// newMaximalRequests returns the flood's requests, already marshaled: of
+// values descriptors of one value each, which together make a request just
+// under --max-request-bytes' default, each value distinct across requests by
+// its prefix ("client-round-index-"). The clients send the bytes as they
+// are (marshaledCodec): a request is one allocation in the test's process,
+// not a message of 64 strings and its marshaled copy, so the test's own
+// memory stays a fraction of what the flood makes the service hold.
+func newMaximalRequests(values int) func(client, round int) []byte {
+	valueLen := (service.DefaultMaxRequestBytes - values*32) / values
+	prefix := func(client, round, i int) string { return fmt.Sprintf("%04d-%d-%02d-", client, round, i) }
+	req := request("hostile")
+	for i := range values {
+		p := prefix(0, 0, i)
+		req.Descriptors = append(req.Descriptors, descriptor("user_agent", p+strings.Repeat("v", valueLen-len(p))))
+	}
+	template, err := proto.Marshal(req)
+	if err != nil {
+		panic(err) // a message of strings always marshals
+	}
+	at := make([]int, values)
+	for i := range values {
+		at[i] = bytes.Index(template, []byte(prefix(0, 0, i)))
+	}
+	return func(client, round int) []byte {
+		b := bytes.Clone(template)
+		for i, off := range at {
+			copy(b[off:], prefix(client, round, i))
+		}
+		return b
+	}
+}
+
+// marshaledCodec sends a request already marshaled as it is, and decodes
+// answers as grpc-go's proto codec does.
+type marshaledCodec struct{}
+
+func (marshaledCodec) Name() string { return "proto" }
+
+func (marshaledCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.([]byte))}, nil
+}
+
+func (marshaledCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
 }
