@@ -42,7 +42,7 @@ const attackRSSBound = 128 << 20
 // minutes. The preface-only attack waits for the handshake deadline,
 // which no flag shortens.
 const (
-	attackFor    = 5 * time.Second
+	attackFor    = 3 * time.Second // make bench-attacks: ATTACK_FOR
 	trickleFor   = 5 * time.Second // past the second trickle tick
 	handshakeFor = 12 * time.Second
 	protocolFor  = 2 * time.Second // the server answers these at once

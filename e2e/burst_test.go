@@ -92,6 +92,7 @@ func burst(servers []*server, callers, requests int, deadline time.Duration, key
 // request is answered OVER_LIMIT, and none is an error (which Envoy would
 // let through). On each gRPC server.
 func TestBurstAtOneKeyAdmitsExactlyTheLimit(t *testing.T) {
+	t.Parallel() // what it asserts holds at any speed
 	onEachGRPCServer(t, func(t *testing.T, kind string) {
 		r := startRedis(t)
 		servers := []*server{
@@ -126,6 +127,7 @@ func TestBurstAtOneKeyAdmitsExactlyTheLimit(t *testing.T) {
 // deadline, an overload refusal, or a store call that outlived its deadline.
 // On each gRPC server.
 func TestBurstWithEnvoyDeadlines(t *testing.T) {
+	t.Parallel() // what it asserts holds at any speed
 	onEachGRPCServer(t, func(t *testing.T, kind string) {
 		r := startRedis(t)
 		s := startPlainServer(t, r, burstConfig, "--grpc-server", kind)

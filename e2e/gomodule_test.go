@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -83,15 +84,17 @@ func TestUseItFromGo(t *testing.T) {
 	if err := prog.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
 	t.Cleanup(func() {
-		_ = prog.Process.Kill() // it serves until killed
-		_ = prog.Wait()
+		_ = prog.Process.Kill() // when the test ended before its SIGTERM
+		_ = <-exited // its exit was judged, or the test failed before
 	})
 	lines := make(chan string, 1)
 	go func() {
 		line, _ := bufio.NewReader(stdout).ReadString('\n')
 		lines <- line
 		_, _ = io.Copy(io.Discard, stdout)
+		exited <- prog.Wait() // after its output is read, as Wait requires
 	}()
 	select {
 	case line := <-lines:
@@ -127,5 +130,18 @@ func TestUseItFromGo(t *testing.T) {
 		if resp.OverallCode != want {
 			t.Errorf("call %d: %v, want %v", i+1, resp.OverallCode, want)
 		}
+	}
+	// SIGTERM: the program drains, stops its server, and exits cleanly.
+	if err := prog.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		exited <- err // for the cleanup
+		if err != nil {
+			t.Errorf("after SIGTERM: %v, want a clean exit; stderr: %s", err, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("still running 30 s after SIGTERM")
 	}
 }

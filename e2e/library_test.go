@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"errors"
 	"net"
 	"testing"
 
@@ -28,7 +29,12 @@ func startLibrary(t *testing.T, r *redisServer, configYAML string, opts *service
 	// As the service's own client: no retry of a decision whose reply was
 	// lost, which would charge it twice.
 	client := redis.NewClient(&redis.Options{Addr: r.addr, MaxRetries: -1, ContextTimeoutEnabled: true})
-	lim := limiter.New(client, nil)
+	t.Cleanup(func() { _ = client.Close() }) // the test's outcome is decided
+	lim, err := limiter.New(client, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lim.Close) // after the server's stop, below: cleanups run last first
 	svc := service.New(cfg, lim, opts)
 	srv := grpc.NewServer(svc.ServerOptions()...)
 	svc.Register(srv)
@@ -41,11 +47,9 @@ func startLibrary(t *testing.T, r *redisServer, configYAML string, opts *service
 	t.Cleanup(func() {
 		svc.Drain()
 		srv.Stop()
-		if err := <-served; err != nil {
+		if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			t.Errorf("serving: %v", err)
 		}
-		lim.Close()
-		_ = client.Close() // the test's outcome is decided
 	})
 	s := &server{grpcAddr: ln.Addr().String()}
 	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -21,19 +21,29 @@ import (
 )
 
 // Options are the defaults of the rules that do not say, and how a
-// directory's files combine. A nil *Options means the service's defaults.
+// directory's files combine: the service's --default-algorithm,
+// --default-failure-mode, --record-costs, --merge-domains and --config-files.
+// A nil *Options, and each empty field, means the service's default.
 type Options struct {
 	// DefaultAlgorithm is the algorithm of a rule that names none, as the
 	// config names it ("sliding_window_log", "fixed_window", ...); empty
 	// means "sliding_window_counter".
 	DefaultAlgorithm string
+	// DefaultFailureMode is the failure_mode of a rule that names none:
+	// "allow", "deny", or empty to leave it to Envoy's failure_mode_deny.
+	DefaultFailureMode string
+	// RecordCosts is the record_costs of a rule that names none ("descriptor",
+	// "always", "never"); empty means "descriptor".
+	RecordCosts string
 	// MergeDomains lets several files define one domain, their top-level
 	// descriptors joined (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG);
 	// otherwise a domain defined twice is an error.
 	MergeDomains bool
-	// AllFiles reads every file under a directory, as envoyproxy/ratelimit
-	// does; otherwise Load reads the directory's *.yaml and *.yml files.
-	AllFiles bool
+	// Files says which files of a directory Load reads: "yaml" (empty: the
+	// *.yaml and *.yml in it), "all" (every file under it, as
+	// envoyproxy/ratelimit reads its directory) or "visible" (the same but
+	// dot files and dot directories).
+	Files string
 }
 
 func (o *Options) defaults() (config.Defaults, error) {
@@ -41,17 +51,28 @@ func (o *Options) defaults() (config.Defaults, error) {
 	if o == nil {
 		return d, nil
 	}
+	var err error
 	if o.DefaultAlgorithm != "" {
-		a, err := config.ParseAlgorithm(o.DefaultAlgorithm)
-		if err != nil {
+		if d.Algorithm, err = config.ParseAlgorithm(o.DefaultAlgorithm); err != nil {
 			return d, err
 		}
-		d.Algorithm = a
+	}
+	if o.DefaultFailureMode != "" {
+		if d.FailureMode, err = config.ParseFailureMode(o.DefaultFailureMode); err != nil {
+			return d, err
+		}
+	}
+	if o.RecordCosts != "" {
+		if d.RecordCosts, err = config.ParseCostRecording(o.RecordCosts); err != nil {
+			return d, err
+		}
+	}
+	if o.Files != "" {
+		if d.Files, err = config.ParseFileSet(o.Files); err != nil {
+			return d, err
+		}
 	}
 	d.MergeDomains = o.MergeDomains
-	if o.AllFiles {
-		d.Files = config.AllFiles
-	}
 	return d, nil
 }
 
@@ -96,7 +117,9 @@ func init() {
 // meant (such as a rule that can never match), each "FILE:LINE: ...".
 func (c *Config) Warnings() []string { return c.c.Warnings() }
 
-// Hash identifies the config's content: equal configs have equal hashes.
+// Hash identifies the config's files by their names and contents (not by
+// Options): the service's Reload keeps the config in force when the new one
+// has its hash.
 func (c *Config) Hash() string { return c.c.Hash() }
 
 // Rules returns every rule, in the order of the files and of the
@@ -120,7 +143,8 @@ type Entry struct {
 	Value string
 }
 
-// GetKey returns e.Key.
+// GetKey returns e.Key (with GetValue, what the service's matching takes of
+// an entry, as of Envoy's own descriptor entries).
 func (e Entry) GetKey() string { return e.Key }
 
 // GetValue returns e.Value.

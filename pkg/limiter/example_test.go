@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/slidingwindow/ratelimit/pkg/config"
 	"github.com/slidingwindow/ratelimit/pkg/limiter"
 )
 
@@ -32,11 +33,27 @@ func Example() {
 }
 
 // A Go program counting on the counter the service keeps for Envoy's
-// descriptor (domain "api", entry user_id=42) under a rule of 100 requests
-// per minute with the default algorithm.
+// descriptor [user_id=42] of domain "api", under the config's rule.
 func ExampleKey() {
-	key := limiter.Key("", "api", limiter.Limit{Requests: 100, Window: time.Minute},
-		limiter.Entry{Key: "user_id", Value: "42"})
+	cfg, err := config.Parse("api.yaml", []byte(`
+domain: api
+descriptors:
+  - key: user_id
+    rate_limit: {unit: minute, requests_per_unit: 100}
+`), nil)
+	if err != nil {
+		panic(err)
+	}
+	entry := config.Entry{Key: "user_id", Value: "42"}
+	rule, _ := cfg.Match("api", entry)
+	limit, err := limiter.LimitOf(rule.Limits()[0])
+	if err != nil {
+		panic(err)
+	}
+	key, err := limiter.Key("", "api", limit, entry)
+	if err != nil {
+		panic(err)
+	}
 	fmt.Println(key)
 	// Output: rl:{api|user_id=42}:counter:60
 }

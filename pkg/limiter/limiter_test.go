@@ -50,7 +50,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 	if second[1].Remaining != 9 {
 		t.Errorf("b's remaining after a denied request = %d, want 9 (not charged)", second[1].Remaining)
 	}
-	if err := lim.Reset(ctx, "a", small); err != nil {
+	if err := lim.Reset(ctx, "a", small.Algorithm); err != nil {
 		t.Fatal(err)
 	}
 	if v, err := lim.Decide(ctx, limiter.Hit{Key: "a", Limit: small, Cost: 1}); err != nil || !v[0].Admitted {
@@ -87,7 +87,10 @@ func TestInvalidHits(t *testing.T) {
 func TestStoreDownFailureModes(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
-	lim := limiter.New(client, &limiter.Options{Timeout: 200 * time.Millisecond})
+	lim, err := limiter.New(client, &limiter.Options{Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(lim.Close)
 	l := limiter.Limit{Requests: 5, Window: time.Minute}
 	v, err := lim.Decide(context.Background(), limiter.Hit{Key: "open", Limit: l, Cost: 1},
@@ -106,6 +109,7 @@ func TestClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	lim.Close()
+	lim.Close() // again: nothing
 	_, err = lim.Decide(context.Background(), limiter.Hit{Key: "k", Limit: limiter.Limit{Requests: 1, Window: time.Second}, Cost: 1})
 	if !errors.Is(err, limiter.ErrClosed) || !errors.Is(err, limiter.ErrStore) {
 		t.Errorf("after Close: %v, want ErrClosed wrapping ErrStore", err)
@@ -120,4 +124,36 @@ func embedded(t *testing.T) *limiter.Limiter {
 	}
 	t.Cleanup(lim.Close)
 	return lim
+}
+
+// New takes the clients it can decide on, and only when they do not retry.
+func TestNewRefusesClients(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client redis.UniversalClient
+		ok     bool
+	}{
+		{"no retries", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1}), true},
+		{"cluster, no retries", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, MaxRetries: -1}), true},
+		{"go-redis's default retries", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), false},
+		{"a ring", redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, MaxRetries: -1}), false},
+	} {
+		lim, err := limiter.New(tc.client, nil)
+		if tc.ok != (err == nil) || !tc.ok && !errors.Is(err, limiter.ErrInvalid) {
+			t.Errorf("%s: %v, want ok %v (else ErrInvalid)", tc.name, err, tc.ok)
+		}
+		if lim != nil {
+			lim.Close()
+		}
+		_ = tc.client.Close() // never connected
+	}
+}
+
+// A cost its limit can never hold is told so, rather than to wait.
+func TestCostExceedsLimit(t *testing.T) {
+	lim := embedded(t)
+	v, err := lim.Decide(context.Background(), limiter.Hit{Key: "x", Limit: limiter.Limit{Requests: 5, Window: time.Minute}, Cost: 6})
+	if err != nil || v[0].Admitted || !v[0].CostExceedsLimit {
+		t.Errorf("cost 6 on a limit of 5: %+v, %v; want denied, CostExceedsLimit", v, err)
+	}
 }

@@ -89,10 +89,15 @@ func New(cfg *config.Config, lim *limiter.Limiter, opts *Options) *Service {
 
 // ServerOptions returns the options the gRPC server that Register is given
 // must be created with: the request codec, which keeps a descriptor value's
-// bytes as Envoy sent them (a header that is not UTF-8 must not fail the call)
-// and bounds what a request may allocate, and the message size bound. The
-// codec decodes every other message as grpc-go's own, so the server's other
-// services are unaffected.
+// bytes as Envoy sent them (a header that is not UTF-8 must not fail the
+// call) and bounds what a request may allocate, and the message size bound.
+// Both apply to the whole server: the codec decodes every message but the
+// rate limit request as grpc-go's proto codec does, so services on protobuf
+// are unaffected, but it replaces a codec of the server's own; the size
+// bound (256 KiB unless Options say) is every service's. A server whose
+// other services need more takes its own grpc.MaxRecvMsgSize after these:
+// the last one given wins, and the service's bounds on descriptors still
+// hold.
 func (s *Service) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(s.codec),
@@ -114,9 +119,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	return s.svc.ShouldRateLimit(ctx, req)
 }
 
-// Reload puts cfg in force atomically: requests in flight finish with the
+// Reload puts cfg in force atomically, unless it has the Hash of the config
+// in force, and reports whether it did. Requests in flight finish with the
 // config they started with. Counters carry over.
-func (s *Service) Reload(cfg *config.Config) { s.svc.Reload(pkgbridge.ConfigOf(cfg)) }
+func (s *Service) Reload(cfg *config.Config) bool { return s.svc.Reload(pkgbridge.ConfigOf(cfg)) }
 
 // Drain ends every quota stream, and refuses new ones, so that a server about
 // to stop sends its Envoys to the other instances: call it before the

@@ -35,7 +35,10 @@ func request(user string, hits uint32) *rlsv3.RateLimitRequest {
 func TestLimiterSharesTheServiceCounter(t *testing.T) {
 	srv := ratelimittest.Start(t, perMinute, &service.Options{KeyPrefix: "svc-"})
 	limit := limiter.Limit{Algorithm: limiter.SlidingWindowLog, Requests: 3, Window: time.Minute}
-	key := limiter.Key("svc-", "api", limit, limiter.Entry{Key: "user_id", Value: "42"})
+	key, err := limiter.Key("svc-", "api", limit, config.Entry{Key: "user_id", Value: "42"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	v, err := srv.Limiter.Decide(context.Background(), limiter.Hit{Key: key, Limit: limit, Cost: 2})
 	if err != nil || !v[0].Admitted || v[0].Remaining != 1 {
 		t.Fatalf("limiter: %+v, %v; want admitted with 1 remaining", v, err)
@@ -82,7 +85,12 @@ func TestOptionsAndReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.Service.Reload(cfg)
+	if !srv.Service.Reload(cfg) {
+		t.Fatal("Reload kept the config in force")
+	}
+	if srv.Service.Reload(cfg) {
+		t.Error("Reload of the config in force: reported as put in force")
+	}
 	if resp, err := srv.Service.ShouldRateLimit(context.Background(), request("r", 1)); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("after reload to a limit of 0: %v, %v; want OVER_LIMIT", resp, err)
 	}
