@@ -18,9 +18,10 @@ run:
 	$(GO) run ./cmd/ratelimit --config examples/config --log-format console --admin-addr localhost:9090
 
 ## test: install what the tests need when it is missing (make tools: redis-server and
-## redis-sentinel, protoc, the code generators, h2spec, golangci-lint, apidiff), then lint,
-## vet, the API check, and every test with the race detector
-test: tools lint vet api
+## redis-sentinel, protoc, the code generators, h2spec, golangci-lint, apidiff), then lint
+## (govet among its linters, with go vet's analyzers), the API check, and every test with
+## the race detector
+test: tools lint api
 	$(GO) test $(GOFLAGS_TEST) ./...
 
 ## lint: golangci-lint at its pinned version (installed when missing), config .golangci.yml
