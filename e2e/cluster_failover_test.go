@@ -266,7 +266,6 @@ func tripsAtExactly(t *testing.T, s *server, rule, value string, limit int) {
 // answered within the store deadline, by failure mode while its slots have
 // no master, and by real decisions once the replica has taken over.
 func TestClusterFailover(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t)
 	const storeTimeout = 200 * time.Millisecond
 	s := startClusterServers(t, c, 1, storeTimeout.String())[0]

@@ -372,7 +372,6 @@ func TestFailureModes(t *testing.T) {
 }
 
 func TestGracefulShutdown(t *testing.T) {
-	t.Parallel()
 	onEachGRPCServer(t, func(t *testing.T, kind string) {
 		s := startServer(t, startRedis(t), testConfig, "--shutdown-delay", "1s", "--grpc-server", kind)
 		s.ask(t, request("e2e", descriptor("log", "g")))

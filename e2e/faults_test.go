@@ -32,7 +32,6 @@ import (
 // TestFaultRedisKilledAndRestarted: Redis is killed under load and a new one
 // starts on the same port 2 s later.
 func TestFaultRedisKilledAndRestarted(t *testing.T) {
-	t.Parallel()
 	f := watchFreezes(t)
 	r := faultStartRedis(t)
 	s := startServer(t, r, faultConfig, "--store-timeout", faultStoreTimeout.String())
@@ -118,7 +117,6 @@ func TestFaultRedisKilledAndRestarted(t *testing.T) {
 // TestFaultFlushAndClientKill: under load, an admin connection alternately
 // empties the script cache and kills every other client connection.
 func TestFaultFlushAndClientKill(t *testing.T) {
-	t.Parallel()
 	f := watchFreezes(t)
 	r := faultStartRedis(t)
 	s := startServer(t, r, faultConfig) // the default --store-timeout (1s): no failure mode from a slow call
@@ -254,7 +252,6 @@ func TestFaultStall(t *testing.T) {
 // TestFaultServiceRestart: limits live in Redis, not in the process: a
 // service killed with SIGKILL and started again keeps enforcing them.
 func TestFaultServiceRestart(t *testing.T) {
-	t.Parallel()
 	r := startRedis(t)
 	s := startServer(t, r, faultConfig)
 	hitKept(t, s, "restart", 0, 3)
@@ -455,7 +452,6 @@ func TestFaultOverload(t *testing.T) {
 // over an allow. POST /json says 503 where gRPC says UNAVAILABLE. Once Redis
 // is back the same rule is decided again.
 func TestFaultRedisDownDefersToEnvoy(t *testing.T) {
-	t.Parallel()
 	onEachGRPCServer(t, func(t *testing.T, kind string) {
 		r := faultStartRedis(t)
 		s := startServer(t, r, faultConfig, "--store-timeout", faultStoreTimeout.String(), "--grpc-server", kind)

@@ -3,8 +3,9 @@
 // no process boundary is under test, the service runs in the test's process
 // instead, through the public API (startLibrary), still on a redis-server.
 //
-// The tests that load the CPU and need it, or time what they see (attacks,
-// the flood, overload, announced waits), run one at a time, first; every
+// The tests that load the CPU and need it, or bound the time of what they
+// see (attacks, the flood, overload, failovers and faults answered within the
+// store deadline, announced waits, shutdown), run one at a time, first; every
 // other test calls t.Parallel and runs after them, beside the others.
 package e2e
 

@@ -12,7 +12,6 @@ import (
 // within the store deadline, by failure mode until the sentinels have
 // promoted the replica, and by real decisions after.
 func TestSentinelFailover(t *testing.T) {
-	t.Parallel()
 	sn := startSentinel(t)
 	const storeTimeout = 200 * time.Millisecond
 	s := startServer(t, nil, clusterConfig, "--redis-sentinel-url", sn.url(), "--store-timeout", storeTimeout.String())
