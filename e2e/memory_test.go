@@ -21,7 +21,6 @@ import (
 // created, and the growth of INFO memory's used_memory; each divided by N.
 // The table it logs is docs/stores.md's (Memory per key).
 func TestMemoryPerKey(t *testing.T) {
-	t.Parallel() // what it asserts holds at any speed
 	r := startRedis(t)
 	ctx := context.Background()
 	// No deny cache: the test empties Redis behind the limiter's back
