@@ -7,10 +7,11 @@
 //
 // It answers exactly as the ratelimit binary does: per descriptor a status,
 // the remaining quota, the time until reset and, on a denial, a retry-after
-// header. A request a client controls never fails a call: bad input is
-// answered, OVER_LIMIT is an answer, and only a store that cannot decide
-// yields an error (codes.Unavailable) when the rule's failure mode defers to
-// Envoy's.
+// header. OVER_LIMIT is an answer, not an error, and a descriptor value (any
+// bytes a client sends) never fails a call. A request past the bounds
+// (Options: descriptors, entries, size) or with a malformed limit override is
+// refused with codes.InvalidArgument; a store that cannot decide yields
+// codes.Unavailable where the rule's failure mode defers to Envoy's.
 package service
 
 import (
