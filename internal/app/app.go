@@ -148,7 +148,18 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	if cfg == nil {
 		return nil, ErrStopped
 	}
-	a.svc = service.New(cfg, a.lim, &service.Options{
+	// Hot keys are decided from slices of their limits, leased from the
+	// counters ShouldRateLimit decides on; RLQS and the admin API go to the
+	// counters themselves.
+	threshold := s.HotKeyThreshold
+	if threshold == 0 {
+		threshold = -1 // off
+	}
+	slices := quota.NewSlices(a.lim, &quota.SliceOptions{
+		Threshold: threshold, Period: s.HotKeySlicePeriod, Now: now, Observe: m.SliceObserver(),
+	})
+	a.onClose(slices.Close) // before the limiters close: it gives back what the slices did not use
+	a.svc = service.New(cfg, slices, &service.Options{
 		MaxDescriptors:   s.MaxDescriptors,
 		MaxEntries:       s.MaxEntries,
 		MaxRequestBytes:  s.MaxRequestBytes,

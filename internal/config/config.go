@@ -71,6 +71,7 @@ type Rule struct {
 	FailureMode     FailureMode   // the rule's, or Defaults.FailureMode
 	RecordCosts     CostRecording // the rule's, or Defaults.RecordCosts
 	RefundOldest    bool          // refund_order: oldest (the log only): a refund frees the oldest units first
+	NoSlices        bool          // hot_key_slices: false: never decided from a hot key's slice (internal/quota's Slices)
 	Unlimited       bool
 	ShadowMode      bool
 	// QuotaMode: the rule's denial denies its request only when every

@@ -550,3 +550,17 @@ func TestDefaultReferenceOneLimit(t *testing.T) {
 		t.Errorf("two limits of the default reference_fixed_window: error %v", err)
 	}
 }
+
+// TestHotKeySlicesOptOut: hot_key_slices: false keeps a rule off hot keys'
+// slices; the rules that do not say so may be leased.
+func TestHotKeySlicesOptOut(t *testing.T) {
+	cfg, err := Load("testdata/valid/extensions.yaml", Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range cfg.Rules() {
+		if want := r.Levels[len(r.Levels)-1].Key == "bulk"; r.NoSlices != want {
+			t.Errorf("%v: NoSlices %v, want %v", r, r.NoSlices, want)
+		}
+	}
+}

@@ -51,6 +51,7 @@ type (
 		RecordCosts    scalar[string] `yaml:"record_costs"`
 		Burst          scalar[uint32] `yaml:"burst"`
 		RefundOrder    scalar[string] `yaml:"refund_order"`
+		HotKeySlices   scalar[bool]   `yaml:"hot_key_slices"`
 	}
 	rawReplace struct {
 		Name scalar[string] `yaml:"name"`
@@ -429,7 +430,7 @@ func (p *parser) rules(rd *rawDescriptor, levels []Level) ([]*Rule, error) {
 func firstLine(rl *rawRateLimit, line int) int {
 	first := 0
 	for _, l := range []int{rl.Unit.Line, rl.RequestsPerUnit.Line, rl.Unlimited.Line, rl.Name.Line, rl.Algorithm.Line,
-		rl.UnitMultiplier.Line, rl.FailureMode.Line, rl.RecordCosts.Line, rl.RefundOrder.Line} {
+		rl.UnitMultiplier.Line, rl.FailureMode.Line, rl.RecordCosts.Line, rl.RefundOrder.Line, rl.HotKeySlices.Line} {
 		if l > 0 && (first == 0 || l < first) {
 			first = l
 		}
@@ -522,6 +523,7 @@ func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rul
 	if err := p.refundOrder(r, rl); err != nil {
 		return nil, err
 	}
+	r.NoSlices = rl.HotKeySlices.Set && !rl.HotKeySlices.V
 	if err := r.Algorithm.CheckLimit(r.RequestsPerUnit); err != nil {
 		return nil, p.errorf(rl.RequestsPerUnit.Line, "requests_per_unit %v", err)
 	}
@@ -608,6 +610,7 @@ func (p *parser) unlimited(rl *rawRateLimit) error {
 		{"record_costs", rl.RecordCosts.Set, rl.RecordCosts.Line},
 		{"burst", rl.Burst.Set, rl.Burst.Line},
 		{"refund_order", rl.RefundOrder.Set, rl.RefundOrder.Line},
+		{"hot_key_slices", rl.HotKeySlices.Set, rl.HotKeySlices.Line},
 	} {
 		if f.set {
 			return p.errorf(f.line, "should not specify rate limit %s when unlimited", f.name)

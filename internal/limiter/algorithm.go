@@ -68,7 +68,8 @@ func hitCode(h *Hit, d *algorithm.Descriptor, quotas bool) int {
 }
 
 // hitArg is the hit's argument to decide.lua: "code:limit:window:cost", and
-// ":burst" for a bucket. One string per hit costs Redis less than four
+// ":burst" for a bucket, then ":ahead" (milliseconds, rounded up) for a
+// lease recorded ahead (after an empty burst for other algorithms). One string per hit costs Redis less than four
 // numbers (each argument is an object to parse and to copy into Lua), and
 // decide.lua parses each distinct string once.
 func hitArg(h *Hit, quotas bool) (string, error) {
@@ -84,9 +85,15 @@ func hitArg(h *Hit, quotas bool) (string, error) {
 	s = strconv.AppendInt(s, int64(h.Window/time.Second), 10)
 	s = append(s, ':')
 	s = strconv.AppendUint(s, luaCost(h, d), 10)
-	if d.Bucket {
+	if d.Bucket || h.Ahead > 0 {
 		s = append(s, ':')
+	}
+	if d.Bucket {
 		s = strconv.AppendUint(s, uint64(h.burst()), 10)
+	}
+	if h.Ahead > 0 {
+		s = append(s, ':')
+		s = strconv.AppendInt(s, int64((h.Ahead+time.Millisecond-1)/time.Millisecond), 10)
 	}
 	return string(s), nil
 }

@@ -117,6 +117,16 @@ type Hit struct {
 	// oldest units instead of its newest: the release of a concurrency limit
 	// (refund_order: oldest). Other algorithms' counts have no order.
 	RefundOldest bool
+	// NoSlices keeps the hit off the slices of hot keys (internal/quota's
+	// Slices): decided on the store every time, as a rule with
+	// hot_key_slices: false, or a concurrency rule, asks.
+	NoSlices bool
+	// Ahead records a charge of the sliding window log that far ahead of
+	// Redis's now: a lease (internal/quota's Slices) whose units are used
+	// over the Ahead that follows is recorded at the last instant one can
+	// be, so that every window holding a use holds its members too. Other
+	// algorithms ignore it: their slices end where their window does.
+	Ahead time.Duration
 	// FailureMode answers the hit when the store cannot. Deny gives a
 	// denial; allow and FailureDefer (zero) give an admission that charged
 	// nothing, and the caller tells those two apart.
@@ -144,6 +154,9 @@ type Verdict struct {
 	// provided nothing else arrives meanwhile; for a Record hit that was
 	// denied, and for a Refund that left nothing, until one unit fits.
 	ResetAfter time.Duration
+	// Token names a charge the store made, for GiveBack: the log's score,
+	// the counters' window index; 0 for GCRA and when nothing was charged.
+	Token int64
 }
 
 // Options configure a Limiter. A nil *Options means the defaults.
@@ -582,6 +595,7 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 			Charged:    r[0] >= 2,
 			Remaining:  uint64(max(r[1], 0)),
 			ResetAfter: time.Duration(r[2]) * time.Microsecond,
+			Token:      r[3],
 		}
 		if tokens != nil {
 			tokens[i] = r[3]

@@ -32,7 +32,7 @@ func owesBack(h *Hit, v *Verdict) bool { return v.Charged && !h.Record && !h.Ref
 // takeBack says in v, the verdict of h, that its charge was given back: not
 // charged, and the cost remaining again.
 func takeBack(h *Hit, v *Verdict) {
-	v.Charged = false
+	v.Charged, v.Token = false, 0
 	v.Remaining = min(v.Remaining+h.Cost, uint64(h.capacity()))
 }
 
@@ -73,4 +73,38 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 			l.observe(time.Since(start), err)
 		})
 	}
+}
+
+// GiveBack undoes units of a charge of h that token (its Verdict's) names:
+// exactly the members of the log's charge, the counters' count of the
+// charge's window (never another window's), GCRA's TAT by units' time
+// (never past now). A slice of a hot key gives back what it did not use
+// this way (internal/quota's Slices). It returns the units given back, and
+// drops the deny cache's entry of the counter. A failure wraps ErrStore.
+func (l *Limiter) GiveBack(ctx context.Context, h Hit, token int64, units uint64) (uint64, error) {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		return 0, ErrClosed
+	}
+	if units == 0 {
+		return 0, nil
+	}
+	h.Cost = units
+	args, err := refundArgs(nil, &h, token)
+	if err != nil {
+		return 0, fmt.Errorf("give back: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	start := time.Now()
+	n, err := l.script(ctx, refundScript, []string{h.Key}, args).Int64()
+	l.observe(time.Since(start), err)
+	if err != nil {
+		return 0, fmt.Errorf("%w: give back: %w", ErrStore, err)
+	}
+	if l.denied != nil {
+		l.denied.forget(h.Key)
+	}
+	return uint64(max(n, 0)), nil
 }

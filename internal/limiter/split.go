@@ -167,6 +167,12 @@ func (s *Split) ConfirmShare(ctx context.Context, key, member string, window tim
 	return s.of(&Hit{Window: window}).ConfirmShare(ctx, key, member, window, tokens)
 }
 
+// GiveBack gives back units of a charge of h on h's limiter, as
+// Limiter.GiveBack does.
+func (s *Split) GiveBack(ctx context.Context, h Hit, token int64, units uint64) (uint64, error) {
+	return s.of(&h).GiveBack(ctx, h, token, units)
+}
+
 // Prepare prepares both limiters at once (Limiter.Prepare); the errors are
 // joined.
 func (s *Split) Prepare(ctx context.Context) error {

@@ -52,8 +52,9 @@ type Metrics struct {
 	configGeneration prometheus.Gauge
 	configInfo       *prometheus.GaugeVec
 
-	ref  *referenceMetrics
-	rlqs *rlqsMetrics
+	ref    *referenceMetrics
+	rlqs   *rlqsMetrics
+	slices *sliceMetrics
 }
 
 // New registers the service's collectors, and Go's and the process's, on reg.
@@ -101,11 +102,13 @@ func NewWithStats(reg prometheus.Registerer, stats Stats) *Metrics {
 			Name: "ratelimit_config_info",
 			Help: "1 for the hash of the config in force.",
 		}, []string{"hash"}),
-		ref:  newReferenceMetrics(stats),
-		rlqs: newRLQSMetrics(),
+		ref:    newReferenceMetrics(stats),
+		rlqs:   newRLQSMetrics(),
+		slices: newSliceMetrics(),
 	}
 	reg.MustRegister(m.ref.collectors()...)
 	reg.MustRegister(m.rlqs.collectors()...)
+	reg.MustRegister(m.slices.collectors()...)
 	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests, m.shed, m.overloaded,
 		m.configReloads, m.configGeneration, m.configInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

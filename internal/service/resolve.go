@@ -207,6 +207,9 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		// charges the request when one of its quota hits fits.
 		Quota:       l.quota,
 		FailureMode: l.failureMode,
+		// A concurrency rule's acquisitions are seats: a slice would hold
+		// seats no request uses.
+		NoSlices: l.refundOldest || l.rule != nil && l.rule.NoSlices,
 	}
 }
 

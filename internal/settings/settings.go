@@ -45,6 +45,8 @@ type Settings struct {
 
 	MaxDescriptors, MaxEntries, MaxRequestBytes, MaxInFlight int
 	RLQSReportInterval, RLQSLease                            time.Duration
+	HotKeyThreshold                                          float64
+	HotKeySlicePeriod                                        time.Duration
 	MemoryLimit                                              ByteSize
 
 	RateLimitHeaders                          bool

@@ -61,6 +61,7 @@ func table(s *Settings) []Setting {
 		ruleSettings(s),
 		requestSettings(s),
 		rlqsSettings(s),
+		hotKeySettings(s),
 		answerSettings(s),
 		tlsSettings(s),
 		grpcPortSettings(s),
@@ -271,6 +272,27 @@ func rlqsSettings(s *Settings) []Setting {
 			check: func() error {
 				return want(s.RLQSLease >= 2*s.RLQSReportInterval+time.Second && s.RLQSLease%time.Second == 0, s.RLQSLease,
 					"whole seconds, at least twice --rlqs-report-interval and 1s")
+			}},
+	}
+}
+
+// hotKeySettings: the slices hot keys are decided from at this instance.
+func hotKeySettings(s *Settings) []Setting {
+	return []Setting{
+		{Name: "hot-key-threshold", bind: floatFlag(&s.HotKeyThreshold, quota.DefaultSliceThreshold),
+			Help: "hits/s of one counter at this instance from which it is decided from leased slices; 0: off",
+			Doc: "hits per second of one counter at this instance from which the instance leases a slice of the counter's " +
+				"limit from Redis (charged there before a unit is used) and decides the counter's hits from it, without a " +
+				"Redis call, until the slice is used up or ends. `0` turns slices off: every hit is a Redis call " +
+				"([reliability.md](reliability.md#hot-keys))",
+			check: func() error { return want(s.HotKeyThreshold >= 0, s.HotKeyThreshold, "a rate, 0 for off") }},
+		{Name: "hot-key-slice-period", bind: durationFlag(&s.HotKeySlicePeriod, quota.DefaultSlicePeriod),
+			Help: "how long a hot key's slice lives before what it did not use is given back",
+			Doc: "how long a hot key's slice lives: sized to this instance's demand over it, its unused units are given " +
+				"back when it ends. A `sliding_window_log` slice lives at most a twentieth of its window, and a fixed or " +
+				"sliding counter's ends with its window",
+			check: func() error {
+				return want(s.HotKeySlicePeriod >= time.Millisecond, s.HotKeySlicePeriod, "a duration of 1ms or more")
 			}},
 	}
 }

@@ -6,7 +6,10 @@
 -- args     per request: n, the number of its hits, negated to only check
 --          (never charge); then one string per hit, its rule:
 --          "code:limit:window:cost", with ":burst" after the cost for a GCRA
---          hit (the bucket's size in units). window is in seconds; code =
+--          hit (the bucket's size in units), and ":ahead" after that (after
+--          an empty burst for other algorithms) for a lease whose units are
+--          recorded that many milliseconds ahead of now (the sliding log
+--          only; see its commit). window is in seconds; code =
 --          the algorithm's ID (ALG_*, its index in algorithms) + FLAG_SHADOW
 --          for a shadow hit + FLAG_RECORD for a cost that is recorded even
 --          when it does not fit + FLAG_REFUND for a refund of cost units
@@ -52,7 +55,7 @@
 local rules, nrules, max_rules = {}, 0, 1000
 
 local function parse_rule(s)
-  local code, limit, window, cost, burst = string.match(s, '^(%d+):(%d+):(%d+):(%d+):?(%d*)$')
+  local code, limit, window, cost, burst, ahead = string.match(s, '^(%d+):(%d+):(%d+):(%d+):?(%d*):?(%d*)$')
   code, cost = tonumber(code), tonumber(cost)
   if not code then
     error('decide: malformed hit argument ' .. s)
@@ -65,6 +68,7 @@ local function parse_rule(s)
     cost = cost,
     need = math.max(cost, 1),
     burst = tonumber(burst), -- nil but for GCRA
+    ahead = (tonumber(ahead) or 0) * 1000, -- a lease's, in microseconds
     shadow = code % FLAG_RECORD >= FLAG_SHADOW,
     record = code % FLAG_REFUND >= FLAG_RECORD,
     refund = code % FLAG_QUOTA >= FLAG_REFUND,
@@ -188,14 +192,14 @@ local function decide(keys, args)
         -- A refund (applied above), or a recorded cost past the limit: the
         -- state changed, so the answer is about the next unit.
         if not rule.refund then
-          alg.commit(key, st, rule.limit, rule.window, rule.cost, now)
+          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead)
           denied[key] = nil
         end
         local next = alg.check(key, rule.limit, rule.window, 1, now, rule.burst)
         remaining, reset = alg.result(key, next, rule.limit, rule.window, 1, now)
       else
         if charged then
-          alg.commit(key, st, rule.limit, rule.window, rule.cost, now)
+          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead)
           denied[key] = nil
         end
         remaining, reset = alg.result(key, st, rule.limit, rule.window, rule.need, now)

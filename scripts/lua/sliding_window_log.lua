@@ -37,13 +37,21 @@ end
 -- already charged (same microsecond), the score is the newest + 1 when TIME
 -- does not exceed it, which keeps every member unique without asking the
 -- caller for a nonce.
-function sliding_window_log.commit(key, st, limit, window, cost, now)
+--
+-- A lease (a service instance's slice of the limit for a hot key, used
+-- over the ahead microseconds that follow) is recorded at now + ahead, the
+-- last instant a unit of it can be used: every window that holds a use of
+-- the slice then holds its members too, so the log stays exact. The
+-- members count from now on (check counts every member above now - window,
+-- future ones too), so the slice costs its units for ahead longer than
+-- hits do.
+function sliding_window_log.commit(key, st, limit, window, cost, now, ahead)
   cost = math.min(cost, limit)
   if cost <= 0 then
     return -- a recorded cost on a limit of 0: no member, which would count as a unit
   end
-  local score, newest = now, st.prior and st.prior.newest
-  if newest or cost > 1 or redis.call('ZADD', key, 'NX', fmt_once(now), fmt_once(now)) == 0 then
+  local score, newest = now + (ahead or 0), st.prior and st.prior.newest
+  if newest or cost > 1 or redis.call('ZADD', key, 'NX', fmt_once(score), fmt_once(score)) == 0 then
     if not newest then
       newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
     end

@@ -1,0 +1,576 @@
+package quota
+
+import (
+	"context"
+	"hash/maphash"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+)
+
+// Slices takes hot keys off Redis: ShouldRateLimit decides through it
+// (it wraps the *limiter.Split), and a key whose hits at this instance pass
+// Threshold per second gets a slice of its limit, leased from the counter
+// itself, from which this instance decides the key's hits locally until the
+// slice is used up or its period ends. A lease is a charge of the counter
+// like any hit (limiter.Decide), made before a unit of it is used, so that
+// every reader of the counter (the other instances, RLQS fleets, the
+// reference's replicas) counts it; a lease that does not fit is not made.
+// The slices and the hits Redis decides therefore never pass the limit:
+//
+//   - sliding_window_log: a slice is recorded at the end of its period, the
+//     last instant one of its units can be used (limiter.Hit.Ahead): every
+//     window that holds a use holds the slice's members. Exact, at the
+//     price of holding the slice's units for one period longer than hits;
+//     the period is at most a twentieth of the window.
+//   - fixed_window, sliding_window_counter: a slice ends where the window
+//     its charge went to ends, so its uses count in that window, as hits at
+//     the instant of the charge would: exact for the fixed window, within
+//     the counter's own approximation for the sliding one.
+//   - gcra: unit k of a slice of n is usable until the start of its
+//     emission slot, the TAT the charge left less (n-k) emission intervals:
+//     no unit is used later than a hit charged then would be, so the bucket's
+//     bound holds (burst plus the limit in any window). Units whose slot has
+//     started are dropped unused.
+//
+// A slice's size follows this instance's demand on the key (its hits in
+// the last second times the period) and shrinks with the quota left: at
+// most a quarter of what the counter had left at the last lease, and at
+// least two units (a slice of one saves nothing). Unused units are given
+// back by the charge's token (limiter.GiveBack: exactly the slice's log
+// members, the count of the slice's window) when the slice ends; GCRA's are
+// not (the slots they held have passed, or are the next charge's).
+//
+// What is never leased, and goes to Redis hit by hit as before: shadow and
+// quota hits (their answers say what Redis would), recorded costs and
+// refunds (a budget's report and a release), checks (cost 0), concurrency
+// rules (refund_order: oldest: a slice would hold seats), the reference's
+// keys (their window is this instance's clock, not Redis's), and rules
+// that opt out (hot_key_slices: false). A request is decided locally only
+// when every hit of it is: all or nothing, as on Redis.
+type Slices struct {
+	ledger    SliceLedger
+	threshold float64
+	period    time.Duration
+	perShard  int
+	now       func() time.Time
+	observe   SliceObserver
+
+	seed   maphash.Seed
+	shards [sliceShards]sliceShard
+
+	ctx    context.Context // background work: leases and give backs
+	cancel context.CancelFunc
+	work   sync.WaitGroup
+	ticker sync.WaitGroup
+	stop   chan struct{}
+	once   sync.Once
+	closed atomic.Bool
+}
+
+// SliceLedger is where slices lease from: the *limiter.Split
+// ShouldRateLimit decides with.
+type SliceLedger interface {
+	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
+	GiveBack(ctx context.Context, h limiter.Hit, token int64, units uint64) (uint64, error)
+}
+
+// SliceObserver is told what slices do, for metrics. Any field may be nil.
+type SliceObserver struct {
+	// Local counts hits decided from a slice.
+	Local func(hits int)
+	// Leased counts a slice leased, of units.
+	Leased func(units uint64)
+	// GivenBack counts units a slice gave back.
+	GivenBack func(units uint64)
+	// Keys is the number of keys holding a live slice, every second.
+	Keys func(n int)
+}
+
+// Defaults where SliceOptions leave a field zero.
+const (
+	// DefaultSliceThreshold is the hits per second of one key at one
+	// instance from which the key is leased.
+	DefaultSliceThreshold = 10
+	// DefaultSlicePeriod is how long a slice lives (see Slices for the
+	// shorter periods of short windows).
+	DefaultSlicePeriod = time.Second
+	// DefaultSliceKeys bounds the keys whose rate is tracked.
+	DefaultSliceKeys = 16384
+)
+
+// SliceOptions configure Slices. A nil *SliceOptions means the defaults.
+type SliceOptions struct {
+	// Threshold is the hits per second of one key at this instance from
+	// which the key is leased; zero means DefaultSliceThreshold, a negative
+	// value turns slices off (every hit goes to the ledger).
+	Threshold float64
+	// Period is a slice's life; zero means DefaultSlicePeriod.
+	Period time.Duration
+	// Keys bounds the keys tracked at once; zero means DefaultSliceKeys.
+	// Past it, a key seen for the first time in a second is not tracked
+	// that second.
+	Keys int
+	// Now is the clock; nil means time.Now. A slice's period and GCRA's
+	// unit deadlines are measured on it from the instant its lease was
+	// sent, so that Redis's clock, which timed the charge later, is never
+	// ahead of them.
+	Now func() time.Time
+	// Observe is told what slices do.
+	Observe SliceObserver
+}
+
+const sliceShards = 16
+
+type sliceShard struct {
+	mu   sync.Mutex
+	keys map[string]*hotKey
+}
+
+// hotKey is one tracked key at this instance.
+type hotKey struct {
+	hits, prev uint32      // hits since the last tick, and in the tick before
+	slices     []*slice    // live, in the order leased
+	leasing    bool        // a lease is on its way
+	retryAt    time.Time   // no lease before (after one refused or failed)
+	remaining  uint64      // what the counter had left at the last lease answer
+	known      bool        // remaining is known
+	rule       limiter.Hit // the hit the slices are of (Cost unset)
+}
+
+// slice is units of a counter this instance leased.
+type slice struct {
+	n, used    uint64
+	token      int64
+	sent       time.Time     // when its lease was sent
+	expires    time.Time     // no unit used from then on
+	first      time.Time     // GCRA: unit 0's deadline; unit k's is first + k*interval
+	interval   time.Duration // GCRA's emission interval; 0 for other algorithms
+	remaining  uint64        // the counter's remaining after the lease
+	resetAfter time.Duration // the counter's reset after the lease
+}
+
+// NewSlices returns Slices leasing from ledger. Close stops them.
+func NewSlices(ledger SliceLedger, opts *SliceOptions) *Slices {
+	return newSlices(ledger, opts, true)
+}
+
+// newSlices is NewSlices, whose ticks tests with a frozen clock call by
+// hand (turn) when ticking is false.
+func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
+	if opts == nil {
+		opts = &SliceOptions{}
+	}
+	s := &Slices{
+		ledger: ledger, threshold: opts.Threshold, period: opts.Period, now: opts.Now,
+		observe: opts.Observe, seed: maphash.MakeSeed(), stop: make(chan struct{}),
+	}
+	if s.threshold == 0 {
+		s.threshold = DefaultSliceThreshold
+	}
+	if s.period <= 0 {
+		s.period = DefaultSlicePeriod
+	}
+	keys := opts.Keys
+	if keys <= 0 {
+		keys = DefaultSliceKeys
+	}
+	s.perShard = max(1, keys/sliceShards)
+	if s.now == nil {
+		s.now = time.Now
+	}
+	for i := range s.shards {
+		s.shards[i].keys = make(map[string]*hotKey)
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if s.threshold > 0 && ticking {
+		s.ticker.Go(s.tick)
+	}
+	return s
+}
+
+// Decide decides hits as the ledger does: from this instance's slices when
+// every hit has one with units left, else on the ledger, after which the
+// hot keys among them lease a slice in the background.
+func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+	if s.threshold < 0 || s.closed.Load() || len(hits) == 0 || !s.leasable(hits) {
+		return s.ledger.Decide(ctx, hits)
+	}
+	now := s.now()
+	if verdicts := s.local(hits, now); verdicts != nil {
+		if s.observe.Local != nil {
+			s.observe.Local(len(hits))
+		}
+		return verdicts, nil
+	}
+	verdicts, err := s.ledger.Decide(ctx, hits)
+	for i := range hits {
+		s.maybeLease(hits[i], now)
+	}
+	return verdicts, err
+}
+
+// leasable reports whether every hit may be decided from a slice, and no
+// two share a key (the ledger merges those).
+func (s *Slices) leasable(hits []limiter.Hit) bool {
+	for i := range hits {
+		h := &hits[i]
+		if h.NoSlices || h.Shadow || h.Quota || h.Record || h.Refund || h.Cost == 0 ||
+			h.Algorithm.ReferenceKeys() || h.Cost > uint64(capacity(*h)) {
+			return false
+		}
+		for j := range i {
+			if hits[j].Key == h.Key {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (s *Slices) shard(key string) *sliceShard {
+	return &s.shards[maphash.String(s.seed, key)%sliceShards]
+}
+
+// local decides hits from slices, counting each hit toward its key's rate,
+// or returns nil when one of them has no slice with units enough: then
+// nothing was taken. Shards are locked in order, so that a request of
+// several keys takes its units all at once.
+func (s *Slices) local(hits []limiter.Hit, now time.Time) []limiter.Verdict {
+	var order [4]int
+	idx := order[:0]
+	for i := range hits {
+		n := int(maphash.String(s.seed, hits[i].Key) % sliceShards)
+		if !slices.Contains(idx, n) {
+			idx = append(idx, n)
+		}
+	}
+	slices.Sort(idx)
+	for _, n := range idx {
+		s.shards[n].mu.Lock()
+	}
+	defer func() {
+		for _, n := range idx {
+			s.shards[n].mu.Unlock()
+		}
+	}()
+	keys := make([]*hotKey, len(hits))
+	fits := true
+	for i := range hits {
+		h := &hits[i]
+		k := s.shard(h.Key).track(h.Key, s.perShard)
+		keys[i] = k
+		if k == nil {
+			fits = false
+			continue
+		}
+		k.hits++
+		if !k.matches(h) || k.available(now) < h.Cost {
+			fits = false
+		}
+	}
+	if !fits {
+		return nil
+	}
+	verdicts := make([]limiter.Verdict, len(hits))
+	for i := range hits {
+		verdicts[i] = keys[i].take(&hits[i], now)
+	}
+	return verdicts
+}
+
+// track returns key's state, made if the shard has room; nil otherwise.
+// The caller holds the shard's lock.
+func (sh *sliceShard) track(key string, most int) *hotKey {
+	k := sh.keys[key]
+	if k == nil && len(sh.keys) < most {
+		k = &hotKey{}
+		sh.keys[key] = k
+	}
+	return k
+}
+
+// matches reports whether h is a hit of the rule k's slices are of: a
+// reload that changed the rule leaves them to expire unused.
+func (k *hotKey) matches(h *limiter.Hit) bool {
+	r := &k.rule
+	return len(k.slices) > 0 && r.Algorithm == h.Algorithm && r.Limit == h.Limit &&
+		r.Window == h.Window && r.Burst == h.Burst
+}
+
+// available is the units k's live slices hold at now.
+func (k *hotKey) available(now time.Time) uint64 {
+	var n uint64
+	for _, sl := range k.slices {
+		n += sl.available(now)
+	}
+	return n
+}
+
+// available is the units sl holds at now; for GCRA it first drops the
+// units whose slot has started.
+func (sl *slice) available(now time.Time) uint64 {
+	if !now.Before(sl.expires) {
+		return 0
+	}
+	if sl.interval > 0 && now.After(sl.first) {
+		// Unit k is usable while now <= first + k*interval.
+		late := uint64((now.Sub(sl.first) + sl.interval - 1) / sl.interval)
+		sl.used = max(sl.used, min(late, sl.n))
+	}
+	return sl.n - sl.used
+}
+
+// take takes h's cost from k's slices, the oldest first, and answers h as
+// Redis would have at the last lease, less what this instance used since:
+// remaining is what the counter had left after the lease plus the units
+// the slices still hold; reset is the lease's, less the time since.
+func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
+	need := h.Cost
+	var last *slice
+	for _, sl := range k.slices {
+		if need == 0 {
+			break
+		}
+		got := min(sl.available(now), need)
+		sl.used += got
+		need -= got
+		if got > 0 {
+			last = sl
+		}
+	}
+	left := k.available(now)
+	return limiter.Verdict{
+		Admitted:   true,
+		Charged:    true,
+		Remaining:  min(last.remaining+left, uint64(capacity(*h))),
+		ResetAfter: max(0, last.resetAfter-now.Sub(last.sent)),
+	}
+}
+
+// maybeLease starts a lease for h's key when the key is hot at this
+// instance and its slices run low: under a quarter of what the next period
+// needs, or ending within a quarter of it.
+func (s *Slices) maybeLease(h limiter.Hit, now time.Time) {
+	sh := s.shard(h.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.keys[h.Key]
+	if k == nil || k.leasing || now.Before(k.retryAt) {
+		return
+	}
+	rate := float64(max(k.hits, k.prev)) // per second: ticks are a second apart
+	if rate < s.threshold {
+		return
+	}
+	period := s.periodOf(h)
+	want := uint64(math.Ceil(rate * period.Seconds()))
+	if k.known {
+		want = min(want, k.remaining/4)
+	} else {
+		want = min(want, uint64(capacity(h))/4)
+	}
+	if want < 2 {
+		return
+	}
+	live := k.matches(&h)
+	if live && k.available(now) >= want/4 && k.ends(now).After(now.Add(period/4)) {
+		return
+	}
+	k.leasing = true
+	h.Cost = want
+	if h.Algorithm == config.SlidingWindowLog {
+		h.Ahead = period
+	}
+	s.work.Go(func() { s.lease(h, period) })
+}
+
+// periodOf is the period of h's slices: the log's is at most a twentieth
+// of its window, as its slices hold their units one period longer than
+// hits do (at most 5 % of the limit at a time).
+func (s *Slices) periodOf(h limiter.Hit) time.Duration {
+	if h.Algorithm == config.SlidingWindowLog {
+		return max(time.Millisecond, min(s.period, h.Window/20))
+	}
+	return s.period
+}
+
+// ends is when k's last live slice ends.
+func (k *hotKey) ends(now time.Time) time.Time {
+	end := now
+	for _, sl := range k.slices {
+		if sl.expires.After(end) {
+			end = sl.expires
+		}
+	}
+	return end
+}
+
+// lease charges the counter for a slice of h.Cost units and gives it to
+// h's key.
+func (s *Slices) lease(h limiter.Hit, period time.Duration) {
+	sent := s.now()
+	verdicts, err := s.ledger.Decide(s.ctx, []limiter.Hit{h})
+	sh := s.shard(h.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.keys[h.Key]
+	if k == nil { // dropped by a tick while leasing: keep it, to end the slice
+		k = &hotKey{}
+		sh.keys[h.Key] = k
+	}
+	k.leasing = false
+	now := s.now()
+	if err != nil || len(verdicts) != 1 || verdicts[0].FailureVerdict {
+		k.retryAt = now.Add(period) // the store failed: the hits say so
+		return
+	}
+	v := verdicts[0]
+	if !v.Admitted || !v.Charged {
+		k.remaining, k.known = v.Remaining, true
+		k.retryAt = now.Add(min(period, v.ResetAfter))
+		return
+	}
+	sl := &slice{n: h.Cost, token: v.Token, sent: sent, expires: sent.Add(period),
+		remaining: v.Remaining, resetAfter: v.ResetAfter}
+	switch h.Algorithm {
+	case config.FixedWindow:
+		sl.expires = earliest(sl.expires, sent.Add(v.ResetAfter))
+	case config.SlidingWindowCounter:
+		sl.expires = earliest(sl.expires, sent.Add(v.ResetAfter-h.Window))
+	case config.GCRA:
+		// The charge's slots end at the TAT, ResetAfter after the charge
+		// (rounded up to the microsecond): unit k's starts (n-k) intervals
+		// before it. The interval rounded up, and the charge's time taken
+		// as the lease's sending, make every deadline early, never late.
+		sl.interval = (h.Window + time.Duration(h.Limit) - 1) / time.Duration(h.Limit)
+		sl.first = sent.Add(v.ResetAfter - time.Microsecond - time.Duration(sl.n)*sl.interval)
+		sl.expires = earliest(sl.expires, sl.first.Add(time.Duration(sl.n-1)*sl.interval).Add(1))
+	}
+	if !k.matches(&h) {
+		k.endAll(s, now) // of another rule, after a reload
+		k.rule = h
+		k.rule.Cost, k.rule.Ahead = 0, 0
+	}
+	k.slices = append(k.slices, sl)
+	k.remaining, k.known = v.Remaining, true
+	if s.observe.Leased != nil {
+		s.observe.Leased(sl.n)
+	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// endAll ends every slice of k, giving back what they did not use.
+// The caller holds k's shard's lock.
+func (k *hotKey) endAll(s *Slices, now time.Time) {
+	for _, sl := range k.slices {
+		s.giveBack(k.rule, sl, now)
+	}
+	k.slices = k.slices[:0]
+}
+
+// giveBack gives back, in the background, the units sl did not use, when
+// its algorithm can: GCRA's unused units held slots that have passed or
+// that later charges follow.
+func (s *Slices) giveBack(rule limiter.Hit, sl *slice, now time.Time) {
+	left := sl.n - sl.used
+	if sl.interval > 0 || left == 0 {
+		return
+	}
+	sl.used = sl.n
+	s.work.Go(func() {
+		n, err := s.ledger.GiveBack(context.WithoutCancel(s.ctx), rule, sl.token, left)
+		if err == nil && s.observe.GivenBack != nil {
+			s.observe.GivenBack(n)
+		}
+	})
+}
+
+// tick turns the per-second counts over every second, ends the slices
+// whose period is over, and forgets keys that went cold.
+func (s *Slices) tick() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.turn(s.now())
+		}
+	}
+}
+
+// turn is one tick.
+func (s *Slices) turn(now time.Time) {
+	live := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for key, k := range sh.keys {
+			k.prev, k.hits = k.hits, 0
+			kept := k.slices[:0]
+			for _, sl := range k.slices {
+				if sl.expires.After(now) && sl.used < sl.n {
+					kept = append(kept, sl)
+				} else {
+					s.giveBack(k.rule, sl, now)
+				}
+			}
+			clear(k.slices[len(kept):])
+			k.slices = kept
+			if len(kept) > 0 {
+				live++
+			}
+			if k.prev == 0 && len(kept) == 0 && !k.leasing {
+				delete(sh.keys, key)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	if s.observe.Keys != nil {
+		s.observe.Keys(live)
+	}
+}
+
+// Close stops leasing, waits for the leases on their way, and gives back
+// what every slice did not use (each call bounded by the limiter's
+// timeout). Decide goes to the ledger from then on. The ledger is the
+// caller's to close, after.
+func (s *Slices) Close() {
+	s.once.Do(func() {
+		s.closed.Store(true)
+		close(s.stop)
+		s.ticker.Wait()
+		never := time.Unix(math.MaxInt32, 0)
+		s.each(func(k *hotKey) { k.retryAt = never })
+		s.work.Wait()
+		now := s.now()
+		s.each(func(k *hotKey) { k.endAll(s, now) })
+		s.work.Wait()
+		s.cancel()
+	})
+}
+
+// each calls f for every tracked key, under its shard's lock.
+func (s *Slices) each(f func(*hotKey)) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, k := range sh.keys {
+			f(k)
+		}
+		sh.mu.Unlock()
+	}
+}

@@ -1,0 +1,225 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+)
+
+// instances are service instances deciding one counter through Slices of
+// their own, on one miniredis, under one frozen clock.
+type instances struct {
+	m      *miniredis.Miniredis
+	now    time.Time
+	lim    *limiter.Limiter
+	slices []*Slices
+	local  atomic.Int64
+	leased atomic.Int64
+	back   atomic.Int64
+}
+
+func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
+	t.Helper()
+	in := &instances{m: miniredis.RunT(t), now: epoch}
+	in.m.SetTime(in.now)
+	client := redis.NewClient(&redis.Options{Addr: in.m.Addr()})
+	t.Cleanup(func() { client.Close() })
+	in.lim = limiter.New(client, &limiter.Options{Timeout: time.Second, DenyCache: -1})
+	t.Cleanup(in.lim.Close)
+	opts.Now = func() time.Time { return in.now }
+	opts.Observe = SliceObserver{
+		Local:     func(n int) { in.local.Add(int64(n)) },
+		Leased:    func(n uint64) { in.leased.Add(int64(n)) },
+		GivenBack: func(n uint64) { in.back.Add(int64(n)) },
+	}
+	for range n {
+		s := newSlices(limiter.NewSplit(in.lim, nil), &opts, false)
+		t.Cleanup(s.Close)
+		in.slices = append(in.slices, s)
+	}
+	return in
+}
+
+func (in *instances) advance(d time.Duration) {
+	in.now = in.now.Add(d)
+	in.m.SetTime(in.now)
+}
+
+// settle waits for every lease and give back on its way.
+func (in *instances) settle() {
+	for _, s := range in.slices {
+		s.work.Wait()
+	}
+}
+
+// TestSlicesHoldTheLimit offers a hot key twice its limit, evenly, through
+// three instances, and checks every window of the limit's length (for the
+// fixed window, every window of its own) against the algorithm's bound, and
+// that after the first window at least 90 % of the limit is admitted.
+func TestSlicesHoldTheLimit(t *testing.T) {
+	const limit, window = 100, 10 * time.Second
+	for _, tc := range []struct {
+		alg   config.Algorithm
+		burst uint32
+	}{
+		{config.SlidingWindowLog, 0},
+		{config.FixedWindow, 0},
+		{config.SlidingWindowCounter, 0},
+		{config.GCRA, 0},
+		{config.GCRA, 20},
+	} {
+		t.Run(fmt.Sprintf("%v/burst%d", tc.alg, tc.burst), func(t *testing.T) {
+			in := newInstances(t, 3, SliceOptions{Threshold: 2})
+			hit := limiter.Hit{Key: "{hot}:k", Algorithm: tc.alg, Limit: limit, Window: window, Burst: tc.burst, Cost: 1}
+			const step = 50 * time.Millisecond // 20 requests/s: twice 100 per 10 s
+			var admitted []time.Time
+			start := in.now
+			for i := range 1200 { // a minute
+				s := in.slices[i%3]
+				if i%20 == 0 {
+					for _, s := range in.slices {
+						s.turn(in.now)
+					}
+				}
+				v, err := s.Decide(context.Background(), []limiter.Hit{hit})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if v[0].Admitted {
+					admitted = append(admitted, in.now)
+				}
+				in.settle()
+				in.advance(step)
+			}
+			end := in.now
+			bound := limit
+			if tc.alg == config.GCRA {
+				bound = limit + int(max(tc.burst, limit)) // the bucket's own bound: burst plus the limit
+				if tc.burst != 0 {
+					bound = limit + int(tc.burst)
+				}
+			}
+			least := len(admitted)
+			for a := start; !a.Add(window).After(end); a = a.Add(step) {
+				if tc.alg == config.FixedWindow && a.Sub(epoch)%window != 0 {
+					continue // its windows are aligned
+				}
+				n := countIn(admitted, a, a.Add(window))
+				if tc.alg != config.SlidingWindowCounter && n > bound {
+					t.Fatalf("%d admitted in the window from %v, limit %d", n, a.Sub(start), bound)
+				}
+				if a.Sub(start) >= window {
+					least = min(least, n)
+				}
+			}
+			if least < limit*9/10 {
+				t.Errorf("least admitted in a window after the first: %d, want >= %d", least, limit*9/10)
+			}
+			if in.local.Load() == 0 {
+				t.Errorf("no hit decided from a slice (leased %d units)", in.leased.Load())
+			}
+			t.Logf("%d admitted of 1200 in %v; least in a window after the first %d; %d decided locally; %d units leased, %d given back",
+				len(admitted), end.Sub(start), least, in.local.Load(), in.leased.Load(), in.back.Load())
+		})
+	}
+}
+
+// countIn counts the instants in [from, to).
+func countIn(ts []time.Time, from, to time.Time) int {
+	i, _ := slices.BinarySearchFunc(ts, from, func(a, b time.Time) int { return a.Compare(b) })
+	j, _ := slices.BinarySearchFunc(ts, to, func(a, b time.Time) int { return a.Compare(b) })
+	return j - i
+}
+
+// TestSlicesCountExactly offers a hot key far below its limit through three
+// instances: most hits are decided locally, and once the slices have given
+// back what they did not use, the counter holds exactly the hits admitted.
+func TestSlicesCountExactly(t *testing.T) {
+	for _, alg := range []config.Algorithm{config.SlidingWindowLog, config.FixedWindow, config.SlidingWindowCounter} {
+		t.Run(alg.String(), func(t *testing.T) {
+			in := newInstances(t, 3, SliceOptions{})
+			hit := limiter.Hit{Key: "{hot}:k", Algorithm: alg, Limit: 10000, Window: time.Minute, Cost: 1}
+			admitted := 0
+			const step = 2 * time.Millisecond // 500 requests/s
+			for i := range 2500 {
+				if i%500 == 0 {
+					for _, s := range in.slices {
+						s.turn(in.now)
+					}
+				}
+				v, err := in.slices[i%3].Decide(context.Background(), []limiter.Hit{hit})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if v[0].Admitted {
+					admitted++
+				}
+				in.settle()
+				in.advance(step)
+			}
+			if admitted != 2500 {
+				t.Fatalf("admitted %d of 2500 under a limit of 10000", admitted)
+			}
+			for _, s := range in.slices {
+				s.Close()
+			}
+			check := hit
+			check.Cost = 0
+			v, err := in.lim.Decide(context.Background(), []limiter.Hit{check})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if used := 10000 - int(v[0].Remaining); used != admitted {
+				t.Errorf("the counter holds %d units after the give backs, want the %d admitted (leased %d, given back %d)",
+					used, admitted, in.leased.Load(), in.back.Load())
+			}
+			if local := in.local.Load(); local < 2500*8/10 {
+				t.Errorf("%d of 2500 decided locally, want at least 80 %%", local)
+			}
+			t.Logf("%d decided locally; %d units leased, %d given back", in.local.Load(), in.leased.Load(), in.back.Load())
+		})
+	}
+}
+
+// TestSlicesOutlastAnOutage: when the store stops answering, a hot key
+// keeps deciding from its slice until the slice ends, then by its failure
+// mode.
+func TestSlicesOutlastAnOutage(t *testing.T) {
+	in := newInstances(t, 1, SliceOptions{})
+	s := in.slices[0]
+	hit := limiter.Hit{Key: "{hot}:k", Algorithm: config.FixedWindow, Limit: 100000, Window: time.Minute, Cost: 1,
+		FailureMode: config.FailureDeny}
+	decide := func() limiter.Verdict {
+		v, _ := s.Decide(context.Background(), []limiter.Hit{hit})
+		in.settle()
+		return v[0]
+	}
+	for range 100 {
+		decide()
+		in.advance(time.Millisecond)
+	}
+	s.turn(in.now)
+	for range 100 {
+		decide()
+		in.advance(time.Millisecond)
+	}
+	in.m.Close()
+	before := in.local.Load()
+	v := decide()
+	if !v.Admitted || v.FailureVerdict || in.local.Load() != before+1 {
+		t.Fatalf("with the store down and a live slice: %+v, local %d -> %d", v, before, in.local.Load())
+	}
+	in.advance(DefaultSlicePeriod)
+	if v := decide(); v.Admitted || !v.FailureVerdict {
+		t.Errorf("after the slice's period, with the store down: %+v, want the failure mode's denial", v)
+	}
+}
