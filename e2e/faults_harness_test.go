@@ -30,17 +30,20 @@ const faultLimit = 1_000_000_000
 // names no failure mode (Envoy's decides), all fixed windows (their Redis
 // value is the exact number of charges), and a small exact limit for
 // correctness checks after a fault.
+// faultConfig's rules keep off hot keys' slices (hot_key_slices: false):
+// the fault tests watch each hit's store call, which a slice would save
+// (slices under an outage: quota's TestSlicesOutlastAnOutage).
 var faultConfig = fmt.Sprintf(`
 domain: faults
 descriptors:
   - key: open_when_down
-    rate_limit: {unit: day, requests_per_unit: %[1]d, algorithm: fixed_window, failure_mode: allow}
+    rate_limit: {unit: day, requests_per_unit: %[1]d, algorithm: fixed_window, failure_mode: allow, hot_key_slices: false}
   - key: closed_when_down
-    rate_limit: {unit: day, requests_per_unit: %[1]d, algorithm: fixed_window, failure_mode: deny}
+    rate_limit: {unit: day, requests_per_unit: %[1]d, algorithm: fixed_window, failure_mode: deny, hot_key_slices: false}
   - key: envoy_when_down
-    rate_limit: {unit: day, requests_per_unit: %[1]d, algorithm: fixed_window}
+    rate_limit: {unit: day, requests_per_unit: %[1]d, algorithm: fixed_window, hot_key_slices: false}
   - key: kept
-    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_window_log, failure_mode: deny}
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_window_log, failure_mode: deny, hot_key_slices: false}
 `, faultLimit)
 
 const (
