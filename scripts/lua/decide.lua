@@ -96,7 +96,7 @@ local function decide(keys, args)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   seen, unwritten, expiries, stored, formatted = {}, {}, {}, {}, {}
-  lives, created = {}, {}
+  lives, created, members = {}, {}, {}
   -- Parse every request first, to read every string counter of the batch
   -- with one MGET (see prefetch); the log's sorted sets are read one by one.
   -- Hit h (keys[h]) has the rule hit_rules[h]; request q holds hits

@@ -32,6 +32,7 @@ local unwritten = {} -- key to its value
 local expiries = {} -- key to its ttl in ms, or false to keep it
 local lives = {} -- a log key to the ms it must live from now (see live_later)
 local created = {} -- a log key to true when this call created it
+local members = {} -- a log key to the ZADD arguments its charges wait to write (see add_later)
 local formatted = {} -- fmt_once's
 
 -- cached returns f(x), computed once per call: cache is one of the call's
@@ -120,7 +121,36 @@ local function live_later(key, ms, new)
   end
 end
 
+-- add_later records log members (score, name, score, name, ...) for
+-- flush_members: a hot key charged by many requests of one call costs one
+-- ZADD, as a window counter costs one SET.
+local function add_later(key, args)
+  local pending = members[key]
+  if not pending then
+    members[key] = args
+    return
+  end
+  for i = 1, #args do
+    pending[#pending + 1] = args[i]
+  end
+end
+
+-- flush_members writes key's waiting members (every key's with no key), in
+-- bounded chunks: Lua's unpack has a stack limit. A log function that reads
+-- a key's members from Redis flushes them first.
+local function flush_members(key)
+  for k, args in pairs(members) do
+    if not key or k == key then
+      for first = 1, #args, 1000 do
+        redis.call('ZADD', k, unpack(args, first, math.min(first + 999, #args)))
+      end
+      members[k] = nil
+    end
+  end
+end
+
 local function write_all()
+  flush_members() -- before the expiries: a key this call created exists once written
   for key, value in pairs(unwritten) do
     local ttl = expiries[key]
     if ttl then

@@ -63,15 +63,8 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead)
     for i = 1, cost do
       args[#args + 1] = s
       args[#args + 1] = (i == 1) and s or (s .. ':' .. i)
-      -- Lua's unpack has a stack limit; flush in bounded chunks.
-      if #args >= 1000 then
-        redis.call('ZADD', key, unpack(args))
-        args = {}
-      end
     end
-    if #args > 0 then
-      redis.call('ZADD', key, unpack(args))
-    end
+    add_later(key, args) -- written when the call ends, with the key's other charges
   end
   -- The key lives until its newest member leaves the window, set when the
   -- call ends (live_later). check found no member and this call had not
@@ -96,6 +89,7 @@ end
 -- steady traffic, which leave the window while requests still hold the seats
 -- they stand for (docs/budgets.md, "Concurrency limits").
 function sliding_window_log.refund(key, units, limit, window, now, oldest)
+  flush_members(key)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
   local n = math.min(units, redis.call('ZCARD', key))
   if n > 0 then
@@ -128,6 +122,9 @@ end
 -- enough of the oldest members expire for cost to fit.
 function sliding_window_log.result(key, st, limit, window, cost, now)
   local remaining = math.max(0, limit - st.used)
+  if not st.newest or not st.admit then
+    flush_members(key) -- read below
+  end
   if st.admit then
     if st.used == 0 then
       return remaining, 0
