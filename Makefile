@@ -56,7 +56,8 @@ tools:
 	.ci/tools.sh
 
 ## bench: load-test the service at its shipped defaults on a real redis-server, with
-## Envoy's 20 ms deadline, against an INCRBY+EXPIRE floor: 54 scenarios of 6 s;
+## Envoy's 20 ms deadline, against an INCRBY+EXPIRE floor: 66 scenarios of 6 s, then
+## Zipf and uniform keys beside envoyproxy/ratelimit itself (go install);
 ## BENCH_QUICK=1: a representative subset (about a minute); BENCH_FLAGS: more flags (docs/bench.md)
 bench:
 	$(GO) run ./cmd/ratelimit-bench $(BENCH_FLAGS)

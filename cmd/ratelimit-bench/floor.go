@@ -51,26 +51,32 @@ func (f *floorClient) caller(s Scenario) func(w int) Call {
 			keys[i] = append(keys[i], "floor_"+v+"_")
 		}
 	}
-	win := int64(floorWindow / time.Second)
 	return func(int) Call {
 		return func(ctx context.Context, rng *rand.Rand) (decisions, overLimit uint64, errCode string) {
 			ks := keys[0]
 			if len(keys) > 1 {
 				ks = keys[rng.IntN(len(keys))]
 			}
-			suffix := strconv.FormatInt(time.Now().Unix()/win*win, 10)
-			pipe := f.client.Pipeline()
-			for _, k := range ks {
-				k += suffix
-				pipe.IncrBy(ctx, k, 1)
-				pipe.Expire(ctx, k, floorWindow)
-			}
-			if _, err := pipe.Exec(ctx); err != nil {
-				return 0, 0, redisErrorCode(err)
-			}
-			return uint64(len(ks)), 0, ""
+			return f.decide(ctx, ks)
 		}
 	}
+}
+
+// decide sends, in one pipeline, INCRBY and EXPIRE of each key prefix ks
+// completed with the window's start.
+func (f *floorClient) decide(ctx context.Context, ks []string) (decisions, overLimit uint64, errCode string) {
+	win := int64(floorWindow / time.Second)
+	suffix := strconv.FormatInt(time.Now().Unix()/win*win, 10)
+	pipe := f.client.Pipeline()
+	for _, k := range ks {
+		k += suffix
+		pipe.IncrBy(ctx, k, 1)
+		pipe.Expire(ctx, k, floorWindow)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, 0, redisErrorCode(err)
+	}
+	return uint64(len(ks)), 0, ""
 }
 
 // redisErrorCode names a floor call's error for the errors column.

@@ -137,24 +137,57 @@ func (l *Load) caller(reqs []*rlsv3.RateLimitRequest) func(w int) Call {
 			if len(reqs) > 1 {
 				req = reqs[rng.IntN(len(reqs))]
 			}
-			resp, err := client.ShouldRateLimit(ctx, req)
-			if err != nil {
-				return 0, 0, status.Code(err).String()
-			}
-			for _, st := range resp.Statuses {
-				if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
-					overLimit++
-				}
-			}
-			return uint64(len(req.Descriptors)), overLimit, ""
+			return shouldRateLimit(ctx, client, req)
 		}
 	}
+}
+
+// shouldRateLimit sends req: the decisions it got and how many were
+// denials, or the code of its error.
+func shouldRateLimit(ctx context.Context, client rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest) (
+	decisions, overLimit uint64, errCode string) {
+	resp, err := client.ShouldRateLimit(ctx, req)
+	if err != nil {
+		return 0, 0, status.Code(err).String()
+	}
+	for _, st := range resp.Statuses {
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			overLimit++
+		}
+	}
+	return uint64(len(req.Descriptors)), overLimit, ""
 }
 
 // Call is one request of a worker: the decisions it got and how many of
 // them were denials, or the code of its error ("DeadlineExceeded" for a
 // missed deadline, as gRPC names codes.DeadlineExceeded).
 type Call func(ctx context.Context, rng *rand.Rand) (decisions, overLimit uint64, errCode string)
+
+// Class sorts a call by the key it asked for: its latency goes to the
+// class's histogram beside the run's own (the Zipf keys' hot and cold
+// ranks, skew.go).
+type Class uint8
+
+const (
+	classNone Class = iota // the run's histogram only
+	classHot               // one of the most frequent keys
+	classCold              // a key drawn rarely
+	classCount
+)
+
+// ClassedCall is a Call that also tells the class of the key it asked for.
+type ClassedCall func(ctx context.Context, rng *rand.Rand) (decisions, overLimit uint64, errCode string, class Class)
+
+// classless makes a Call a ClassedCall of classNone.
+func classless(newCall func(w int) Call) func(w int) ClassedCall {
+	return func(w int) ClassedCall {
+		call := newCall(w)
+		return func(ctx context.Context, rng *rand.Rand) (uint64, uint64, string, Class) {
+			decisions, overLimit, errCode := call(ctx, rng)
+			return decisions, overLimit, errCode, classNone
+		}
+	}
+}
 
 // deadlineExceeded is the error code of a missed deadline.
 var deadlineExceeded = codes.DeadlineExceeded.String()
@@ -176,6 +209,7 @@ type Run struct {
 
 type worker struct {
 	hist      Histogram
+	byClass   [classCount]*Histogram // made at the class's first call; none for classNone
 	requests  uint64
 	decisions uint64
 	overLimit uint64 // descriptors answered OVER_LIMIT
@@ -201,6 +235,12 @@ type Deadline struct {
 // when it was due, not when it could be sent, so that a stalled server is
 // not hidden by the workers waiting for it (coordinated omission).
 func Start(concurrency int, deadline Deadline, rate float64, newCall func(w int) Call) *Run {
+	return StartClassed(concurrency, deadline, rate, classless(newCall))
+}
+
+// StartClassed is Start with calls that tell the class of their key: each
+// call's latency is also recorded in its class's histogram.
+func StartClassed(concurrency int, deadline Deadline, rate float64, newCall func(w int) ClassedCall) *Run {
 	r := &Run{}
 	var interval time.Duration
 	if rate > 0 {
@@ -215,7 +255,7 @@ func Start(concurrency int, deadline Deadline, rate float64, newCall func(w int)
 	return r
 }
 
-func (r *Run) work(w *worker, call Call, deadline Deadline, interval time.Duration) {
+func (r *Run) work(w *worker, call ClassedCall, deadline Deadline, interval time.Duration) {
 	rng := rand.New(rand.NewPCG(w.seed, 0x5eed))
 	var due time.Time
 	if interval > 0 {
@@ -236,7 +276,7 @@ func (r *Run) work(w *worker, call Call, deadline Deadline, interval time.Durati
 		if interval == 0 {
 			start = time.Now()
 		}
-		decisions, overLimit, errCode := call(ctx, rng)
+		decisions, overLimit, errCode, class := call(ctx, rng)
 		elapsed := time.Since(start)
 		cancel()
 		switch r.phase.Load() {
@@ -246,6 +286,12 @@ func (r *Run) work(w *worker, call Call, deadline Deadline, interval time.Durati
 			return
 		}
 		w.hist.Record(elapsed)
+		if class != classNone {
+			if w.byClass[class] == nil {
+				w.byClass[class] = new(Histogram)
+			}
+			w.byClass[class].Record(elapsed)
+		}
 		if errCode != "" {
 			w.errors[errCode]++
 			continue
@@ -270,6 +316,12 @@ func (r *Run) Stop() Result {
 	res.Errors = map[string]uint64{}
 	for _, w := range r.workers {
 		res.Latency.Merge(&w.hist)
+		if h := w.byClass[classHot]; h != nil {
+			res.Hot.Merge(h)
+		}
+		if h := w.byClass[classCold]; h != nil {
+			res.Cold.Merge(h)
+		}
 		res.Requests += w.requests
 		res.Decisions += w.decisions
 		res.OverLimit += w.overLimit
@@ -284,6 +336,7 @@ func (r *Run) Stop() Result {
 // Result is what the client saw during the measured interval.
 type Result struct {
 	Latency   Histogram         // every call, failed ones included
+	Hot, Cold Histogram         // the calls of class classHot, classCold (ClassedCall), failed ones included
 	Requests  uint64            // successful calls
 	Decisions uint64            // descriptors decided by successful calls
 	OverLimit uint64            // descriptors answered OVER_LIMIT

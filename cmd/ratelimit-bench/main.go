@@ -15,12 +15,17 @@
 // failure counters from its /metrics. Then it counts Redis commands per
 // admitted request through RLQS, with emulated Envoys, and through
 // ShouldRateLimit (rlqs.go), and sends bursts at one key per algorithm
-// (burst.go). It knows the service only through gRPC and /metrics.
+// (burst.go). The skewed-keys scenarios (skew.go) draw their keys Zipf or
+// uniformly, and measure envoyproxy/ratelimit itself (built with go
+// install, upstream.go) beside the service and the floor, with the Redis
+// commands per decision. It knows the service only through gRPC and
+// /metrics.
 // The report is Markdown on stdout; progress goes to stderr. docs/bench.md
 // explains the columns.
 //
 //	ratelimit-bench [-quick] [-run REGEXP] [-duration 5s] [-warmup 1s] [-timeout 20ms]
-//	                [-conns 4] [-floor-conns 10] [-rate 0] [-rlqs-duration 20s] [-cpuprofile DIR] [-list]
+//	                [-conns 4] [-floor-conns 10] [-rate 0] [-rlqs-duration 20s] [-envoyproxy=true]
+//	                [-cpuprofile DIR] [-list]
 package main
 
 import (
@@ -34,6 +39,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -52,25 +58,28 @@ func main() {
 
 // options are the command line.
 type options struct {
-	quick      bool
-	run        string
-	list       bool
-	duration   time.Duration
-	warmup     time.Duration
-	floor      bool
-	conns      int
-	floorConns int
-	timeout    time.Duration
-	rate       float64
-	configPath string
-	binary     string
-	cpuprofile string
-	pprofTop   int
-	svcArgs    listFlag
-	svcEnv     listFlag
-	bursts     int
-	rlqsDur    time.Duration
-	args       []string
+	quick       bool
+	run         string
+	list        bool
+	duration    time.Duration
+	warmup      time.Duration
+	floor       bool
+	upstream    bool
+	upstreamBin string
+	upstreamEnv listFlag
+	conns       int
+	floorConns  int
+	timeout     time.Duration
+	rate        float64
+	configPath  string
+	binary      string
+	cpuprofile  string
+	pprofTop    int
+	svcArgs     listFlag
+	svcEnv      listFlag
+	bursts      int
+	rlqsDur     time.Duration
+	args        []string
 }
 
 // listFlag is a repeatable string flag.
@@ -90,6 +99,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per scenario (-quick: 3s)")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "load before measuring, per scenario (-quick: 500ms)")
 	fs.BoolVar(&o.floor, "floor", true, "also run the floor (INCRBY + EXPIRE from the bench) of each selected scenario's keys, descriptors and streams")
+	fs.BoolVar(&o.upstream, "envoyproxy", true,
+		"also run envoyproxy/ratelimit (go install "+upstreamModule+") beside the selected skewed-keys scenarios (zipf, uniform); "+
+			"-envoyproxy=false leaves it out (no ratio to it then)")
+	fs.StringVar(&o.upstreamBin, "envoyproxy-binary", "", "a built envoyproxy/ratelimit binary to run instead of building it")
+	fs.Var(&o.upstreamEnv, "envoyproxy-env",
+		"an environment variable for envoyproxy/ratelimit, over the bench's own for it, e.g. -envoyproxy-env REDIS_PIPELINE_WINDOW=150us (repeatable)")
 	fs.IntVar(&o.conns, "conns", 4, "gRPC (HTTP/2) connections the workers share")
 	fs.IntVar(&o.floorConns, "floor-conns", 10, "Redis connections of the floor client (envoyproxy/ratelimit's REDIS_POOL_SIZE default)")
 	fs.DurationVar(&o.timeout, "timeout", 20*time.Millisecond,
@@ -172,12 +187,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 2
 	}
-	if len(scenarios) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 {
+	skew, err := selectSkew(o.quick, o.run, o.floor, o.upstream)
+	if err != nil {
+		fmt.Fprintln(stderr, "ratelimit-bench:", err)
+		return 2
+	}
+	if len(scenarios) == 0 && len(skew) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 {
 		fmt.Fprintf(stderr, "ratelimit-bench: -run %q matches no scenario, RLQS run or burst (see -list)\n", o.run)
 		return 2
 	}
 	if o.list {
 		for _, s := range scenarios {
+			fmt.Fprintln(stdout, s.Name())
+		}
+		for _, s := range skew {
 			fmt.Fprintln(stdout, s.Name())
 		}
 		for _, c := range rlqsCases {
@@ -188,7 +211,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	if err := bench(ctx, o, scenarios, rlqsCases, bursts, stdout, stderr); err != nil {
+	if err := bench(ctx, o, scenarios, skew, rlqsCases, bursts, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 1
 	}
@@ -215,6 +238,7 @@ type Measurement struct {
 	Elapsed                     time.Duration
 	SvcCPU, RedisCPU, ClientCPU time.Duration
 	Counters                    map[string]float64 // the service's failure counters over the interval (parseCounters)
+	Commands                    int64              // commands redis-server ran over the interval (INFO commandstats, less INFO)
 	Profile                     string
 }
 
@@ -229,6 +253,9 @@ type Report struct {
 	Options      options
 	ServiceArgs  []string // the service's command line, after its binary
 	Measurements []*Measurement
+	Skew         []*Measurement // the skewed-keys scenarios (skew.go)
+	UpstreamErr  string         // why envoyproxy/ratelimit was not measured, when it was not
+	UpstreamEnv  []string       // its environment, when it ran
 	RLQS         []*RLQSRun
 	Bursts       []*BurstResult
 	Profiles     []Profile
@@ -236,7 +263,7 @@ type Report struct {
 	Took         time.Duration
 }
 
-func bench(ctx context.Context, o options, scenarios []Scenario, rlqsCases []RLQSCase, bursts []Algorithm,
+func bench(ctx context.Context, o options, scenarios, skew []Scenario, rlqsCases []RLQSCase, bursts []Algorithm,
 	stdout, stderr io.Writer) error {
 	began := time.Now()
 	root, err := moduleRoot()
@@ -267,6 +294,15 @@ func bench(ctx context.Context, o options, scenarios []Scenario, rlqsCases []RLQ
 		fmt.Fprintln(stderr, "building ./cmd/ratelimit ...")
 		if bin, err = buildService(root, dir); err != nil {
 			return err
+		}
+	}
+	upstreamBin := o.upstreamBin
+	if upstreamBin == "" && slices.ContainsFunc(skew, Scenario.Upstream) {
+		fmt.Fprintf(stderr, "building envoyproxy/ratelimit (go install %s) ...\n", upstreamModule)
+		if upstreamBin, err = buildUpstream(dir); err != nil {
+			rep.UpstreamErr = "it could not be built: " + err.Error()
+			fmt.Fprintf(stderr, "        %s: its scenarios are left out\n", rep.UpstreamErr)
+			skew = slices.DeleteFunc(skew, Scenario.Upstream)
 		}
 	}
 
@@ -305,12 +341,19 @@ func bench(ctx context.Context, o options, scenarios []Scenario, rlqsCases []RLQ
 		} else {
 			newCall = load.caller(requests(s))
 		}
-		m, err := measure(ctx, o, s, newCall, deadline, svc, redisProc.pid(), rdb, tick)
+		m, err := measure(ctx, o, s, classless(newCall), deadline, svc.target(), redisProc.pid(), rdb, tick)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.Name(), err)
 		}
 		fmt.Fprintf(stderr, "        %s\n", m.summary())
 		rep.Measurements = append(rep.Measurements, m)
+	}
+	if len(skew) > 0 {
+		rig := skewRig{dir: dir, redisAddr: redisAddr, redis: redisProc, rdb: rdb, floor: floor, svc: svc, load: load,
+			upstreamBin: upstreamBin, tick: tick}
+		if err := runSkew(ctx, o, rep, skew, rig, stderr); err != nil {
+			return err
+		}
 	}
 	for i, c := range rlqsCases {
 		fmt.Fprintf(stderr, "[%d/%d] %s ...\n", i+1, len(rlqsCases), c.Name())
@@ -336,7 +379,7 @@ func bench(ctx context.Context, o options, scenarios []Scenario, rlqsCases []RLQ
 		}
 		rep.Bursts = append(rep.Bursts, results...)
 	}
-	for _, m := range rep.Measurements {
+	for _, m := range slices.Concat(rep.Measurements, rep.Skew) {
 		if m.Profile == "" {
 			continue
 		}
@@ -349,19 +392,39 @@ func bench(ctx context.Context, o options, scenarios []Scenario, rlqsCases []RLQ
 	rep.Machine.LoadAfter = loadAverage()
 	rep.Took = time.Since(began)
 	writeMarkdown(stdout, rep)
-	fmt.Fprintf(stderr, "ratelimit-bench: %d scenarios in %s\n", len(scenarios), rep.Took.Round(time.Second))
+	fmt.Fprintf(stderr, "ratelimit-bench: %d scenarios in %s\n", len(scenarios)+len(rep.Skew), rep.Took.Round(time.Second))
 	return nil
 }
 
+// target is the process a scenario's "service CPU" is read from, with its
+// failure counters and its CPU profile: the service, or envoyproxy/ratelimit
+// (neither counters nor profile).
+type target struct {
+	proc      *process
+	counters  func() (map[string]float64, error) // nil: none
+	pprofAddr string                             // the HTTP address serving /debug/pprof; "": none
+}
+
+// target is the service as a scenario's target.
+func (s *service) target() target {
+	return target{proc: s.process, counters: s.counters, pprofAddr: s.httpAddr}
+}
+
+// noCounters is the counters of a target without them.
+func noCounters() (map[string]float64, error) { return map[string]float64{}, nil }
+
 // measure runs one scenario: a fresh database, warm-up, then the measured
-// interval, with the processes' CPU time and the service's counters read at
-// both ends.
-func measure(ctx context.Context, o options, s Scenario, newCall func(int) Call, deadline Deadline,
-	svc *service, redisPid int, rdb *redis.Client, tick float64) (*Measurement, error) {
+// interval, with the processes' CPU time, the Redis commands and the
+// target's counters read at both ends.
+func measure(ctx context.Context, o options, s Scenario, newCall func(int) ClassedCall, deadline Deadline,
+	t target, redisPid int, rdb *redis.Client, tick float64) (*Measurement, error) {
+	if t.counters == nil {
+		t.counters = noCounters
+	}
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
 		return nil, err
 	}
-	r := Start(s.Concurrency, deadline, o.rate, newCall)
+	r := StartClassed(s.Concurrency, deadline, o.rate, newCall)
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -372,18 +435,22 @@ func measure(ctx context.Context, o options, s Scenario, newCall func(int) Call,
 		return nil, err
 	}
 	m := &Measurement{Scenario: s}
-	before, err := svc.counters()
+	before, err := t.counters()
 	if err != nil {
 		return nil, err
 	}
 	var profile chan error
-	if o.cpuprofile != "" && !s.Floor() {
+	if o.cpuprofile != "" && !s.Floor() && t.pprofAddr != "" {
 		m.Profile = filepath.Join(o.cpuprofile, strings.ReplaceAll(s.Name(), "/", "_")+".pprof")
 		secs := max(1, int(o.duration.Round(time.Second)/time.Second))
 		profile = make(chan error, 1)
-		go func() { profile <- fetchProfile(svc.httpAddr, secs, m.Profile) }()
+		go func() { profile <- fetchProfile(t.pprofAddr, secs, m.Profile) }()
 	}
-	svc0, err1 := cpuTime(svc.pid(), tick)
+	commands0, err := redisCommands(ctx, rdb)
+	if err != nil {
+		return nil, err
+	}
+	svc0, err1 := cpuTime(t.proc.pid(), tick)
 	redis0, err2 := cpuTime(redisPid, tick)
 	self0, err3 := cpuTime(0, tick)
 	t0 := time.Now()
@@ -396,16 +463,21 @@ func measure(ctx context.Context, o options, s Scenario, newCall func(int) Call,
 	}
 	r.End()
 	m.Elapsed = time.Since(t0)
-	svc1, err1 := cpuTime(svc.pid(), tick)
+	svc1, err1 := cpuTime(t.proc.pid(), tick)
 	redis1, err2 := cpuTime(redisPid, tick)
 	self1, err3 := cpuTime(0, tick)
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return nil, err
 	}
+	commands1, err := redisCommands(ctx, rdb)
+	if err != nil {
+		return nil, err
+	}
 	m.Result = r.Stop()
 	stopped = true
 	m.SvcCPU, m.RedisCPU, m.ClientCPU = svc1-svc0, redis1-redis0, self1-self0
-	after, err := svc.counters()
+	m.Commands = commands1 - commands0
+	after, err := t.counters()
 	if err != nil {
 		return nil, err
 	}
@@ -420,7 +492,7 @@ func measure(ctx context.Context, o options, s Scenario, newCall func(int) Call,
 			return nil, err
 		}
 	}
-	return m, svc.alive()
+	return m, t.proc.alive()
 }
 
 // End stops recording at once; Stop then collects the workers.

@@ -40,15 +40,22 @@ type process struct {
 
 // start runs path with args, and env added to the bench's environment.
 func start(name, logPath string, env []string, path string, args ...string) (*process, error) {
+	if len(env) > 0 {
+		env = append(os.Environ(), env...)
+	}
+	return launch(name, logPath, env, path, args...)
+}
+
+// launch runs path with args in the environment env alone (the bench's
+// when env is nil).
+func launch(name, logPath string, env []string, path string, args ...string) (*process, error) {
 	out, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	p := &process{name: name, cmd: exec.Command(path, args...), logs: logPath, exited: make(chan error, 1)}
 	p.cmd.Stdout, p.cmd.Stderr = out, out
-	if len(env) > 0 {
-		p.cmd.Env = append(os.Environ(), env...)
-	}
+	p.cmd.Env = env
 	// Killed with the bench, however it ends: no stray servers on a shared machine.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

@@ -227,6 +227,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "Service: `ratelimit %s`, every other flag at its default.\n\n", strings.Join(rep.ServiceArgs, " "))
 
 	if len(rep.Measurements) == 0 {
+		writeSkew(w, rep)
 		writeRLQS(w, rep.RLQS)
 		writeBursts(w, o, rep.Bursts)
 		return
@@ -259,6 +260,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 			len(marked), len(rep.Measurements), o.timeout, strings.Join(marked, ", "))
 	}
 	writeFloorTable(w, rep.Measurements, floors)
+	writeSkew(w, rep)
 	writeRLQS(w, rep.RLQS)
 	writeBursts(w, o, rep.Bursts)
 

@@ -39,23 +39,28 @@ const floorAlg = "floor"
 
 // Scenario is one measured load: which rule (or the floor client), how many
 // distinct keys, how many descriptors per request, how many concurrent
-// streams.
+// streams. The skewed-keys scenarios (skew.go) have a Dist.
 type Scenario struct {
-	Alg         string // an algorithms Name (the rule key in bench.yaml), or floorAlg
-	Keys        int    // 1 (one hot key) or keyspace10k
+	Alg         string // an algorithms Name (the rule key in bench.yaml), or floorAlg; with a Dist, skewAlg or upstreamAlg
+	Keys        int    // 1 (one hot key) or keyspace10k; with a Dist, the keys it draws from
 	Denied      bool   // the *_denied rule (limit 1 per minute) instead of a limit far above the load
 	Descriptors int    // descriptors per request, each its own counter
 	Concurrency int    // workers, each with one request in flight
+	Dist        string // "" (the matrix: one hot key, or uniform over Keys), or distZipf or distUniform (skew.go)
 }
 
 // Floor reports whether s is driven by the floor client instead of the
 // service.
 func (s Scenario) Floor() bool { return s.Alg == floorAlg }
 
-// FloorOf is the floor scenario s is compared with: the same keys,
-// descriptors and streams.
+// Upstream reports whether s loads envoyproxy/ratelimit instead of the
+// service.
+func (s Scenario) Upstream() bool { return s.Alg == upstreamAlg }
+
+// FloorOf is the floor scenario s is compared with: the same keys (and
+// distribution), descriptors and streams.
 func (s Scenario) FloorOf() Scenario {
-	return Scenario{Alg: floorAlg, Keys: s.Keys, Descriptors: s.Descriptors, Concurrency: s.Concurrency}
+	return Scenario{Alg: floorAlg, Keys: s.Keys, Descriptors: s.Descriptors, Concurrency: s.Concurrency, Dist: s.Dist}
 }
 
 func keysName(keys int) string {
@@ -73,8 +78,12 @@ func modeName(denied bool) string {
 }
 
 // Name is the scenario's name in tables and in -run: alg/keys/mode/desc/conc,
-// e.g. log/hot/allowed/1d/c200; a floor has no mode: floor/hot/1d/c200.
+// e.g. log/hot/allowed/1d/c200; a floor has no mode: floor/hot/1d/c200; a
+// skewed-keys scenario is dist/target/desc/conc, e.g. zipf/service/1d/c64.
 func (s Scenario) Name() string {
+	if s.Dist != "" {
+		return fmt.Sprintf("%s/%s/%dd/c%d", s.Dist, targetName(s.Alg), s.Descriptors, s.Concurrency)
+	}
 	if s.Floor() {
 		return fmt.Sprintf("%s/%s/%dd/c%d", s.Alg, keysName(s.Keys), s.Descriptors, s.Concurrency)
 	}
@@ -83,6 +92,9 @@ func (s Scenario) Name() string {
 
 // RuleKey is the descriptor entry key that selects the scenario's rule.
 func (s Scenario) RuleKey() string {
+	if s.Dist != "" {
+		return skewRuleKey
+	}
 	if s.Denied {
 		return s.Alg + "_denied"
 	}
@@ -106,7 +118,7 @@ func allScenarios() []Scenario {
 		out = append(out, Scenario{Alg: floorAlg, Keys: sh.keys, Descriptors: sh.descriptors, Concurrency: sh.concurrency})
 		for _, alg := range algorithms {
 			for _, denied := range []bool{false, true} {
-				out = append(out, Scenario{alg.Name, sh.keys, denied, sh.descriptors, sh.concurrency})
+				out = append(out, Scenario{Alg: alg.Name, Keys: sh.keys, Denied: denied, Descriptors: sh.descriptors, Concurrency: sh.concurrency})
 			}
 		}
 	}
@@ -120,12 +132,12 @@ func quickScenarios() []Scenario {
 	first := algorithms[0].Name
 	out := []Scenario{{Alg: floorAlg, Keys: 1, Descriptors: 1, Concurrency: 200}}
 	for _, alg := range algorithms {
-		out = append(out, Scenario{alg.Name, 1, false, 1, 200})
+		out = append(out, Scenario{Alg: alg.Name, Keys: 1, Descriptors: 1, Concurrency: 200})
 	}
 	return append(out,
-		Scenario{first, 1, true, 1, 200},
+		Scenario{Alg: first, Keys: 1, Denied: true, Descriptors: 1, Concurrency: 200},
 		Scenario{Alg: floorAlg, Keys: keyspace10k, Descriptors: 1, Concurrency: 200},
-		Scenario{first, keyspace10k, false, 1, 200},
+		Scenario{Alg: first, Keys: keyspace10k, Descriptors: 1, Concurrency: 200},
 	)
 }
 
