@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -75,36 +76,81 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 	}
 }
 
-// GiveBack undoes units of a charge of h that token (its Verdict's) names:
-// exactly the members of the log's charge, the counters' count of the
-// charge's window (never another window's), GCRA's TAT by units' time
-// (never past now). A slice of a hot key gives back what it did not use
-// this way (internal/quota's Slices). It returns the units given back, and
-// drops the deny cache's entry of the counter. A failure wraps ErrStore.
-func (l *Limiter) GiveBack(ctx context.Context, h Hit, token int64, units uint64) (uint64, error) {
+// Return is a give back: Units of a charge of Hit that Token (its
+// Verdict's) names.
+type Return struct {
+	Hit   Hit
+	Token int64
+	Units uint64
+}
+
+// GiveBack undoes the returns: exactly the members of a log's charge, the
+// counters' count of the charge's window (never another window's), GCRA's
+// TAT by the units' time (never past now). Hot keys' slices give back what
+// they did not use this way (internal/quota's Slices), many at once: one
+// refund call per hash slot. It returns the units given back, and drops
+// the deny cache's entries of the counters. A failure wraps ErrStore; the
+// returns of the slots that answered stand.
+func (l *Limiter) GiveBack(ctx context.Context, returns []Return) (uint64, error) {
 	l.life.RLock()
 	defer l.life.RUnlock()
 	if l.closed {
 		return 0, ErrClosed
 	}
-	if units == 0 {
-		return 0, nil
+	bySlot := map[int][]int{}
+	var slots []int
+	for i, r := range returns {
+		if r.Units == 0 {
+			continue
+		}
+		slot := l.router.slot(r.Hit.Key)
+		if _, ok := bySlot[slot]; !ok {
+			slots = append(slots, slot)
+		}
+		bySlot[slot] = append(bySlot[slot], i)
 	}
-	h.Cost = units
-	args, err := refundArgs(nil, &h, token)
-	if err != nil {
-		return 0, fmt.Errorf("give back: %w", err)
+	var total uint64
+	var errs []error
+	for _, slot := range slots {
+		var keys []string
+		var args []any
+		for _, i := range bySlot[slot] {
+			h := returns[i].Hit
+			h.Cost = returns[i].Units
+			var err error
+			if args, err = refundArgs(args, &h, returns[i].Token); err != nil {
+				errs = append(errs, fmt.Errorf("give back: %w", err))
+				continue
+			}
+			keys = append(keys, h.Key)
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		n, err := l.giveBack(ctx, keys, args)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		total += n
+		if l.denied != nil {
+			for _, k := range keys {
+				l.denied.forget(k)
+			}
+		}
 	}
+	return total, errors.Join(errs...)
+}
+
+// giveBack runs one refund call within the limiter's timeout, observed.
+func (l *Limiter) giveBack(ctx context.Context, keys []string, args []any) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	start := time.Now()
-	n, err := l.script(ctx, refundScript, []string{h.Key}, args).Int64()
+	n, err := l.script(ctx, refundScript, keys, args).Int64()
 	l.observe(time.Since(start), err)
 	if err != nil {
 		return 0, fmt.Errorf("%w: give back: %w", ErrStore, err)
-	}
-	if l.denied != nil {
-		l.denied.forget(h.Key)
 	}
 	return uint64(max(n, 0)), nil
 }

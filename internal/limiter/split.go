@@ -167,10 +167,23 @@ func (s *Split) ConfirmShare(ctx context.Context, key, member string, window tim
 	return s.of(&Hit{Window: window}).ConfirmShare(ctx, key, member, window, tokens)
 }
 
-// GiveBack gives back units of a charge of h on h's limiter, as
+// GiveBack gives back the returns, each on its hit's limiter, as
 // Limiter.GiveBack does.
-func (s *Split) GiveBack(ctx context.Context, h Hit, token int64, units uint64) (uint64, error) {
-	return s.of(&h).GiveBack(ctx, h, token, units)
+func (s *Split) GiveBack(ctx context.Context, returns []Return) (uint64, error) {
+	if s.perSecond == nil {
+		return s.main.GiveBack(ctx, returns)
+	}
+	var main, second []Return
+	for _, r := range returns {
+		if perSecondHit(&r.Hit) {
+			second = append(second, r)
+		} else {
+			main = append(main, r)
+		}
+	}
+	n1, err1 := s.main.GiveBack(ctx, main)
+	n2, err2 := s.perSecond.GiveBack(ctx, second)
+	return n1 + n2, errors.Join(err1, err2)
 }
 
 // Prepare prepares both limiters at once (Limiter.Prepare); the errors are

@@ -17,7 +17,8 @@ import (
 // (it wraps the *limiter.Split), and a key whose hits at this instance pass
 // Threshold per second gets a slice of its limit, leased from the counter
 // itself, from which this instance decides the key's hits locally until the
-// slice is used up or its period ends. A lease is a charge of the counter
+// slice is used up, goes a period unused, or reaches the end its
+// algorithm's bound sets (below). A lease is a charge of the counter
 // like any hit (limiter.Decide), made before a unit of it is used, so that
 // every reader of the counter (the other instances, RLQS fleets, the
 // reference's replicas) counts it; a lease that does not fit is not made.
@@ -39,12 +40,13 @@ import (
 //     started are dropped unused.
 //
 // A slice's size follows this instance's demand on the key (its hits in
-// the last second times the period) and shrinks with the quota left: at
-// most a quarter of what the counter had left at the last lease, and at
-// least two units (a slice of one saves nothing). Unused units are given
-// back by the charge's token (limiter.GiveBack: exactly the slice's log
-// members, the count of the slice's window) when the slice ends; GCRA's are
-// not (the slots they held have passed, or are the next charge's).
+// the last second times the period, at least minSlice) and shrinks with
+// the quota left: at most a quarter of what the counter had left at the
+// last lease, and never a single unit (it would save nothing). Unused
+// units are given back by the charge's token (limiter.GiveBack: exactly
+// the slice's log members, the count of the slice's window) at the tick
+// after the slice ends, all of them together; GCRA's are not (the slots
+// they held have passed, or are the next charge's).
 //
 // What is never leased, and goes to Redis hit by hit as before: shadow and
 // quota hits (their answers say what Redis would), recorded costs and
@@ -66,6 +68,9 @@ type Slices struct {
 
 	ctx    context.Context // background work: leases and give backs
 	cancel context.CancelFunc
+	// returns wait for the next tick, to go to the store together.
+	returnsMu sync.Mutex
+	returns   []limiter.Return
 	work   sync.WaitGroup
 	ticker sync.WaitGroup
 	stop   chan struct{}
@@ -77,7 +82,7 @@ type Slices struct {
 // ShouldRateLimit decides with.
 type SliceLedger interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
-	GiveBack(ctx context.Context, h limiter.Hit, token int64, units uint64) (uint64, error)
+	GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error)
 }
 
 // SliceObserver is told what slices do, for metrics. Any field may be nil.
@@ -96,7 +101,7 @@ type SliceObserver struct {
 const (
 	// DefaultSliceThreshold is the hits per second of one key at one
 	// instance from which the key is leased.
-	DefaultSliceThreshold = 10
+	DefaultSliceThreshold = 3
 	// DefaultSlicePeriod is how long a slice lives (see Slices for the
 	// shorter periods of short windows).
 	DefaultSlicePeriod = time.Second
@@ -148,7 +153,8 @@ type slice struct {
 	n, used    uint64
 	token      int64
 	sent       time.Time     // when its lease was sent
-	expires    time.Time     // no unit used from then on
+	expires    time.Time     // no unit used from then on: where the algorithm's bound ends it
+	lastUse    time.Time     // its lease, or the last hit it decided: idle a period, it ends
 	first      time.Time     // GCRA: unit 0's deadline; unit k's is first + k*interval
 	interval   time.Duration // GCRA's emission interval; 0 for other algorithms
 	remaining  uint64        // the counter's remaining after the lease
@@ -341,7 +347,7 @@ func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 		sl.used += got
 		need -= got
 		if got > 0 {
-			last = sl
+			last, sl.lastUse = sl, now
 		}
 	}
 	left := k.available(now)
@@ -369,13 +375,13 @@ func (s *Slices) maybeLease(h limiter.Hit, now time.Time) {
 		return
 	}
 	period := s.periodOf(h)
-	want := uint64(math.Ceil(rate * period.Seconds()))
+	want := max(minSlice, uint64(math.Ceil(rate*period.Seconds())))
 	if k.known {
 		want = min(want, k.remaining/4)
 	} else {
 		want = min(want, uint64(capacity(h))/4)
 	}
-	if want < 2 {
+	if want < 2 { // a slice of one saves nothing
 		return
 	}
 	live := k.matches(&h)
@@ -389,6 +395,11 @@ func (s *Slices) maybeLease(h limiter.Hit, now time.Time) {
 	}
 	s.work.Go(func() { s.lease(h, period) })
 }
+
+// minSlice is the fewest units a slice is leased with, when the quota
+// left allows: a key just past the threshold then leases a few seconds of
+// its demand at once.
+const minSlice = 4
 
 // periodOf is the period of h's slices: the log's is at most a twentieth
 // of its window, as its slices hold their units one period longer than
@@ -436,13 +447,13 @@ func (s *Slices) lease(h limiter.Hit, period time.Duration) {
 		k.retryAt = now.Add(min(period, v.ResetAfter))
 		return
 	}
-	sl := &slice{n: h.Cost, token: v.Token, sent: sent, expires: sent.Add(period),
+	sl := &slice{n: h.Cost, token: v.Token, sent: sent, expires: sent.Add(period), lastUse: now,
 		remaining: v.Remaining, resetAfter: v.ResetAfter}
 	switch h.Algorithm {
 	case config.FixedWindow:
-		sl.expires = earliest(sl.expires, sent.Add(v.ResetAfter))
+		sl.expires = sent.Add(v.ResetAfter)
 	case config.SlidingWindowCounter:
-		sl.expires = earliest(sl.expires, sent.Add(v.ResetAfter-h.Window))
+		sl.expires = sent.Add(v.ResetAfter - h.Window)
 	case config.GCRA:
 		// The charge's slots end at the TAT, ResetAfter after the charge
 		// (rounded up to the microsecond): unit k's starts (n-k) intervals
@@ -450,7 +461,7 @@ func (s *Slices) lease(h limiter.Hit, period time.Duration) {
 		// as the lease's sending, make every deadline early, never late.
 		sl.interval = (h.Window + time.Duration(h.Limit) - 1) / time.Duration(h.Limit)
 		sl.first = sent.Add(v.ResetAfter - time.Microsecond - time.Duration(sl.n)*sl.interval)
-		sl.expires = earliest(sl.expires, sl.first.Add(time.Duration(sl.n-1)*sl.interval).Add(1))
+		sl.expires = sl.first.Add(time.Duration(sl.n-1) * sl.interval).Add(1)
 	}
 	if !k.matches(&h) {
 		k.endAll(s, now) // of another rule, after a reload
@@ -464,13 +475,6 @@ func (s *Slices) lease(h limiter.Hit, period time.Duration) {
 	}
 }
 
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
 // endAll ends every slice of k, giving back what they did not use.
 // The caller holds k's shard's lock.
 func (k *hotKey) endAll(s *Slices, now time.Time) {
@@ -480,21 +484,33 @@ func (k *hotKey) endAll(s *Slices, now time.Time) {
 	k.slices = k.slices[:0]
 }
 
-// giveBack gives back, in the background, the units sl did not use, when
-// its algorithm can: GCRA's unused units held slots that have passed or
-// that later charges follow.
+// giveBack queues the units sl did not use to be given back at the next
+// tick, with the others', when its algorithm can: GCRA's unused units held
+// slots that have passed or that later charges follow.
 func (s *Slices) giveBack(rule limiter.Hit, sl *slice, now time.Time) {
 	left := sl.n - sl.used
 	if sl.interval > 0 || left == 0 {
 		return
 	}
 	sl.used = sl.n
-	s.work.Go(func() {
-		n, err := s.ledger.GiveBack(context.WithoutCancel(s.ctx), rule, sl.token, left)
-		if err == nil && s.observe.GivenBack != nil {
-			s.observe.GivenBack(n)
-		}
-	})
+	s.returnsMu.Lock()
+	s.returns = append(s.returns, limiter.Return{Hit: rule, Token: sl.token, Units: left})
+	s.returnsMu.Unlock()
+}
+
+// flush gives back the queued returns, in one store call per hash slot.
+func (s *Slices) flush() {
+	s.returnsMu.Lock()
+	returns := s.returns
+	s.returns = nil
+	s.returnsMu.Unlock()
+	if len(returns) == 0 {
+		return
+	}
+	n, _ := s.ledger.GiveBack(context.WithoutCancel(s.ctx), returns) // a failure: the units stay counted
+	if n > 0 && s.observe.GivenBack != nil {
+		s.observe.GivenBack(n)
+	}
 }
 
 // tick turns the per-second counts over every second, ends the slices
@@ -508,6 +524,7 @@ func (s *Slices) tick() {
 			return
 		case <-t.C:
 			s.turn(s.now())
+			s.flush()
 		}
 	}
 }
@@ -522,7 +539,7 @@ func (s *Slices) turn(now time.Time) {
 			k.prev, k.hits = k.hits, 0
 			kept := k.slices[:0]
 			for _, sl := range k.slices {
-				if sl.expires.After(now) && sl.used < sl.n {
+				if sl.expires.After(now) && sl.used < sl.n && now.Sub(sl.lastUse) < s.period {
 					kept = append(kept, sl)
 				} else {
 					s.giveBack(k.rule, sl, now)
@@ -558,7 +575,7 @@ func (s *Slices) Close() {
 		s.work.Wait()
 		now := s.now()
 		s.each(func(k *hotKey) { k.endAll(s, now) })
-		s.work.Wait()
+		s.flush()
 		s.cancel()
 	})
 }

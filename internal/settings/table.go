@@ -287,10 +287,10 @@ func hotKeySettings(s *Settings) []Setting {
 				"([reliability.md](reliability.md#hot-keys))",
 			check: func() error { return want(s.HotKeyThreshold >= 0, s.HotKeyThreshold, "a rate, 0 for off") }},
 		{Name: "hot-key-slice-period", bind: durationFlag(&s.HotKeySlicePeriod, quota.DefaultSlicePeriod),
-			Help: "how long a hot key's slice lives before what it did not use is given back",
-			Doc: "how long a hot key's slice lives: sized to this instance's demand over it, its unused units are given " +
-				"back when it ends. A `sliding_window_log` slice lives at most a twentieth of its window, and a fixed or " +
-				"sliding counter's ends with its window",
+			Help: "a hot key's slice holds this long of the instance's demand, and ends after this long unused",
+			Doc: "a hot key's slice is sized to this instance's demand over this period, and ends after a period unused " +
+				"(its unused units are then given back). A `sliding_window_log` slice lives at most this long and at most " +
+				"a twentieth of its window; a fixed or sliding counter's ends with its window at the latest",
 			check: func() error {
 				return want(s.HotKeySlicePeriod >= time.Millisecond, s.HotKeySlicePeriod, "a duration of 1ms or more")
 			}},
