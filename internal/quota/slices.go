@@ -71,11 +71,11 @@ type Slices struct {
 	// returns wait for the next tick, to go to the store together.
 	returnsMu sync.Mutex
 	returns   []limiter.Return
-	work   sync.WaitGroup
-	ticker sync.WaitGroup
-	stop   chan struct{}
-	once   sync.Once
-	closed atomic.Bool
+	work      sync.WaitGroup
+	ticker    sync.WaitGroup
+	stop      chan struct{}
+	once      sync.Once
+	closed    atomic.Bool
 }
 
 // SliceLedger is where slices lease from: the *limiter.Split
