@@ -293,11 +293,12 @@ func TestRLQSFleetBound(t *testing.T) {
 
 // TestRLQSDenyAfterShouldRateLimit: ShouldRateLimit callers taking what
 // the counter has left turn an Envoy's assignment to a deny within two
-// reports.
+// reports. The service runs as shipped, hot keys' slices on: the callers'
+// hits may be decided from slices, charged to the counter beside theirs.
 func TestRLQSDenyAfterShouldRateLimit(t *testing.T) {
 	t.Parallel()
 	r := startRedis(t)
-	s := startLibrary(t, r, rlqsConfig, nil)
+	s := startServer(t, r, rlqsConfig)
 	e := newEnvoy(t, envoyConn(t, s.grpcAddr), envoyrlqs.Options{})
 	bucket := map[string]string{"name": "fleet", "scenario": "reverse"}
 	done := make(chan struct{})
