@@ -498,18 +498,23 @@ func (s *Slices) giveBack(rule limiter.Hit, sl *slice, now time.Time) {
 	s.returnsMu.Unlock()
 }
 
-// flush gives back the queued returns, in one store call per hash slot.
+// returnsPerCall bounds the returns one store call gives back: a call
+// holds Redis while it runs, and the decisions waiting behind it have
+// Envoy's 20 ms.
+const returnsPerCall = 32
+
+// flush gives back the queued returns, returnsPerCall at a time, each
+// chunk in one store call per hash slot.
 func (s *Slices) flush() {
 	s.returnsMu.Lock()
 	returns := s.returns
 	s.returns = nil
 	s.returnsMu.Unlock()
-	if len(returns) == 0 {
-		return
-	}
-	n, _ := s.ledger.GiveBack(context.WithoutCancel(s.ctx), returns) // a failure: the units stay counted
-	if n > 0 && s.observe.GivenBack != nil {
-		s.observe.GivenBack(n)
+	for chunk := range slices.Chunk(returns, returnsPerCall) {
+		n, _ := s.ledger.GiveBack(context.WithoutCancel(s.ctx), chunk) // a failure: the units stay counted
+		if n > 0 && s.observe.GivenBack != nil {
+			s.observe.GivenBack(n)
+		}
 	}
 }
 
