@@ -68,9 +68,12 @@ type Slices struct {
 
 	ctx    context.Context // background work: leases and give backs
 	cancel context.CancelFunc
-	// returns wait for the next tick, to go to the store together.
+	// returns wait for the next tick, to go to the store together; leases
+	// for leaseGather.
 	returnsMu sync.Mutex
 	returns   []limiter.Return
+	leasesMu  sync.Mutex
+	leases    []pendingLease
 	work      sync.WaitGroup
 	ticker    sync.WaitGroup
 	stop      chan struct{}
@@ -393,7 +396,43 @@ func (s *Slices) maybeLease(h limiter.Hit, now time.Time) {
 	if h.Algorithm == config.SlidingWindowLog {
 		h.Ahead = period
 	}
-	s.work.Go(func() { s.lease(h, period) })
+	s.queueLease(pendingLease{hit: h, period: period})
+}
+
+// pendingLease is a lease waiting to be sent with the others of its moment.
+type pendingLease struct {
+	hit    limiter.Hit
+	period time.Duration
+}
+
+// leaseGather is how long a lease waits for others: sent together, they
+// share one store call (the batcher takes what is queued), where one by
+// one each would be a call of its own. A lease is off the request path:
+// the hits meanwhile go to the store.
+const leaseGather = 5 * time.Millisecond
+
+// queueLease queues l, and starts the gathering of the leases queued with
+// it when it is the first. The caller holds a shard's lock.
+func (s *Slices) queueLease(l pendingLease) {
+	s.leasesMu.Lock()
+	defer s.leasesMu.Unlock()
+	s.leases = append(s.leases, l)
+	if len(s.leases) == 1 {
+		s.work.Add(1)
+		time.AfterFunc(leaseGather, s.sendLeases)
+	}
+}
+
+// sendLeases sends the queued leases at once, each its own request.
+func (s *Slices) sendLeases() {
+	defer s.work.Done()
+	s.leasesMu.Lock()
+	leases := s.leases
+	s.leases = nil
+	s.leasesMu.Unlock()
+	for _, l := range leases {
+		s.work.Go(func() { s.lease(l.hit, l.period) })
+	}
 }
 
 // minSlice is the fewest units a slice is leased with, when the quota
