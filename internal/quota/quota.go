@@ -51,6 +51,15 @@ const AnswerWithin = time.Second
 
 const deliveryMargin = AnswerWithin
 
+// MinReportGap is the least time between two decisions of one bucket of
+// one stream: a client reporting more often has its counts added to the
+// next decision, so that its store work is that of one reporting every
+// MinReportGap.
+const MinReportGap = time.Second
+
+// Now is the allocator's clock.
+func (a *Allocator) Now() time.Time { return a.now() }
+
 // headroom is how much more than its measured demand an Envoy asks for, so
 // that a demand that grows is not denied until the next report.
 const headroom = 1.1

@@ -70,9 +70,14 @@ type rlqsBucket struct {
 	id    *rlqsv3.BucketId
 	lease quota.Bucket
 	lim   quota.Limit // as last leased
-	// Of the report being answered.
+	// decided is when the bucket was last decided (zero: never); it is
+	// decided again quota.MinReportGap later at the earliest.
+	decided time.Time
+	// The requests reported since it was last decided.
 	allowed, denied uint64
-	action          *rlqsv3.RateLimitQuotaResponse_BucketAction
+	// Of the report being answered: queued to be decided, and its action.
+	queued bool
+	action *rlqsv3.RateLimitQuotaResponse_BucketAction
 }
 
 // StreamRateLimitQuotas answers each usage report with the assignments of
@@ -166,6 +171,7 @@ func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[st
 	ctx, cancel := context.WithTimeout(ctx, quota.AnswerWithin)
 	defer cancel()
 	var todo []*rlqsBucket
+	now := q.alloc.Now()
 	for _, u := range reports.BucketQuotaUsages {
 		if len(u.GetBucketId().GetBucket()) == 0 {
 			continue // Envoy ignores an action for an empty id
@@ -182,13 +188,19 @@ func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[st
 			b = &rlqsBucket{id: u.BucketId, lease: quota.Bucket{Member: member + "." + strconv.Itoa(len(buckets))}}
 			buckets[key] = b
 		}
-		if b.allowed == 0 && b.denied == 0 && b.action == nil {
-			todo = append(todo, b) // once, however often the report names it
-		}
 		// Counts a client sends: added without wrapping.
 		b.allowed = saturatingAdd(b.allowed, u.NumRequestsAllowed)
 		b.denied = saturatingAdd(b.denied, u.NumRequestsDenied)
+		if b.queued || !b.decided.IsZero() && now.Sub(b.decided) < quota.MinReportGap {
+			// Once per report, however often it names the bucket; and a
+			// bucket decided moments ago keeps its assignment, its counts
+			// going to its next decision: a client reporting every 10 ms
+			// costs the store what one reporting every second does.
+			continue
+		}
+		b.queued = true
 		b.action = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id}
+		todo = append(todo, b)
 	}
 	cfg := q.svc.current.Load().config
 	var wg sync.WaitGroup
@@ -218,7 +230,7 @@ func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[st
 			resp.BucketAction = append(resp.BucketAction, b.action)
 			sent = append(sent, b)
 		}
-		b.allowed, b.denied, b.action = 0, 0, nil
+		b.decided, b.allowed, b.denied, b.action, b.queued = now, 0, 0, nil, false
 	}
 	return resp, sent
 }

@@ -265,6 +265,7 @@ func TestRLQSBucketsBound(t *testing.T) {
 	if len(actions) != 2 || actions[bucketKey(map[string]string{"name": "nowhere"})] != nil {
 		t.Fatalf("3 buckets with room for 2: %d actions (%v), want the first two", len(actions), actions)
 	}
+	r.advance(quota.MinReportGap)
 	if actions = r.report(t, "edge", usage(1, "name", "open"), usage(1, "name", "nowhere")); len(actions) != 1 {
 		t.Fatalf("a known bucket and a new one past the bound: %d actions, want the known one's", len(actions))
 	}
@@ -274,5 +275,35 @@ func TestRLQSBucketsBound(t *testing.T) {
 	waitfor.True(5*time.Second, 10*time.Millisecond, func() bool { return r.rlqs.buckets.Load() == 0 })
 	if n := r.rlqs.buckets.Load(); n != 0 {
 		t.Fatalf("%d buckets held after the stream ended, want 0", n)
+	}
+}
+
+// TestRLQSFrequentReportsCostNoMore: a client reporting every 10 ms costs
+// the store no more commands than one reporting every second: its bucket
+// is decided once a second (quota.MinReportGap), its counts added up.
+func TestRLQSFrequentReportsCostNoMore(t *testing.T) {
+	commands := map[time.Duration]int{}
+	decisions := map[time.Duration]int{}
+	for _, every := range []time.Duration{10 * time.Millisecond, time.Second} {
+		r := newRLQSTest(t)
+		buckets := map[string]*rlqsBucket{}
+		start := r.m.CommandCount()
+		for elapsed := time.Duration(0); elapsed < 3*time.Second; elapsed += every {
+			resp, _ := r.rlqs.answer(context.Background(), "member", "edge", buckets, &rlqsv3.RateLimitQuotaUsageReports{
+				Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+					usage(uint64(every/time.Millisecond), "user", "alice", "name", "quota")}})
+			decisions[every] += len(resp.BucketAction)
+			r.advance(every)
+		}
+		commands[every] = r.m.CommandCount() - start
+	}
+	t.Logf("over 3 s: every 10ms %d Redis commands, %d decisions; every 1s %d commands, %d decisions",
+		commands[10*time.Millisecond], decisions[10*time.Millisecond], commands[time.Second], decisions[time.Second])
+	if commands[10*time.Millisecond] > commands[time.Second] {
+		t.Errorf("reports every 10ms cost %d Redis commands, more than the %d of reports every second",
+			commands[10*time.Millisecond], commands[time.Second])
+	}
+	if decisions[10*time.Millisecond] != 3 {
+		t.Errorf("reports every 10ms for 3 s decided %d times, want 3 (once a second)", decisions[10*time.Millisecond])
 	}
 }
