@@ -39,6 +39,7 @@ type App struct {
 	s        *settings.Settings
 	log      *zap.Logger
 	lim      *limiter.Split
+	slices   *quota.Slices // ShouldRateLimit's and the admin API's way to lim
 	rlqs     *service.RLQS
 	svc      *service.Service
 	registry *prometheus.Registry
@@ -149,17 +150,17 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		return nil, ErrStopped
 	}
 	// Hot keys are decided from slices of their limits, leased from the
-	// counters ShouldRateLimit decides on; RLQS and the admin API go to the
-	// counters themselves.
+	// counters ShouldRateLimit decides on; RLQS goes to the counters
+	// themselves, the admin API through the slices (a Reset drops them).
 	threshold := s.HotKeyThreshold
 	if threshold == 0 {
 		threshold = -1 // off
 	}
-	slices := quota.NewSlices(a.lim, &quota.SliceOptions{
+	a.slices = quota.NewSlices(a.lim, &quota.SliceOptions{
 		Threshold: threshold, Period: s.HotKeySlicePeriod, Now: now, Observe: m.SliceObserver(),
 	})
-	a.onClose(slices.Close) // before the limiters close: it gives back what the slices did not use
-	a.svc = service.New(cfg, slices, &service.Options{
+	a.onClose(a.slices.Close) // before the limiters close: it gives back what the slices did not use
+	a.svc = service.New(cfg, a.slices, &service.Options{
 		MaxDescriptors:   s.MaxDescriptors,
 		MaxEntries:       s.MaxEntries,
 		MaxRequestBytes:  s.MaxRequestBytes,

@@ -95,7 +95,7 @@ func (a *App) Run(ctx context.Context) error {
 			adminOpts = append(adminOpts, grpc.Creds(credentials.NewTLS(a.grpcTLS)))
 		}
 		adminServer = grpc.NewServer(adminOpts...)
-		service.RegisterAdmin(adminServer, service.NewAdmin(a.svc, a.lim))
+		service.RegisterAdmin(adminServer, service.NewAdmin(a.svc, a.slices))
 		reflection.Register(adminServer)
 		go func() { errc <- adminServer.Serve(lns.Admin) }()
 		log.Info("admin API serving: keep this address private, Reset lifts limits", zap.String("addr", lns.Admin.Addr().String()))

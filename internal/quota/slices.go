@@ -39,10 +39,12 @@ import (
 //     bound holds (burst plus the limit in any window). Units whose slot has
 //     started are dropped unused.
 //
-// A slice's size follows this instance's demand on the key (its hits in
-// the last second times the period, at least minSlice) and shrinks with
-// the quota left: at most a quarter of what the counter had left at the
-// last lease, and never a single unit (it would save nothing). Unused
+// A slice's size follows this instance's demand on the key (the units of
+// its hits in the last second times the period, at least minSlice and two
+// hits' cost) and shrinks with the quota left: at most a quarter of what
+// the counter had left at its last store answer, and never a single unit
+// (it would save nothing). Slices are leased only for requests every key of
+// which is hot, ahead of need. Unused
 // units are given back by the charge's token (limiter.GiveBack: exactly
 // the slice's log members, the count of the slice's window) at the tick
 // after the slice ends, all of them together; GCRA's are not (the slots
@@ -86,6 +88,7 @@ type Slices struct {
 type SliceLedger interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 	GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error)
+	Reset(ctx context.Context, h limiter.Hit) (int64, error)
 }
 
 // SliceObserver is told what slices do, for metrics. Any field may be nil.
@@ -143,6 +146,8 @@ type sliceShard struct {
 // hotKey is one tracked key at this instance.
 type hotKey struct {
 	hits, prev uint32      // hits since the last tick, and in the tick before
+	units      uint64      // the units of those hits since the last tick
+	prevUnits  uint64      // and in the tick before
 	slices     []*slice    // live, in the order leased
 	leasing    bool        // a lease is on its way
 	retryAt    time.Time   // no lease before (after one refused or failed)
@@ -211,17 +216,44 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 		return s.ledger.Decide(ctx, hits)
 	}
 	now := s.now()
-	if verdicts := s.local(hits, now); verdicts != nil {
+	verdicts := s.local(hits, now)
+	local := verdicts != nil
+	var err error
+	if local {
 		if s.observe.Local != nil {
 			s.observe.Local(len(hits))
 		}
-		return verdicts, nil
+	} else {
+		verdicts, err = s.ledger.Decide(ctx, hits)
 	}
-	verdicts, err := s.ledger.Decide(ctx, hits)
-	for i := range hits {
-		s.maybeLease(hits[i], now)
+	// Slices are leased ahead of need, and only for a request every hit of
+	// which can have one: a request that goes to Redis anyway would leave
+	// a slice of its hot key unused.
+	if s.allHot(hits) {
+		for i := range hits {
+			var v *limiter.Verdict
+			if !local {
+				v = &verdicts[i]
+			}
+			s.maybeLease(hits[i], v, now)
+		}
 	}
 	return verdicts, err
+}
+
+// allHot reports whether every hit's key is hot at this instance.
+func (s *Slices) allHot(hits []limiter.Hit) bool {
+	for i := range hits {
+		sh := s.shard(hits[i].Key)
+		sh.mu.Lock()
+		k := sh.keys[hits[i].Key]
+		hot := k != nil && float64(max(k.hits, k.prev)) >= s.threshold
+		sh.mu.Unlock()
+		if !hot {
+			return false
+		}
+	}
+	return true
 }
 
 // leasable reports whether every hit may be decided from a slice, and no
@@ -279,6 +311,7 @@ func (s *Slices) local(hits []limiter.Hit, now time.Time) []limiter.Verdict {
 			continue
 		}
 		k.hits++
+		k.units = saturatingAdd(k.units, h.Cost)
 		if !k.matches(h) || k.available(now) < h.Cost {
 			fits = false
 		}
@@ -353,24 +386,34 @@ func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 			last, sl.lastUse = sl, now
 		}
 	}
-	left := k.available(now)
+	// The newest lease's answer counted every older slice's units as used.
+	newest := k.slices[len(k.slices)-1]
+	left := newest.available(now)
 	return limiter.Verdict{
 		Admitted:   true,
 		Charged:    true,
-		Remaining:  min(last.remaining+left, uint64(capacity(*h))),
+		Remaining:  min(newest.remaining+left, uint64(capacity(*h))),
 		ResetAfter: max(0, last.resetAfter-now.Sub(last.sent)),
 	}
 }
 
 // maybeLease starts a lease for h's key when the key is hot at this
 // instance and its slices run low: under a quarter of what the next period
-// needs, or ending within a quarter of it.
-func (s *Slices) maybeLease(h limiter.Hit, now time.Time) {
+// needs, or ending within a quarter of it. v is the store's verdict of h
+// when it decided h (nil when a slice did): what the counter has left,
+// which sizes the next slice.
+func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	sh := s.shard(h.Key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	k := sh.keys[h.Key]
-	if k == nil || k.leasing || now.Before(k.retryAt) {
+	if k == nil {
+		return
+	}
+	if v != nil && !v.FailureVerdict && !v.CostExceedsLimit {
+		k.remaining, k.known = v.Remaining, true
+	}
+	if k.leasing || now.Before(k.retryAt) {
 		return
 	}
 	rate := float64(max(k.hits, k.prev)) // per second: ticks are a second apart
@@ -378,7 +421,9 @@ func (s *Slices) maybeLease(h limiter.Hit, now time.Time) {
 		return
 	}
 	period := s.periodOf(h)
-	want := max(minSlice, uint64(math.Ceil(rate*period.Seconds())))
+	// Sized in units, the hits' costs: at least two hits' worth.
+	units := float64(max(k.units, k.prevUnits))
+	want := max(minSlice, 2*h.Cost, uint64(math.Ceil(units*period.Seconds())))
 	if k.known {
 		want = min(want, k.remaining/4)
 	} else {
@@ -581,6 +626,7 @@ func (s *Slices) turn(now time.Time) {
 		sh.mu.Lock()
 		for key, k := range sh.keys {
 			k.prev, k.hits = k.hits, 0
+			k.prevUnits, k.units = k.units, 0
 			kept := k.slices[:0]
 			for _, sl := range k.slices {
 				if sl.expires.After(now) && sl.used < sl.n && now.Sub(sl.lastUse) < s.period {
@@ -624,6 +670,20 @@ func (s *Slices) Close() {
 	})
 }
 
+// Reset drops this instance's slices of h's counter, unused units and
+// all (the counter they were charged to is going), and deletes the counter
+// (the admin API's Reset). Other instances' slices of it live on: what
+// they give back later comes off the new count of the same window.
+func (s *Slices) Reset(ctx context.Context, h limiter.Hit) (int64, error) {
+	sh := s.shard(h.Key)
+	sh.mu.Lock()
+	if k := sh.keys[h.Key]; k != nil {
+		k.slices, k.known = nil, false
+	}
+	sh.mu.Unlock()
+	return s.ledger.Reset(ctx, h)
+}
+
 // each calls f for every tracked key, under its shard's lock.
 func (s *Slices) each(f func(*hotKey)) {
 	for i := range s.shards {
@@ -634,4 +694,12 @@ func (s *Slices) each(f func(*hotKey)) {
 		}
 		sh.mu.Unlock()
 	}
+}
+
+// saturatingAdd is a + b, at most the largest uint64.
+func saturatingAdd(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
 }

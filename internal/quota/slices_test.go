@@ -229,3 +229,116 @@ func TestSlicesOutlastAnOutage(t *testing.T) {
 		}
 	}
 }
+
+// TestSlicesLeaseAgainAfterTheLimit: a hot key that reaches its limit in
+// every window (200 offered per 150) is decided from slices again in each
+// new window: what the counter has left is read from every store answer,
+// not only from leases.
+func TestSlicesLeaseAgainAfterTheLimit(t *testing.T) {
+	in := newInstances(t, 1, SliceOptions{})
+	s := in.slices[0]
+	hit := limiter.Hit{Key: "{h}:k", Algorithm: config.FixedWindow, Limit: 150, Window: 10 * time.Second, Cost: 1}
+	const step = 50 * time.Millisecond // 20/s
+	for w := range 4 {
+		local, admitted := in.local.Load(), 0
+		for i := range 200 {
+			if i%20 == 0 {
+				s.turn(in.now)
+			}
+			v, err := s.Decide(context.Background(), []limiter.Hit{hit})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v[0].Admitted {
+				admitted++
+			}
+			in.settle()
+			in.advance(step)
+		}
+		local = in.local.Load() - local
+		t.Logf("window %d: %d admitted, %d decided locally", w, admitted, local)
+		if admitted != 150 || local < 100 {
+			t.Errorf("window %d: %d admitted (want the limit, 150), %d decided locally (want most)", w, admitted, local)
+		}
+	}
+}
+
+// TestSlicesOnlyWhereAllHot: a hot key that always comes with a cold one in
+// its request (nested descriptors) is never decided locally, so it leases
+// no slice: the limit is reached exactly as without slices.
+func TestSlicesOnlyWhereAllHot(t *testing.T) {
+	in := newInstances(t, 3, SliceOptions{})
+	hot := limiter.Hit{Key: "{h}:tenant", Algorithm: config.FixedWindow, Limit: 900, Window: 10 * time.Second, Cost: 1}
+	admitted := 0
+	for i := range 1000 {
+		if i%100 == 0 {
+			for _, s := range in.slices {
+				s.turn(in.now)
+			}
+		}
+		cold := limiter.Hit{Key: fmt.Sprintf("{h}:user%d", i), Algorithm: config.FixedWindow, Limit: 1000, Window: 10 * time.Second, Cost: 1}
+		v, err := in.slices[i%3].Decide(context.Background(), []limiter.Hit{hot, cold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v[0].Admitted {
+			admitted++
+		} else if admitted < 900 {
+			t.Fatalf("denied with %d admitted, limit 900", admitted)
+		}
+		in.settle()
+		in.advance(10 * time.Millisecond)
+	}
+	if admitted != 900 || in.leased.Load() != 0 {
+		t.Errorf("%d admitted (want 900), %d units leased (want none)", admitted, in.leased.Load())
+	}
+}
+
+// TestSlicesResetDropsThem: the admin API's Reset through Slices drops the
+// instance's slices of the counter, so that nothing they held comes off
+// the new count: after the reset the window admits the limit, no more.
+func TestSlicesResetDropsThem(t *testing.T) {
+	for _, alg := range []config.Algorithm{config.FixedWindow, config.SlidingWindowCounter, config.SlidingWindowLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			in := newInstances(t, 1, SliceOptions{})
+			s := in.slices[0]
+			hit := limiter.Hit{Key: "{h}:k", Algorithm: alg, Limit: 100, Window: time.Minute, Cost: 1}
+			for i := range 30 {
+				if i == 10 {
+					s.turn(in.now)
+				}
+				if _, err := s.Decide(context.Background(), []limiter.Hit{hit}); err != nil {
+					t.Fatal(err)
+				}
+				in.settle()
+				in.advance(10 * time.Millisecond)
+			}
+			if in.leased.Load() == 0 {
+				t.Fatal("no slice leased before the reset")
+			}
+			if _, err := s.Reset(context.Background(), hit); err != nil {
+				t.Fatal(err)
+			}
+			after := 0
+			decide := func() {
+				v, _ := in.lim.Decide(context.Background(), []limiter.Hit{hit})
+				if v[0].Admitted {
+					after++
+				}
+			}
+			for range 200 {
+				decide()
+			}
+			in.advance(2 * time.Second) // past any slice's idle end
+			s.turn(in.now)
+			in.settle()
+			for range 200 {
+				decide()
+			}
+			if after != 100 || in.back.Load() != 0 {
+				t.Errorf("after the reset: %d admitted within the minute (want the limit, 100), %d units given back (want none)",
+					after, in.back.Load())
+			}
+		})
+	}
+}
