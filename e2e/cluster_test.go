@@ -439,11 +439,13 @@ func TestClusterMultiSlotAllOrNothing(t *testing.T) {
 		// moves with the machine's load).
 		t.Logf("loopback: median %v with 1 descriptor, %v with 3 descriptors on 3 masters (%.2fx)", m1, m3, float64(m3)/float64(m1))
 		// So the proxies add a delay to every command: 3 masters asked one
-		// after the other would take 3 delays, at once 1.
-		const delay = 10 * time.Millisecond
+		// after the other would take 3 delays, at once 1. The delay is long
+		// enough that the machine's load, beside the parallel tests, does
+		// not pass for it (at 10 ms, 3 masters once took 15 ms more than 1).
+		const delay = 50 * time.Millisecond
 		c.setDelay(delay)
 		defer c.setDelay(0)
-		d1, d3 := medians(30)
+		d1, d3 := medians(15)
 		t.Logf("with %v added to each Redis command: median %v with 1 descriptor, %v with 3 descriptors on 3 masters "+
 			"(%.2fx; one after the other would be about %v)",
 			delay, d1, d3, float64(d3)/float64(d1), d1+2*delay)

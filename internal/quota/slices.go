@@ -407,7 +407,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	k := sh.keys[h.Key]
-	if k == nil {
+	if k == nil || s.closed.Load() { // read under the lock: Close takes every shard's after setting it
 		return
 	}
 	if v != nil && !v.FailureVerdict && !v.CostExceedsLimit {
@@ -660,8 +660,9 @@ func (s *Slices) Close() {
 		s.closed.Store(true)
 		close(s.stop)
 		s.ticker.Wait()
-		never := time.Unix(math.MaxInt32, 0)
-		s.each(func(k *hotKey) { k.retryAt = never })
+		// Every shard's lock taken once after closed was set: a lease queued
+		// before is counted in work, and none is queued after.
+		s.each(func(*hotKey) {})
 		s.work.Wait()
 		now := s.now()
 		s.each(func(k *hotKey) { k.endAll(s, now) })
