@@ -8,6 +8,7 @@
 package metrics
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +52,7 @@ type Metrics struct {
 	configReloads    *prometheus.CounterVec
 	configGeneration prometheus.Gauge
 	configInfo       *prometheus.GaugeVec
+	ruleLimits       *prometheus.GaugeVec
 
 	ref    *referenceMetrics
 	rlqs   *rlqsMetrics
@@ -102,6 +104,11 @@ func NewWithStats(reg prometheus.Registerer, stats Stats) *Metrics {
 			Name: "ratelimit_config_info",
 			Help: "1 for the hash of the config in force.",
 		}, []string{"hash"}),
+		ruleLimits: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratelimit_rule_limit",
+			Help: "The limit each rule of the config in force sets: requests (units) per window, by domain, rule " +
+				"(as ratelimit_decisions_total names it), algorithm and window in seconds. Unlimited rules have none.",
+		}, []string{"domain", "rule", "algorithm", "window_seconds"}),
 		ref:    newReferenceMetrics(stats),
 		rlqs:   newRLQSMetrics(),
 		slices: newSliceMetrics(),
@@ -110,7 +117,7 @@ func NewWithStats(reg prometheus.Registerer, stats Stats) *Metrics {
 	reg.MustRegister(m.rlqs.collectors()...)
 	reg.MustRegister(m.slices.collectors()...)
 	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests, m.shed, m.overloaded,
-		m.configReloads, m.configGeneration, m.configInfo,
+		m.configReloads, m.configGeneration, m.configInfo, m.ruleLimits,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -175,6 +182,26 @@ func (m *Metrics) ConfigLoaded(generation uint64, hash, previousHash, outcome st
 		m.configInfo.DeleteLabelValues(previousHash)
 	}
 	m.configInfo.WithLabelValues(hash).Set(1)
+}
+
+// RuleLimit is one limit a rule of the config sets, for RuleLimits.
+type RuleLimit struct {
+	Domain, Rule, Algorithm string
+	Window                  time.Duration
+	Requests                uint32
+}
+
+// RuleLimits replaces the configured limits the metrics show with limits
+// (the config in force).
+func (m *Metrics) RuleLimits(limits []RuleLimit) {
+	if m == nil {
+		return
+	}
+	m.ruleLimits.Reset()
+	for _, l := range limits {
+		m.ruleLimits.WithLabelValues(l.Domain, l.Rule, l.Algorithm, strconv.FormatInt(int64(l.Window/time.Second), 10)).
+			Set(float64(l.Requests))
+	}
 }
 
 // ConfigReload counts a reload that did not change the config in force:

@@ -10,6 +10,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/metrics"
 )
 
 // From a request's descriptors to the limits that apply to them, and the
@@ -245,6 +246,22 @@ func (l *limit) label() string {
 		return l.rule.Name
 	}
 	return l.rule.Path()
+}
+
+// ruleLimits are the limits cfg's rules set, named as decisions' metrics
+// name them (label).
+func ruleLimits(cfg *config.Config) []metrics.RuleLimit {
+	var out []metrics.RuleLimit
+	for _, r := range cfg.Rules() {
+		for _, lr := range r.Limits() {
+			if lr.Unlimited {
+				continue
+			}
+			out = append(out, metrics.RuleLimit{Domain: lr.Domain, Rule: ruleLimit(lr).label(),
+				Algorithm: lr.Algorithm.String(), Window: lr.Window(), Requests: lr.RequestsPerUnit})
+		}
+	}
+	return out
 }
 
 // String names the limit in logs.

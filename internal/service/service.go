@@ -178,6 +178,7 @@ func New(cfg *config.Config, decider Decider, opts *Options) *Service {
 	}
 	s.current.Store(&snapshot{config: cfg, generation: 1, loadedAt: time.Now()})
 	s.opts.Metrics.ConfigLoaded(1, cfg.Hash(), "", "")
+	s.opts.Metrics.RuleLimits(ruleLimits(cfg))
 	return s
 }
 
@@ -199,6 +200,7 @@ func (s *Service) Reload(cfg *config.Config) bool {
 	s.current.Store(next)
 	s.lastReloadErr = nil
 	s.opts.Metrics.ConfigLoaded(next.generation, cfg.Hash(), prev.config.Hash(), "success")
+	s.opts.Metrics.RuleLimits(ruleLimits(cfg))
 	s.log.Info("config reloaded", zap.Uint64("generation", next.generation), zap.String("hash", cfg.Hash()),
 		zap.Int("rules", len(cfg.Rules())))
 	return true
