@@ -76,6 +76,7 @@ type referenceMetrics struct {
 	stats   Stats    // nil: Prometheus only
 	series  sync.Map // stat key → *DescriptorSeries
 	nSeries atomic.Int64
+	capped  prometheus.Counter // hits of the bound
 	// The statsd domain_not_found counters, by domain.
 	notFound  sync.Map
 	nNotFound atomic.Int64
@@ -130,6 +131,11 @@ func newReferenceMetrics(stats Stats) *referenceMetrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"grpc_method"}),
 	}
+	r.capped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ratelimit_metric_series_capped_total",
+		Help: "Descriptors whose series, named from request values (detailed_metric, value_to_metric), were counted " +
+			"under their rule's name instead: the reference's rate_limit metrics hold MaxReferenceSeries series at most.",
+	})
 	r.redisError = r.counter(r.shouldRateLimitError.WithLabelValues("redis_error"), statService+"call.should_rate_limit.redis_error")
 	r.serviceError = r.counter(r.shouldRateLimitError.WithLabelValues("service_error"), statService+"call.should_rate_limit.service_error")
 	r.configLoadSuccess = r.counter(prometheus.NewCounter(prometheus.CounterOpts{
@@ -150,7 +156,7 @@ func newReferenceMetrics(stats Stats) *referenceMetrics {
 func (r *referenceMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{r.totalHits, r.overLimit, r.nearLimit, r.withinLimit, r.shadowMode,
 		r.shouldRateLimitError, r.totalRequests, r.responseTime,
-		r.configLoadSuccess.prom, r.configLoadError.prom, r.globalShadowMode.prom}
+		r.configLoadSuccess.prom, r.configLoadError.prom, r.globalShadowMode.prom, r.capped}
 }
 
 // DescriptorSeries are the reference's five rate_limit counters of one stat
@@ -176,6 +182,7 @@ func (m *Metrics) Descriptor(statKey, fallback string) *DescriptorSeries {
 		return s.(*DescriptorSeries)
 	}
 	if statKey != fallback && r.nSeries.Load() >= MaxReferenceSeries {
+		r.capped.Inc()
 		return m.Descriptor(fallback, fallback)
 	}
 	name := sanitizeStatName(statKey)

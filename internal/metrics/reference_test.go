@@ -85,6 +85,9 @@ func TestReferenceSeriesAreBounded(t *testing.T) {
 	if got := testutil.ToFloat64(m.ref.totalHits.WithLabelValues("d", "user", "")); got != 50 {
 		t.Fatalf("fallback series counted %v, want 50", got)
 	}
+	if got := testutil.ToFloat64(m.ref.capped); got != 50 {
+		t.Fatalf("ratelimit_metric_series_capped_total %v, want the 50 descriptors past the bound", got)
+	}
 }
 
 // TestReferenceNamesExposed: the names Envoy Gateway's dashboard and docs
