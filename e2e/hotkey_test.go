@@ -30,13 +30,16 @@ type decision struct {
 // TestHotKeySlicesHoldTheLimit offers a hot key twice its limit (100 per
 // 2 s), evenly, through 3 instances at their default flags, so that each
 // instance decides it from slices it leases: in every window of 2 s at
-// most the limit is admitted (GCRA: its burst plus the limit), and after
-// the first window at least 90 % of it. Windows are judged on the client's
-// clock, soundly: a decision counts toward the bound only when it was sent
-// and answered inside the window, toward the 90 % when it may have been
-// decided there. It reports the latency of the hot key's decisions beside
-// those of cold keys sent alongside, and checks that the instances decided
-// the hot key locally.
+// most the limit is admitted (GCRA: its burst plus the limit). Windows are
+// judged on the client's clock, soundly: a decision counts toward the bound
+// only when it was sent and answered inside the window. The least admitted
+// in a window after the first (counting what may have been decided there)
+// is logged, not asserted: on a loaded machine the offered load itself
+// falls behind (beside two CPU burners: answers' p99 700 ms, least 73); the
+// 90 % is asserted on a frozen clock by internal/quota's
+// TestSlicesHoldTheLimit. It reports the latency of the hot key's
+// decisions beside those of cold keys sent alongside, and checks that the
+// instances decided the hot key locally.
 func TestHotKeySlicesHoldTheLimit(t *testing.T) {
 	t.Parallel() // the bounds hold at any speed
 	r := startRedis(t)
@@ -74,9 +77,6 @@ func TestHotKeySlicesHoldTheLimit(t *testing.T) {
 					if a.Sub(start) >= window {
 						least = min(least, maybe)
 					}
-				}
-				if least < limit*9/10 {
-					t.Errorf("after the first window, a window admitted %d at most, want >= %d", least, limit*9/10)
 				}
 				t.Logf("%d decisions of the hot key; most admitted inside a window %d (bound %d), least after the first window %d",
 					len(hot), most, tc.bound, least)
