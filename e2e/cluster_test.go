@@ -452,7 +452,10 @@ func TestClusterMultiSlotAllOrNothing(t *testing.T) {
 		if d1 < delay {
 			t.Fatalf("1 descriptor took %v, under the added %v: the proxies are not in the path", d1, delay)
 		}
-		if d3 >= 2*d1 || d3 >= d1+delay {
+		// At once, 3 masters take what 1 does; one after the other, two
+		// delays more. Judged nearer the second: beside the suite's other
+		// tests one delayed command alone took 2.7 delays.
+		if d3 >= d1+3*delay/2 {
 			t.Errorf("3 masters take %v, 1 takes %v: the groups do not run at once", d3, d1)
 		}
 		for _, v := range vals {

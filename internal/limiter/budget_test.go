@@ -296,7 +296,6 @@ func TestLogRecordsAtMostTheLimitPerCharge(t *testing.T) {
 // TestRefundIsNeverDeniedByFailureMode: with the store down, a refund is
 // answered admitted even under failure_mode deny: it never denies.
 func TestRefundIsNeverDeniedByFailureMode(t *testing.T) {
-	t.Parallel() // a miniredis of its own
 	l, c := newTestLimiter(t, epoch)
 	c.m.Close()
 	h := refund(config.FixedWindow, "f", 5, time.Minute, 1)

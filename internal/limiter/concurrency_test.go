@@ -127,7 +127,6 @@ func TestDeniedAcquisitionTakesASeatUntilItsRelease(t *testing.T) {
 // interleavings of acquisitions and releases, each release of a request
 // acquired before it.
 func TestDeniedSeatsAreTheLeastAnExactCountHolds(t *testing.T) {
-	t.Parallel() // a miniredis of its own
 	const window = time.Minute
 	admitted, denied := 0, 0
 	for seed := range 20 {

@@ -74,7 +74,6 @@ func (b *bucket) decide(now int64, cost uint64) (admit bool, remaining uint64, w
 // microseconds (1/3 s, 60/7 s) and after hundreds of charges: the TAT is
 // kept exactly, and never drifts. The clock runs in 2023 and in 2031.
 func TestGCRAMatchesAnExactBucket(t *testing.T) {
-	t.Parallel() // a miniredis of its own
 	cases := []struct {
 		limit  uint32
 		window time.Duration

@@ -72,7 +72,6 @@ func TestKeySchema(t *testing.T) {
 // bytes that could confuse a naive schema and checks that two keys are equal
 // only when their inputs are.
 func TestKeysAreInjective(t *testing.T) {
-	t.Parallel() // a miniredis of its own
 	alphabet := []byte("a:_|{}=*%\x00 /")
 	rng := rand.New(rand.NewPCG(1, 2))
 	// Mostly 0-3 bytes; one in 8 is 60-67 bytes of two letters, around

@@ -360,7 +360,6 @@ func TestScriptFlushIsTransparent(t *testing.T) {
 }
 
 func TestStoreDownAnswersByFailureMode(t *testing.T) {
-	t.Parallel() // a miniredis of its own
 	l, c := newTestLimiter(t, epoch)
 	c.m.Close()
 	allow := hit(config.FixedWindow, "allow", 5, time.Minute, 1)

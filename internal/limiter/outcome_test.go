@@ -45,7 +45,6 @@ var ruleHits = func() []ruleHit {
 // fitting, on a full counter, or with a cost past the limit), the hits that
 // fit are charged exactly when requestDenied says the request is not denied.
 func TestRequestRuleTwins(t *testing.T) {
-	t.Parallel() // a miniredis of its own
 	l, _ := newTestLimiter(t, epoch)
 	ctx := context.Background()
 	const limit = 2

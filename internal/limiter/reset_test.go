@@ -111,7 +111,6 @@ func TestResetAfterScriptFlush(t *testing.T) {
 }
 
 func TestResetErrors(t *testing.T) {
-	t.Parallel() // a miniredis of its own
 	l, c := newTestLimiter(t, epoch)
 	if _, err := l.Reset(context.Background(), Hit{Window: time.Minute}); err == nil || errors.Is(err, ErrStore) {
 		t.Fatalf("empty key: %v, want a non-store error", err)

@@ -294,7 +294,6 @@ func TestShareExpiresTheRegistry(t *testing.T) {
 // entries never sum past the limit; an entry keeps the larger of its old T
 // and its new share.
 func TestShareSumNeverPassesTheLimit(t *testing.T) {
-	t.Parallel() // a miniredis of its own
 	for _, limit := range []uint64{1, 7, 100, 600} {
 		t.Run(strconv.FormatUint(limit, 10), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(limit, 25))
@@ -347,7 +346,6 @@ func TestShareLimitZero(t *testing.T) {
 }
 
 func TestShareErrors(t *testing.T) {
-	t.Parallel() // a miniredis of its own
 	l, c := newTestLimiter(t, epoch)
 	for _, tt := range []struct {
 		name string

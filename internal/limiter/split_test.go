@@ -138,7 +138,6 @@ func TestSplitQuotaAcrossStores(t *testing.T) {
 // failure modes; the other store's are real, and given back when a failure
 // mode denies the request.
 func TestSplitStoreDown(t *testing.T) {
-	t.Parallel() // a miniredis of its own
 	s, main, _ := newTestSplit(t, epoch.Add(100*time.Millisecond))
 	main.m.Close()
 	second := hit(config.FixedWindow, "d", 5, time.Second, 1)

@@ -119,12 +119,10 @@ func (f *fleet) report(t *testing.T, e *envoy, lim Limit) Assignment {
 // 90 % of the limit once the first two reports are in, and the shares never
 // add up to more than the limit.
 func TestFleetHoldsTheLimit(t *testing.T) {
-	t.Parallel() // each case on a miniredis of its own
 	const limit = 600
 	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.SlidingWindowLog, config.FixedWindow, config.GCRA} {
 		for _, demand := range [][]int{{34, 33, 33}, {60, 30, 10}, {10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, {40, 20, 10, 10, 5, 5, 5, 5, 0, 0}} {
 			t.Run(fmt.Sprintf("%v/%v", a, demand), func(t *testing.T) {
-				t.Parallel()
 				f := newFleet(t)
 				lim := limitOf(a, limit, time.Minute)
 				envoys := make([]*envoy, len(demand))

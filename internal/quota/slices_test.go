@@ -68,7 +68,6 @@ func (in *instances) settle() {
 // fixed window, every window of its own) against the algorithm's bound, and
 // that after the first window at least 90 % of the limit is admitted.
 func TestSlicesHoldTheLimit(t *testing.T) {
-	t.Parallel() // each on a miniredis of its own
 	const limit, window = 100, 10 * time.Second
 	for _, tc := range []struct {
 		alg   config.Algorithm
@@ -81,7 +80,6 @@ func TestSlicesHoldTheLimit(t *testing.T) {
 		{config.GCRA, 20},
 	} {
 		t.Run(fmt.Sprintf("%v/burst%d", tc.alg, tc.burst), func(t *testing.T) {
-			t.Parallel()
 			in := newInstances(t, 3, SliceOptions{Threshold: 2})
 			hit := limiter.Hit{Key: "{hot}:k", Algorithm: tc.alg, Limit: limit, Window: window, Burst: tc.burst, Cost: 1}
 			const step = 50 * time.Millisecond // 20 requests/s: twice 100 per 10 s
@@ -148,10 +146,8 @@ func countIn(ts []time.Time, from, to time.Time) int {
 // instances: most hits are decided locally, and once the slices have given
 // back what they did not use, the counter holds exactly the hits admitted.
 func TestSlicesCountExactly(t *testing.T) {
-	t.Parallel() // each on a miniredis of its own
 	for _, alg := range []config.Algorithm{config.SlidingWindowLog, config.FixedWindow, config.SlidingWindowCounter} {
 		t.Run(alg.String(), func(t *testing.T) {
-			t.Parallel()
 			in := newInstances(t, 3, SliceOptions{})
 			hit := limiter.Hit{Key: "{hot}:k", Algorithm: alg, Limit: 10000, Window: time.Minute, Cost: 1}
 			admitted := 0
@@ -200,7 +196,6 @@ func TestSlicesCountExactly(t *testing.T) {
 // keeps deciding from its slices until they are used up, then by its
 // failure mode.
 func TestSlicesOutlastAnOutage(t *testing.T) {
-	t.Parallel() // each on a miniredis of its own
 	in := newInstances(t, 1, SliceOptions{})
 	s := in.slices[0]
 	hit := limiter.Hit{Key: "{hot}:k", Algorithm: config.FixedWindow, Limit: 100000, Window: time.Minute, Cost: 1,
@@ -240,7 +235,6 @@ func TestSlicesOutlastAnOutage(t *testing.T) {
 // new window: what the counter has left is read from every store answer,
 // not only from leases.
 func TestSlicesLeaseAgainAfterTheLimit(t *testing.T) {
-	t.Parallel() // each on a miniredis of its own
 	in := newInstances(t, 1, SliceOptions{})
 	s := in.slices[0]
 	hit := limiter.Hit{Key: "{h}:k", Algorithm: config.FixedWindow, Limit: 150, Window: 10 * time.Second, Cost: 1}
@@ -273,7 +267,6 @@ func TestSlicesLeaseAgainAfterTheLimit(t *testing.T) {
 // its request (nested descriptors) is never decided locally, so it leases
 // no slice: the limit is reached exactly as without slices.
 func TestSlicesOnlyWhereAllHot(t *testing.T) {
-	t.Parallel() // each on a miniredis of its own
 	in := newInstances(t, 3, SliceOptions{})
 	hot := limiter.Hit{Key: "{h}:tenant", Algorithm: config.FixedWindow, Limit: 900, Window: 10 * time.Second, Cost: 1}
 	admitted := 0
@@ -305,10 +298,8 @@ func TestSlicesOnlyWhereAllHot(t *testing.T) {
 // instance's slices of the counter, so that nothing they held comes off
 // the new count: after the reset the window admits the limit, no more.
 func TestSlicesResetDropsThem(t *testing.T) {
-	t.Parallel() // each on a miniredis of its own
 	for _, alg := range []config.Algorithm{config.FixedWindow, config.SlidingWindowCounter, config.SlidingWindowLog} {
 		t.Run(alg.String(), func(t *testing.T) {
-			t.Parallel()
 			in := newInstances(t, 1, SliceOptions{})
 			s := in.slices[0]
 			hit := limiter.Hit{Key: "{h}:k", Algorithm: alg, Limit: 100, Window: time.Minute, Cost: 1}
