@@ -216,7 +216,7 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 		return s.ledger.Decide(ctx, hits)
 	}
 	now := s.now()
-	verdicts := s.local(hits, now)
+	verdicts, hot := s.local(hits, now)
 	local := verdicts != nil
 	var err error
 	if local {
@@ -229,7 +229,7 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 	// Slices are leased ahead of need, and only for a request every hit of
 	// which can have one: a request that goes to Redis anyway would leave
 	// a slice of its hot key unused.
-	if s.allHot(hits) {
+	if hot {
 		for i := range hits {
 			var v *limiter.Verdict
 			if !local {
@@ -239,21 +239,6 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 		}
 	}
 	return verdicts, err
-}
-
-// allHot reports whether every hit's key is hot at this instance.
-func (s *Slices) allHot(hits []limiter.Hit) bool {
-	for i := range hits {
-		sh := s.shard(hits[i].Key)
-		sh.mu.Lock()
-		k := sh.keys[hits[i].Key]
-		hot := k != nil && float64(max(k.hits, k.prev)) >= s.threshold
-		sh.mu.Unlock()
-		if !hot {
-			return false
-		}
-	}
-	return true
 }
 
 // leasable reports whether every hit may be decided from a slice, and no
@@ -279,14 +264,16 @@ func (s *Slices) shard(key string) *sliceShard {
 }
 
 // local decides hits from slices, counting each hit toward its key's rate,
-// or returns nil when one of them has no slice with units enough: then
-// nothing was taken. Shards are locked in order, so that a request of
+// or returns nil verdicts when one of them has no slice with units enough:
+// then nothing was taken. hot reports whether every hit's key is hot at
+// this instance (read under the same locks). Shards are locked in order, so that a request of
 // several keys takes its units all at once.
-func (s *Slices) local(hits []limiter.Hit, now time.Time) []limiter.Verdict {
-	var order [4]int
-	idx := order[:0]
+func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Verdict, hot bool) {
+	var ofHit, order [4]int
+	shardOf, idx := ofHit[:0], order[:0]
 	for i := range hits {
 		n := int(maphash.String(s.seed, hits[i].Key) % sliceShards)
+		shardOf = append(shardOf, n)
 		if !slices.Contains(idx, n) {
 			idx = append(idx, n)
 		}
@@ -301,29 +288,30 @@ func (s *Slices) local(hits []limiter.Hit, now time.Time) []limiter.Verdict {
 		}
 	}()
 	keys := make([]*hotKey, len(hits))
-	fits := true
+	fits, hot := true, true
 	for i := range hits {
 		h := &hits[i]
-		k := s.shard(h.Key).track(h.Key, s.perShard)
+		k := s.shards[shardOf[i]].track(h.Key, s.perShard)
 		keys[i] = k
 		if k == nil {
-			fits = false
+			fits, hot = false, false
 			continue
 		}
 		k.hits++
 		k.units = saturatingAdd(k.units, h.Cost)
+		hot = hot && float64(max(k.hits, k.prev)) >= s.threshold
 		if !k.matches(h) || k.available(now) < h.Cost {
 			fits = false
 		}
 	}
 	if !fits {
-		return nil
+		return nil, hot
 	}
-	verdicts := make([]limiter.Verdict, len(hits))
+	verdicts = make([]limiter.Verdict, len(hits))
 	for i := range hits {
 		verdicts[i] = keys[i].take(&hits[i], now)
 	}
-	return verdicts
+	return verdicts, hot
 }
 
 // track returns key's state, made if the shard has room; nil otherwise.
