@@ -15,6 +15,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -53,6 +54,9 @@ const (
 // from its limit.
 var legitCall = h2attack.Call{Domain: "attack", Key: "k", Value: "legit"}
 
+// attackCall is an attacker's whole call, on a counter of its own.
+var attackCall = h2attack.Call{Domain: "attack", Key: "k", Value: "attacker"}
+
 // attackCase is one attack and what the service must do about it beyond
 // answering the legitimate clients.
 type attackCase struct {
@@ -68,6 +72,13 @@ type attackCase struct {
 	// server keeps (docs/reliability.md has its figures).
 	check    func(t *testing.T, res h2attack.Result, peakRSS int64)
 	leanOnly bool
+	// args are the service's flags beyond the harness's; boundFull says
+	// that they make it refuse new connections during the attack, so a
+	// connection dialed then is not served by design; metrics checks
+	// the service's /metrics after the attack.
+	args      []string
+	boundFull bool
+	metrics   func(t *testing.T, s *server)
 	// grpcGoLimit, when set, says why grpc-go's server does not keep the
 	// legitimate calls answered under this attack (measured in
 	// docs/reliability.md): there they are logged, not asserted.
@@ -107,6 +118,35 @@ var attackCases = []attackCase{
 		},
 		check: rssUnder(attackRSSBound), leanOnly: true,
 		grpcGoLimit: "under it, 98.4-98.6 % of the calls were answered within 50 ms in make bench-attacks, some after seconds",
+	},
+	{
+		// Peers that never read, within --max-connections' default: what
+		// they make the service hold stays under the bound for an
+		// attacker's peers.
+		name: "unread peers", runFor: attackFor, plain: true,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.Unread(ctx, addr, h2attack.UnreadOptions{Call: attackCall, Peers: 1000, Calls: 1})
+		},
+		check: rssUnder(attackRSSBound),
+	},
+	{
+		// Past --max-connections: connections closed at accept, counted;
+		// those open before are served.
+		name: "past max connections", runFor: attackFor,
+		args: []string{"--max-connections", "100"}, boundFull: true,
+		attack: func(ctx context.Context, addr string) h2attack.Result {
+			return h2attack.Unread(ctx, addr, h2attack.UnreadOptions{Call: attackCall, Peers: 1000, Calls: 1})
+		},
+		metrics: func(t *testing.T, s *server) {
+			t.Helper()
+			// The legitimate clients hold two of the 100 places.
+			if v, _ := strconv.ParseFloat(metric(t, s, `ratelimit_transport_refusals_total{reason="connections"}`), 64); v < 900 {
+				t.Errorf("ratelimit_transport_refusals_total{reason=\"connections\"} = %v, want at least 900 of 1000 peers past 100 connections", v)
+			}
+			if v := metric(t, s, "ratelimit_grpc_connections"); v == "" {
+				t.Errorf("no ratelimit_grpc_connections")
+			}
+		},
 	},
 	{
 		name: "ping flood", runFor: attackFor, plain: true,
@@ -287,7 +327,7 @@ func runAttack(t *testing.T, kind string, tc attackCase, row *attackRow) {
 	// under test is the port, not how fast Redis answers on a loaded machine
 	// (the default second ran out there, and failure modes answered). A
 	// measurement (make bench-attacks, Envoy's deadline) keeps the default.
-	args := []string{"--grpc-server", kind, "--log-level", "info"}
+	args := append([]string{"--grpc-server", kind, "--log-level", "info"}, tc.args...)
 	if tc.deadline > limiter.DefaultTimeout {
 		args = append(args, "--store-timeout", tc.deadline.String())
 	}
@@ -333,19 +373,26 @@ func runAttack(t *testing.T, kind string, tc attackCase, row *attackRow) {
 	if lr.Calls == 0 {
 		t.Fatalf("no legitimate call was made")
 	}
-	if share := lr.AnsweredShare(); kind == "grpc-go" && tc.grpcGoLimit != "" {
+	share := lr.AnsweredShare()
+	if tc.boundFull {
+		share = lr.DialedBeforeShare() // a new connection is refused by design
+	}
+	if kind == "grpc-go" && tc.grpcGoLimit != "" {
 		t.Logf("grpc-go's server is the limit here (%s): %.2f%% answered, %d of %d on a new connection",
 			tc.grpcGoLimit, 100*share, lr.NewConnAnswered, lr.NewConnCalls)
 	} else {
 		if share < 0.99 {
 			t.Errorf("%.2f%% of the legitimate calls answered, want at least 99%%: %v", 100*share, lr)
 		}
-		if lr.NewConnAnswered == 0 {
+		if lr.NewConnAnswered == 0 && !tc.boundFull {
 			t.Errorf("a connection dialed during the attack was not served: %v", lr)
 		}
 	}
 	if tc.check != nil && (kind == "lean" || !tc.leanOnly) {
 		tc.check(t, res, row.peakRSS)
+	}
+	if tc.metrics != nil {
+		tc.metrics(t, s)
 	}
 }
 

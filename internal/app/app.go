@@ -191,6 +191,9 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 			a.lns.close()
 		}
 	}()
+	// Past --max-connections a connection is closed at accept: what each
+	// may make the server hold is bounded, and so their number.
+	a.lns.GRPC = transport.LimitListener(a.lns.GRPC, s.MaxConnections, m)
 	a.shedder = transport.NewShedder(s.MaxInFlight, m)
 	// The interceptors keep envoyproxy/ratelimit's total_requests and
 	// response_time, refuse calls while xDS has given no config yet, and
@@ -207,7 +210,7 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	// grpc-go (grpcserver.go); the admin port keeps grpc-go either way. Its
 	// codec decodes within the bounds the service validates against.
 	codec := transport.NewCodec(s.MaxDescriptors, s.MaxEntries)
-	if a.grpc, err = newGRPCServer(s, grpcTLS, codec, a.shedder, interceptors); err != nil {
+	if a.grpc, err = newGRPCServer(s, grpcTLS, codec, a.shedder, m, interceptors); err != nil {
 		return nil, err
 	}
 	rlsv3.RegisterRateLimitServiceServer(a.grpc, a.svc)

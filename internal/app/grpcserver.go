@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/slidingwindow/ratelimit/internal/grpcunary"
+	"github.com/slidingwindow/ratelimit/internal/metrics"
 	"github.com/slidingwindow/ratelimit/internal/settings"
 	"github.com/slidingwindow/ratelimit/internal/transport"
 )
@@ -57,12 +58,16 @@ var (
 // per core serve as well as more, and with more the first burst after a
 // start runs on never-used goroutines and is slower.
 func newGRPCServer(s *settings.Settings, grpcTLS *tls.Config, codec encoding.CodecV2, shedder *transport.Shedder,
-	interceptors []grpc.UnaryServerInterceptor,
+	m *metrics.Metrics, interceptors []grpc.UnaryServerInterceptor,
 ) (grpcPortServer, error) {
 	workers := streamWorkersPerCore * runtime.GOMAXPROCS(0)
 	switch s.GRPCServer {
 	case settings.GRPCServerLean:
+		for _, r := range grpcunary.Refusals {
+			m.TransportRefusals(string(r))
+		}
 		return grpcunary.NewServer(grpcunary.Options{
+			OnRefuse:              func(r grpcunary.Refusal) { m.TransportRefused(string(r)) },
 			TLS:                   grpcTLS,
 			Codec:                 codec,
 			Interceptors:          interceptors,

@@ -62,7 +62,7 @@ func TestGRPCServerKinds(t *testing.T) {
 				intercepted <- info.FullMethod
 				return handler(ctx, req)
 			}
-			srv, err := newGRPCServer(s, nil, encoding.GetCodecV2(grpcproto.Name), shedder, []grpc.UnaryServerInterceptor{interceptor})
+			srv, err := newGRPCServer(s, nil, encoding.GetCodecV2(grpcproto.Name), shedder, nil, []grpc.UnaryServerInterceptor{interceptor})
 			if err != nil {
 				t.Fatal(err)
 			}

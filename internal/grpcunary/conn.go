@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"math"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +86,9 @@ func (c *conn) serve() {
 	_ = c.nc.SetReadDeadline(time.Now().Add(DefaultHandshakeTimeout))
 	preface := make([]byte, len(clientPreface))
 	if _, err := io.ReadFull(c.nc, preface); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			c.refuse(RefusedHandshake)
+		}
 		return
 	}
 	if !bytes.Equal(preface, clientPreface) {

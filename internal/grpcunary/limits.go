@@ -89,3 +89,38 @@ const (
 func connHoldFor(maxMsg int) int64 {
 	return max(minConnHold, 4*(int64(maxMsg)+5))
 }
+
+// Refusal names a bound of this file that refused a client something, as
+// Options.OnRefuse reports it.
+type Refusal string
+
+// The refusals.
+const (
+	// RefusedStreams: a stream past MaxConcurrentStreams (REFUSED_STREAM).
+	RefusedStreams Refusal = "streams"
+	// RefusedStreamBytes: a stream or message past what the connection's
+	// streams, or all connections', may hold (REFUSED_STREAM, or
+	// RESOURCE_EXHAUSTED once its message had begun).
+	RefusedStreamBytes Refusal = "stream_bytes"
+	// RefusedMessageSize: a message past MaxRecvMsgSize (RESOURCE_EXHAUSTED).
+	RefusedMessageSize Refusal = "message_size"
+	// RefusedSlowMessage: a stream whose message did not come whole within
+	// bodyTimeout, or whose DATA stopped for bodyIdleTimeout (reset).
+	RefusedSlowMessage Refusal = "slow_message"
+	// RefusedHeaderBlock: a header block past maxHeaderBlockBytes
+	// (GOAWAY ENHANCE_YOUR_CALM).
+	RefusedHeaderBlock Refusal = "header_block"
+	// RefusedControlFlood: past maxControlFrames PING or SETTINGS frames in
+	// a second, the connection was not read until the second ended.
+	RefusedControlFlood Refusal = "control_flood"
+	// RefusedUnreadAnswers: a write blocked writeTimeout by a client that
+	// does not read its answers; the connection was closed.
+	RefusedUnreadAnswers Refusal = "unread_answers"
+	// RefusedHandshake: no preface and SETTINGS (or TLS handshake) within
+	// DefaultHandshakeTimeout; the connection was closed.
+	RefusedHandshake Refusal = "handshake"
+)
+
+// Refusals lists every Refusal, for counters that start at zero.
+var Refusals = []Refusal{RefusedStreams, RefusedStreamBytes, RefusedMessageSize, RefusedSlowMessage,
+	RefusedHeaderBlock, RefusedControlFlood, RefusedUnreadAnswers, RefusedHandshake}

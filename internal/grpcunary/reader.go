@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +38,9 @@ func (c *conn) readLoop() {
 	for {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
+			if first && errors.Is(err, os.ErrDeadlineExceeded) {
+				c.refuse(RefusedHandshake)
+			}
 			var se http2.StreamError
 			if errors.As(err, &se) {
 				if se.StreamID%2 == 1 && se.StreamID > c.maxStreamID.Load() {
@@ -105,6 +109,7 @@ func (c *conn) readLoop() {
 // would keep the reader decoding: connection errors both.
 func (c *conn) decodeHeaders(fragment []byte, ended bool) http2.ErrCode {
 	if c.block.size += len(fragment); c.block.size > maxHeaderBlockBytes {
+		c.refuse(RefusedHeaderBlock)
 		return http2.ErrCodeEnhanceYourCalm
 	}
 	if _, err := c.hdec.Write(fragment); err != nil {
@@ -150,7 +155,12 @@ func (c *conn) onHeaders() http2.ErrCode {
 	case c.block.selfDep:
 		c.resetStream(id, http2.ErrCodeProtocol)
 		return http2.ErrCodeNo
-	case open >= int(c.srv.opts.MaxConcurrentStreams), !c.canHold(streamCost + int64(c.hp.size)):
+	case open >= int(c.srv.opts.MaxConcurrentStreams):
+		c.refuse(RefusedStreams)
+		c.resetStream(id, http2.ErrCodeRefusedStream)
+		return http2.ErrCodeNo
+	case !c.canHold(streamCost + int64(c.hp.size)):
+		c.refuse(RefusedStreamBytes)
 		c.resetStream(id, http2.ErrCodeRefusedStream)
 		return http2.ErrCodeNo
 	}
@@ -275,6 +285,7 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 		return http2.ErrCodeNo
 	}
 	if st.refusal == nil && !c.hold(st, int64(len(data))) {
+		c.refuse(RefusedStreamBytes)
 		c.answerEarly(st, errHoldingTooMuch)
 		return http2.ErrCodeNo
 	}
@@ -286,6 +297,7 @@ func (c *conn) onData(f *http2.DataFrame) http2.ErrCode {
 		}
 	case st.refusal == nil:
 		if size, ok := st.take(data, c.srv.opts.MaxRecvMsgSize); !ok {
+			c.refuse(RefusedMessageSize)
 			c.answerEarly(st, errTooLarge(size, c.srv.opts.MaxRecvMsgSize))
 			return http2.ErrCodeNo
 		}
@@ -311,6 +323,7 @@ func (c *conn) throttleControls() {
 		c.controls, c.controlsFrom = 0, now
 	}
 	if c.controls++; c.controls > maxControlFrames {
+		c.refuse(RefusedControlFlood)
 		time.Sleep(time.Until(c.controlsFrom.Add(time.Second)))
 		c.controls, c.controlsFrom = 1, time.Now()
 	}

@@ -10,7 +10,9 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -363,7 +365,9 @@ func TestSlowMessageKeepsComing(t *testing.T) {
 // bytes at a time, is reset once the server's bound passes, whatever
 // deadline the call's grpc-timeout gives.
 func TestTrickleResetWithinTheServersBound(t *testing.T) {
-	_, addr := serveRaw(t, Options{}, &testService{}, func(s *Server) { s.bodyTotal = 500 * time.Millisecond })
+	var refusals refusalCounts
+	_, addr := serveRaw(t, Options{OnRefuse: refusals.observe}, &testService{}, func(s *Server) { s.bodyTotal = 500 * time.Millisecond })
+	defer refusals.want(t, RefusedSlowMessage)
 	rc := dialRaw(t, addr)
 	defer rc.nc.Close()
 	reset := rc.await(resetOf(1))
@@ -391,8 +395,10 @@ func TestTrickleResetWithinTheServersBound(t *testing.T) {
 // that would pass it is answered RESOURCE_EXHAUSTED; the bytes are given
 // back once the streams are reset.
 func TestIncompleteMessagesHeldWithinTheBound(t *testing.T) {
-	s, addr := serveRaw(t, Options{MaxRecvMsgSize: 256 << 10}, &testService{},
+	var refusals refusalCounts
+	s, addr := serveRaw(t, Options{MaxRecvMsgSize: 256 << 10, OnRefuse: refusals.observe}, &testService{},
 		func(s *Server) { s.bodyIdle = 2 * time.Second })
+	defer refusals.want(t, RefusedStreamBytes, RefusedSlowMessage)
 	rc := dialRaw(t, addr)
 	defer rc.nc.Close()
 	refused := rc.await(refusal)
@@ -539,7 +545,11 @@ func TestPingFloodThrottled(t *testing.T) {
 		{"pings between calls", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, addr := serveRaw(t, Options{}, &testService{})
+			var refusals refusalCounts
+			_, addr := serveRaw(t, Options{OnRefuse: refusals.observe}, &testService{})
+			if !tc.withCalls {
+				defer refusals.want(t, RefusedControlFlood)
+			}
 			rc := dialRaw(t, addr)
 			defer rc.nc.Close()
 			answered := make(chan time.Duration, 1)
@@ -597,5 +607,37 @@ func TestPingFloodThrottled(t *testing.T) {
 				t.Errorf("not all %d answered", sent)
 			}
 		})
+	}
+}
+
+// refusalCounts collects what Options.OnRefuse reports.
+type refusalCounts struct {
+	mu sync.Mutex
+	n  map[Refusal]int
+}
+
+func (r *refusalCounts) observe(why Refusal) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil {
+		r.n = map[Refusal]int{}
+	}
+	r.n[why]++
+}
+
+// want fails t unless each of whys was reported, and nothing else.
+func (r *refusalCounts) want(t *testing.T, whys ...Refusal) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, why := range whys {
+		if r.n[why] == 0 {
+			t.Errorf("no %s refusal reported; got %v", why, r.n)
+		}
+	}
+	for why := range r.n {
+		if !slices.Contains(whys, why) {
+			t.Errorf("%s refusal reported (%d), want only %v", why, r.n[why], whys)
+		}
 	}
 }

@@ -95,6 +95,9 @@ type Options struct {
 	// Workers are goroutines kept to run handlers (default: 8 per core);
 	// a call arriving when all are busy runs on a new goroutine.
 	Workers int
+	// OnRefuse, when set, is called each time one of the server's bounds
+	// (limits.go) refuses a client something; it must not block.
+	OnRefuse func(Refusal)
 }
 
 // AdmitFunc decides whether a call whose message has come whole may run:
@@ -268,6 +271,16 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 }
 
+// refuse reports r to Options.OnRefuse.
+func (s *Server) refuse(r Refusal) {
+	if s.opts.OnRefuse != nil {
+		s.opts.OnRefuse(r)
+	}
+}
+
+// refuse reports r to the server's Options.OnRefuse.
+func (c *conn) refuse(r Refusal) { c.srv.refuse(r) }
+
 // track counts a serveConn about to start (c nil) or registers c; it
 // reports false once the server stops.
 func (s *Server) track(c *conn) bool {
@@ -292,6 +305,9 @@ func (s *Server) serveConn(nc net.Conn) {
 		err := tc.HandshakeContext(ctx)
 		cancel()
 		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				s.refuse(RefusedHandshake)
+			}
 			_ = nc.Close() // the handshake failed already: nothing more to report
 			return
 		}

