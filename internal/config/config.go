@@ -64,14 +64,15 @@ type Rule struct {
 	Levels          []Level // path from the domain root to this node, len >= 1
 	Name            string  // rate_limit.name
 	RequestsPerUnit uint32
-	Unit            Unit          // zero when Unlimited
-	UnitMultiplier  uint32        // >= 1 (1 when not set)
-	Algorithm       Algorithm     // the rule's, or Defaults.Algorithm
-	Burst           uint32        // GCRA only: the bucket's size, rate_limit.burst or RequestsPerUnit; 0 otherwise
-	FailureMode     FailureMode   // the rule's, or Defaults.FailureMode
-	RecordCosts     CostRecording // the rule's, or Defaults.RecordCosts
-	RefundOldest    bool          // refund_order: oldest (the log only): a refund frees the oldest units first
-	NoSlices        bool          // hot_key_slices: false: never decided from a hot key's slice (internal/quota's Slices)
+	Unit            Unit           // zero when Unlimited
+	UnitMultiplier  uint32         // >= 1 (1 when not set)
+	Algorithm       Algorithm      // the rule's, or Defaults.Algorithm
+	Burst           uint32         // GCRA only: the bucket's size, rate_limit.burst or RequestsPerUnit; 0 otherwise
+	FailureMode     FailureMode    // the rule's, or Defaults.FailureMode
+	RecordCosts     CostRecording  // the rule's, or Defaults.RecordCosts
+	RefundOldest    bool           // refund_order: oldest (the log only): a refund frees the oldest units first
+	NoSlices        bool           // hot_key_slices: false: never decided from a hot key's slice (internal/quota's Slices)
+	Zone            *time.Location // time_zone: the calendar of a fixed window of days or longer (Calendar); nil is UTC
 	Unlimited       bool
 	ShadowMode      bool
 	// QuotaMode: the rule's denial denies its request only when every
@@ -105,6 +106,12 @@ func (r *Rule) Limits() []*Rule {
 // Window returns the length of the rule's window: zero when Unlimited.
 func (r *Rule) Window() time.Duration {
 	return r.Unit.Duration() * time.Duration(r.UnitMultiplier)
+}
+
+// Calendar returns the calendar the rule's windows follow: the zero
+// Calendar for windows of a fixed length (see CalendarOf).
+func (r *Rule) Calendar() Calendar {
+	return CalendarOf(r.Algorithm, r.Unit, r.UnitMultiplier, r.Zone)
 }
 
 // String identifies the rule for logs, e.g. "api: path=/v1/* / user".
