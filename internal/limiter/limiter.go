@@ -85,8 +85,15 @@ type Hit struct {
 	Algorithm config.Algorithm
 	// Limit is the number of units the window admits.
 	Limit uint32
-	// Window is the length of the window, a whole number of seconds.
+	// Window is the length of the window, a whole number of seconds. With
+	// a Calendar it is the unit's nominal length (30 days for a month),
+	// which the store's answers do not use.
 	Window time.Duration
+	// Calendar aligns a fixed window to the calendar (its weeks, months and
+	// years, in a time zone); zero for windows of the length Window. The
+	// limiter sends the edges of the windows around its clock (Options.Now)
+	// and the store counts in the one holding Redis TIME.
+	Calendar config.Calendar
 	// Cost is the number of units this hit consumes; 0 checks without
 	// consuming, and is denied while nothing remains.
 	Cost uint64
@@ -555,9 +562,10 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	if !charge {
 		args[0] = -len(group)
 	}
+	now := l.now()
 	for j, i := range group {
 		keys[j] = hits[i].Key
-		arg, err := hitArg(&hits[i], quotas)
+		arg, err := hitArg(&hits[i], quotas, now)
 		if err != nil { // Decide refused such a hit already
 			for _, i := range group {
 				verdicts[i] = failureVerdict(hits[i])
