@@ -1,6 +1,6 @@
 // Package config loads envoyproxy/ratelimit's YAML rate limit configuration,
 // plus a few extensions (algorithm, unit_multiplier, failure_mode, burst,
-// rate_limits, record_costs, refund_order, metadata), validates it and
+// rate_limits, record_costs, refund_order, time_zone, metadata), validates it and
 // indexes it so that a request descriptor is matched without allocating
 // (match.go); [BucketEntries] (bucket.go) puts an RLQS bucket id, a map, in
 // the order the domain's tree nests its keys. A config comes from files
@@ -10,7 +10,9 @@
 // *.yaml and *.yml in it, or every file under it as the reference reads its
 // directory. The algorithms a rule may name ([Algorithm], enums.go) come
 // from internal/algorithm's table: validating a config needs neither the
-// Lua scripts nor a store.
+// Lua scripts nor a store. A fixed window of weeks, months or years follows
+// the calendar of a time zone ([Calendar], calendar.go), whose edges the
+// limiter sends to the store.
 package config
 
 import (
@@ -103,7 +105,9 @@ func (r *Rule) Limits() []*Rule {
 	return r.limits
 }
 
-// Window returns the length of the rule's window: zero when Unlimited.
+// Window returns the length of the rule's window: zero when Unlimited. A
+// window that follows the calendar (Calendar) has the unit's nominal length
+// here: 30 days for a month.
 func (r *Rule) Window() time.Duration {
 	return r.Unit.Duration() * time.Duration(r.UnitMultiplier)
 }

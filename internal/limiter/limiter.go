@@ -43,7 +43,9 @@
 //     batch's requests are decided at one instant);
 //   - the window a key in the reference's schema names: KeyBuilder.Now,
 //     which the service reads from its own Options.Now once per request;
-//   - the deny cache (denycache.go): Options.Now, time.Now by default;
+//   - the deny cache (denycache.go), and the edges of calendar windows
+//     (Hit.Calendar) sent around it, which Redis TIME then picks from:
+//     Options.Now, time.Now by default;
 //   - deadlines, timeouts, the durations Observe gets and the tracing
 //     spans: the real clock, as the caller's deadline is.
 //
@@ -185,7 +187,8 @@ type Options struct {
 	// not Redis's clock: tests that move Redis's clock by hand turn it off,
 	// or move Now with it.
 	DenyCache time.Duration
-	// Now is the clock of the deny cache; nil means time.Now. Deadlines and
+	// Now is the clock of the deny cache and of the calendar windows' edges
+	// sent to the store (Hit.Calendar); nil means time.Now. Deadlines and
 	// the durations Observe gets are on the real clock whatever it says.
 	// The app gives the service's Options.Now (the reference's keys'
 	// clock) here too.
