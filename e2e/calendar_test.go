@@ -132,7 +132,7 @@ func TestCalendarEdgeOnRedis(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return vs[0], end.Sub(time.Now()), end.Sub(before)
+		return vs[0], time.Until(end), end.Sub(before)
 	}
 	v, least, most := decide(edge)
 	if !v.Admitted || !v.Charged || v.Remaining != 0 || v.ResetAfter < least || v.ResetAfter > most {

@@ -86,7 +86,7 @@ func TestCalendarEdges(t *testing.T) {
 					t.Errorf("edge %d = %v, want %s", i, got[i].UTC(), w)
 				}
 			}
-			if !(!now.Before(got[1]) && now.Before(got[2])) {
+			if now.Before(got[1]) || !now.Before(got[2]) {
 				t.Errorf("now %v is not in the window [%v, %v)", now, got[1].UTC(), got[2].UTC())
 			}
 		})
