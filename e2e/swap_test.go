@@ -22,6 +22,10 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10}
   - key: day
     rate_limit: {unit: day, requests_per_unit: 5}
+  - key: week
+    rate_limit: {unit: week, requests_per_unit: 10}
+  - key: month
+    rate_limit: {unit: month, requests_per_unit: 10}
 `
 
 // swapEnv is the environment both replicas get, as one Deployment's pods
@@ -44,7 +48,9 @@ func swapCode(t *testing.T, r *referenceReplica, key, value string) rlsv3.RateLi
 // algorithm named) on one redis-server, as during a Deployment's rolling
 // update. Counts the reference made before this service started still
 // count; requests spread over both admit exactly the limit, per minute,
-// hour and day; and the only keys in Redis are the reference's own.
+// hour, day, week and month (the reference's: 7 and 30 days from the Unix
+// epoch, which reference_fixed_window keeps); and the only keys in Redis
+// are the reference's own.
 func TestSwapSharesCounters(t *testing.T) {
 	t.Parallel()
 	r := startRedis(t)
@@ -80,7 +86,7 @@ func TestSwapSharesCounters(t *testing.T) {
 	awayFromEdge(time.Minute, 15*time.Second)
 	now := time.Now().Unix()
 	replicas := []*referenceReplica{up, ours}
-	limits := map[string]int{"minute": 10, "hour": 10, "day": 5}
+	limits := map[string]int{"minute": 10, "hour": 10, "day": 5, "week": 10, "month": 10}
 	for _, key := range slices.Sorted(maps.Keys(limits)) {
 		limit := limits[key]
 		var answers []rlsv3.RateLimitResponse_Code
@@ -100,6 +106,7 @@ func TestSwapSharesCounters(t *testing.T) {
 	want := []string{
 		"swap_day_before_" + day, "swap_day_spread_" + day,
 		"swap_hour_spread_" + start(3600), "swap_minute_spread_" + start(60),
+		"swap_month_spread_" + start(30*86400), "swap_week_spread_" + start(7*86400),
 	}
 	keys, err := r.client.Keys(context.Background(), "*").Result()
 	slices.Sort(keys)
@@ -113,6 +120,8 @@ func TestSwapSharesCounters(t *testing.T) {
 		want[1]: fmt.Sprint(5 + 2), // of the 5 denials, 2 on the reference (requests 7 and 9)
 		want[2]: fmt.Sprint(10 + 5),
 		want[3]: fmt.Sprint(10 + 5),
+		want[4]: fmt.Sprint(10 + 5),
+		want[5]: fmt.Sprint(10 + 5),
 	} {
 		if got, err := r.client.Get(context.Background(), key).Result(); err != nil || got != count {
 			t.Errorf("%s holds %q (%v), want %s", key, got, err, count)

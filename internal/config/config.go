@@ -1,6 +1,6 @@
 // Package config loads envoyproxy/ratelimit's YAML rate limit configuration,
 // plus a few extensions (algorithm, unit_multiplier, failure_mode, burst,
-// rate_limits, record_costs, refund_order, metadata), validates it and
+// rate_limits, record_costs, refund_order, time_zone, metadata), validates it and
 // indexes it so that a request descriptor is matched without allocating
 // (match.go); [BucketEntries] (bucket.go) puts an RLQS bucket id, a map, in
 // the order the domain's tree nests its keys. A config comes from files
@@ -10,7 +10,9 @@
 // *.yaml and *.yml in it, or every file under it as the reference reads its
 // directory. The algorithms a rule may name ([Algorithm], enums.go) come
 // from internal/algorithm's table: validating a config needs neither the
-// Lua scripts nor a store.
+// Lua scripts nor a store. A fixed window of weeks, months or years follows
+// the calendar of a time zone ([Calendar], calendar.go), whose edges the
+// limiter sends to the store.
 package config
 
 import (
@@ -64,14 +66,15 @@ type Rule struct {
 	Levels          []Level // path from the domain root to this node, len >= 1
 	Name            string  // rate_limit.name
 	RequestsPerUnit uint32
-	Unit            Unit          // zero when Unlimited
-	UnitMultiplier  uint32        // >= 1 (1 when not set)
-	Algorithm       Algorithm     // the rule's, or Defaults.Algorithm
-	Burst           uint32        // GCRA only: the bucket's size, rate_limit.burst or RequestsPerUnit; 0 otherwise
-	FailureMode     FailureMode   // the rule's, or Defaults.FailureMode
-	RecordCosts     CostRecording // the rule's, or Defaults.RecordCosts
-	RefundOldest    bool          // refund_order: oldest (the log only): a refund frees the oldest units first
-	NoSlices        bool          // hot_key_slices: false: never decided from a hot key's slice (internal/quota's Slices)
+	Unit            Unit           // zero when Unlimited
+	UnitMultiplier  uint32         // >= 1 (1 when not set)
+	Algorithm       Algorithm      // the rule's, or Defaults.Algorithm
+	Burst           uint32         // GCRA only: the bucket's size, rate_limit.burst or RequestsPerUnit; 0 otherwise
+	FailureMode     FailureMode    // the rule's, or Defaults.FailureMode
+	RecordCosts     CostRecording  // the rule's, or Defaults.RecordCosts
+	RefundOldest    bool           // refund_order: oldest (the log only): a refund frees the oldest units first
+	NoSlices        bool           // hot_key_slices: false: never decided from a hot key's slice (internal/quota's Slices)
+	Zone            *time.Location // time_zone: the calendar of a fixed window of days or longer (Calendar); nil is UTC
 	Unlimited       bool
 	ShadowMode      bool
 	// QuotaMode: the rule's denial denies its request only when every
@@ -102,9 +105,17 @@ func (r *Rule) Limits() []*Rule {
 	return r.limits
 }
 
-// Window returns the length of the rule's window: zero when Unlimited.
+// Window returns the length of the rule's window: zero when Unlimited. A
+// window that follows the calendar (Calendar) has the unit's nominal length
+// here: 30 days for a month.
 func (r *Rule) Window() time.Duration {
 	return r.Unit.Duration() * time.Duration(r.UnitMultiplier)
+}
+
+// Calendar returns the calendar the rule's windows follow: the zero
+// Calendar for windows of a fixed length (see CalendarOf).
+func (r *Rule) Calendar() Calendar {
+	return CalendarOf(r.Algorithm, r.Unit, r.UnitMultiplier, r.Zone)
 }
 
 // String identifies the rule for logs, e.g. "api: path=/v1/* / user".

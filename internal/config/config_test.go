@@ -40,6 +40,7 @@ func summary(r *Rule) string {
 		{last.ShareThreshold, "share_threshold"},
 		{r.Burst > 0, fmt.Sprint("burst=", r.Burst)},
 		{r.RefundOldest, "refund_order=oldest"},
+		{!r.Calendar().IsZero(), "calendar=" + r.Calendar().String()},
 	} {
 		if f.on {
 			b.WriteString(" " + f.text)
@@ -94,6 +95,18 @@ func TestLoadValid(t *testing.T) {
 			"shaping: client | 10/SECOND*1 gcra defer burst=50 @gcra.yaml:4",
 			"shaping: tenant | 600/MINUTE*1 gcra defer burst=600 @gcra.yaml:10",
 		}},
+		{"calendar.yaml", []string{
+			"calendar: tenant [0] | 1000000/MONTH*1 fixed_window defer name=monthly calendar=1mo @calendar.yaml:4",
+			"calendar: tenant [1] | 1000000/MONTH*1 fixed_window defer name=monthly_berlin calendar=1mo@Europe/Berlin @calendar.yaml:4",
+			"calendar: tenant [2] | 3000000/MONTH*3 fixed_window defer name=quarterly calendar=3mo@America/New_York @calendar.yaml:4",
+			"calendar: user [0] | 5000/WEEK*1 fixed_window defer name=weekly calendar=7d@Asia/Kolkata @calendar.yaml:9",
+			"calendar: user [1] | 1000/DAY*1 fixed_window defer name=daily calendar=1d@Europe/Berlin @calendar.yaml:9",
+			// UTC days are the epoch-aligned windows of old: no calendar.
+			"calendar: user [2] | 1000/DAY*1 fixed_window defer name=daily_utc @calendar.yaml:9",
+			"calendar: user [3] | 9000000/YEAR*1 fixed_window defer name=yearly calendar=12mo @calendar.yaml:9",
+			// A sliding month is 30 days long: it has no edge to align.
+			"calendar: sliding | 100/MONTH*1 sliding_window_counter defer @calendar.yaml:15",
+		}},
 		{"minimal.yaml", nil},
 		{"documents.yaml", []string{
 			"a: k | 1/SECOND*1 sliding_window_counter defer @documents.yaml:6",
@@ -131,7 +144,7 @@ func TestLoadValidDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"a", "ai", "api", "b", "envoy", "minimal", "shaping", "zero"} {
+	for _, d := range []string{"a", "ai", "api", "b", "calendar", "envoy", "minimal", "shaping", "zero"} {
 		if !c.HasDomain(d) {
 			t.Errorf("HasDomain(%q) = false", d)
 		}
@@ -157,6 +170,14 @@ func TestLoadValidDirectory(t *testing.T) {
 		"api: tenant / user",
 		"api: tenant / bulk",
 		"b: k",
+		"calendar: tenant [0]",
+		"calendar: tenant [1]",
+		"calendar: tenant [2]",
+		"calendar: user [0]",
+		"calendar: user [1]",
+		"calendar: user [2]",
+		"calendar: user [3]",
+		"calendar: sliding",
 		"envoy: remote_address",
 		"envoy: remote_address=50.0.0.5",
 		"envoy: message_type=marketing / to_number",

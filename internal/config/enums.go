@@ -212,7 +212,9 @@ func ParseUnit(s string) (Unit, error) {
 func (u Unit) String() string { return enumString("Unit", u, unitNames) }
 
 // Duration returns the length of one unit; months and years have a fixed
-// length (30 and 365 days) so that windows are the same everywhere.
+// length (30 and 365 days), as in the reference: the length of a sliding
+// window or a bucket of that unit. A fixed window of weeks, months or years
+// follows the calendar instead (CalendarOf).
 func (u Unit) Duration() time.Duration {
 	if int(u) >= len(unitDurations) {
 		return 0

@@ -52,6 +52,7 @@ type (
 		Burst          scalar[uint32] `yaml:"burst"`
 		RefundOrder    scalar[string] `yaml:"refund_order"`
 		HotKeySlices   scalar[bool]   `yaml:"hot_key_slices"`
+		TimeZone       scalar[string] `yaml:"time_zone"`
 	}
 	rawReplace struct {
 		Name scalar[string] `yaml:"name"`
@@ -413,7 +414,7 @@ func (p *parser) rules(rd *rawDescriptor, levels []Level) ([]*Rule, error) {
 				return nil, p.errorf(line, "a descriptor has one limit of algorithm %s (envoyproxy/ratelimit's keys, "+
 					"one per descriptor); give the others another algorithm", r.Algorithm)
 			}
-			if prev.Algorithm == r.Algorithm && prev.Window() == r.Window() {
+			if prev.Algorithm == r.Algorithm && prev.Window() == r.Window() && prev.Calendar() == r.Calendar() {
 				return nil, p.errorf(line, "two limits of one descriptor with algorithm %s and a window of %v would share one counter", r.Algorithm, r.Window())
 			}
 		}
@@ -430,7 +431,8 @@ func (p *parser) rules(rd *rawDescriptor, levels []Level) ([]*Rule, error) {
 func firstLine(rl *rawRateLimit, line int) int {
 	first := 0
 	for _, l := range []int{rl.Unit.Line, rl.RequestsPerUnit.Line, rl.Unlimited.Line, rl.Name.Line, rl.Algorithm.Line,
-		rl.UnitMultiplier.Line, rl.FailureMode.Line, rl.RecordCosts.Line, rl.RefundOrder.Line, rl.HotKeySlices.Line} {
+		rl.UnitMultiplier.Line, rl.FailureMode.Line, rl.RecordCosts.Line, rl.RefundOrder.Line, rl.HotKeySlices.Line,
+		rl.TimeZone.Line} {
 		if l > 0 && (first == 0 || l < first) {
 			first = l
 		}
@@ -523,6 +525,9 @@ func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rul
 	if err := p.refundOrder(r, rl); err != nil {
 		return nil, err
 	}
+	if err := p.timeZone(r, rl); err != nil {
+		return nil, err
+	}
 	r.NoSlices = rl.HotKeySlices.Set && !rl.HotKeySlices.V
 	if err := r.Algorithm.CheckLimit(r.RequestsPerUnit); err != nil {
 		return nil, p.errorf(rl.RequestsPerUnit.Line, "requests_per_unit %v", err)
@@ -592,6 +597,34 @@ func (p *parser) refundOrder(r *Rule, rl *rawRateLimit) error {
 	return nil
 }
 
+// timeZone reads rate_limit.time_zone, the zone whose calendar a fixed
+// window of days, weeks, months or years follows. It has no effect
+// elsewhere (sliding windows and buckets have no edges, shorter units no
+// midnight, the reference's keys no zone), so it is refused there rather
+// than ignored.
+func (p *parser) timeZone(r *Rule, rl *rawRateLimit) error {
+	if !rl.TimeZone.Set {
+		return nil
+	}
+	if r.Algorithm != FixedWindow {
+		how := "algorithm is " + r.Algorithm.String()
+		if !rl.Algorithm.Set {
+			how = "default algorithm is " + r.Algorithm.String() + "; add algorithm: " + FixedWindow.String()
+		}
+		return p.errorf(rl.TimeZone.Line, "time_zone applies only to algorithm %s (calendar windows), and this rule's %s", FixedWindow, how)
+	}
+	if r.Unit < Day {
+		return p.errorf(rl.TimeZone.Line, "time_zone applies only to units day, week, month and year, and this rule's unit is %s",
+			strings.ToLower(r.Unit.String()))
+	}
+	zone, err := loadZone(rl.TimeZone.V)
+	if err != nil {
+		return p.errorf(rl.TimeZone.Line, "%v", err)
+	}
+	r.Zone = zone
+	return nil
+}
+
 // unlimited refuses the fields that make no sense for an unlimited rule.
 // requests_per_unit is not one of them: the reference ignores it there. Nor
 // is a unit that names none, "" or UNKNOWN: the RateLimitConfig proto's
@@ -611,6 +644,7 @@ func (p *parser) unlimited(rl *rawRateLimit) error {
 		{"burst", rl.Burst.Set, rl.Burst.Line},
 		{"refund_order", rl.RefundOrder.Set, rl.RefundOrder.Line},
 		{"hot_key_slices", rl.HotKeySlices.Set, rl.HotKeySlices.Line},
+		{"time_zone", rl.TimeZone.Set, rl.TimeZone.Line},
 	} {
 		if f.set {
 			return p.errorf(f.line, "should not specify rate limit %s when unlimited", f.name)

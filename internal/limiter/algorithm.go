@@ -30,13 +30,20 @@ func describe(a config.Algorithm) (*algorithm.Descriptor, error) {
 	return d, nil
 }
 
-// checkAlgorithms returns an error when a hit's algorithm is unknown: such
-// a hit is refused before anything is sent, so that the code below never
-// meets one.
+// errCalendar refuses a hit aligned to the calendar whose algorithm is not
+// fixed_window, the one algorithm with edges to align (config.CalendarOf).
+var errCalendar = errors.New("a calendar window for an algorithm other than fixed_window")
+
+// checkAlgorithms returns an error when a hit's algorithm is unknown, or
+// has a calendar it cannot follow: such a hit is refused before anything is
+// sent, so that the code below never meets one.
 func checkAlgorithms(hits []Hit) error {
 	for i := range hits {
 		if _, err := describe(hits[i].Algorithm); err != nil {
 			return err
+		}
+		if !hits[i].Calendar.IsZero() && hits[i].Algorithm != config.FixedWindow {
+			return fmt.Errorf("%w: %v", errCalendar, hits[i].Algorithm)
 		}
 	}
 	return nil
@@ -71,8 +78,10 @@ func hitCode(h *Hit, d *algorithm.Descriptor, quotas bool) int {
 // ":burst" for a bucket, then ":ahead" (milliseconds, rounded up) for a
 // lease recorded ahead (after an empty burst for other algorithms). One string per hit costs Redis less than four
 // numbers (each argument is an object to parse and to copy into Lua), and
-// decide.lua parses each distinct string once.
-func hitArg(h *Hit, quotas bool) (string, error) {
+// decide.lua parses each distinct string once. A calendar's window is the
+// edges of the windows around now instead of a length (see
+// config.Calendar.Edges): the script picks the one holding Redis TIME.
+func hitArg(h *Hit, quotas bool, now time.Time) (string, error) {
 	d, err := describe(h.Algorithm)
 	if err != nil {
 		return "", err
@@ -82,7 +91,16 @@ func hitArg(h *Hit, quotas bool) (string, error) {
 	s = append(s, ':')
 	s = strconv.AppendUint(s, uint64(h.Limit), 10)
 	s = append(s, ':')
-	s = strconv.AppendInt(s, int64(h.Window/time.Second), 10)
+	if h.Calendar.IsZero() {
+		s = strconv.AppendInt(s, int64(h.Window/time.Second), 10)
+	} else {
+		for i, edge := range h.Calendar.Edges(now) {
+			if i > 0 {
+				s = append(s, ',')
+			}
+			s = strconv.AppendInt(s, edge.Unix(), 10)
+		}
+	}
 	s = append(s, ':')
 	s = strconv.AppendUint(s, luaCost(h, d), 10)
 	if d.Bucket || h.Ahead > 0 {

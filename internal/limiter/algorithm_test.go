@@ -55,7 +55,7 @@ func TestUnknownAlgorithmIsAnError(t *testing.T) {
 				t.Fatalf("describe(%d) = %v, want errUnknownAlgorithm", a, err)
 			}
 			h := hit(a, "k", 10, time.Minute, 1)
-			if _, err := hitArg(&h, true); !errors.Is(err, errUnknownAlgorithm) {
+			if _, err := hitArg(&h, true, epoch); !errors.Is(err, errUnknownAlgorithm) {
 				t.Fatalf("hitArg: %v, want errUnknownAlgorithm", err)
 			}
 			if _, err := refundArgs(nil, &h, 0); !errors.Is(err, errUnknownAlgorithm) {
@@ -110,7 +110,7 @@ func TestHitArgs(t *testing.T) {
 		{"gcra cost capped", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: big}, true, "4:5:60:4294967296:5"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := hitArg(&tt.h, tt.quotas)
+			got, err := hitArg(&tt.h, tt.quotas, epoch)
 			if err != nil || got != tt.want {
 				t.Fatalf("hitArg = %q, %v; want %q", got, err, tt.want)
 			}
@@ -155,7 +155,7 @@ end`)
 			h := Hit{Algorithm: a, Limit: 7, Window: 3 * time.Minute, Cost: 5, Burst: 9,
 				Shadow: flags&1 != 0, Record: flags&2 != 0, Refund: flags&4 != 0, Quota: flags&8 != 0}
 			quotas := flags&16 != 0
-			arg, err := hitArg(&h, quotas)
+			arg, err := hitArg(&h, quotas, epoch)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,6 +13,8 @@ import (
 //
 //	rl:{<domain>|<key>=<value>|<key>=*<pattern>...}:<algorithm>:<window seconds>
 //
+// or, for a fixed window aligned to the calendar, its calendar in place of
+// the window's length (CalendarKey),
 // with <algorithm> its key code (the Key of internal/algorithm's
 // Descriptor: log, counter, fixed, gcra), one `|<key>=<value>` per
 // descriptor entry in request order, and `|<key>=*<pattern>` for an entry
@@ -112,6 +114,28 @@ func (b *KeyBuilder) Key(a config.Algorithm, window time.Duration) string {
 	b.buf = append(b.buf, algorithmCode(a)...)
 	b.buf = append(b.buf, ':')
 	b.buf = strconv.AppendInt(b.buf, int64(window/time.Second), 10)
+	return string(b.buf)
+}
+
+// CalendarKey finishes the key of a fixed window aligned to the calendar
+// c: its algorithm, then c's name instead of a length, its zone escaped
+// ("fixed:1mo", "fixed:7d@Europe/Berlin"), so that a counter of calendar
+// windows, whose value names its window by its start, is never read as
+// one of epoch-aligned windows, nor of another zone's. The reference's
+// keys have no calendar (config.CalendarOf): never start one with
+// ResetReference.
+func (b *KeyBuilder) CalendarKey(a config.Algorithm, c config.Calendar) string {
+	b.buf = append(b.buf, '}', ':')
+	b.buf = append(b.buf, algorithmCode(a)...)
+	b.buf = append(b.buf, ':')
+	if c.Months > 0 {
+		b.buf = append(strconv.AppendInt(b.buf, int64(c.Months), 10), "mo"...)
+	} else {
+		b.buf = append(strconv.AppendInt(b.buf, int64(c.Days), 10), 'd')
+	}
+	if c.Zone != nil {
+		b.buf = appendEscaped(append(b.buf, '@'), c.Zone.String())
+	}
 	return string(b.buf)
 }
 

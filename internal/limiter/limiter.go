@@ -43,7 +43,9 @@
 //     batch's requests are decided at one instant);
 //   - the window a key in the reference's schema names: KeyBuilder.Now,
 //     which the service reads from its own Options.Now once per request;
-//   - the deny cache (denycache.go): Options.Now, time.Now by default;
+//   - the deny cache (denycache.go), and the edges of calendar windows
+//     (Hit.Calendar) sent around it, which Redis TIME then picks from:
+//     Options.Now, time.Now by default;
 //   - deadlines, timeouts, the durations Observe gets and the tracing
 //     spans: the real clock, as the caller's deadline is.
 //
@@ -85,8 +87,15 @@ type Hit struct {
 	Algorithm config.Algorithm
 	// Limit is the number of units the window admits.
 	Limit uint32
-	// Window is the length of the window, a whole number of seconds.
+	// Window is the length of the window, a whole number of seconds. With
+	// a Calendar it is the unit's nominal length (30 days for a month),
+	// which the store's answers do not use.
 	Window time.Duration
+	// Calendar aligns a fixed window to the calendar (its weeks, months and
+	// years, in a time zone); zero for windows of the length Window. The
+	// limiter sends the edges of the windows around its clock (Options.Now)
+	// and the store counts in the one holding Redis TIME.
+	Calendar config.Calendar
 	// Cost is the number of units this hit consumes; 0 checks without
 	// consuming, and is denied while nothing remains.
 	Cost uint64
@@ -178,7 +187,8 @@ type Options struct {
 	// not Redis's clock: tests that move Redis's clock by hand turn it off,
 	// or move Now with it.
 	DenyCache time.Duration
-	// Now is the clock of the deny cache; nil means time.Now. Deadlines and
+	// Now is the clock of the deny cache and of the calendar windows' edges
+	// sent to the store (Hit.Calendar); nil means time.Now. Deadlines and
 	// the durations Observe gets are on the real clock whatever it says.
 	// The app gives the service's Options.Now (the reference's keys'
 	// clock) here too.
@@ -555,9 +565,10 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	if !charge {
 		args[0] = -len(group)
 	}
+	now := l.now()
 	for j, i := range group {
 		keys[j] = hits[i].Key
-		arg, err := hitArg(&hits[i], quotas)
+		arg, err := hitArg(&hits[i], quotas, now)
 		if err != nil { // Decide refused such a hit already
 			for _, i := range group {
 				verdicts[i] = failureVerdict(hits[i])

@@ -330,7 +330,7 @@ func (sh *sliceShard) track(key string, most int) *hotKey {
 func (k *hotKey) matches(h *limiter.Hit) bool {
 	r := &k.rule
 	return len(k.slices) > 0 && r.Algorithm == h.Algorithm && r.Limit == h.Limit &&
-		r.Window == h.Window && r.Burst == h.Burst
+		r.Window == h.Window && r.Calendar == h.Calendar && r.Burst == h.Burst
 }
 
 // available is the units k's live slices hold at now.

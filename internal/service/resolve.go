@@ -23,6 +23,7 @@ type limit struct {
 	requestsPerUnit uint32
 	unit            config.Unit
 	multiplier      uint32
+	zone            *time.Location // the rule's time_zone: nil is UTC
 	algorithm       config.Algorithm
 	burst           uint32 // GCRA's bucket; 0: requestsPerUnit
 	failureMode     config.FailureMode
@@ -106,6 +107,7 @@ func ruleLimit(rule *config.Rule) *limit {
 		requestsPerUnit: rule.RequestsPerUnit,
 		unit:            rule.Unit,
 		multiplier:      rule.UnitMultiplier,
+		zone:            rule.Zone,
 		algorithm:       rule.Algorithm,
 		burst:           rule.Burst,
 		failureMode:     rule.FailureMode,
@@ -122,6 +124,13 @@ func ruleLimit(rule *config.Rule) *limit {
 
 func (l *limit) window() time.Duration {
 	return l.unit.Duration() * time.Duration(l.multiplier)
+}
+
+// calendar is the calendar the limit's windows follow, an override's
+// included: a monthly override of a fixed_window rule counts calendar
+// months too, in the rule's zone.
+func (l *limit) calendar() config.Calendar {
+	return config.CalendarOf(l.algorithm, l.unit, l.multiplier, l.zone)
 }
 
 // dropReplaced removes the limits that another matched limit replaces
@@ -201,6 +210,7 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		Algorithm: l.algorithm,
 		Limit:     l.requestsPerUnit,
 		Window:    l.window(),
+		Calendar:  l.calendar(),
 		Cost:      cost,
 		Burst:     l.burst,
 		Shadow:    l.shadow,
@@ -232,6 +242,9 @@ func storeKey(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLim
 			continue
 		}
 		kb.Add(e.Key, e.Value)
+	}
+	if c := l.calendar(); !c.IsZero() {
+		return kb.CalendarKey(l.algorithm, c)
 	}
 	return kb.Key(l.algorithm, l.window())
 }

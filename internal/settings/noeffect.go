@@ -2,8 +2,8 @@ package settings
 
 // noEffect are the reference's variables that set no flag here, each with
 // why: with the table's variables, every variable the reference's
-// src/settings/settings.go reads (commit f2fb157), which
-// testdata/reference-env.txt lists.
+// src/settings/settings.go reads (commit f2fb157, and one added later),
+// which testdata/reference-env.txt lists.
 var noEffect = []RefVar{
 	// Config.
 	{Name: "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Default: "3s",
@@ -24,6 +24,10 @@ var noEffect = []RefVar{
 		Here: "no effect: keys expire with their window (reference_fixed_window's a window after their first count, without jitter)"},
 	{Name: "BACKEND_TYPE", Default: "redis", Here: "redis is the only backend: memcache or another value refuses to start"},
 	{Name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Default: "false", Here: "no effect: a denied hit is never counted here, as if always true"},
+	{Name: "USE_CALENDAR_MONTH_RATE_LIMIT", Default: "false",
+		Here: "no effect: reference_fixed_window's months are the reference's default, 30 days from the Unix epoch; " +
+			"the reference with it true keys UTC calendar months otherwise, so a swap does not share their counts " +
+			"(docs/migration.md, calendar windows)"},
 	// Redis.
 	{Name: "REDIS_POOL_SIZE", Default: "10", Here: "no effect: requests are batched on a few connections per Redis server"},
 	{Name: "REDIS_PIPELINE_WINDOW", Default: "0", Here: "no effect: requests are always batched (no added wait)"},

@@ -170,13 +170,19 @@ type Rule struct {
 type Limit struct {
 	// Requests is the number of units Window admits.
 	Requests uint32
-	// Window is the window's length: the unit times unit_multiplier.
+	// Window is the window's length: the unit times unit_multiplier, a
+	// month 30 days and a year 365.
 	Window time.Duration
 	// Algorithm is the rule's algorithm as the config names it, such as
 	// "sliding_window_log".
 	Algorithm string
 	// Burst is the GCRA bucket's size; zero for other algorithms.
 	Burst uint32
+	// Calendar is set when the windows follow the calendar instead of
+	// Window (fixed_window's weeks, months and years, in its time_zone):
+	// named as in the counter's store key, such as "1mo", "7d" or
+	// "1mo@Europe/Berlin"; empty for windows of the length Window.
+	Calendar string
 }
 
 // Domain returns the rule's domain.
@@ -207,6 +213,9 @@ func (r Rule) Limits() []Limit {
 	out := make([]Limit, len(all))
 	for i, l := range all {
 		out[i] = Limit{Requests: l.RequestsPerUnit, Window: l.Window(), Algorithm: l.Algorithm.String(), Burst: l.Burst}
+		if c := l.Calendar(); !c.IsZero() {
+			out[i].Calendar = c.String()
+		}
 	}
 	return out
 }

@@ -108,3 +108,31 @@ func write(t *testing.T, path, data string) {
 		t.Fatal(err)
 	}
 }
+
+// A fixed window of months follows the calendar, and says which; a sliding
+// month is 30 days long.
+func TestCalendarLimits(t *testing.T) {
+	const yaml = `domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: month, requests_per_unit: 3, algorithm: fixed_window, time_zone: Europe/Berlin}
+      - {unit: month, requests_per_unit: 5}
+`
+	cfg, err := config.Parse("calendar.yaml", []byte(yaml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule, ok := cfg.Match("d", config.Entry{Key: "k", Value: "v"})
+	if !ok {
+		t.Fatal("no rule")
+	}
+	month := 30 * 24 * time.Hour
+	want := []config.Limit{
+		{Requests: 3, Window: month, Calendar: "1mo@Europe/Berlin", Algorithm: "fixed_window"},
+		{Requests: 5, Window: month, Algorithm: "sliding_window_counter"},
+	}
+	if got := rule.Limits(); !reflect.DeepEqual(got, want) {
+		t.Errorf("limits %+v, want %+v", got, want)
+	}
+}

@@ -23,7 +23,7 @@ descriptors:
 	}
 	rule, ok := cfg.Match("api", config.Entry{Key: "user_id", Value: "42"})
 	fmt.Println(ok, rule.Source(), rule.Limits())
-	// Output: true api.yaml:4 [{100 1m0s gcra 20}]
+	// Output: true api.yaml:4 [{100 1m0s gcra 20 }]
 }
 
 // A config error names the file and line.

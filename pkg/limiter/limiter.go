@@ -95,8 +95,13 @@ type Limit struct {
 }
 
 // LimitOf returns a config rule's limit as a Limit, to decide on the
-// counter of the rule from Go (with Key).
+// counter of the rule from Go (with Key). A limit whose windows follow the
+// calendar (its Calendar is set) is refused: a Limit has windows of one
+// length, and would count at another counter than the service's.
 func LimitOf(l pkgconfig.Limit) (Limit, error) {
+	if l.Calendar != "" {
+		return Limit{}, fmt.Errorf("limit of calendar windows %s: a Limit has windows of one length", l.Calendar)
+	}
 	a, err := ParseAlgorithm(l.Algorithm)
 	if err != nil {
 		return Limit{}, err

@@ -3,11 +3,13 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	pkgconfig "github.com/slidingwindow/ratelimit/pkg/config"
 	"github.com/slidingwindow/ratelimit/pkg/limiter"
 )
 
@@ -155,5 +157,22 @@ func TestCostExceedsLimit(t *testing.T) {
 	v, err := lim.Decide(context.Background(), limiter.Hit{Key: "x", Limit: limiter.Limit{Requests: 5, Window: time.Minute}, Cost: 6})
 	if err != nil || v[0].Admitted || !v[0].CostExceedsLimit {
 		t.Errorf("cost 6 on a limit of 5: %+v, %v; want denied, CostExceedsLimit", v, err)
+	}
+}
+
+// A rule's limit of calendar months has no Limit: one would count epoch
+// windows of 30 days at another counter than the service's.
+func TestLimitOfCalendar(t *testing.T) {
+	cfg, err := pkgconfig.Parse("c.yaml", []byte(`domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: month, requests_per_unit: 3, algorithm: fixed_window}
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule, _ := cfg.Match("d", pkgconfig.Entry{Key: "k", Value: "v"})
+	if _, err := limiter.LimitOf(rule.Limits()[0]); err == nil || !strings.Contains(err.Error(), "calendar") {
+		t.Errorf("LimitOf a calendar month: %v, want an error", err)
 	}
 }

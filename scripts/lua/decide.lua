@@ -9,7 +9,10 @@
 --          hit (the bucket's size in units), and ":ahead" after that (after
 --          an empty burst for other algorithms) for a lease whose units are
 --          recorded that many milliseconds ahead of now (the sliding log
---          only; see its commit). window is in seconds; code =
+--          only; see its commit). window is in seconds, or, for a
+--          fixed window aligned to the calendar, the Unix seconds of four
+--          window edges, comma-separated and ascending (see fixed_window.lua's
+--          span); code =
 --          the algorithm's ID (ALG_*, its index in algorithms) + FLAG_SHADOW
 --          for a shadow hit + FLAG_RECORD for a cost that is recorded even
 --          when it does not fit + FLAG_REFUND for a refund of cost units
@@ -55,16 +58,28 @@
 local rules, nrules, max_rules = {}, 0, 1000
 
 local function parse_rule(s)
-  local code, limit, window, cost, burst, ahead = string.match(s, '^(%d+):(%d+):(%d+):(%d+):?(%d*):?(%d*)$')
+  local code, limit, window, cost, burst, ahead = string.match(s, '^(%d+):(%d+):([%d,]+):(%d+):?(%d*):?(%d*)$')
   code, cost = tonumber(code), tonumber(cost)
   if not code then
     error('decide: malformed hit argument ' .. s)
   end
   local alg = code % FLAG_SHADOW
+  if string.find(window, ',', 1, true) then
+    if alg ~= ALG_FIXED_WINDOW then
+      error('decide: calendar edges for an algorithm other than fixed_window in hit argument ' .. s)
+    end
+    local edges = {}
+    for edge in string.gmatch(window, '%d+') do
+      edges[#edges + 1] = tonumber(edge) * 1000000
+    end
+    window = edges
+  else
+    window = tonumber(window) * 1000000
+  end
   local rule = {
     alg = algorithms[alg],
     limit = tonumber(limit),
-    window = tonumber(window) * 1000000,
+    window = window, -- microseconds, or a calendar's edges in microseconds
     cost = cost,
     need = math.max(cost, 1),
     burst = tonumber(burst), -- nil but for GCRA

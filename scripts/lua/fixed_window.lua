@@ -7,12 +7,33 @@
 -- route it right while a slot migrates, and one SET records the charges of
 -- a call: with its expiry (the window's end) when the window's count is
 -- new, else keeping it. A value of another window counts as empty.
+--
+-- A window aligned to the calendar (a month, a week from Monday, in a time
+-- zone) comes as a list of edges instead of a length: the Go side computes
+-- them around its own clock, since this Lua has no time zones, and the
+-- window is the one holding Redis TIME, so that instances whose clocks
+-- differ agree. Its index is its start in Unix seconds.
 local fixed_window = {}
 
+-- span returns the index, start and length of the window holding now.
+-- With edges, far off the Go side's clock (by more than a window), the
+-- nearest window stands: its expiry and reset are still its own end.
+local function span(window, now)
+  if type(window) == 'number' then
+    local idx = math.floor(now / window)
+    return idx, idx * window, window
+  end
+  local i = 1
+  while i < #window - 1 and now >= window[i + 1] do
+    i = i + 1
+  end
+  return window[i] / 1000000, window[i], window[i + 1] - window[i]
+end
+
 function fixed_window.check(key, limit, window, cost, now)
-  local idx = math.floor(now / window)
+  local idx, start, length = span(window, now)
   -- Every field named in the constructor: Lua then sizes the table once.
-  local st = { token = idx, elapsed = now - idx * window, prior = seen[key],
+  local st = { token = idx, elapsed = now - start, length = length, prior = seen[key],
     used = 0, keep = false, admit = false }
   -- st.prior: charged earlier in this call, count known
   if st.prior then
@@ -32,7 +53,8 @@ end
 
 function fixed_window.commit(key, st, limit, window, cost, now)
   st.used = math.min(st.used + cost, max_count)
-  write_later(key, string.format('%d:%d', st.token, st.used), not st.keep and fmt_ttl(math.ceil((window - st.elapsed) / 1000)) or nil)
+  write_later(key, string.format('%d:%d', st.token, st.used),
+    not st.keep and fmt_ttl(math.max(1, math.ceil((st.length - st.elapsed) / 1000))) or nil)
   seen[key] = st -- what a later check of key in this call reads
 end
 
@@ -66,5 +88,5 @@ function fixed_window.result(key, st, limit, window, cost, now)
   if st.used == 0 then
     return limit, 0
   end
-  return math.max(0, limit - st.used), window - st.elapsed
+  return math.max(0, limit - st.used), math.max(0, st.length - st.elapsed)
 end
