@@ -473,6 +473,7 @@ func exportedSeries(t *testing.T) map[string]bool {
 	m.StoreCall(time.Millisecond, "timeout")
 	m.InvalidRequest("empty_domain")
 	m.Shed()
+	m.TransportRefused(metrics.RefusedConnection)
 	m.Overloaded()
 	m.ConfigLoaded(1, "hash", "", "")
 	m.ConfigReload("failure")
