@@ -18,7 +18,7 @@ run:
 	$(GO) run ./cmd/ratelimit --config examples/config --log-format console --admin-addr localhost:9090
 
 ## test: install what the tests need when it is missing (make tools: redis-server and
-## redis-sentinel, protoc, the code generators, h2spec, golangci-lint, apidiff), then lint
+## redis-sentinel, protoc, promtool, the code generators, h2spec, golangci-lint, apidiff), then lint
 ## (govet among its linters, with go vet's analyzers), the API check, and every test with
 ## the race detector
 test: tools lint api
@@ -50,8 +50,8 @@ proto:
 	proto/generate.sh
 
 ## tools: install what is missing of what make test needs, at the pinned versions:
-## redis-server, redis-sentinel and protoc (apt-get), the protoc plugins, h2spec and
-## golangci-lint (go install into GOBIN); a check of about a second when all is there
+## redis-server, redis-sentinel, protoc and promtool (apt-get), the protoc plugins, h2spec,
+## golangci-lint and apidiff (go install into GOBIN); a check of about a second when all is there
 tools:
 	.ci/tools.sh
 

@@ -8,6 +8,10 @@
 #                       sentinel processes
 #   protoc              3.21.12  Debian 12's protobuf-compiler, with
 #                                libprotobuf-dev for the well-known types
+#   promtool            2.42.0   Debian 12's prometheus package: checks and
+#                                unit-tests deploy/monitoring's alert rules
+#                                (its monitoring_test.go); the package's
+#                                Prometheus server is stopped and disabled
 #   protoc-gen-go       google.golang.org/protobuf's version in go.mod
 #   protoc-gen-go-grpc  PROTOC_GEN_GO_GRPC_VERSION below
 #   h2spec              H2SPEC_VERSION below: HTTP/2 conformance, run by
@@ -26,13 +30,16 @@
 # a check of about a second.
 #
 # usage: .ci/tools.sh [--check] [TOOL...]
-#   TOOL: redis, protoc, protoc-gen-go, protoc-gen-go-grpc, h2spec,
-#         golangci-lint, apidiff (default: all of them)
+#   TOOL: redis, protoc, promtool, protoc-gen-go, protoc-gen-go-grpc,
+#         h2spec, golangci-lint, apidiff (default: all of them)
 #   --check: install nothing; exit 1 naming what is wrong
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PROTOC_VERSION=3.21.12
+# Debian 12's prometheus (2.42.0+ds-5+deb12u1); its promtool reports
+# 2.42.0+ds, upstream's 2.42.0: the +ds (sources repacked) is dropped.
+PROMTOOL_VERSION=2.42.0
 # The newest release; its code needs grpc >= 1.64 (SupportPackageIsVersion9).
 PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
 # The last release (2019); it has no go.mod, hence +incompatible. Its
@@ -51,13 +58,13 @@ if [ -z "$gobin" ]; then
 fi
 export PATH="$gobin:$PATH"
 
-all=(redis protoc protoc-gen-go protoc-gen-go-grpc h2spec golangci-lint apidiff)
+all=(redis protoc promtool protoc-gen-go protoc-gen-go-grpc h2spec golangci-lint apidiff)
 check=false
 tools=()
 for arg in "$@"; do
   case "$arg" in
     --check) check=true ;;
-    redis | protoc | protoc-gen-go | protoc-gen-go-grpc | h2spec | golangci-lint | apidiff) tools+=("$arg") ;;
+    redis | protoc | promtool | protoc-gen-go | protoc-gen-go-grpc | h2spec | golangci-lint | apidiff) tools+=("$arg") ;;
     *) echo "usage: $0 [--check] [TOOL...], TOOL one of: ${all[*]}" >&2; exit 2 ;;
   esac
 done
@@ -84,6 +91,7 @@ version_of() {
   command -v "$1" >/dev/null || return 0
   case "$1" in
     protoc) protoc --version 2>/dev/null | sed -n 's/^libprotoc //p' || true ;;
+    promtool) promtool --version 2>/dev/null | sed -n 's/^promtool, version \([^ +]*\).*/\1/p' || true ;;
     protoc-gen-go) protoc-gen-go --version 2>/dev/null | sed -n 's/^protoc-gen-go //p' || true ;;
     protoc-gen-go-grpc) protoc-gen-go-grpc --version 2>/dev/null | sed -n 's/^protoc-gen-go-grpc /v/p' || true ;;
     h2spec) module_version "$(command -v h2spec)" github.com/summerwind/h2spec ;;
@@ -133,6 +141,28 @@ if wanted protoc; then
   fi
 fi
 
+if wanted promtool; then
+  have="$(version_of promtool)"
+  if [ "$have" != "$PROMTOOL_VERSION" ]; then
+    wrong+=("promtool is ${have:-missing}, want $PROMTOOL_VERSION")
+    packages+=(prometheus)
+    need+=("promtool $PROMTOOL_VERSION (https://github.com/prometheus/prometheus/releases/tag/v$PROMTOOL_VERSION)")
+  fi
+fi
+
+# stop_prometheus_server stops the Prometheus server that Debian's package
+# starts where an init system runs services (systemd; sysvinit without a
+# policy-rc.d that forbids it, as containers have), and keeps it from
+# starting at boot: only its promtool is wanted.
+stop_prometheus_server() {
+  if [ -d /run/systemd/system ]; then
+    "${as_root[@]}" systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  elif [ -x /etc/init.d/prometheus ]; then
+    "${as_root[@]}" /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+    "${as_root[@]}" update-rc.d prometheus disable >/dev/null 2>&1 || true
+  fi
+}
+
 if [ ${#packages[@]} -gt 0 ] && ! $check; then
   printf '%s\n' "${wrong[@]}" >&2
   wrong=()
@@ -153,7 +183,9 @@ if [ ${#packages[@]} -gt 0 ] && ! $check; then
   fi
   echo "installing ${packages[*]} (apt-get)" >&2
   "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade "${packages[@]}" >/dev/null
+  # Without recommends: prometheus's is prometheus-node-exporter, one more
+  # server (protobuf-compiler's, libprotobuf-dev, is asked for by name).
+  "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade --no-install-recommends "${packages[@]}" >/dev/null
   if wanted redis && ! redis_ok; then
     echo "apt-get installed ${packages[*]}, but redis-server, redis-cli or redis-sentinel is still not on PATH" >&2
     exit 1
@@ -165,6 +197,16 @@ if [ ${#packages[@]} -gt 0 ] && ! $check; then
       exit 1
     fi
     has_wkt || { echo "protoc still does not find google/protobuf/duration.proto" >&2; exit 1; }
+  fi
+  if wanted promtool; then
+    if [[ " ${packages[*]} " == *" prometheus "* ]]; then
+      stop_prometheus_server
+    fi
+    have="$(version_of promtool)"
+    if [ "$have" != "$PROMTOOL_VERSION" ]; then
+      echo "apt-get's promtool is ${have:-missing}, want $PROMTOOL_VERSION (Debian 12's): install promtool $PROMTOOL_VERSION from https://github.com/prometheus/prometheus/releases/tag/v$PROMTOOL_VERSION" >&2
+      exit 1
+    fi
   fi
 fi
 
