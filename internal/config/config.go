@@ -72,6 +72,8 @@ type Rule struct {
 	RecordCosts     CostRecording // the rule's, or Defaults.RecordCosts
 	RefundOldest    bool          // refund_order: oldest (the log only): a refund frees the oldest units first
 	NoSlices        bool          // hot_key_slices: false: never decided from a hot key's slice (internal/quota's Slices)
+	Leases          bool          // leases: true (the log only): acquisitions are leases, settled by the id the answer carries
+	LeaseTTL        time.Duration // lease_ttl: how long a lease lives unsettled; 0: the window
 	Unlimited       bool
 	ShadowMode      bool
 	// QuotaMode: the rule's denial denies its request only when every
