@@ -207,7 +207,9 @@ func TestLeasedSeatsWithEnvoysCalls(t *testing.T) {
 		t.Fatalf("settled at 300: %v, want 9700 left", resp)
 	}
 	servers[0].ask(t, acquisitionCall("tokens_user", "u", 1000)) // never settled
-	check := func() uint32 { return servers[1].ask(t, acquisitionCall("tokens_user", "u", 0)).Statuses[0].LimitRemaining }
+	check := func() uint32 {
+		return servers[1].ask(t, acquisitionCall("tokens_user", "u", 0)).Statuses[0].LimitRemaining
+	}
 	if left := check(); left != 8700 {
 		t.Fatalf("with an unsettled reservation of 1000: %d left, want 8700", left)
 	}

@@ -609,7 +609,7 @@ func (p *parser) refundOrder(r *Rule, rl *rawRateLimit) error {
 // docs/budgets.md). Only the log names its units; a lease is released by
 // its id, never by refund_order.
 func (p *parser) leases(r *Rule, rl *rawRateLimit) error {
-	if rl.LeaseTTL.Set && !(rl.Leases.Set && rl.Leases.V) {
+	if rl.LeaseTTL.Set && !rl.Leases.V {
 		return p.errorf(rl.LeaseTTL.Line, "lease_ttl applies only to a rule with leases: true")
 	}
 	if !rl.Leases.V {

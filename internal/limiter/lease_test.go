@@ -152,7 +152,7 @@ func TestReservationTrueUp(t *testing.T) {
 	}
 
 	// Up: the actual cost above the estimate, and above what remains.
-	l, c = newTestLimiter(t, epoch)
+	l, _ = newTestLimiter(t, epoch)
 	r = decide1(t, l, reserve(9000))
 	if v := decide1(t, l, settle("tokens", limit, window, r.Lease, 12_000)); !v.Admitted || v.Remaining != 0 {
 		t.Fatalf("settled at 12000 on a limit of 10000: %+v, want recorded (admitted), nothing remaining", v)

@@ -62,14 +62,12 @@ func streamDone(id string, cost *uint64, kv ...string) *rlcommon.RateLimitDescri
 	if id == "" {
 		return nil
 	}
-	d := desc(append(kv, LeaseKey, id)...)
 	if cost == nil {
-		d = costDesc(1, append(kv, LeaseKey, id)...)
+		d := costDesc(1, append(kv, LeaseKey, id)...)
 		d.IsNegativeHits = true
-	} else {
-		d = costDesc(*cost, append(kv, LeaseKey, id)...)
+		return d
 	}
-	return d
+	return costDesc(*cost, append(kv, LeaseKey, id)...)
 }
 
 // TestLeaseAnswers: an admitted acquisition carries its lease id in
