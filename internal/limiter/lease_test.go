@@ -237,3 +237,25 @@ func TestLeasesNeedTheLog(t *testing.T) {
 		t.Fatalf("a settlement on gcra: %v, want errLeaseAlgorithm", err)
 	}
 }
+
+// TestLeaseAcrossSlotsIsTakenBack: a lease charged on one cluster slot of a
+// request that another slot denies is taken back by its nonce (refund.lua),
+// and its verdict carries no lease id.
+func TestLeaseAcrossSlotsIsTakenBack(t *testing.T) {
+	s := newShards(t, 2, epoch.Add(time.Second), nil)
+	full := hitOn("full", 1, 2, config.SlidingWindowLog, 1, 1)
+	decide1(t, s.l, full)
+	lease := hitOn("seat", 0, 2, config.SlidingWindowLog, 3, 2)
+	lease.Lease = true
+	v, err := s.l.Decide(context.Background(), []Hit{lease, full})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0].Charged || v[0].Lease != "" || v[1].Admitted {
+		t.Fatalf("verdicts %+v: want the lease taken back, without an id, and the full hit denied", v)
+	}
+	s.l.refunds.Wait()
+	if got := s.remaining(t, lease); got != 3 {
+		t.Fatalf("the lease's counter has %d left after the refund, want 3", got)
+	}
+}
