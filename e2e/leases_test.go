@@ -157,7 +157,7 @@ func TestLeasedSeatsWithEnvoysCalls(t *testing.T) {
 	}
 	// The bound a loaded machine keeps: a quarter of the ideal (the run
 	// above measured 298 and 305 of 500 at a load average of 20 on 2 cores,
-	// calls taking 55 to 60 ms each). The
+	// calls taking 55 to 60 ms each; 341 at a load average of 10). The
 	// metadata-free mode starves far below it (issue 24's test: 7 to 23
 	// admissions in 3 s).
 	if admitted.Load() < ideal/4 {
