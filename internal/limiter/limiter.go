@@ -486,10 +486,10 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.Window}
 			rule.add(h, false)
 		case h.quota(), h.Lease:
-			// A lease is not from the deny cache either: a settlement, on
-			// any instance, frees one at any moment.
-			// Not from the deny cache: its denial alone does not deny the
-			// request, the store's answer for the other quota hits decides.
+			// Not from the deny cache: a quota hit's denial alone does not
+			// deny the request, the store's answer for the other quota hits
+			// decides; and a settlement, on any instance, frees a lease at
+			// any moment.
 			sent = append(sent, i)
 			rule.add(h, true)
 		default:
