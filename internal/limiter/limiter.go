@@ -20,6 +20,10 @@
 // their own (envoyproxy/ratelimit's REDIS_PERSECOND), the others to the
 // main one.
 //
+// A Lease hit's charge on the sliding window log names itself with a random
+// id (lease.go) that a Settle hit later frees, replacing it by an actual
+// cost; a lease not settled leaves the count at its TTL by itself.
+//
 // Share keeps, beside a counter, the registry of its RLQS assignments (one
 // entry per Envoy stream, shares.go) and decides one Envoy's fair share of
 // the limit so that the live assignments never sum past it.
