@@ -21,6 +21,7 @@ import (
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -162,7 +163,7 @@ func (e *edge) emulate(t *testing.T, r request) emulated {
 			continue
 		}
 		out := emulated{route: rt.GetName(), matched: rt, req: r, quota: e.quotaEnabled(t, rt)}
-		out.descriptors = e.descriptors(t, rt, r, false, nil)
+		out.descriptors = e.descriptors(t, rt, r, false, nil, nil)
 		return out
 	}
 	return emulated{}
@@ -171,11 +172,14 @@ func (e *edge) emulate(t *testing.T, r request) emulated {
 // descriptors runs the route's rate_limits of the filter's stage and of one
 // phase, as Envoy's populateRateLimitDescriptors does: before routing
 // (streamDone false) or when the stream is done, with the dynamic metadata
-// the stream gathered (namespace, then key).
+// the stream gathered (namespace, then key), and rl, the dynamic_metadata of
+// the rate limit service's first answer, which the filter's complete()
+// stored under its namespace envoy.filters.http.ratelimit (nil: none).
 func (e *edge) descriptors(t *testing.T, rt *routev3.Route, r request, streamDone bool,
-	metadata map[string]map[string]string) []*rlcommon.RateLimitDescriptor {
+	metadata map[string]map[string]string, rl *structpb.Struct) []*rlcommon.RateLimitDescriptor {
 	t.Helper()
 	var ds []*rlcommon.RateLimitDescriptor
+	rlNamespace := rl
 	for i, rl := range rt.GetRoute().GetRateLimits() {
 		if rl.GetStage().GetValue() != e.filter.GetStage() || rl.GetApplyOnStreamDone() != streamDone {
 			continue
@@ -183,7 +187,7 @@ func (e *edge) descriptors(t *testing.T, rt *routev3.Route, r request, streamDon
 		if rl.GetLimit() != nil || rl.GetDisableKey() != "" {
 			t.Fatalf("route %s rate_limits[%d]: the emulator does not model limit or disable_key", rt.GetName(), i)
 		}
-		d := descriptor(t, rl.GetActions(), r)
+		d := descriptorWith(t, rl.GetActions(), r, rlNamespace)
 		if d == nil {
 			continue
 		}
@@ -234,7 +238,8 @@ func hitsAddend(t *testing.T, ha *routev3.RateLimit_HitsAddend, metadata map[str
 // streamDone mirrors the filter's onDestroy: the route's apply_on_stream_done
 // rate_limits, with the dynamic metadata that header_to_metadata took from
 // the response headers (nil when the app never answered).
-func (e *edge) streamDone(t *testing.T, out emulated, response map[string]string) []*rlcommon.RateLimitDescriptor {
+func (e *edge) streamDone(t *testing.T, out emulated, response map[string]string,
+	answer *structpb.Struct) []*rlcommon.RateLimitDescriptor {
 	t.Helper()
 	if out.matched == nil {
 		return nil
@@ -256,7 +261,7 @@ func (e *edge) streamDone(t *testing.T, out emulated, response map[string]string
 		}
 		metadata[ns][kv.GetKey()] = v
 	}
-	return e.descriptors(t, out.matched, out.req, true, metadata)
+	return e.descriptors(t, out.matched, out.req, true, metadata, answer)
 }
 
 // normalize applies the connection manager's path settings to :path, or
@@ -346,6 +351,21 @@ func routeMatches(t *testing.T, m *routev3.RouteMatch, path string) bool {
 // the whole descriptor (nil).
 func descriptor(t *testing.T, actions []*routev3.RateLimit_Action, r request) *rlcommon.RateLimitDescriptor {
 	t.Helper()
+	return descriptorWith(t, actions, r, nil)
+}
+
+// rlFilterNamespace is where Envoy's rate limit filter stores the dynamic
+// metadata of the service's answer (ratelimit.cc, Filter::complete).
+const rlFilterNamespace = "envoy.filters.http.ratelimit"
+
+// descriptorWith is descriptor with rl, the rate limit filter's dynamic
+// metadata, for a metadata action of source DYNAMIC, as Envoy's
+// MetaDataAction::populateDescriptor reads it (router_ratelimit.cc): the
+// string value at metadata_key's path; empty or absent, default_value if
+// set; else skip_if_absent skips the entry, and without it the whole
+// descriptor is dropped.
+func descriptorWith(t *testing.T, actions []*routev3.RateLimit_Action, r request, rl *structpb.Struct) *rlcommon.RateLimitDescriptor {
+	t.Helper()
 	d := &rlcommon.RateLimitDescriptor{}
 	add := func(k, v string) {
 		d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: k, Value: v})
@@ -376,6 +396,25 @@ func descriptor(t *testing.T, actions []*routev3.RateLimit_Action, r request) *r
 				return nil
 			}
 			add(cmpOr(hv.GetDescriptorKey(), "header_match"), hv.GetDescriptorValue())
+		case *routev3.RateLimit_Action_Metadata:
+			md := s.Metadata
+			if md.GetSource() != routev3.RateLimit_Action_MetaData_DYNAMIC || md.GetMetadataKey().GetKey() != rlFilterNamespace {
+				t.Fatalf("metadata action %v: the emulator models source DYNAMIC in namespace %s only", md, rlFilterNamespace)
+			}
+			v := structpb.NewStructValue(rl)
+			for _, seg := range md.GetMetadataKey().GetPath() {
+				v = v.GetStructValue().GetFields()[seg.GetKey()]
+			}
+			switch value := v.GetStringValue(); {
+			case value != "":
+				add(md.GetDescriptorKey(), value)
+			case md.GetDefaultValue() != "":
+				add(md.GetDescriptorKey(), md.GetDefaultValue())
+			case md.GetSkipIfAbsent():
+				continue
+			default:
+				return nil
+			}
 		default:
 			t.Fatalf("the emulator does not model rate limit action %T", s)
 		}

@@ -110,7 +110,7 @@ func (x *rig) finish(t *testing.T, out outcome, response map[string]string) []*r
 	if !out.reply.upstream {
 		response = nil // a local reply: the app never answered
 	}
-	ds := x.edge.streamDone(t, out.emulated, response)
+	ds := x.edge.streamDone(t, out.emulated, response, out.resp.GetDynamicMetadata())
 	if len(ds) > 0 {
 		x.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{ //nolint:errcheck // Envoy ignores it
 			Domain:      x.edge.filter.GetDomain(),
@@ -508,10 +508,11 @@ func TestEnvoyFailures(t *testing.T) {
 // docs/deploy.md tells users to put in place of the sidecar's.
 
 // TestEnvoyConcurrencyLimit: the /concurrency route takes a seat before
-// routing and gives it back when the stream is done, for the requests it
-// denied too. At most the limit of one user's requests are in flight; a
-// denied request's release frees its own seat, not an admitted one's; once
-// every request is done, every seat is free.
+// routing, and its answer names the seat (a lease id in dynamic_metadata);
+// when the stream is done, a metadata action puts that id in the release's
+// descriptor. At most the limit of one user's requests are in flight; a
+// denied request has no id, so Envoy sends no release for it; a release
+// frees its own seat; once every request is done, every seat is free.
 func TestEnvoyConcurrencyLimit(t *testing.T) {
 	b, _ := loadBootstrap(t)
 	e := newEdge(t, b)
@@ -536,14 +537,18 @@ func TestEnvoyConcurrencyLimit(t *testing.T) {
 		if denied.reply.upstream || denied.reply.status != 429 {
 			t.Fatalf("request %d over the limit: %+v, want 429", i+1, denied.reply)
 		}
-		// Envoy releases the 429's seat too: its own, recorded when denied.
-		ds := x.finish(t, denied, nil)
-		if len(ds) != 1 || descString(ds[0]) != "concurrent_user=erin" || ds[0].GetHitsAddend().GetValue() != 1 || !ds[0].GetIsNegativeHits() {
-			t.Fatalf("stream-done descriptors of a 429: %v, want concurrent_user=erin, hits_addend 1, is_negative_hits", ds)
+		// No lease id in the 429's answer: the metadata action drops the
+		// release's descriptor, and Envoy calls nothing.
+		if ds := x.finish(t, denied, nil); len(ds) != 0 {
+			t.Fatalf("stream-done descriptors of a 429: %v, want none", descStrings(ds))
 		}
 	}
-	// One request ends: one more is admitted, and no other.
-	x.finish(t, running[0], nil)
+	// One request ends: its own seat comes back, and one more is admitted.
+	ds := x.finish(t, running[0], nil)
+	if len(ds) != 1 || len(ds[0].GetEntries()) != 2 || ds[0].GetEntries()[1].GetKey() != "lease" ||
+		ds[0].GetEntries()[1].GetValue() == "" || ds[0].GetHitsAddend().GetValue() != 1 || !ds[0].GetIsNegativeHits() {
+		t.Fatalf("stream-done descriptors of an admitted request: %v, want concurrent_user=erin, lease=<id>, is_negative_hits", descStrings(ds))
+	}
 	running = running[1:]
 	next := x.send(t, req)
 	if !next.reply.upstream {

@@ -75,6 +75,8 @@ type Rule struct {
 	RefundOldest    bool           // refund_order: oldest (the log only): a refund frees the oldest units first
 	NoSlices        bool           // hot_key_slices: false: never decided from a hot key's slice (internal/quota's Slices)
 	Zone            *time.Location // time_zone: the calendar of a fixed window of days or longer (Calendar); nil is UTC
+	Leases          bool           // leases: true (the log only): acquisitions are leases, settled by the id the answer carries
+	LeaseTTL        time.Duration  // lease_ttl: how long a lease lives unsettled; 0: the window
 	Unlimited       bool
 	ShadowMode      bool
 	// QuotaMode: the rule's denial denies its request only when every

@@ -53,6 +53,8 @@ type (
 		RefundOrder    scalar[string] `yaml:"refund_order"`
 		HotKeySlices   scalar[bool]   `yaml:"hot_key_slices"`
 		TimeZone       scalar[string] `yaml:"time_zone"`
+		Leases         scalar[bool]   `yaml:"leases"`
+		LeaseTTL       scalar[string] `yaml:"lease_ttl"`
 	}
 	rawReplace struct {
 		Name scalar[string] `yaml:"name"`
@@ -407,6 +409,11 @@ func (p *parser) rules(rd *rawDescriptor, levels []Level) ([]*Rule, error) {
 		if r.Unlimited {
 			return nil, p.errorf(line, "a descriptor with several limits cannot have an unlimited one")
 		}
+		if r.Leases {
+			// One lease id per descriptor in an answer, one settlement per
+			// stream-done descriptor: the lease is the descriptor's.
+			return nil, p.errorf(line, "a descriptor with several limits cannot have one with leases")
+		}
 		for _, prev := range rules[:i] {
 			if prev.Algorithm.ReferenceKeys() && r.Algorithm.ReferenceKeys() {
 				// Its keys name no window length: both would count at one key
@@ -528,6 +535,9 @@ func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rul
 	if err := p.timeZone(r, rl); err != nil {
 		return nil, err
 	}
+	if err := p.leases(r, rl); err != nil {
+		return nil, err
+	}
 	r.NoSlices = rl.HotKeySlices.Set && !rl.HotKeySlices.V
 	if err := r.Algorithm.CheckLimit(r.RequestsPerUnit); err != nil {
 		return nil, p.errorf(rl.RequestsPerUnit.Line, "requests_per_unit %v", err)
@@ -625,6 +635,38 @@ func (p *parser) timeZone(r *Rule, rl *rawRateLimit) error {
 	return nil
 }
 
+// leases reads rate_limit.leases and lease_ttl: a rule whose acquisitions
+// are leases (seats of a concurrency limit, reservations of an estimated
+// cost), each answered with an id that its stream-done call settles, and
+// that frees itself lease_ttl after it was taken (by default the window;
+// docs/budgets.md). Only the log names its units; a lease is released by
+// its id, never by refund_order.
+func (p *parser) leases(r *Rule, rl *rawRateLimit) error {
+	if rl.LeaseTTL.Set && !rl.Leases.V {
+		return p.errorf(rl.LeaseTTL.Line, "lease_ttl applies only to a rule with leases: true")
+	}
+	if !rl.Leases.V {
+		return nil
+	}
+	if r.Algorithm != SlidingWindowLog {
+		return p.errorf(rl.Leases.Line, "leases apply only to algorithm %s, and this rule's algorithm is %s",
+			SlidingWindowLog, r.Algorithm)
+	}
+	if rl.RefundOrder.Set {
+		return p.errorf(rl.RefundOrder.Line, "refund_order does not apply to a rule with leases: a lease is freed by its id")
+	}
+	r.Leases = true
+	if rl.LeaseTTL.Set {
+		d, err := time.ParseDuration(rl.LeaseTTL.V)
+		if err != nil || d < time.Millisecond || d > MaxWindow {
+			return p.errorf(rl.LeaseTTL.Line, "lease_ttl %q: want a duration from 1ms to %d years (e.g. 30s, 5m)",
+				rl.LeaseTTL.V, MaxWindow/(365*24*time.Hour))
+		}
+		r.LeaseTTL = d
+	}
+	return nil
+}
+
 // unlimited refuses the fields that make no sense for an unlimited rule.
 // requests_per_unit is not one of them: the reference ignores it there. Nor
 // is a unit that names none, "" or UNKNOWN: the RateLimitConfig proto's
@@ -645,6 +687,8 @@ func (p *parser) unlimited(rl *rawRateLimit) error {
 		{"refund_order", rl.RefundOrder.Set, rl.RefundOrder.Line},
 		{"hot_key_slices", rl.HotKeySlices.Set, rl.HotKeySlices.Line},
 		{"time_zone", rl.TimeZone.Set, rl.TimeZone.Line},
+		{"leases", rl.Leases.Set, rl.Leases.Line},
+		{"lease_ttl", rl.LeaseTTL.Set, rl.LeaseTTL.Line},
 	} {
 		if f.set {
 			return p.errorf(f.line, "should not specify rate limit %s when unlimited", f.name)

@@ -65,11 +65,16 @@ func hitCode(h *Hit, d *algorithm.Descriptor, quotas bool) int {
 	if h.Record {
 		code += lua.FlagRecord
 	}
-	if h.Refund {
+	switch {
+	case h.Settle != "":
+		code += lua.FlagRefund + lua.FlagSettle
+	case h.Refund:
 		code += lua.FlagRefund
 		if h.RefundOldest {
 			code += lua.FlagOldest
 		}
+	case h.Lease:
+		code += lua.FlagLease
 	}
 	return code
 }
@@ -122,7 +127,7 @@ func luaCost(h *Hit, d *algorithm.Descriptor) uint64 { return min(h.Cost, d.MaxC
 
 // refundArgs appends refund.lua's arguments for a charge of h that token
 // names: its algorithm's ID, token, cost, limit and window in seconds.
-func refundArgs(args []any, h *Hit, token int64) ([]any, error) {
+func refundArgs(args []any, h *Hit, token any) ([]any, error) {
 	d, err := describe(h.Algorithm)
 	if err != nil {
 		return args, err
@@ -132,7 +137,7 @@ func refundArgs(args []any, h *Hit, token int64) ([]any, error) {
 
 // quota reports a quota hit: Quota, not Shadow, and not a refund, which
 // never denies.
-func (h *Hit) quota() bool { return h.Quota && !h.Shadow && !h.Refund }
+func (h *Hit) quota() bool { return h.Quota && !h.Shadow && !h.givesBack() }
 
 // burst is the size of a bucket hit's bucket: Burst, or Limit when unset.
 func (h *Hit) burst() uint32 {

@@ -20,6 +20,10 @@
 // their own (envoyproxy/ratelimit's REDIS_PERSECOND), the others to the
 // main one.
 //
+// A Lease hit's charge on the sliding window log names itself with a random
+// id (lease.go) that a Settle hit later frees, replacing it by an actual
+// cost; a lease not settled leaves the count at its TTL by itself.
+//
 // Share keeps, beside a counter, the registry of its RLQS assignments (one
 // entry per Envoy stream, shares.go) and decides one Envoy's fair share of
 // the limit so that the live assignments never sum past it.
@@ -136,6 +140,24 @@ type Hit struct {
 	// be, so that every window holding a use holds its members too. Other
 	// algorithms ignore it: their slices end where their window does.
 	Ahead time.Duration
+	// Lease makes the hit's charge a lease (the sliding window log only,
+	// Decide refuses it on another algorithm): its units are named by a
+	// random id, Verdict.Lease, that only Settle frees, and they leave the
+	// count by themselves LeaseTTL after the charge when no settlement came
+	// (a concurrency limit's seat, a reservation of an estimated cost). A
+	// lease is never answered from the deny cache: a settlement on another
+	// instance may free it at any moment.
+	Lease bool
+	// LeaseTTL is how long a lease lives unsettled; 0 means Window.
+	LeaseTTL time.Duration
+	// Settle closes the lease this id names (a Verdict.Lease), on the same
+	// Key: its units leave the count, and Cost, the actual cost, is
+	// recorded in their place at once, even past the limit (a cost already
+	// spent). It never denies and is applied whatever the request's other
+	// hits say, as a Refund. An id that names no lease (settled already,
+	// expired, or made up: whatever a client sent) frees nothing, and Cost
+	// is recorded all the same.
+	Settle string
 	// FailureMode answers the hit when the store cannot. Deny gives a
 	// denial; allow and FailureDefer (zero) give an admission that charged
 	// nothing, and the caller tells those two apart.
@@ -166,6 +188,9 @@ type Verdict struct {
 	// Token names a charge the store made, for GiveBack: the log's score,
 	// the counters' window index; 0 for GCRA and when nothing was charged.
 	Token int64
+	// Lease is the id of the lease a Lease hit's charge took, for Settle;
+	// empty when nothing was charged.
+	Lease string
 }
 
 // Options configure a Limiter. A nil *Options means the defaults.
@@ -397,14 +422,20 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	if err := checkAlgorithms(hits); err != nil {
 		return failureVerdicts(hits), fmt.Errorf("decide: %w", err)
 	}
+	if err := checkLeases(hits); err != nil {
+		return failureVerdicts(hits), fmt.Errorf("decide: %w", err)
+	}
 	if !sharesKeys(hits) {
 		return l.decide(ctx, hits) // nearly always: nothing to merge
 	}
 	merged := make([]Hit, 0, len(hits))
 	groupOf := make([]int, len(hits))
 	for i, h := range hits {
-		// A refund gives back, a charge takes: they are not one demand.
-		g := slices.IndexFunc(merged, func(m Hit) bool { return m.Key == h.Key && m.Refund == h.Refund })
+		// A refund gives back, a charge takes: they are not one demand. A
+		// settlement is its own lease's.
+		g := slices.IndexFunc(merged, func(m Hit) bool {
+			return m.Key == h.Key && m.Refund == h.Refund && m.Settle == "" && h.Settle == ""
+		})
 		if g < 0 {
 			merged = append(merged, h)
 			groupOf[i] = len(merged) - 1
@@ -438,7 +469,7 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 func sharesKeys(hits []Hit) bool {
 	for i := range hits {
 		for j := i + 1; j < len(hits); j++ {
-			if hits[i].Key == hits[j].Key && hits[i].Refund == hits[j].Refund {
+			if hits[i].Key == hits[j].Key && hits[i].Refund == hits[j].Refund && hits[i].Settle == "" && hits[j].Settle == "" {
 				return true
 			}
 		}
@@ -461,16 +492,18 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	for i := range hits {
 		h := &hits[i]
 		switch {
-		case h.Record || h.Refund:
+		case h.Record || h.givesBack():
 			sent = append(sent, i) // a cost already spent, or given back: always to the store
 			rule.add(h, true)
 		case h.Cost > uint64(h.capacity()):
 			// Never admissible: answer at once, without a store write.
 			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.Window}
 			rule.add(h, false)
-		case h.quota():
-			// Not from the deny cache: its denial alone does not deny the
-			// request, the store's answer for the other quota hits decides.
+		case h.quota(), h.Lease:
+			// Not from the deny cache: a quota hit's denial alone does not
+			// deny the request, the store's answer for the other quota hits
+			// decides; and a settlement, on any instance, frees a lease at
+			// any moment.
 			sent = append(sent, i)
 			rule.add(h, true)
 		default:
@@ -560,6 +593,7 @@ func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge, quotas bool,
 	verdicts []Verdict, tokens []int64) error {
 	keys := make([]string, len(group))
+	var nonces []string // of the group's leases, by index in group
 	args := make([]any, 1, 1+len(group))
 	args[0] = len(group)
 	if !charge {
@@ -574,6 +608,15 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 				verdicts[i] = failureVerdict(hits[i])
 			}
 			return fmt.Errorf("decide: %w", err)
+		}
+		if hits[i].Lease || hits[i].Settle != "" {
+			var nonce string
+			if arg, nonce = leaseArg(arg, &hits[i]); hits[i].Lease {
+				if nonces == nil {
+					nonces = make([]string, len(group))
+				}
+				nonces[j] = nonce
+			}
 		}
 		args = append(args, arg)
 	}
@@ -608,6 +651,9 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 			ResetAfter: time.Duration(r[2]) * time.Microsecond,
 			Token:      r[3],
 		}
+		if r[0] == 2 && nonces != nil && nonces[j] != "" {
+			verdicts[i].Lease = leaseID(min(hits[i].Cost, uint64(hits[i].Limit)), nonces[j])
+		}
 		if tokens != nil {
 			tokens[i] = r[3]
 		}
@@ -636,9 +682,9 @@ func (l *Limiter) rememberDenials(hits []Hit, group []int, verdicts []Verdict, s
 	for _, i := range group {
 		h, v := hits[i], verdicts[i]
 		switch {
-		case h.Refund:
+		case h.givesBack():
 			l.denied.forget(h.Key)
-		case !v.Admitted && !v.FailureVerdict && !h.Shadow && !h.Record:
+		case !v.Admitted && !v.FailureVerdict && !h.Shadow && !h.Record && !h.Lease:
 			l.denied.remember(h, v, sent)
 		}
 	}
@@ -715,7 +761,7 @@ func failureVerdicts(hits []Hit) []Verdict {
 // towards denying); the caller turns it into an error for Envoy's own
 // failure mode.
 func failureVerdict(h Hit) Verdict {
-	if h.FailureMode == config.FailureDeny && !h.Refund { // a refund never denies
+	if h.FailureMode == config.FailureDeny && !h.givesBack() { // a refund never denies
 		return Verdict{FailureVerdict: true, ResetAfter: FailureRetry}
 	}
 	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.capacity())}

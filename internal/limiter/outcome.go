@@ -30,7 +30,7 @@ type requestRule struct {
 // add counts h, which fits or not.
 func (r *requestRule) add(h *Hit, fits bool) {
 	switch {
-	case h.Refund || h.Shadow:
+	case h.givesBack() || h.Shadow:
 	case h.Quota:
 		r.quotas = true
 		r.quotaFits = r.quotaFits || fits

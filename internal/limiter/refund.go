@@ -28,12 +28,12 @@ var refundScript = redis.NewScript(lua.Refund())
 // when its request turns out denied. A recorded cost was spent whatever the
 // request's fate, and a refund is always applied: neither is taken back.
 // The Cluster refund and Split.giveBack share it, with takeBack.
-func owesBack(h *Hit, v *Verdict) bool { return v.Charged && !h.Record && !h.Refund }
+func owesBack(h *Hit, v *Verdict) bool { return v.Charged && !h.Record && !h.givesBack() }
 
 // takeBack says in v, the verdict of h, that its charge was given back: not
 // charged, and the cost remaining again.
 func takeBack(h *Hit, v *Verdict) {
-	v.Charged, v.Token = false, 0
+	v.Charged, v.Token, v.Lease = false, 0, ""
 	v.Remaining = min(v.Remaining+h.Cost, uint64(h.capacity()))
 }
 
@@ -54,7 +54,11 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 				continue
 			}
 			var err error
-			if args, err = refundArgs(args, h, tokens[i]); err != nil {
+			var token any = tokens[i]
+			if v.Lease != "" {
+				token = leaseBase(v.Lease) // a lease's members are named by its nonce
+			}
+			if args, err = refundArgs(args, h, token); err != nil {
 				continue // Decide refused the hit already
 			}
 			keys = append(keys, h.Key)

@@ -136,6 +136,11 @@ func (s *Split) giveBack(ctx context.Context, lim *Limiter, hits []Hit, idx []in
 		if !owesBack(h, v) {
 			continue
 		}
+		if v.Lease != "" { // a lease is settled at nothing: exactly its own units go
+			back = append(back, Hit{Key: h.Key, Algorithm: h.Algorithm, Limit: h.Limit, Window: h.Window, Settle: v.Lease})
+			takeBack(h, v)
+			continue
+		}
 		takeBack(h, v)
 		back = append(back, Hit{Key: h.Key, Algorithm: h.Algorithm, Limit: h.Limit, Window: h.Window, Cost: h.Cost,
 			Burst: h.Burst, Refund: true})

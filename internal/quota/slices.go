@@ -246,7 +246,7 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 func (s *Slices) leasable(hits []limiter.Hit) bool {
 	for i := range hits {
 		h := &hits[i]
-		if h.NoSlices || h.Shadow || h.Quota || h.Record || h.Refund || h.Cost == 0 ||
+		if h.NoSlices || h.Shadow || h.Quota || h.Record || h.Refund || h.Lease || h.Settle != "" || h.Cost == 0 ||
 			h.Algorithm.ReferenceKeys() || h.Cost > uint64(capacity(*h)) {
 			return false
 		}

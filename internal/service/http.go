@@ -100,6 +100,8 @@ type ruleView struct {
 	FailureMode     string   `json:"failure_mode,omitempty"`
 	RecordCosts     string   `json:"record_costs,omitempty"`
 	RefundOrder     string   `json:"refund_order,omitempty"` // "oldest" when set; newest is the default
+	Leases          bool     `json:"leases,omitempty"`
+	LeaseTTL        string   `json:"lease_ttl,omitempty"` // with leases; the window when empty
 	ShadowMode      bool     `json:"shadow_mode,omitempty"`
 	QuotaMode       bool     `json:"quota_mode,omitempty"`
 	Replaces        []string `json:"replaces,omitempty"`
@@ -134,6 +136,10 @@ func (s *Service) ConfigHandler() http.Handler {
 				rv.Burst = r.Burst
 				if r.RefundOldest {
 					rv.RefundOrder = "oldest"
+				}
+				rv.Leases = r.Leases
+				if r.LeaseTTL > 0 {
+					rv.LeaseTTL = r.LeaseTTL.String()
 				}
 			}
 			view.Rules = append(view.Rules, rv)

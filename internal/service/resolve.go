@@ -29,6 +29,8 @@ type limit struct {
 	failureMode     config.FailureMode
 	recordCosts     config.CostRecording
 	refundOldest    bool // refund_order: oldest
+	leases          bool // leases: true: an acquisition is a lease
+	settling        bool // the descriptor settles a lease: its last entry is the id (LeaseKey)
 	shadow          bool
 	quota           bool // quota_mode: denies only with every quota descriptor of the request
 	unlimited       bool
@@ -113,6 +115,7 @@ func ruleLimit(rule *config.Rule) *limit {
 		failureMode:     rule.FailureMode,
 		recordCosts:     rule.RecordCosts,
 		refundOldest:    rule.RefundOldest,
+		leases:          rule.Leases,
 		shadow:          rule.ShadowMode,
 		quota:           rule.QuotaMode,
 		unlimited:       rule.Unlimited,
@@ -187,14 +190,22 @@ func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateL
 	if d.HitsAddend != nil {
 		cost, fromDescriptor = d.HitsAddend.Value, true
 	}
+	entries := d.Entries
+	if l.settling {
+		entries = entries[:len(entries)-1] // the lease id is no part of the counter's name
+	}
 	if l.requestsPerUnit == 0 {
 		// A zero limit admits nothing, not even a check of cost 0, and
 		// keeps no count: the limiter denies a cost above the limit
 		// without a store call, and charges no other descriptor of the
 		// request.
-		return l.storeHit(kb, domain, d.Entries, max(cost, 1))
+		return l.storeHit(kb, domain, entries, max(cost, 1))
 	}
-	h := l.storeHit(kb, domain, d.Entries, cost)
+	h := l.storeHit(kb, domain, entries, cost)
+	if l.leases {
+		l.leaseHit(&h, d)
+		return h
+	}
 	h.Refund = d.IsNegativeHits
 	h.RefundOldest = h.Refund && l.refundOldest
 	// A check (cost 0) records nothing: it stays a plain hit, which the deny
@@ -220,7 +231,7 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		FailureMode: l.failureMode,
 		// A concurrency rule's acquisitions are seats: a slice would hold
 		// seats no request uses.
-		NoSlices: l.refundOldest || l.rule != nil && l.rule.NoSlices,
+		NoSlices: l.refundOldest || l.leases || l.rule != nil && l.rule.NoSlices,
 	}
 }
 

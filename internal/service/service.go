@@ -231,6 +231,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			s.opts.Metrics.InvalidRequest("bad_override")
 			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 		}
+		if l == nil {
+			l = resolveSettlement(cfg, req.Domain, d)
+		}
 		limits[i] = l
 	}
 	dropReplaced(limits)
@@ -275,6 +278,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if s.opts.ResponseDynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, limits, resp.Statuses)
 	}
+	leaseMetadata(resp, req, limits, verdicts)
 	s.referenceMetrics(cfg, req, limits, hits, verdicts, shadowed)
 	switch {
 	case deferred == nil:

@@ -17,7 +17,13 @@
 --          for a shadow hit + FLAG_RECORD for a cost that is recorded even
 --          when it does not fit + FLAG_REFUND for a refund of cost units
 --          + FLAG_QUOTA for a quota hit (quota_mode) + FLAG_OLDEST for a
---          refund of the oldest units first; algorithms.go declares them all
+--          refund of the oldest units first + FLAG_LEASE for a lease (the
+--          log only) + FLAG_SETTLE (with FLAG_REFUND) for a lease's
+--          settlement; algorithms.go declares them all. A lease's hit
+--          ends in ":<ttl in ms>:<nonce>" after an empty burst and ahead
+--          ("code:limit:window:cost:::ttl:nonce"), a settlement's in
+--          ":<units reserved>:<nonce>" (an empty nonce names no lease); see
+--          sliding_window_log.lua's commit and settle
 --
 -- A request is charged only when every enforced (non-shadow, non-quota) hit
 -- fits and, when it has quota hits, at least one of them fits. This rule is
@@ -58,7 +64,8 @@
 local rules, nrules, max_rules = {}, 0, 1000
 
 local function parse_rule(s)
-  local code, limit, window, cost, burst, ahead = string.match(s, '^(%d+):(%d+):([%d,]+):(%d+):?(%d*):?(%d*)$')
+  local code, limit, window, cost, burst, ahead, extra, nonce =
+    string.match(s, '^(%d+):(%d+):([%d,]+):(%d+):?(%d*):?(%d*):?(%d*):?(%x*)$')
   code, cost = tonumber(code), tonumber(cost)
   if not code then
     error('decide: malformed hit argument ' .. s)
@@ -88,11 +95,24 @@ local function parse_rule(s)
     record = code % FLAG_REFUND >= FLAG_RECORD,
     refund = code % FLAG_QUOTA >= FLAG_REFUND,
     quota = code % FLAG_OLDEST >= FLAG_QUOTA,
-    oldest = code >= FLAG_OLDEST,
+    oldest = code % FLAG_LEASE >= FLAG_OLDEST,
+    lease = false, -- a lease's { ttl (microseconds), nonce }
+    settle = false, -- a settlement's { units reserved, nonce }
     string = alg ~= ALG_SLIDING_WINDOW_LOG, -- kept in a string, read by prefetch
   }
   if not rule.alg then
     error('decide: unknown algorithm in hit argument ' .. s)
+  end
+  if code >= FLAG_LEASE then
+    -- A lease's nonce is its own: the argument is never seen again, and is
+    -- not kept among the rules.
+    local n = tonumber(extra) or 0
+    if code >= FLAG_SETTLE then
+      rule.settle = { reserved = n, nonce = nonce }
+    else
+      rule.lease = { ttl = n * 1000, nonce = nonce }
+    end
+    return rule
   end
   if nrules >= max_rules then
     rules, nrules = {}, 0
@@ -160,7 +180,11 @@ local function decide(keys, args)
     if refunds[q] then
       for i = first, last do
         local rule = hit_rules[i]
-        if rule.refund then
+        if rule.settle then
+          rule.alg.settle(keys[i], rule.settle, rule.cost, rule.limit, rule.window, now)
+          denied[keys[i]] = nil
+          states[i] = refunded
+        elseif rule.refund then
           rule.alg.refund(keys[i], rule.cost, rule.limit, rule.window, now, rule.oldest)
           denied[keys[i]] = nil
           states[i] = refunded
@@ -207,14 +231,14 @@ local function decide(keys, args)
         -- A refund (applied above), or a recorded cost past the limit: the
         -- state changed, so the answer is about the next unit.
         if not rule.refund then
-          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead)
+          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease)
           denied[key] = nil
         end
         local next = alg.check(key, rule.limit, rule.window, 1, now, rule.burst)
         remaining, reset = alg.result(key, next, rule.limit, rule.window, 1, now)
       else
         if charged then
-          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead)
+          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease)
           denied[key] = nil
         end
         remaining, reset = alg.result(key, st, rule.limit, rule.window, rule.need, now)

@@ -3,7 +3,8 @@
 --
 -- KEYS[i]   base key of charged hit i
 -- ARGV      per hit, five numbers in order: its algorithm's ID (ALG_*), the
---           refund token decide.lua returned, its cost, limit, and window in
+--           refund token decide.lua returned (for a lease, its members'
+--           base name "L<nonce>" instead), its cost, limit, and window in
 --           seconds
 --
 -- Each algorithm's undo takes the charge back: the log removes exactly the
@@ -29,7 +30,8 @@ for i, key in ipairs(KEYS) do
   if not alg then
     error('refund: unknown algorithm ' .. tostring(ARGV[a + 1]))
   end
-  local token, cost, limit = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  -- A token is a number, or a lease's base name (the log's "L<nonce>").
+  local token, cost, limit = tonumber(ARGV[a + 2]) or ARGV[a + 2], tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   refunded = refunded + alg.undo(key, token, cost, limit, tonumber(ARGV[a + 5]) * 1000000, clock)
 end
 write_all() -- GCRA's refunds

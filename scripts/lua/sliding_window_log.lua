@@ -45,10 +45,35 @@ end
 -- members count from now on (check counts every member above now - window,
 -- future ones too), so the slice costs its units for ahead longer than
 -- hits do.
-function sliding_window_log.commit(key, st, limit, window, cost, now, ahead)
+--
+-- A lease (lease = { ttl, nonce }: a seat, or a reservation to settle) is
+-- recorded at now + ttl - window, so that its members leave the window, and
+-- the count, ttl after now: the check that removes the members that left
+-- takes out an expired lease too, at Redis TIME, with no sweep. Its members
+-- are named by the lease's nonce, "L<nonce>" and "L<nonce>:<i>", random
+-- (the caller's), so that only the holder of the lease id can name them to
+-- settle (see settle).
+function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lease)
   cost = math.min(cost, limit)
   if cost <= 0 then
     return -- a recorded cost on a limit of 0: no member, which would count as a unit
+  end
+  if lease then
+    local score = now + lease.ttl - window
+    local s, base = fmt(score), 'L' .. lease.nonce
+    local args = {}
+    for i = 1, cost do
+      args[#args + 1] = s
+      args[#args + 1] = (i == 1) and base or (base .. ':' .. i)
+    end
+    add_later(key, args)
+    live_later(key, math.max(1, math.ceil((score + window - now) / 1000)), st.used == 0 and not st.prior)
+    st.used = st.used + cost
+    st.token = score
+    local newest = st.prior and st.prior.newest
+    st.newest = newest and math.max(newest, score) or false -- false: read it from Redis
+    seen[key] = st
+    return
   end
   local score, newest = now + (ahead or 0), st.prior and st.prior.newest
   if newest or cost > 1 or redis.call('ZADD', key, 'NX', fmt_once(score), fmt_once(score)) == 0 then
@@ -98,10 +123,29 @@ function sliding_window_log.refund(key, units, limit, window, now, oldest)
   seen[key] = nil -- read again: the newest member may be gone
 end
 
+-- settle closes a lease (lease = { reserved, nonce }, the units it took
+-- and the nonce that names them): its members go, whatever is left of them
+-- (none once its TTL passed, or once settled), and cost, the actual cost,
+-- is recorded in their place at now, even past the limit (a cost already
+-- spent). A nonce that names nothing frees nothing; an empty one names no
+-- lease.
+function sliding_window_log.settle(key, lease, cost, limit, window, now)
+  flush_members(key)
+  if lease.nonce ~= '' then
+    sliding_window_log.undo(key, 'L' .. lease.nonce, math.min(lease.reserved, limit))
+  end
+  seen[key] = nil -- read again: the newest member may be gone
+  if cost > 0 then
+    local st = sliding_window_log.check(key, limit, window, cost, now)
+    sliding_window_log.commit(key, st, limit, window, cost, now, 0)
+  end
+end
+
 -- undo removes the members a charge of cost added, which token (the
--- charge's score) names: for refund.lua. It returns how many it removed.
+-- charge's score, or a lease's base name "L<nonce>") names: for refund.lua
+-- and settle. It returns how many it removed.
 function sliding_window_log.undo(key, token, cost)
-  local s = fmt(token)
+  local s = type(token) == 'string' and token or fmt(token)
   local members, removed = {}, 0
   for j = 1, cost do
     members[#members + 1] = (j == 1) and s or (s .. ':' .. j)

@@ -1,0 +1,114 @@
+package limiter
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+)
+
+// Leases: a charge of the sliding window log that names itself (Hit.Lease),
+// for a concurrency limit's seat or a reservation settled later by its
+// actual cost (Hit.Settle).
+//
+// A lease id is "<units>.<nonce>": the units the lease took, in decimal, and
+// 128 random bits (crypto/rand) in 32 lowercase hex digits. The store names
+// the lease's members by the nonce alone (scripts/lua's
+// sliding_window_log.lua), so settling another caller's lease takes its
+// nonce: guessing one is a 2^-128 chance per try. The units only say how
+// many members to look for: a wrong number frees fewer of the caller's own
+// members, or looks for members that are not there. Ids are ASCII, 34 to 43
+// bytes: a descriptor entry's value as it is.
+
+// nonceBytes is a lease nonce's size: 128 bits.
+const nonceBytes = 16
+
+// errLeaseAlgorithm refuses a lease or a settlement on an algorithm other
+// than the log, the one whose units have names.
+var errLeaseAlgorithm = errors.New("leases need algorithm " + config.SlidingWindowLog.String())
+
+// newNonce returns a fresh lease nonce, 32 hex digits.
+func newNonce() string {
+	var b [nonceBytes]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24 and later)
+	return hex.EncodeToString(b[:])
+}
+
+// leaseID is the id of a lease of units named by nonce.
+func leaseID(units uint64, nonce string) string {
+	return strconv.FormatUint(units, 10) + "." + nonce
+}
+
+// parseLease reads a lease id. Whatever a client sent may arrive here: ok
+// is false for anything that is not an id's form, which then names no lease.
+func parseLease(id string) (nonce string, units uint64, ok bool) {
+	u, n, found := strings.Cut(id, ".")
+	if !found || len(n) != 2*nonceBytes {
+		return "", 0, false
+	}
+	for _, c := range []byte(n) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return "", 0, false
+		}
+	}
+	units, err := strconv.ParseUint(u, 10, 64)
+	if err != nil || units == 0 {
+		return "", 0, false
+	}
+	return n, units, true
+}
+
+// leaseBase is the base name of the members of the lease id names, the
+// token refund.lua undoes them by.
+func leaseBase(id string) string {
+	nonce, _, _ := parseLease(id)
+	return "L" + nonce
+}
+
+// checkLeases refuses leases and settlements on algorithms other than the
+// log, before anything is sent.
+func checkLeases(hits []Hit) error {
+	for i := range hits {
+		h := &hits[i]
+		if (h.Lease || h.Settle != "") && h.Algorithm != config.SlidingWindowLog {
+			return fmt.Errorf("%w, not %v", errLeaseAlgorithm, h.Algorithm)
+		}
+	}
+	return nil
+}
+
+// leaseTTL is how long a lease of h lives unsettled: LeaseTTL, else the
+// window; in whole milliseconds, at least one.
+func (h *Hit) leaseTTL() int64 {
+	ttl := h.LeaseTTL
+	if ttl <= 0 {
+		ttl = h.Window
+	}
+	return max(1, int64((ttl+time.Millisecond-1)/time.Millisecond))
+}
+
+// leaseArg appends to a log hit's decide.lua argument (which ends at its
+// cost: the log has no burst, and a lease no ahead) what a lease or a
+// settlement adds: ":::<ttl ms>:<nonce>" for a lease, whose nonce it draws
+// and returns; ":::<units reserved>:<nonce>" for a settlement, empty when its
+// id is not one (it then names no lease).
+func leaseArg(arg string, h *Hit) (string, string) {
+	if h.Lease {
+		nonce := newNonce()
+		return arg + ":::" + strconv.FormatInt(h.leaseTTL(), 10) + ":" + nonce, nonce
+	}
+	nonce, units, ok := parseLease(h.Settle)
+	if !ok {
+		return arg + ":::0:", ""
+	}
+	return arg + ":::" + strconv.FormatUint(units, 10) + ":" + nonce, nonce
+}
+
+// givesBack reports a hit that is applied whatever its request's fate and
+// never denies it: a refund, or a lease's settlement.
+func (h *Hit) givesBack() bool { return h.Refund || h.Settle != "" }

@@ -1,0 +1,261 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+)
+
+// Leases on a frozen clock (miniredis, whose TIME the test sets): seats that
+// name themselves, expire at their TTL, and reservations settled by their
+// actual cost (docs/budgets.md).
+
+func seat(key string, limit uint32, window, ttl time.Duration) Hit {
+	h := hit(config.SlidingWindowLog, key, limit, window, 1)
+	h.Lease, h.LeaseTTL = true, ttl
+	return h
+}
+
+func settle(key string, limit uint32, window time.Duration, id string, actual uint64) Hit {
+	h := hit(config.SlidingWindowLog, key, limit, window, actual)
+	h.Settle = id
+	return h
+}
+
+// TestLeaseIDs: an id is "<units>.<32 hex digits>", fresh each time, and
+// whatever else a client may send parses as no lease.
+func TestLeaseIDs(t *testing.T) {
+	a, b := leaseID(1, newNonce()), leaseID(1, newNonce())
+	if a == b || len(a) != 34 {
+		t.Fatalf("ids %q and %q: want two distinct ids of 34 bytes", a, b)
+	}
+	if n, u, ok := parseLease(a); !ok || u != 1 || "1."+n != a {
+		t.Fatalf("parseLease(%q) = %q, %d, %t", a, n, u, ok)
+	}
+	for _, bad := range []string{"", "1", "1.", "0." + strings.Repeat("a", 32), "x." + strings.Repeat("a", 32),
+		"1." + strings.Repeat("A", 32), "1." + strings.Repeat("a", 31), "1." + strings.Repeat("g", 32),
+		"-1." + strings.Repeat("a", 32), "1." + strings.Repeat("a", 33)} {
+		if _, _, ok := parseLease(bad); ok {
+			t.Errorf("parseLease(%q): ok, want no lease", bad)
+		}
+	}
+}
+
+// TestLeaseFreesItsOwnSeatOnce: a settlement at 0 frees exactly the seat its
+// id names, once; a second one, a forged id and a malformed one free nothing
+// and are answered admitted, without error.
+func TestLeaseFreesItsOwnSeatOnce(t *testing.T) {
+	const limit, window = 2, time.Minute
+	l, c := newTestLimiter(t, epoch)
+	a := decide1(t, l, seat("u", limit, window, 0))
+	c.add(time.Millisecond)
+	b := decide1(t, l, seat("u", limit, window, 0))
+	if !a.Charged || !b.Charged || a.Lease == "" || b.Lease == "" || a.Lease == b.Lease {
+		t.Fatalf("two seats: %+v %+v, want both charged with distinct leases", a, b)
+	}
+	if v := decide1(t, l, seat("u", limit, window, 0)); v.Admitted || v.Charged || v.Lease != "" {
+		t.Fatalf("a third seat: %+v, want denied, nothing charged and no lease", v)
+	}
+	nonce, _, _ := parseLease(a.Lease)
+	forged := []string{"1." + strings.Repeat("0", 32), "1." + nonce[:31] + "0", "junk", b.Lease + "x"}
+	for _, id := range forged {
+		v := decide1(t, l, settle("u", limit, window, id, 0))
+		if !v.Admitted || v.Remaining != 0 {
+			t.Fatalf("settling %q: %+v, want admitted, nothing freed (0 remaining)", id, v)
+		}
+	}
+	if v := decide1(t, l, settle("u", limit, window, a.Lease, 0)); !v.Admitted || v.Remaining != 1 {
+		t.Fatalf("settling a's lease: %+v, want one seat free", v)
+	}
+	if v := decide1(t, l, settle("u", limit, window, a.Lease, 0)); v.Remaining != 1 {
+		t.Fatalf("settling a's lease again: %+v, want still one seat free (b's stays)", v)
+	}
+	if v := decide1(t, l, seat("u", limit, window, 0)); !v.Admitted {
+		t.Fatalf("after a's release: %+v, want a seat", v)
+	}
+	if v := decide1(t, l, seat("u", limit, window, 0)); v.Admitted {
+		t.Fatalf("b still holds its seat: %+v, want denied", v)
+	}
+}
+
+// TestLeaseExpiresAtItsTTL: a seat whose release never comes frees itself
+// at its TTL, to the microsecond, whatever the window; by default the TTL is
+// the window.
+func TestLeaseExpiresAtItsTTL(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		ttl, window time.Duration
+	}{
+		{"shorter than the window", 5 * time.Second, time.Minute},
+		{"the window (default)", 0, 10 * time.Second},
+		{"longer than the window", 90 * time.Second, time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, c := newTestLimiter(t, epoch)
+			if v := decide1(t, l, seat("u", 1, tc.window, tc.ttl)); !v.Charged {
+				t.Fatalf("seat: %+v", v)
+			}
+			ttl := cmpOrDuration(tc.ttl, tc.window)
+			c.set(epoch.Add(ttl - time.Microsecond))
+			if v := decide1(t, l, seat("u", 1, tc.window, tc.ttl)); v.Admitted {
+				t.Fatalf("1 µs before the TTL: %+v, want denied", v)
+			}
+			c.set(epoch.Add(ttl))
+			if v := decide1(t, l, seat("u", 1, tc.window, tc.ttl)); !v.Admitted {
+				t.Fatalf("at the TTL: %+v, want the lost seat free", v)
+			}
+		})
+	}
+}
+
+func cmpOrDuration(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// TestReservationTrueUp: a reservation of 1,000 tokens settled at 300 leaves
+// the budget charged 300, from the settlement on, for a window; settled above
+// its estimate it charges the actual cost, past the limit too; one never
+// settled is given back at its TTL.
+func TestReservationTrueUp(t *testing.T) {
+	const limit, window, ttl = 10_000, time.Hour, 5 * time.Minute
+	reserve := func(cost uint64) Hit {
+		h := seat("tokens", limit, window, ttl)
+		h.Cost = cost
+		return h
+	}
+	left := func(l *Limiter) uint64 { return seatsLeft(t, l, "tokens", limit, window) }
+	l, c := newTestLimiter(t, epoch)
+	r := decide1(t, l, reserve(1000))
+	if !r.Charged || !strings.HasPrefix(r.Lease, "1000.") || left(l) != 9000 {
+		t.Fatalf("reservation of 1000: %+v, %d left; want charged, a lease of 1000, 9000 left", r, left(l))
+	}
+	c.add(time.Second)
+	if v := decide1(t, l, settle("tokens", limit, window, r.Lease, 300)); !v.Admitted || v.Remaining != 9700 {
+		t.Fatalf("settled at 300: %+v, want 9700 remaining", v)
+	}
+	// Past the reservation's TTL, the 300 stay: charged at the settlement,
+	// for a window.
+	c.set(epoch.Add(window))
+	if got := left(l); got != 9700 {
+		t.Fatalf("a window after the reservation (less than one after the settlement): %d left, want 9700", got)
+	}
+	c.set(epoch.Add(window + time.Second))
+	if got := left(l); got != limit {
+		t.Fatalf("a window after the settlement: %d left, want %d", got, limit)
+	}
+
+	// Up: the actual cost above the estimate, and above what remains.
+	l, _ = newTestLimiter(t, epoch)
+	r = decide1(t, l, reserve(9000))
+	if v := decide1(t, l, settle("tokens", limit, window, r.Lease, 12_000)); !v.Admitted || v.Remaining != 0 {
+		t.Fatalf("settled at 12000 on a limit of 10000: %+v, want recorded (admitted), nothing remaining", v)
+	}
+	if v := decide1(t, l, reserve(1)); v.Admitted {
+		t.Fatalf("after the overdraft: %+v, want denied", v)
+	}
+
+	// Never settled: given back at its TTL.
+	l, c = newTestLimiter(t, epoch)
+	decide1(t, l, reserve(1000))
+	c.set(epoch.Add(ttl - time.Microsecond))
+	if got := left(l); got != 9000 {
+		t.Fatalf("before the TTL: %d left, want 9000", got)
+	}
+	c.set(epoch.Add(ttl))
+	if got := left(l); got != limit {
+		t.Fatalf("at the TTL: %d left, want %d (the reservation released)", got, limit)
+	}
+}
+
+// TestLeasedSeatsUnderContention is the e2e test's load on a frozen clock,
+// where the figure is exact: 50 callers on 5 seats, each admitted
+// request holding its seat 100 ms and then settling it at 0 (its stream-done
+// call), each denied caller trying again 50 ms later and sending no release
+// (it has no lease id). Never more than 5 in flight, and at least 90 % of the
+// ideal admissions (5 per 100 ms). It runs 2 s of that, not the e2e test's
+// 10 s: every call is a Lua script on miniredis, about 4 ms each under the
+// race detector, and the figure is the same per second.
+func TestLeasedSeatsUnderContention(t *testing.T) {
+	const callers, limit, window = 50, 5, time.Minute
+	const run, hold, retry = 2 * time.Second, 100 * time.Millisecond, 50 * time.Millisecond
+	l, c := newTestLimiter(t, epoch)
+	next := make([]time.Duration, callers) // when each caller acts next
+	lease := make([]string, callers)       // the seat each holds, or ""
+	for i := range next {
+		next[i] = time.Duration(i) * retry / callers // staggered
+	}
+	var admitted, denied, inFlight, most int
+	for now := time.Duration(0); now < run; now += time.Millisecond {
+		for i := range callers { // releases first: a request that ends now frees its seat now
+			if lease[i] != "" && next[i] <= now {
+				c.set(epoch.Add(next[i]))
+				decide1(t, l, settle("u", limit, window, lease[i], 0))
+				lease[i], inFlight = "", inFlight-1
+			}
+		}
+		for i := range callers {
+			if lease[i] != "" || next[i] > now {
+				continue
+			}
+			c.set(epoch.Add(next[i]))
+			v := decide1(t, l, seat("u", limit, window, 0))
+			if !v.Admitted {
+				denied++
+				next[i] += retry
+				continue
+			}
+			admitted++
+			lease[i], inFlight, next[i] = v.Lease, inFlight+1, next[i]+hold
+			most = max(most, inFlight)
+		}
+	}
+	ideal := int(run/hold) * limit
+	t.Logf("%d admitted (ideal %d), %d denied, at most %d in flight", admitted, ideal, denied, most)
+	if most > limit || admitted < ideal*9/10 {
+		t.Fatalf("%d admitted, at most %d in flight: want at most %d in flight and at least %d admitted", admitted, most, limit, ideal*9/10)
+	}
+}
+
+// TestLeasesNeedTheLog: a lease or a settlement on another algorithm is
+// refused before anything is sent.
+func TestLeasesNeedTheLog(t *testing.T) {
+	l, _ := newTestLimiter(t, epoch)
+	h := hit(config.GCRA, "u", 5, time.Minute, 1)
+	h.Lease = true
+	if _, err := l.Decide(context.Background(), []Hit{h}); !errors.Is(err, errLeaseAlgorithm) {
+		t.Fatalf("a lease on gcra: %v, want errLeaseAlgorithm", err)
+	}
+	h.Lease, h.Settle = false, "1."+strings.Repeat("a", 32)
+	if _, err := l.Decide(context.Background(), []Hit{h}); !errors.Is(err, errLeaseAlgorithm) {
+		t.Fatalf("a settlement on gcra: %v, want errLeaseAlgorithm", err)
+	}
+}
+
+// TestLeaseAcrossSlotsIsTakenBack: a lease charged on one cluster slot of a
+// request that another slot denies is taken back by its nonce (refund.lua),
+// and its verdict carries no lease id.
+func TestLeaseAcrossSlotsIsTakenBack(t *testing.T) {
+	s := newShards(t, 2, epoch.Add(time.Second), nil)
+	full := hitOn("full", 1, 2, config.SlidingWindowLog, 1, 1)
+	decide1(t, s.l, full)
+	lease := hitOn("seat", 0, 2, config.SlidingWindowLog, 3, 2)
+	lease.Lease = true
+	v, err := s.l.Decide(context.Background(), []Hit{lease, full})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0].Charged || v[0].Lease != "" || v[1].Admitted {
+		t.Fatalf("verdicts %+v: want the lease taken back, without an id, and the full hit denied", v)
+	}
+	s.l.refunds.Wait()
+	if got := s.remaining(t, lease); got != 3 {
+		t.Fatalf("the lease's counter has %d left after the refund, want 3", got)
+	}
+}
