@@ -120,7 +120,7 @@ func TestBudgetsDocMetadataFreeConcurrencyLimit(t *testing.T) {
 	if !proto.Equal(got, want) {
 		t.Errorf("%s: the settlement's metadata action %v, want the /concurrency route's %v but for the rule's name", doc, got, want)
 	}
-	cfg, err = config.Parse("budgets.md", []byte("domain: edge\ndescriptors:\n"+fencedBlock(t, doc, "- key: tokens_user")), config.Defaults{})
+	cfg, err = config.Parse("budgets.md", []byte("domain: edge\ndescriptors:\n"+fencedBlock(t, doc, "# the reserved token budget's rule")), config.Defaults{})
 	if err != nil || !cfg.Rules()[0].Leases || cfg.Rules()[0].Name != got.GetMetadataKey().GetPath()[1].GetKey() {
 		t.Errorf("%s: the token budget's rule: %v, want leases, named as the metadata path says", doc, err)
 	}
