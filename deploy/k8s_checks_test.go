@@ -13,6 +13,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -286,6 +287,60 @@ func (b *bundle) problems(t *testing.T) []string {
 			}
 		}
 	}
+	for _, sm := range objectsOf[*monitoringv1.ServiceMonitor](b) {
+		ps = append(ps, b.serviceMonitorProblems(sm)...)
+	}
+	return ps
+}
+
+// serviceMonitorProblems checks that a ServiceMonitor scrapes /metrics where
+// the service serves it: a port of the Services it selects (by their own
+// labels) that leads to the service's --http-addr.
+func (b *bundle) serviceMonitorProblems(sm *monitoringv1.ServiceMonitor) []string {
+	var ps []string
+	add := func(format string, args ...any) {
+		ps = append(ps, "ServiceMonitor "+sm.Name+": "+fmt.Sprintf(format, args...))
+	}
+	var services []*corev1.Service
+	for _, s := range objectsOf[*corev1.Service](b) {
+		if len(sm.Spec.Selector.MatchExpressions) == 0 && selects(sm.Spec.Selector.MatchLabels, s.Labels) {
+			services = append(services, s)
+		}
+	}
+	if len(services) == 0 {
+		add("selector %v matches the labels of no Service", sm.Spec.Selector.MatchLabels)
+	}
+	for _, ep := range sm.Spec.Endpoints {
+		if ep.Path != "" && ep.Path != "/metrics" {
+			add("endpoint path %q: the service serves /metrics", ep.Path)
+		}
+		scraped := 0
+		for _, svc := range services {
+			for _, sp := range svc.Spec.Ports {
+				if sp.Name != ep.Port {
+					continue
+				}
+				scraped++
+				for _, w := range b.selected(svc.Spec.Selector) {
+					c := w.container(ratelimitImage)
+					if c == nil {
+						continue
+					}
+					n, _ := containerPort(c, sp.TargetPort)
+					s, err := resolveSettings(c)
+					if err != nil {
+						continue // reported with the container
+					}
+					if httpPort, err := addrPort(s.HTTPAddr); err == nil && n != httpPort {
+						add("endpoint port %s reaches %d in %s, not --http-addr's %d, where /metrics is", ep.Port, n, w, httpPort)
+					}
+				}
+			}
+		}
+		if scraped == 0 {
+			add("endpoint port %q is a port of no Service it selects", ep.Port)
+		}
+	}
 	return ps
 }
 
@@ -367,10 +422,7 @@ func (b *bundle) ratelimitProblems(t *testing.T, w workload, c *corev1.Container
 		}
 	}
 	switch {
-	case xds:
-		if mount != nil {
-			add("config over xDS, yet a volume is mounted at --config=%s, which the service does not read", s.ConfigPath)
-		}
+	case xds: // the rules come over the stream: nothing to mount
 	case mount == nil:
 		add("nothing is mounted at --config=%s", s.ConfigPath)
 	default:

@@ -153,11 +153,13 @@ stops after them. Its HTTP port is rl-health, as Envoy's is http.
     {{- end }}
     - --grpc-addr=:8081
     - --http-addr=:8080
-    - --log-format=json
     {{- end }}
     - --drain-timeout={{ $v.drainTimeout }}
     {{- if .sidecar }}
     - --max-inflight={{ $v.sidecar.maxInflight }}
+    {{- end }}
+    {{- if not $v.referenceEnvironment }}
+    - --log-format=json
     {{- end }}
     {{- with $v.extraArgs }}
     {{- toYaml . | nindent 4 }}
