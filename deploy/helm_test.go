@@ -247,8 +247,8 @@ func helmSidecarChecks(t *testing.T, b *bundle) {
 }
 
 // TestHelmRenderRefuses: values that cannot work fail the rendering with a
-// message saying what to set, rather than render pods that would count
-// alone or not start.
+// message saying what to set (values.schema.json, or the templates), rather
+// than render pods that would count alone or not start.
 func TestHelmRenderRefuses(t *testing.T) {
 	values := filepath.Join(chartDir, "ci", "central-standalone.yaml")
 	for _, tt := range []struct {
@@ -258,9 +258,10 @@ func TestHelmRenderRefuses(t *testing.T) {
 		{[]string{"redis.mode=sentinel"}, "redis.bundled runs a standalone Redis"},
 		{[]string{"redis.mode=sentinel", "redis.bundled.enabled=false", "redis.addresses={s:26379}"}, "needs redis.masterName"},
 		{[]string{"redis.bundled.enabled=false"}, "redis.addresses is empty"},
-		{[]string{"redis.mode=replica"}, `redis.mode "replica"`},
+		{[]string{"redis.mode=replica"}, "at '/redis/mode': value must be one of"},
+		{[]string{"redis.adresses={redis:6379}"}, "additional properties 'adresses' not allowed"},
 		{[]string{"config.source=xds"}, "needs config.xds.serverURL"},
-		{[]string{"layout=gateway"}, `layout "gateway"`},
+		{[]string{"layout=gateway"}, "at '/layout': value must be one of"},
 		{[]string{"central.autoscaling.enabled=false", "central.replicas=1"}, "would block every drain"},
 		{[]string{"layout=sidecar", "serviceMonitor.enabled=true"}, "central layout's Service"},
 	} {
