@@ -4,20 +4,23 @@ import (
 	"bytes"
 	"cmp"
 	"crypto/sha256"
-	"debug/buildinfo"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
-	gobuild "go/build"
-	"os"
-	"os/exec"
+	"fmt"
+	"path"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	"helm.sh/helm/v3/pkg/releaseutil"
+	"helm.sh/helm/v3/pkg/strvals"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -29,88 +32,76 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// The Helm chart: rendered by the helm binary .ci/tools.sh pins, for each
-// values file of its ci/ directory, decoded strictly as the kustomizations
-// are, and held to the same checks (problems).
+// The Helm chart: rendered and linted by helm's own packages (the version
+// go.mod pins), for each values file of its ci/ directory, decoded strictly
+// as the kustomizations are, and held to the same checks (problems).
 
 const (
 	chartDir     = "helm/ratelimit"
-	toolsScript  = "../.ci/tools.sh"
 	helmRelease  = "ratelimit"
-	helmModule   = "helm.sh/helm/v3"
 	chartCIGlob  = chartDir + "/ci/*.yaml"
 	envoyChartCM = "ratelimit-envoy"
 	// minKubeVersion is the chart's kubeVersion floor (native sidecars, gRPC
-	// probes, preStop sleep), which helm renders and lints for: a helm built
-	// by go install, without its release's ldflags, assumes 1.20.
-	minKubeVersion = "1.30.0"
+	// probes, preStop sleep), which the chart is rendered and linted for;
+	// helm's packages default to 1.20.
+	minKubeVersion = "v1.30.0"
 )
 
-// helmBinary finds helm on PATH or in GOBIN and checks that it is the version
-// .ci/tools.sh pins (HELM_VERSION), read from the binary's module
-// information as h2spec's is.
-func helmBinary(t *testing.T) string {
-	t.Helper()
-	m := regexp.MustCompile(`(?m)^HELM_VERSION=(\S+)`).FindSubmatch(readFile(t, toolsScript))
-	if m == nil {
-		t.Fatalf("%s has no HELM_VERSION= line", toolsScript)
-	}
-	pin := string(m[1])
-	bin, err := exec.LookPath("helm")
+// helmValues reads a values file and --set overrides as `helm template -f
+// FILE --set ...` does.
+func helmValues(valuesFile string, set ...string) (chartutil.Values, error) {
+	vals, err := chartutil.ReadValuesFile(valuesFile)
 	if err != nil {
-		for _, dir := range goBinDirs() {
-			if p := filepath.Join(dir, "helm"); isExecutable(p) {
-				bin, err = p, nil
-				break
-			}
+		return nil, err
+	}
+	for _, s := range set {
+		if err := strvals.ParseInto(s, vals); err != nil {
+			return nil, fmt.Errorf("--set %s: %w", s, err)
 		}
 	}
-	if err != nil {
-		t.Fatalf("helm is not on PATH nor in GOBIN (%s): run `make tools` (.ci/tools.sh) to install helm %s", strings.Join(goBinDirs(), ", "), pin)
-	}
-	// Reading the binary also makes it part of go test's cache key.
-	info, err := buildinfo.ReadFile(bin)
-	if err != nil {
-		t.Fatalf("%s: %v: run `make tools` (.ci/tools.sh) to install helm %s", bin, err, pin)
-	}
-	if info.Main.Path != helmModule || info.Main.Version != pin {
-		t.Fatalf("%s is %s %s, .ci/tools.sh pins %s %s: run `make tools` (.ci/tools.sh)", bin, info.Main.Path, info.Main.Version, helmModule, pin)
-	}
-	return bin
+	return vals, nil
 }
 
-// goBinDirs are where `go install` puts binaries: GOBIN, or GOPATH's bin.
-func goBinDirs() []string {
-	var dirs []string
-	if gobin := os.Getenv("GOBIN"); gobin != "" {
-		dirs = append(dirs, gobin)
-	}
-	for _, p := range filepath.SplitList(gobuild.Default.GOPATH) {
-		dirs = append(dirs, filepath.Join(p, "bin"))
-	}
-	return slices.Compact(dirs)
-}
-
-func isExecutable(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
-}
-
-// runHelm runs helm with args, its chart files read as the test's own inputs.
-func runHelm(t *testing.T, args ...string) ([]byte, error) {
-	t.Helper()
-	cmd := exec.Command(helmBinary(t), args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	// No repositories, plugins or cache of the user's: the chart has no
-	// dependencies to fetch.
-	home := t.TempDir()
-	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+home, "HELM_CACHE_HOME="+home, "HELM_DATA_HOME="+home)
-	out, err := cmd.Output()
+// helmRender renders the chart as `helm template` does: values.schema.json
+// checked, the chart's kubeVersion against minKubeVersion, partials and
+// NOTES.txt left out, the manifests in helm's install order.
+func helmRender(valuesFile string, set ...string) ([]byte, error) {
+	ch, err := loader.Load(chartDir)
 	if err != nil {
-		return out, errors.New(strings.TrimSpace(stderr.String() + "\n" + err.Error()))
+		return nil, err
 	}
-	return out, nil
+	vals, err := helmValues(valuesFile, set...)
+	if err != nil {
+		return nil, err
+	}
+	kube, err := chartutil.ParseKubeVersion(minKubeVersion)
+	if err != nil {
+		return nil, err
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = *kube
+	if !chartutil.IsCompatibleRange(ch.Metadata.KubeVersion, kube.String()) {
+		return nil, fmt.Errorf("the chart requires kubeVersion %s, not %s", ch.Metadata.KubeVersion, kube)
+	}
+	opts := chartutil.ReleaseOptions{Name: helmRelease, Namespace: "default", Revision: 1, IsInstall: true}
+	top, err := chartutil.ToRenderValues(ch, vals, opts, caps)
+	if err != nil {
+		return nil, err
+	}
+	files, err := engine.Render(ch, top)
+	if err != nil {
+		return nil, err
+	}
+	delete(files, path.Join(ch.Name(), "templates", "NOTES.txt"))
+	_, manifests, err := releaseutil.SortManifests(files, nil, releaseutil.InstallOrder)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	for _, m := range manifests {
+		fmt.Fprintf(&out, "---\n# Source: %s\n%s\n", m.Name, m.Content)
+	}
+	return out.Bytes(), nil
 }
 
 // helmValuesFiles are the chart's ci/ values files: the test matrix.
@@ -127,13 +118,9 @@ func helmValuesFiles(t *testing.T) []string {
 // into a bundle, every document decoded strictly.
 func helmTemplate(t *testing.T, valuesFile string, set ...string) *bundle {
 	t.Helper()
-	args := []string{"template", helmRelease, chartDir, "--kube-version", minKubeVersion, "--values", valuesFile}
-	for _, s := range set {
-		args = append(args, "--set", s)
-	}
-	out, err := runHelm(t, args...)
+	out, err := helmRender(valuesFile, set...)
 	if err != nil {
-		t.Fatalf("helm %s: %v", strings.Join(args, " "), err)
+		t.Fatalf("helm template -f %s --set %v: %v", valuesFile, set, err)
 	}
 	b := &bundle{dir: "helm template " + valuesFile}
 	if b.objects, err = decodeManifest(b.dir, out); err != nil {
@@ -143,14 +130,24 @@ func helmTemplate(t *testing.T, valuesFile string, set ...string) *bundle {
 	return b
 }
 
+// TestHelmLint lints the chart as `helm lint --strict` does: no warning, no
+// error, at its defaults and with each values file.
 func TestHelmLint(t *testing.T) {
+	kube, err := chartutil.ParseKubeVersion(minKubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, values := range append([]string{""}, helmValuesFiles(t)...) {
-		args := []string{"lint", "--strict", "--kube-version", minKubeVersion, chartDir}
+		vals := map[string]any{}
 		if values != "" {
-			args = append(args, "--values", values)
+			if vals, err = helmValues(values); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if out, err := runHelm(t, args...); err != nil {
-			t.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+		for _, m := range lint.AllWithKubeVersion(chartDir, vals, "default", kube).Messages {
+			if m.Severity > support.InfoSev {
+				t.Errorf("helm lint --strict %s --values %q: %v", chartDir, values, m)
+			}
 		}
 	}
 }
@@ -265,11 +262,7 @@ func TestHelmRenderRefuses(t *testing.T) {
 		{[]string{"central.autoscaling.enabled=false", "central.replicas=1"}, "would block every drain"},
 		{[]string{"layout=sidecar", "serviceMonitor.enabled=true"}, "central layout's Service"},
 	} {
-		args := []string{"template", helmRelease, chartDir, "--kube-version", minKubeVersion, "--values", values}
-		for _, s := range tt.set {
-			args = append(args, "--set", s)
-		}
-		if _, err := runHelm(t, args...); err == nil || !strings.Contains(err.Error(), tt.want) {
+		if _, err := helmRender(values, tt.set...); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("--set %v: error %v, want one containing %q", tt.set, err, tt.want)
 		}
 	}
