@@ -14,6 +14,9 @@
 //     (rlqs_bucket_test.go);
 //   - the kustomizations under k8s/ decode strictly into the Kubernetes API
 //     types and refer to each other consistently (k8s_test.go);
+//   - the Helm chart under helm/, rendered by helm's packages for each of
+//     its ci/ values files, passes helm's linter and the same checks, and
+//     its defaults build what the kustomizations build (helm_test.go);
 //   - the Dockerfile's build step yields a static binary that accepts
 //     config/ (image_test.go).
 //

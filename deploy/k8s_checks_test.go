@@ -3,7 +3,7 @@ package deploy
 import (
 	"fmt"
 	"maps"
-	"net/url"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/settings"
 )
 
 // ---------------------------------------------------------------------------
@@ -285,6 +287,60 @@ func (b *bundle) problems(t *testing.T) []string {
 			}
 		}
 	}
+	for _, sm := range objectsOf[*monitoringv1.ServiceMonitor](b) {
+		ps = append(ps, b.serviceMonitorProblems(sm)...)
+	}
+	return ps
+}
+
+// serviceMonitorProblems checks that a ServiceMonitor scrapes /metrics where
+// the service serves it: a port of the Services it selects (by their own
+// labels) that leads to the service's --http-addr.
+func (b *bundle) serviceMonitorProblems(sm *monitoringv1.ServiceMonitor) []string {
+	var ps []string
+	add := func(format string, args ...any) {
+		ps = append(ps, "ServiceMonitor "+sm.Name+": "+fmt.Sprintf(format, args...))
+	}
+	var services []*corev1.Service
+	for _, s := range objectsOf[*corev1.Service](b) {
+		if len(sm.Spec.Selector.MatchExpressions) == 0 && selects(sm.Spec.Selector.MatchLabels, s.Labels) {
+			services = append(services, s)
+		}
+	}
+	if len(services) == 0 {
+		add("selector %v matches the labels of no Service", sm.Spec.Selector.MatchLabels)
+	}
+	for _, ep := range sm.Spec.Endpoints {
+		if ep.Path != "" && ep.Path != "/metrics" {
+			add("endpoint path %q: the service serves /metrics", ep.Path)
+		}
+		scraped := 0
+		for _, svc := range services {
+			for _, sp := range svc.Spec.Ports {
+				if sp.Name != ep.Port {
+					continue
+				}
+				scraped++
+				for _, w := range b.selected(svc.Spec.Selector) {
+					c := w.container(ratelimitImage)
+					if c == nil {
+						continue
+					}
+					n, _ := containerPort(c, sp.TargetPort)
+					s, err := resolveSettings(c)
+					if err != nil {
+						continue // reported with the container
+					}
+					if httpPort, err := addrPort(s.HTTPAddr); err == nil && n != httpPort {
+						add("endpoint port %s reaches %d in %s, not --http-addr's %d, where /metrics is", ep.Port, n, w, httpPort)
+					}
+				}
+			}
+		}
+		if scraped == 0 {
+			add("endpoint port %q is a port of no Service it selects", ep.Port)
+		}
+	}
 	return ps
 }
 
@@ -330,30 +386,46 @@ func redisBytes(v string) (int64, error) {
 	return n * mult, err
 }
 
-// ratelimitProblems checks a container running this service against its
-// flags, its config and the rest of the build.
+// ratelimitProblems checks a container running this service against the
+// settings it would start with (its flags, or the reference's variables),
+// its config and the rest of the build.
 func (b *bundle) ratelimitProblems(t *testing.T, w workload, c *corev1.Container) []string {
 	t.Helper()
 	var ps []string
 	where := fmt.Sprintf("%s container %s", w, c.Name)
 	add := func(format string, args ...any) { ps = append(ps, where+": "+fmt.Sprintf(format, args...)) }
-	f := flags(c.Args)
-	for _, name := range []string{"config", "grpc-addr", "http-addr", "drain-timeout"} {
-		if f[name] == "" {
+	s, err := resolveSettings(c)
+	if err != nil {
+		add("%v", err)
+		return ps
+	}
+	xds := s.XDS.ConfigType == settings.ConfigTypeXDS
+	source := settings.FlagConfig
+	if xds {
+		source = "xds-server-url"
+	}
+	for _, name := range []string{source, settings.FlagGRPCAddr, settings.FlagHTTPAddr, "drain-timeout"} {
+		if !s.explicit[name] {
 			add("--%s is not passed explicitly", name)
 		}
 	}
+	for _, p := range s.secretProblems() {
+		add("%s", p)
+	}
 
-	// The rules: a whole ConfigMap mounted as the --config directory.
+	// The rules: a whole ConfigMap mounted as the --config directory, or
+	// none over xDS.
 	var mount *corev1.VolumeMount
 	for i, m := range c.VolumeMounts {
-		if m.MountPath == f["config"] {
+		if m.MountPath == s.ConfigPath {
 			mount = &c.VolumeMounts[i]
 		}
 	}
-	if mount == nil {
-		add("nothing is mounted at --config=%s", f["config"])
-	} else {
+	switch {
+	case xds: // the rules come over the stream: nothing to mount
+	case mount == nil:
+		add("nothing is mounted at --config=%s", s.ConfigPath)
+	default:
 		if mount.SubPath != "" || mount.SubPathExpr != "" {
 			add("the config is mounted with subPath, which the kubelet never updates")
 		}
@@ -373,25 +445,37 @@ func (b *bundle) ratelimitProblems(t *testing.T, w workload, c *corev1.Container
 			if cm == nil {
 				break // reported with the volumes
 			}
-			if g == nil || g.hashed {
-				add("ConfigMap %s is not generated from %s with a stable name", cm.Name, rulesDir)
+			if g != nil && g.hashed {
+				add("ConfigMap %s gets a hash suffix: an update would create a new ConfigMap, not swap the mounted one", cm.Name)
 			}
-			ps = append(ps, rulesConfigMapProblems(t, cm)...)
+			files, err := config.ParseFileSet(s.ConfigFiles)
+			if err != nil {
+				add("--config-files %q: %v", s.ConfigFiles, err)
+				break
+			}
+			ps = append(ps, rulesConfigMapProblems(t, cm, files)...)
 		}
 	}
 
 	// Ports, probes and the store.
-	grpcPort, err := addrPort(f["grpc-addr"])
+	grpcPort, err := addrPort(s.GRPCAddr)
 	if err != nil {
-		add("--grpc-addr %q: %v", f["grpc-addr"], err)
+		add("--grpc-addr %q: %v", s.GRPCAddr, err)
 	}
 	if p, ok := containerPort(c, intstr.FromString("grpc")); !ok || p != grpcPort {
 		add("container port grpc is %d, --grpc-addr listens on %d", p, grpcPort)
 	}
-	if httpPort, err := addrPort(f["http-addr"]); err != nil {
-		add("--http-addr %q: %v", f["http-addr"], err)
-	} else if _, ok := containerPort(c, intstr.FromInt32(httpPort)); !ok {
-		add("--http-addr port %d is not a container port", httpPort)
+	for _, l := range []struct{ flag, addr string }{
+		{settings.FlagHTTPAddr, s.HTTPAddr}, {settings.FlagDebugAddr, s.DebugAddr}, {settings.FlagMetricsAddr, s.MetricsAddr},
+	} {
+		if l.addr == "" && l.flag != settings.FlagHTTPAddr {
+			continue
+		}
+		if port, err := addrPort(l.addr); err != nil {
+			add("--%s %q: %v", l.flag, l.addr, err)
+		} else if _, ok := containerPort(c, intstr.FromInt32(port)); !ok {
+			add("--%s port %d is not a container port", l.flag, port)
+		}
 	}
 	healthServices := []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName}
 	for kind, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
@@ -404,57 +488,62 @@ func (b *bundle) ratelimitProblems(t *testing.T, w workload, c *corev1.Container
 	if c.ReadinessProbe != nil && c.ReadinessProbe.GRPC != nil && ptrValue(c.ReadinessProbe.GRPC.Service) != healthServices[1] {
 		add("readiness probe should ask for %s", healthServices[1])
 	}
-	if _, set := f["store-timeout"]; set {
+	if s.explicit["store-timeout"] {
 		// The service takes its deadline from Envoy's; a --store-timeout
 		// below it would cut a burst's queueing short and answer by
 		// failure mode what the deadline still had time for.
 		add("--store-timeout is set: leave it at its default, Envoy's filter timeout governs")
 	}
 
-	// Stopping: the grace period covers the preStop sleeps and the drain.
-	drain, err := time.ParseDuration(f["drain-timeout"])
-	if err != nil {
-		add("--drain-timeout %q: %v", f["drain-timeout"], err)
-	}
-	var delay time.Duration // --shutdown-delay, where the service has it: serving while NOT_SERVING
-	if v, ok := f["shutdown-delay"]; ok {
-		if delay, err = time.ParseDuration(v); err != nil {
-			add("--shutdown-delay %q: %v", v, err)
-		}
-	}
+	// Stopping: the grace period covers the preStop sleeps, the shutdown
+	// delay (serving while NOT_SERVING) and the drain.
 	grace := time.Duration(ptrValue(w.template.Spec.TerminationGracePeriodSeconds)) * time.Second
-	if need := preStopSleep(w) + delay + drain; grace <= need {
+	if need := preStopSleep(w) + s.ShutdownDelay + s.DrainTimeout; grace <= need {
 		add("terminationGracePeriodSeconds %v is not longer than the preStop sleep plus --drain-timeout (%v)", grace, need)
 	}
 
-	// Redis: a Service of the build, on a port its pods serve, and a
-	// NetworkPolicy (when there is one) that admits this pod.
-	var redisURL string
-	for _, e := range c.Env {
-		if e.Name == "RATELIMIT_REDIS_URL" {
-			redisURL = e.Value
-		}
-	}
-	u, err := url.Parse(redisURL)
-	if err != nil || u.Scheme != "redis" && u.Scheme != "rediss" {
-		add("RATELIMIT_REDIS_URL %q is not a redis:// URL", redisURL)
+	// Redis: one store, every server of it a Service of the build on a
+	// port its pods serve (a name without a dot resolves in the pod's own
+	// namespace, so it must be in the build; a dotted one is elsewhere and
+	// not checked), and a NetworkPolicy (when there is one) that admits this
+	// pod.
+	endpoints, err := s.redisEndpoints()
+	if err != nil {
+		add("%v", err)
 		return ps
 	}
-	port, _ := strconv.ParseInt(u.Port(), 10, 32)
-	svcObj := b.object("v1/Service", u.Hostname())
+	if len(endpoints) != 1 {
+		add("%d Redis URLs (%v): want exactly one, or each replica counts alone on the embedded store", len(endpoints), endpoints)
+		return ps
+	}
+	for _, addr := range endpoints[0].addrs {
+		host, portText, err := net.SplitHostPort(addr)
+		if err != nil {
+			add("%s %s: %v", endpoints[0].env, addr, err)
+			continue
+		}
+		if strings.Contains(host, ".") {
+			continue
+		}
+		ps = append(ps, b.redisServiceProblems(w, where, endpoints[0].env, host, portText)...)
+	}
+	return ps
+}
+
+// redisServiceProblems checks that host:port, a Redis the pod of w dials, is
+// a Service of the build that its NetworkPolicies let the pod reach.
+func (b *bundle) redisServiceProblems(w workload, where, env, host, portText string) []string {
+	var ps []string
+	add := func(format string, args ...any) { ps = append(ps, where+": "+fmt.Sprintf(format, args...)) }
+	port, _ := strconv.ParseInt(portText, 10, 32)
+	svcObj := b.object("v1/Service", host)
 	if svcObj == nil {
-		add("RATELIMIT_REDIS_URL host %s is not a Service of the build", u.Hostname())
+		add("%s host %s is not a Service of the build", env, host)
 		return ps
 	}
 	svc := svcObj.obj.(*corev1.Service)
-	var sp *corev1.ServicePort
-	for i := range svc.Spec.Ports {
-		if svc.Spec.Ports[i].Port == int32(port) {
-			sp = &svc.Spec.Ports[i]
-		}
-	}
-	if sp == nil {
-		add("RATELIMIT_REDIS_URL port %d is not a port of Service %s", port, svc.Name)
+	if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == int32(port) }) {
+		add("%s port %d is not a port of Service %s", env, port, svc.Name)
 		return ps
 	}
 	for _, np := range objectsOf[*networkingv1.NetworkPolicy](b) {
@@ -488,8 +577,9 @@ func ptrValue[T any](p *T) T {
 
 // rulesConfigMapProblems checks that a rules ConfigMap holds exactly the files
 // of deploy/config, byte for byte, and that the service loads it the way the
-// kubelet mounts it: the files are symlinks into a "..data" directory.
-func rulesConfigMapProblems(t *testing.T, cm *corev1.ConfigMap) []string {
+// kubelet mounts it (the files are symlinks into a "..data" directory),
+// reading the files the service is told to (--config-files).
+func rulesConfigMapProblems(t *testing.T, cm *corev1.ConfigMap, files config.FileSet) []string {
 	t.Helper()
 	var ps []string
 	keys := slices.Sorted(maps.Keys(cm.Data))
@@ -517,7 +607,7 @@ func rulesConfigMapProblems(t *testing.T, cm *corev1.ConfigMap) []string {
 	if err := os.Symlink(filepath.Base(stamp), filepath.Join(dir, "..data")); err != nil {
 		t.Fatal(err)
 	}
-	got, err := config.Load(dir, config.Defaults{})
+	got, err := config.Load(dir, config.Defaults{Files: files})
 	if err != nil {
 		return append(ps, fmt.Sprintf("ConfigMap %s, mounted: %v", cm.Name, err))
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -92,6 +93,8 @@ var kinds = map[string]func() any{
 	"policy/v1/PodDisruptionBudget":          func() any { return &policyv1.PodDisruptionBudget{} },
 	"autoscaling/v2/HorizontalPodAutoscaler": func() any { return &autoscalingv2.HorizontalPodAutoscaler{} },
 	"networking.k8s.io/v1/NetworkPolicy":     func() any { return &networkingv1.NetworkPolicy{} },
+	// prometheus-operator's, rendered by the Helm chart on request.
+	"monitoring.coreos.com/v1/ServiceMonitor": func() any { return &monitoringv1.ServiceMonitor{} },
 }
 
 // decodeManifest strictly decodes every document of a manifest file.
@@ -155,14 +158,7 @@ func build(t *testing.T, dir string) *bundle {
 	t.Helper()
 	b := &bundle{dir: dir}
 	b.load(t, dir, nil)
-	seen := map[string]string{}
-	for _, o := range b.objects {
-		id := o.kind + " " + o.name
-		if prev, ok := seen[id]; ok {
-			t.Fatalf("%s: %s defined twice (%s and %s)", dir, id, prev, o.source)
-		}
-		seen[id] = o.source
-	}
+	b.requireUnique(t)
 	for _, img := range b.images {
 		n := 0
 		for _, w := range b.workloads() {
@@ -178,6 +174,19 @@ func build(t *testing.T, dir string) *bundle {
 		}
 	}
 	return b
+}
+
+// requireUnique fails the test when two objects have one kind and name.
+func (b *bundle) requireUnique(t *testing.T) {
+	t.Helper()
+	seen := map[string]string{}
+	for _, o := range b.objects {
+		id := o.kind + " " + o.name
+		if prev, ok := seen[id]; ok {
+			t.Fatalf("%s: %s defined twice (%s and %s)", b.dir, id, prev, o.source)
+		}
+		seen[id] = o.source
+	}
 }
 
 func (b *bundle) load(t *testing.T, dir string, visited []string) {

@@ -17,6 +17,8 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
 // ---------------------------------------------------------------------------
@@ -34,7 +36,7 @@ func TestKustomizeRulesConfigMap(t *testing.T) {
 	if g.hashed {
 		t.Error("ratelimit-config gets a hash suffix: an update would create a new ConfigMap, not swap the mounted one")
 	}
-	for _, p := range rulesConfigMapProblems(t, cm) {
+	for _, p := range rulesConfigMapProblems(t, cm, config.YAMLFiles) {
 		t.Error(p)
 	}
 }
