@@ -143,8 +143,10 @@ func TestCalendarEdgeOnRedis(t *testing.T) {
 		t.Fatalf("one more: %+v, want denied until the edge, in %v to %v", v, least, most)
 	}
 	// Redis rounds the TTL up to the millisecond, and its clock for expiry
-	// is a cached one: a few ms of slack.
-	if ttl, err := r.client.PTTL(ctx, h.Key).Result(); err != nil || ttl <= 0 || ttl > time.Until(edge)+10*time.Millisecond {
+	// is a cached one, updated once per event loop: on a busy machine it
+	// lagged 12 ms. A tenth of a second of slack still tells the edge from
+	// anything else (the next edge is a month on).
+	if ttl, err := r.client.PTTL(ctx, h.Key).Result(); err != nil || ttl <= 0 || ttl > time.Until(edge)+100*time.Millisecond {
 		t.Fatalf("PTTL = %v, %v; want what is left to the edge, %v", ttl, err, time.Until(edge))
 	}
 	waitUntil(edge.Add(-300 * time.Millisecond))
