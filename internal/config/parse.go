@@ -421,7 +421,10 @@ func (p *parser) rules(rd *rawDescriptor, levels []Level) ([]*Rule, error) {
 				return nil, p.errorf(line, "a descriptor has one limit of algorithm %s (envoyproxy/ratelimit's keys, "+
 					"one per descriptor); give the others another algorithm", r.Algorithm)
 			}
-			if prev.Algorithm == r.Algorithm && prev.Window() == r.Window() && prev.Calendar() == r.Calendar() {
+			// A calendar window's key names its calendar, not its length
+			// (12 months and a year share one).
+			if prev.Algorithm == r.Algorithm && prev.Calendar() == r.Calendar() &&
+				(!prev.Calendar().IsZero() || prev.Window() == r.Window()) {
 				return nil, p.errorf(line, "two limits of one descriptor with algorithm %s and a window of %v would share one counter", r.Algorithm, r.Window())
 			}
 		}
@@ -661,6 +664,10 @@ func (p *parser) leases(r *Rule, rl *rawRateLimit) error {
 		if err != nil || d < time.Millisecond || d > MaxWindow {
 			return p.errorf(rl.LeaseTTL.Line, "lease_ttl %q: want a duration from 1ms to %d years (e.g. 30s, 5m)",
 				rl.LeaseTTL.V, MaxWindow/(365*24*time.Hour))
+		}
+		if d > r.Window() {
+			return p.errorf(rl.LeaseTTL.Line, "lease_ttl %v is longer than the rule's window %v: a lease counts within its window; make the window longer",
+				d, r.Window())
 		}
 		r.LeaseTTL = d
 	}

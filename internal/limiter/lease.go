@@ -83,10 +83,12 @@ func checkLeases(hits []Hit) error {
 }
 
 // leaseTTL is how long a lease of h lives unsettled: LeaseTTL, else the
-// window; in whole milliseconds, at least one.
+// window, and never longer than the window (a lease scored after now would
+// make the log place a later charge of several units after it, counted past
+// its window); in whole milliseconds, at least one.
 func (h *Hit) leaseTTL() int64 {
 	ttl := h.LeaseTTL
-	if ttl <= 0 {
+	if ttl <= 0 || ttl > h.Window {
 		ttl = h.Window
 	}
 	return max(1, int64((ttl+time.Millisecond-1)/time.Millisecond))

@@ -89,23 +89,23 @@ func TestLeaseFreesItsOwnSeatOnce(t *testing.T) {
 }
 
 // TestLeaseExpiresAtItsTTL: a seat whose release never comes frees itself
-// at its TTL, to the microsecond, whatever the window; by default the TTL is
-// the window.
+// at its TTL, to the microsecond; by default, and at most, the TTL is the
+// window.
 func TestLeaseExpiresAtItsTTL(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
-		ttl, window time.Duration
+		ttl, window, want time.Duration
 	}{
-		{"shorter than the window", 5 * time.Second, time.Minute},
-		{"the window (default)", 0, 10 * time.Second},
-		{"longer than the window", 90 * time.Second, time.Minute},
+		{"shorter than the window", 5 * time.Second, time.Minute, 5 * time.Second},
+		{"the window (default)", 0, 10 * time.Second, 10 * time.Second},
+		{"longer than the window: the window", 90 * time.Second, time.Minute, time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l, c := newTestLimiter(t, epoch)
 			if v := decide1(t, l, seat("u", 1, tc.window, tc.ttl)); !v.Charged {
 				t.Fatalf("seat: %+v", v)
 			}
-			ttl := cmpOrDuration(tc.ttl, tc.window)
+			ttl := tc.want
 			c.set(epoch.Add(ttl - time.Microsecond))
 			if v := decide1(t, l, seat("u", 1, tc.window, tc.ttl)); v.Admitted {
 				t.Fatalf("1 µs before the TTL: %+v, want denied", v)
@@ -116,13 +116,6 @@ func TestLeaseExpiresAtItsTTL(t *testing.T) {
 			}
 		})
 	}
-}
-
-func cmpOrDuration(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }
 
 // TestReservationTrueUp: a reservation of 1,000 tokens settled at 300 leaves

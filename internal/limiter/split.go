@@ -137,13 +137,13 @@ func (s *Split) giveBack(ctx context.Context, lim *Limiter, hits []Hit, idx []in
 			continue
 		}
 		if v.Lease != "" { // a lease is settled at nothing: exactly its own units go
-			back = append(back, Hit{Key: h.Key, Algorithm: h.Algorithm, Limit: h.Limit, Window: h.Window, Settle: v.Lease})
+			back = append(back, Hit{Key: h.Key, Algorithm: h.Algorithm, Limit: h.Limit, Window: h.Window, Calendar: h.Calendar, Settle: v.Lease})
 			takeBack(h, v)
 			continue
 		}
 		takeBack(h, v)
-		back = append(back, Hit{Key: h.Key, Algorithm: h.Algorithm, Limit: h.Limit, Window: h.Window, Cost: h.Cost,
-			Burst: h.Burst, Refund: true})
+		back = append(back, Hit{Key: h.Key, Algorithm: h.Algorithm, Limit: h.Limit, Window: h.Window, Calendar: h.Calendar,
+			Cost: h.Cost, Burst: h.Burst, Refund: true})
 	}
 	if len(back) == 0 {
 		return

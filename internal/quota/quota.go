@@ -390,7 +390,7 @@ func (a *Allocator) giveBack(b *Bucket, lim Limit, tokens, maxTokens uint64, now
 // the same window (and, for GCRA, rate), at a key of its own beside h's (in
 // its hash slot), with no bound of its own.
 func fleetHit(h limiter.Hit) limiter.Hit {
-	f := limiter.Hit{Key: h.Key + ":rlqs-leased", Algorithm: h.Algorithm, Limit: math.MaxUint32, Window: h.Window}
+	f := limiter.Hit{Key: h.Key + ":rlqs-leased", Algorithm: h.Algorithm, Limit: math.MaxUint32, Window: h.Window, Calendar: h.Calendar}
 	if h.Algorithm.Bucket() {
 		f.Limit, f.Burst = h.Limit, math.MaxUint32
 	}

@@ -379,3 +379,15 @@ func TestLateEnvoyGetsItsShare(t *testing.T) {
 		t.Errorf("the six hold %d, over the limit %d", sum, limit)
 	}
 }
+
+// TestFleetHitKeepsTheCalendar: the fleet's own count of a calendar
+// window's leases runs in the same calendar windows as the counter (in
+// 30-day epoch windows it would roll over mid-month, and the fleet's
+// units would then look like other callers').
+func TestFleetHitKeepsTheCalendar(t *testing.T) {
+	month := config.CalendarOf(config.FixedWindow, config.Month, 1, time.UTC)
+	h := limiter.Hit{Key: "k", Algorithm: config.FixedWindow, Limit: 100, Window: 30 * 24 * time.Hour, Calendar: month}
+	if f := fleetHit(h); f.Calendar != month || f.Window != h.Window || f.Algorithm != h.Algorithm {
+		t.Errorf("fleetHit(%+v) = %+v, want its calendar, window and algorithm", h, f)
+	}
+}

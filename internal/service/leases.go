@@ -32,10 +32,12 @@ const LeasesField = "leases"
 
 // resolveSettlement finds the rule a lease's settlement goes to: d without
 // its last entry, which carries the lease id under LeaseKey, matched to a
-// rule with leases. It returns nil for any other descriptor.
+// rule with leases; a limit override it carries changes nothing (a lease is
+// never taken under one). It returns nil for any other descriptor, and for
+// one a rule matches whole, lease entry included.
 func resolveSettlement(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor) *limit {
 	n := len(d.Entries)
-	if n < 2 || d.Entries[n-1].Key != LeaseKey {
+	if n < 2 || d.Entries[n-1].Key != LeaseKey || config.Match(cfg, domain, d.Entries) != nil {
 		return nil
 	}
 	rule := config.Match(cfg, domain, d.Entries[:n-1])

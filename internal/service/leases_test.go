@@ -9,6 +9,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
@@ -148,5 +149,44 @@ func TestReservationSettledByItsActualCost(t *testing.T) {
 	}
 	if r := askL(t, s, costDesc(0, "tokens_user", "u")); r.Statuses[0].LimitRemaining != 9700 {
 		t.Fatalf("check: %v, want 9700 left", r)
+	}
+}
+
+// TestLeasesAndLimitOverrides: an acquisition under a limit override is a
+// plain charge on the override's counter, with no lease id (an id names the
+// rule's counter); a settlement that carries an override settles its lease
+// on the rule's counter all the same, and never becomes a counter of its
+// own keyed by the lease id.
+func TestLeasesAndLimitOverrides(t *testing.T) {
+	s, m := leaseService(t, false)
+	override := &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_MINUTE}
+
+	acquired := desc("seat_user", "ann")
+	acquired.Limit = override
+	if resp := askL(t, s, acquired); resp.OverallCode != rlsv3.RateLimitResponse_OK || leaseOf(resp, "seat_user") != "" {
+		t.Fatalf("an acquisition under an override: %v, want OK without a lease id", resp)
+	}
+
+	first := askL(t, s, desc("seat_user", "bob"))
+	askL(t, s, desc("seat_user", "bob"))
+	id := leaseOf(first, "seat_user")
+	if id == "" {
+		t.Fatalf("no lease id: %v", first)
+	}
+	if resp := askL(t, s, desc("seat_user", "bob")); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("a third seat of two: %v, want OVER_LIMIT", resp)
+	}
+	done := streamDone(id, nil, "seat_user", "bob")
+	done.Limit = override
+	if resp := askL(t, s, done); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("the settlement with an override: %v, want OK", resp)
+	}
+	if resp := askL(t, s, desc("seat_user", "bob")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("after the release: %v, want the seat free again", resp)
+	}
+	for _, k := range m.Keys() {
+		if strings.Contains(k, LeaseKey+"=") || strings.Contains(k, id) {
+			t.Errorf("a counter keyed by the lease entry: %q", k)
+		}
 	}
 }

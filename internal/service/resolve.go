@@ -97,6 +97,9 @@ func resolve(cfg *config.Config, domain string, d *rlcommon.RateLimitDescriptor)
 	// name, replaces, quota_mode, metadata, shadow_mode or unlimited.
 	l.name, l.replaces, l.quota, l.metadata = "", nil, false, nil
 	l.shadow, l.unlimited = false, false
+	// Nor leases: a lease id names the rule's counter, which an override
+	// does not count on; its descriptor is charged as any other.
+	l.leases = false
 	l.overridden = true
 	return l, nil
 }

@@ -226,13 +226,15 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	cfg := s.current.Load().config
 	limits := make([]*limit, len(req.Descriptors))
 	for i, d := range req.Descriptors {
-		l, err := resolve(cfg, req.Domain, d)
-		if err != nil {
-			s.opts.Metrics.InvalidRequest("bad_override")
-			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
-		}
+		// A settlement first: its lease entry must not make it a limit
+		// override's throwaway counter.
+		l := resolveSettlement(cfg, req.Domain, d)
 		if l == nil {
-			l = resolveSettlement(cfg, req.Domain, d)
+			var err error
+			if l, err = resolve(cfg, req.Domain, d); err != nil {
+				s.opts.Metrics.InvalidRequest("bad_override")
+				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
+			}
 		}
 		limits[i] = l
 	}
