@@ -93,7 +93,7 @@ func TestLeaseFreesItsOwnSeatOnce(t *testing.T) {
 // window.
 func TestLeaseExpiresAtItsTTL(t *testing.T) {
 	for _, tc := range []struct {
-		name        string
+		name              string
 		ttl, window, want time.Duration
 	}{
 		{"shorter than the window", 5 * time.Second, time.Minute, 5 * time.Second},
