@@ -74,6 +74,7 @@ func streamDoneCall(first *rlsv3.RateLimitResponse, key, user string, actual *ui
 // at the TTL; a reservation of 1,000 tokens settled at 300 leaves 300
 // charged, and one never settled is released at its TTL.
 func TestLeasedSeatsWithEnvoysCalls(t *testing.T) {
+	t.Parallel()
 	const callers, limit, run, hold = 50, 5, 10 * time.Second, 100 * time.Millisecond
 	r := startRedis(t)
 	servers := []*server{startServer(t, r, leaseConfig), startServer(t, r, leaseConfig)}
