@@ -30,7 +30,8 @@
 //     system call; DATA waits for the client's send windows there.
 //   - Limits (limits.go): every bound in one place: message size,
 //     concurrent streams, bytes held, header blocks, PING and SETTINGS
-//     floods, unread answers, the time a message may take to come.
+//     floods, unread answers, the time a message may take to come. Each
+//     refusal is reported, by name, to Options.OnRefuse.
 //   - Admission: a call competes for a place (Options.NewConnAdmit) only
 //     once its message is whole, so a client that sends slowly or not at
 //     all holds no place.

@@ -1,7 +1,8 @@
 // Package transport is what the rate limit service's gRPC and HTTP ports
 // need around the service itself: shedding past --max-inflight (Shedder,
 // and Conn, a connection's hold on its places; shedder.go), for grpcunary's
-// server, grpc-go's and POST /json alike, and the gRPC codec of the rate
+// server, grpc-go's and POST /json alike, the bound on the gRPC port's
+// connections (LimitListener, connlimit.go), and the gRPC codec of the rate
 // limit requests (NewCodec, codec.go), which keeps descriptor values' bytes
 // as sent and allocates within the request bounds.
 //
