@@ -35,6 +35,7 @@ func TestLeases(t *testing.T) {
 		"algorithm: sliding_window_log, leases: true, refund_order: oldest": "refund_order does not apply to a rule with leases",
 		"algorithm: sliding_window_log, leases: true, lease_ttl: 1000000h":  `lease_ttl "1000000h"`,
 		"algorithm: sliding_window_log, leases: true, lease_ttl: 2m":        "lease_ttl 2m0s is longer than the rule's window 1m0s",
+		"algorithm: sliding_window_log, leases: true, record_costs: never":  "record_costs does not apply to a rule with leases",
 	} {
 		if _, err := parse(rl); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error with %q", rl, err, want)

@@ -658,6 +658,9 @@ func (p *parser) leases(r *Rule, rl *rawRateLimit) error {
 	if rl.RefundOrder.Set {
 		return p.errorf(rl.RefundOrder.Line, "refund_order does not apply to a rule with leases: a lease is freed by its id")
 	}
+	if rl.RecordCosts.Set {
+		return p.errorf(rl.RecordCosts.Line, "record_costs does not apply to a rule with leases: a settlement records its actual cost always")
+	}
 	r.Leases = true
 	if rl.LeaseTTL.Set {
 		d, err := time.ParseDuration(rl.LeaseTTL.V)
