@@ -155,3 +155,13 @@ func (h *Hit) capacity() uint32 {
 	}
 	return h.Limit
 }
+
+// windowLeft is how long the window holding now lasts, by the limiter's
+// clock: a calendar window's end (months and weeks differ in length), else
+// a whole window, which is what a cost that never fits waits at most.
+func (h *Hit) windowLeft(now time.Time) time.Duration {
+	if h.Calendar.IsZero() {
+		return h.Window
+	}
+	return h.Calendar.Edges(now)[2].Sub(now)
+}

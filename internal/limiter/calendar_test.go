@@ -136,6 +136,18 @@ func TestCalendarWindows(t *testing.T) {
 	}
 }
 
+// TestCalendarCostPastTheLimit: a cost no window of the calendar holds is
+// denied without a store call, with the time to the end of the limiter's
+// calendar window as its reset, not the unit's nominal length.
+func TestCalendarCostPastTheLimit(t *testing.T) {
+	c := newCalendarLimiter(t)
+	c.at(utcTime(t, "2026-02-27T00:00:00Z"), 0)
+	h := calendarHit(config.Calendar{Months: 1}, config.Month, 10, 11)
+	if v := decide1(t, c.l, h); v.Admitted || !v.CostExceedsLimit || v.ResetAfter != 2*24*time.Hour {
+		t.Fatalf("%+v, want denied, cost past the limit, reset at 1 March (48h)", v)
+	}
+}
+
 // TestCalendarFarFromGoClock: Redis TIME further off Go's clock than the
 // edges sent reach counts in the nearest window sent, never fails, and
 // never sets a key without expiry.

@@ -497,7 +497,7 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 			rule.add(h, true)
 		case h.Cost > uint64(h.capacity()):
 			// Never admissible: answer at once, without a store write.
-			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.Window}
+			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.windowLeft(now)}
 			rule.add(h, false)
 		case h.quota(), h.Lease:
 			// Not from the deny cache: a quota hit's denial alone does not
