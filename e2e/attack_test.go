@@ -25,6 +25,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/h2attack"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/settings"
 )
 
 const attackConfig = `
@@ -123,14 +124,17 @@ var attackCases = []attackCase{
 		grpcGoLimit: "under it, 98.4-98.6 % of the calls were answered within 50 ms in make bench-attacks, some after seconds",
 	},
 	{
-		// Peers that never read, within --max-connections' default: what
-		// they make the service hold stays under the bound for an
-		// attacker's peers.
+		// Peers that never read, within --max-connections' default: the
+		// service stays under its soft memory limit. Not the bound of a
+		// few peers: with GOGC=400 the heap grows to five times what is
+		// live between collections, and what 1,000 connections keep live
+		// makes that, beside busy legitimate callers, near it (116 MiB
+		// on a quiet machine).
 		name: "unread peers", runFor: attackFor, plain: true,
 		attack: func(ctx context.Context, addr string) h2attack.Result {
 			return h2attack.Unread(ctx, addr, h2attack.UnreadOptions{Call: attackCall, Peers: 1000, Calls: 1})
 		},
-		check:       rssUnder(attackRSSBound),
+		check:       rssUnder(settings.DefaultMemoryLimit),
 		notOnGRPCGo: "what its connections hold is grpc-go's; the bound on their number, the same listener, is checked on both below",
 	},
 	{
