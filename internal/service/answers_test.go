@@ -48,7 +48,14 @@ descriptors:
 
 func newAnswersService(t *testing.T, opts *Options) (*Service, *miniredis.Miniredis, *config.Config) {
 	t.Helper()
-	cfg, err := config.Parse("answers.yaml", []byte(answersConfig), config.Defaults{})
+	return miniService(t, "answers.yaml", answersConfig, opts)
+}
+
+// miniService serves the config yaml (named file) with opts, on a limiter
+// without a deny cache over a miniredis whose clock is frozen.
+func miniService(t *testing.T, file, yaml string, opts *Options) (*Service, *miniredis.Miniredis, *config.Config) {
+	t.Helper()
+	cfg, err := config.Parse(file, []byte(yaml), config.Defaults{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,10 +10,6 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"github.com/redis/go-redis/v9"
-
-	"github.com/slidingwindow/ratelimit/internal/config"
-	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
 const leaseConfig = `
@@ -27,17 +23,8 @@ descriptors:
 
 func leaseService(t *testing.T, dynamic bool) (*Service, *miniredis.Miniredis) {
 	t.Helper()
-	cfg, err := config.Parse("leases.yaml", []byte(leaseConfig), config.Defaults{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := miniredis.RunT(t)
-	m.SetTime(time.Unix(1_700_006_400, 0))
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { client.Close() })
-	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
-	t.Cleanup(l.Close)
-	return New(cfg, l, &Options{ResponseDynamicMetadata: dynamic}), m
+	s, m, _ := miniService(t, "leases.yaml", leaseConfig, &Options{ResponseDynamicMetadata: dynamic})
+	return s, m
 }
 
 func askL(t *testing.T, s *Service, ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitResponse {
