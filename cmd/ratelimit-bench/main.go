@@ -18,13 +18,14 @@
 // (burst.go). The skewed-keys scenarios (skew.go) draw their keys Zipf or
 // uniformly, and measure envoyproxy/ratelimit itself (built with go
 // install, upstream.go) beside the service and the floor, with the Redis
-// commands per decision. It knows the service only through gRPC and
-// /metrics.
+// commands per decision. Last, 50 callers contend for 5 seats of a
+// concurrency limit over two instances (seats.go). It knows the service
+// only through gRPC and /metrics.
 // The report is Markdown on stdout; progress goes to stderr. docs/bench.md
 // explains the columns.
 //
 //	ratelimit-bench [-quick] [-run REGEXP] [-duration 5s] [-warmup 1s] [-timeout 20ms]
-//	                [-conns 4] [-floor-conns 10] [-rate 0] [-rlqs-duration 20s] [-envoyproxy=true]
+//	                [-conns 4] [-floor-conns 10] [-rate 0] [-rlqs-duration 20s] [-seats-duration 10s] [-envoyproxy=true]
 //	                [-cpuprofile DIR] [-list]
 package main
 
@@ -79,6 +80,7 @@ type options struct {
 	svcEnv      listFlag
 	bursts      int
 	rlqsDur     time.Duration
+	seatsDur    time.Duration
 	args        []string
 }
 
@@ -121,6 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.bursts, "bursts", 3, "bursts per algorithm at one key, on a service started for them (see burst.go; -quick: 1); 0: none")
 	fs.DurationVar(&o.rlqsDur, "rlqs-duration", 20*time.Second,
 		"measured time of each RLQS run, at least 15s (three report intervals; see rlqs.go; -quick: 15s); 0: no RLQS runs")
+	fs.DurationVar(&o.seatsDur, "seats-duration", 10*time.Second,
+		"measured time of each seats run (see seats.go; -quick: 5s); 0: no seats runs")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -142,6 +146,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if !set["rlqs-duration"] {
 			o.rlqsDur = 3 * envoyrlqs.DefaultReportInterval
 		}
+		if !set["seats-duration"] {
+			o.seatsDur = 5 * time.Second
+		}
 	}
 	switch {
 	case o.duration < 100*time.Millisecond:
@@ -154,6 +161,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-rate must not be negative")
 	case o.bursts < 0:
 		return o, errors.New("-bursts must not be negative")
+	case o.seatsDur < 0:
+		return o, errors.New("-seats-duration must not be negative")
 	case o.rlqsDur != 0 && o.rlqsDur < 3*envoyrlqs.DefaultReportInterval:
 		return o, fmt.Errorf("-rlqs-duration must be 0 or at least %s", 3*envoyrlqs.DefaultReportInterval)
 	case o.conns < 1 || o.floorConns < 1:
@@ -192,8 +201,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 2
 	}
-	if len(scenarios) == 0 && len(skew) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 {
-		fmt.Fprintf(stderr, "ratelimit-bench: -run %q matches no scenario, RLQS run or burst (see -list)\n", o.run)
+	seats, err := selectSeats(o.run, o.seatsDur)
+	if err != nil {
+		fmt.Fprintln(stderr, "ratelimit-bench:", err)
+		return 2
+	}
+	if len(scenarios) == 0 && len(skew) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 && len(seats) == 0 {
+		fmt.Fprintf(stderr, "ratelimit-bench: -run %q matches no scenario, RLQS run, burst or seats run (see -list)\n", o.run)
 		return 2
 	}
 	if o.list {
@@ -209,9 +223,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		for _, a := range bursts {
 			fmt.Fprintln(stdout, burstName(a))
 		}
+		for _, c := range seats {
+			fmt.Fprintln(stdout, c.Name())
+		}
 		return 0
 	}
-	if err := bench(ctx, o, scenarios, skew, rlqsCases, bursts, stdout, stderr); err != nil {
+	if err := bench(ctx, o, scenarios, skew, rlqsCases, bursts, seats, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 1
 	}
@@ -258,13 +275,14 @@ type Report struct {
 	UpstreamEnv  []string       // its environment, when it ran
 	RLQS         []*RLQSRun
 	Bursts       []*BurstResult
+	Seats        []*SeatsRun
 	Profiles     []Profile
 	Began        time.Time
 	Took         time.Duration
 }
 
 func bench(ctx context.Context, o options, scenarios, skew []Scenario, rlqsCases []RLQSCase, bursts []Algorithm,
-	stdout, stderr io.Writer) error {
+	seats []SeatsCase, stdout, stderr io.Writer) error {
 	began := time.Now()
 	root, err := moduleRoot()
 	if err != nil {
@@ -378,6 +396,15 @@ func bench(ctx context.Context, o options, scenarios, skew []Scenario, rlqsCases
 				b.Round, b.Admitted, b.Denied, b.errorSummary(), b.LetThrough(), ms(b.Took))
 		}
 		rep.Bursts = append(rep.Bursts, results...)
+	}
+	for _, c := range seats {
+		fmt.Fprintf(stderr, "%s ...\n", c.Name())
+		r, err := measureSeats(ctx, o, c, bin, dir, redisAddr, redisProc.pid(), tick, o.seatsDur)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.Name(), err)
+		}
+		fmt.Fprintf(stderr, "        %s\n", r.summary())
+		rep.Seats = append(rep.Seats, r)
 	}
 	for _, m := range slices.Concat(rep.Measurements, rep.Skew) {
 		if m.Profile == "" {

@@ -230,6 +230,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		writeSkew(w, rep)
 		writeRLQS(w, rep.RLQS)
 		writeBursts(w, o, rep.Bursts)
+		writeSeats(w, o, rep.Seats)
 		return
 	}
 	fmt.Fprintln(w, "| ! | scenario | req/s | decisions/s | p50 | p99 | deadline misses | errors | failure-mode answers | denied "+
@@ -263,6 +264,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	writeSkew(w, rep)
 	writeRLQS(w, rep.RLQS)
 	writeBursts(w, o, rep.Bursts)
+	writeSeats(w, o, rep.Seats)
 
 	for _, p := range rep.Profiles {
 		fmt.Fprintf(w, "\nService CPU profile of %s (`go tool pprof -top -nodecount=%d` of %s):\n\n```\n%s\n```\n",
