@@ -69,7 +69,8 @@ func streamDoneCall(first *rlsv3.RateLimitResponse, key, user string, actual *ui
 // its seat 100 ms and releasing it on the other instance. Never more than 5
 // in flight; the admissions are logged against the ideal 500 (5 seats of
 // 100 ms for 10 s), and asserted above a bound a loaded 2-core machine keeps
-// (the exact figure is TestLeasedSeatsUnderContention's, in
+// with the race detector on (the shipped binary's figure is make bench's
+// seats/leases; the exact one TestLeasedSeatsUnderContention's, in
 // internal/limiter, on a frozen clock). Then: a lost release frees its seat
 // at the TTL; a reservation of 1,000 tokens settled at 300 leaves 300
 // charged, and one never settled is released at its TTL.
