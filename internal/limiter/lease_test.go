@@ -258,3 +258,35 @@ func TestLeaseAcrossSlotsIsTakenBack(t *testing.T) {
 		t.Fatalf("the lease's counter has %d left after the refund, want 3", got)
 	}
 }
+
+// TestLeaseMergedWithACheck: a check (cost 0) and a seat on one key in one
+// request are one demand, and it is the seat's: charged as a lease whose id
+// both verdicts carry, and which its settlement frees.
+func TestLeaseMergedWithACheck(t *testing.T) {
+	const limit, window = 1, time.Minute
+	for _, order := range []string{"check first", "seat first"} {
+		t.Run(order, func(t *testing.T) {
+			l, _ := newTestLimiter(t, epoch)
+			check := hit(config.SlidingWindowLog, "u", limit, window, 0)
+			hits := []Hit{check, seat("u", limit, window, 0)}
+			if order == "seat first" {
+				hits[0], hits[1] = hits[1], hits[0]
+			}
+			vs, err := l.Decide(context.Background(), hits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range vs {
+				if !v.Admitted || !v.Charged || v.Lease == "" || v.Lease != vs[0].Lease {
+					t.Fatalf("hit %d: %+v, want admitted and charged as the one lease of both", i, v)
+				}
+			}
+			if v := decide1(t, l, seat("u", limit, window, 0)); v.Admitted {
+				t.Fatalf("a second seat: %+v, want denied while the first is held", v)
+			}
+			if v := decide1(t, l, settle("u", limit, window, vs[0].Lease, 0)); !v.Admitted || v.Remaining != 1 {
+				t.Fatalf("settling the lease: %+v, want its seat free", v)
+			}
+		})
+	}
+}

@@ -452,6 +452,11 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		}
 		m.Shadow = m.Shadow && h.Shadow
 		m.Record = m.Record || h.Record // a cost already spent is counted
+		if h.Lease && !m.Lease {
+			// A check beside a lease on one key (a check is never a lease):
+			// the demand is the lease's, and its id names the whole charge.
+			m.Lease, m.LeaseTTL = true, h.LeaseTTL
+		}
 		if h.FailureMode == config.FailureDeny {
 			m.FailureMode = config.FailureDeny
 		}
