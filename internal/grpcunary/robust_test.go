@@ -170,9 +170,13 @@ func flood(t *testing.T, rc *rawClient) {
 }
 
 // TestNonReadingClientClosedAfterAgeAndGrace: a client that stops reading
-// does not keep its connection past MaxConnectionAge and its grace.
+// does not keep its connection past MaxConnectionAge and its grace; the
+// close, which ends the blocked write early, is the age's, not a refusal
+// of unread answers (whose write timeout has not passed).
 func TestNonReadingClientClosedAfterAgeAndGrace(t *testing.T) {
-	s, addr := serveRaw(t, Options{MaxConnectionAge: 2 * time.Second, MaxConnectionAgeGrace: 200 * time.Millisecond}, &testService{})
+	var refusals refusalCounts
+	s, addr := serveRaw(t, Options{MaxConnectionAge: 2 * time.Second, MaxConnectionAgeGrace: 200 * time.Millisecond,
+		OnRefuse: refusals.observe}, &testService{})
 	rc := dialRaw(t, addr)
 	defer rc.nc.Close()
 	flood(t, rc)
@@ -185,6 +189,11 @@ func TestNonReadingClientClosedAfterAgeAndGrace(t *testing.T) {
 	}
 	if !waitFor(func() bool { return open() == 0 }, 30*time.Second) {
 		t.Errorf("the non-reading connection outlived age and grace: %d open", open())
+	}
+	refusals.mu.Lock()
+	defer refusals.mu.Unlock()
+	if n := refusals.n[RefusedUnreadAnswers]; n != 0 {
+		t.Errorf("%d unread_answers refusals for a connection its age closed", n)
 	}
 }
 

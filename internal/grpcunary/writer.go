@@ -118,7 +118,13 @@ func (c *conn) flusher() {
 		_, err := c.nc.Write(buf)
 		c.netMu.Unlock()
 		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
+			// A close for another reason cuts the write short the same way
+			// (it shortens the deadline): only a write that ran out its own
+			// time is the client's unread answers.
+			c.wmu.Lock()
+			closing := c.closed
+			c.wmu.Unlock()
+			if errors.Is(err, os.ErrDeadlineExceeded) && !closing {
 				c.refuse(RefusedUnreadAnswers)
 			}
 			c.close()
