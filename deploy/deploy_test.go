@@ -12,6 +12,10 @@
 //     bucket_matchers, evaluated on a table of requests, build the bucket ids
 //     intended (rlqs_test.go), which resolve to their rules of config/
 //     (rlqs_bucket_test.go);
+//   - docs/budgets.md's EnvoyPatchPolicy, applied as Envoy Gateway applies
+//     it to route configurations Envoy Gateway renders (testdata/), makes
+//     their token budget a reservation, which the emulation settles against
+//     the service (envoygateway_test.go);
 //   - the kustomizations under k8s/ decode strictly into the Kubernetes API
 //     types and refer to each other consistently (k8s_test.go);
 //   - the Helm chart under helm/, rendered by helm's packages for each of

@@ -178,14 +178,23 @@ func (e *edge) emulate(t *testing.T, r request) emulated {
 func (e *edge) descriptors(t *testing.T, rt *routev3.Route, r request, streamDone bool,
 	metadata map[string]map[string]string, rl *structpb.Struct) []*rlcommon.RateLimitDescriptor {
 	t.Helper()
+	return phaseDescriptors(t, "route "+rt.GetName(), rt.GetRoute().GetRateLimits(), e.filter.GetStage(), r, streamDone, metadata, rl)
+}
+
+// phaseDescriptors is descriptors on a list of rate_limits entries (a
+// route's, or a RateLimitPerRoute's), of the filter's stage; where names the
+// list in messages.
+func phaseDescriptors(t *testing.T, where string, rls []*routev3.RateLimit, stage uint32, r request, streamDone bool,
+	metadata map[string]map[string]string, rl *structpb.Struct) []*rlcommon.RateLimitDescriptor {
+	t.Helper()
 	var ds []*rlcommon.RateLimitDescriptor
 	rlNamespace := rl
-	for i, rl := range rt.GetRoute().GetRateLimits() {
-		if rl.GetStage().GetValue() != e.filter.GetStage() || rl.GetApplyOnStreamDone() != streamDone {
+	for i, rl := range rls {
+		if rl.GetStage().GetValue() != stage || rl.GetApplyOnStreamDone() != streamDone {
 			continue
 		}
 		if rl.GetLimit() != nil || rl.GetDisableKey() != "" {
-			t.Fatalf("route %s rate_limits[%d]: the emulator does not model limit or disable_key", rt.GetName(), i)
+			t.Fatalf("%s rate_limits[%d]: the emulator does not model limit or disable_key", where, i)
 		}
 		d := descriptorWith(t, rl.GetActions(), r, rlNamespace)
 		if d == nil {
