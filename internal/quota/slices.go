@@ -60,6 +60,7 @@ import (
 type Slices struct {
 	ledger    SliceLedger
 	threshold float64
+	warm      float64 // warm keys' threshold (their rate's); <= 0: off
 	period    time.Duration
 	perShard  int
 	now       func() time.Time
@@ -101,6 +102,9 @@ type SliceObserver struct {
 	GivenBack func(units uint64)
 	// Keys is the number of keys holding a live slice, every second.
 	Keys func(n int)
+	// Warm counts a slice leased to a warm key, of units (Leased counts
+	// it too).
+	Warm func(units uint64)
 }
 
 // Defaults where SliceOptions leave a field zero.
@@ -113,7 +117,25 @@ const (
 	DefaultSlicePeriod = time.Second
 	// DefaultSliceKeys bounds the keys whose rate is tracked.
 	DefaultSliceKeys = 16384
+	// DefaultSliceWarmThreshold is the rate (hits per second, averaged
+	// over about rateTau) of one key at one instance from which a key
+	// under the threshold is leased small slices that live as long as its
+	// rate takes to use them.
+	DefaultSliceWarmThreshold = 0.2
 )
+
+// rateTau is the time constant of a key's averaged rate: each tick
+// (a second) weighs the rate before it by rateDecay and adds its hits by
+// 1-rateDecay.
+const rateTau = 10 * time.Second
+
+var rateDecay = math.Exp(-float64(time.Second) / float64(rateTau))
+
+// warmForget is the share of the warm threshold under which a key's
+// averaged rate lets it be forgotten (when it holds no slice): a key seen
+// once is kept about 7 s, long enough to see a key of a fifth of a hit a
+// second again.
+const warmForget = 0.25
 
 // SliceOptions configure Slices. A nil *SliceOptions means the defaults.
 type SliceOptions struct {
@@ -121,6 +143,14 @@ type SliceOptions struct {
 	// which the key is leased; zero means DefaultSliceThreshold, a negative
 	// value turns slices off (every hit goes to the ledger).
 	Threshold float64
+	// WarmThreshold is the averaged rate (hits per second over about
+	// ten seconds) of one key at this instance from which a key under
+	// Threshold is leased minSlice units at a time, its slices ending
+	// after the time those units take at its rate; zero means
+	// DefaultSliceWarmThreshold, a negative value turns warm keys off (a
+	// key is leased only from Threshold, and forgotten after a second
+	// without hits).
+	WarmThreshold float64
 	// Period is a slice's life; zero means DefaultSlicePeriod.
 	Period time.Duration
 	// Keys bounds the keys tracked at once; zero means DefaultSliceKeys.
@@ -148,6 +178,8 @@ type hotKey struct {
 	hits, prev uint32      // hits since the last tick, and in the tick before
 	units      uint64      // the units of those hits since the last tick
 	prevUnits  uint64      // and in the tick before
+	rate       float64     // hits per second, averaged over rateTau at the ticks
+	unitRate   float64     // and their units
 	slices     []*slice    // live, in the order leased
 	leasing    bool        // a lease is on its way
 	retryAt    time.Time   // no lease before (after one refused or failed)
@@ -162,7 +194,8 @@ type slice struct {
 	token      int64
 	sent       time.Time     // when its lease was sent
 	expires    time.Time     // no unit used from then on: where the algorithm's bound ends it
-	lastUse    time.Time     // its lease, or the last hit it decided: idle a period, it ends
+	lastUse    time.Time     // its lease, or the last hit it decided: idle for idle, it ends
+	idle       time.Duration // a hot key's period, a warm key's units' time at its rate
 	first      time.Time     // GCRA: unit 0's deadline; unit k's is first + k*interval
 	interval   time.Duration // GCRA's emission interval; 0 for other algorithms
 	remaining  uint64        // the counter's remaining after the lease
@@ -181,11 +214,17 @@ func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
 		opts = &SliceOptions{}
 	}
 	s := &Slices{
-		ledger: ledger, threshold: opts.Threshold, period: opts.Period, now: opts.Now,
+		ledger: ledger, threshold: opts.Threshold, warm: opts.WarmThreshold, period: opts.Period, now: opts.Now,
 		observe: opts.Observe, seed: maphash.MakeSeed(), stop: make(chan struct{}),
 	}
 	if s.threshold == 0 {
 		s.threshold = DefaultSliceThreshold
+	}
+	if s.warm == 0 {
+		s.warm = DefaultSliceWarmThreshold
+	}
+	if s.threshold < 0 || s.warm >= s.threshold {
+		s.warm = -1 // off: no key is warm short of hot
 	}
 	if s.period <= 0 {
 		s.period = DefaultSlicePeriod
@@ -227,8 +266,8 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 		verdicts, err = s.ledger.Decide(ctx, hits)
 	}
 	// Slices are leased ahead of need, and only for a request every hit of
-	// which can have one: a request that goes to Redis anyway would leave
-	// a slice of its hot key unused.
+	// which can have one (every key hot or warm): a request that goes to
+	// Redis anyway would leave a slice of its hot key unused.
 	if hot {
 		for i := range hits {
 			var v *limiter.Verdict
@@ -265,8 +304,8 @@ func (s *Slices) shard(key string) *sliceShard {
 
 // local decides hits from slices, counting each hit toward its key's rate,
 // or returns nil verdicts when one of them has no slice with units enough:
-// then nothing was taken. hot reports whether every hit's key is hot at
-// this instance (read under the same locks). Shards are locked in order, so that a request of
+// then nothing was taken. hot reports whether every hit's key is hot or
+// warm at this instance (read under the same locks). Shards are locked in order, so that a request of
 // several keys takes its units all at once.
 func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Verdict, hot bool) {
 	var ofHit, order [4]int
@@ -299,7 +338,7 @@ func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Ve
 		}
 		k.hits++
 		k.units = saturatingAdd(k.units, h.Cost)
-		hot = hot && float64(max(k.hits, k.prev)) >= s.threshold
+		hot = hot && (s.isHot(k) || s.isWarm(k, h))
 		if !k.matches(h) || k.available(now) < h.Cost {
 			fits = false
 		}
@@ -312,6 +351,22 @@ func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Ve
 		verdicts[i] = keys[i].take(&hits[i], now)
 	}
 	return verdicts, hot
+}
+
+// isHot reports whether k's hits at this instance in the last second, or
+// in the second before, reach the threshold. The caller holds k's shard's
+// lock.
+func (s *Slices) isHot(k *hotKey) bool {
+	return float64(max(k.hits, k.prev)) >= s.threshold
+}
+
+// isWarm reports whether k's averaged rate reaches the warm threshold and
+// h's algorithm takes warm slices: not GCRA, whose units are usable only
+// until their emission slots start, which a key under the threshold would
+// mostly miss (its units are then dropped, not given back). The caller
+// holds k's shard's lock.
+func (s *Slices) isWarm(k *hotKey, h *limiter.Hit) bool {
+	return s.warm > 0 && k.rate >= s.warm && h.Algorithm != config.GCRA
 }
 
 // track returns key's state, made if the shard has room; nil otherwise.
@@ -385,11 +440,13 @@ func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 	}
 }
 
-// maybeLease starts a lease for h's key when the key is hot at this
-// instance and its slices run low: under a quarter of what the next period
-// needs, or ending within a quarter of it. v is the store's verdict of h
-// when it decided h (nil when a slice did): what the counter has left,
-// which sizes the next slice.
+// maybeLease starts a lease for h's key when the key is hot or warm at
+// this instance and its slices run low. A hot key's slices run low under a
+// quarter of what the next period needs, or ending within a quarter of it;
+// a warm key's when they hold under a quarter of the next slice (minSlice:
+// none left), as its slices end with their window rather than with a
+// period. v is the store's verdict of h when it decided h (nil when a
+// slice did): what the counter has left, which sizes the next slice.
 func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	sh := s.shard(h.Key)
 	sh.mu.Lock()
@@ -404,14 +461,17 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if k.leasing || now.Before(k.retryAt) {
 		return
 	}
-	rate := float64(max(k.hits, k.prev)) // per second: ticks are a second apart
-	if rate < s.threshold {
+	hot := s.isHot(k)
+	if !hot && !s.isWarm(k, &h) {
 		return
 	}
 	period := s.periodOf(h)
 	// Sized in units, the hits' costs: at least two hits' worth.
-	units := float64(max(k.units, k.prevUnits))
-	want := max(minSlice, 2*h.Cost, uint64(math.Ceil(units*period.Seconds())))
+	want := max(minSlice, 2*h.Cost)
+	if hot {
+		units := float64(max(k.units, k.prevUnits))
+		want = max(want, uint64(math.Ceil(units*period.Seconds())))
+	}
 	if k.known {
 		want = min(want, k.remaining/4)
 	} else {
@@ -420,8 +480,18 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if want < 2 { // a slice of one saves nothing
 		return
 	}
-	live := k.matches(&h)
-	if live && k.available(now) >= want/4 && k.ends(now).After(now.Add(period/4)) {
+	idle := period
+	if !hot {
+		idle = s.warmLife(h, want, k.unitRate)
+		if h.Algorithm == config.SlidingWindowLog {
+			period = idle // the log's slices end with their period
+		}
+	}
+	if hot {
+		if k.matches(&h) && k.available(now) >= want/4 && k.ends(now).After(now.Add(period/4)) {
+			return
+		}
+	} else if k.matches(&h) && k.available(now) >= max(1, want/4) {
 		return
 	}
 	k.leasing = true
@@ -429,13 +499,33 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if h.Algorithm == config.SlidingWindowLog {
 		h.Ahead = period
 	}
-	s.queueLease(pendingLease{hit: h, period: period})
+	s.queueLease(pendingLease{hit: h, period: period, idle: idle, warm: !hot})
+}
+
+// warmLife is how long a warm key's slice of want units lives unused: the
+// time want units take at the key's averaged rate of units, at least a
+// period and at most what minSlice units take at the warm threshold; the
+// log's, as its period, at most a twentieth of its window (its slices hold
+// their units one period longer than hits do).
+func (s *Slices) warmLife(h limiter.Hit, want uint64, unitRate float64) time.Duration {
+	most := max(s.period, time.Duration(float64(minSlice)/s.warm*float64(time.Second)))
+	life := most
+	if unitRate > 0 {
+		life = min(most, time.Duration(float64(want)/unitRate*float64(time.Second)))
+	}
+	life = max(life, s.period)
+	if h.Algorithm == config.SlidingWindowLog {
+		life = max(time.Millisecond, min(life, h.Window/20))
+	}
+	return life
 }
 
 // pendingLease is a lease waiting to be sent with the others of its moment.
 type pendingLease struct {
 	hit    limiter.Hit
-	period time.Duration
+	period time.Duration // the log's slices end with it; a failed lease is retried after it
+	idle   time.Duration // the slice ends after this long unused
+	warm   bool          // of a warm key
 }
 
 // leaseGather is how long a lease waits for others: sent together, they
@@ -464,7 +554,7 @@ func (s *Slices) sendLeases() {
 	s.leases = nil
 	s.leasesMu.Unlock()
 	for _, l := range leases {
-		s.work.Go(func() { s.lease(l.hit, l.period) })
+		s.work.Go(func() { s.lease(l) })
 	}
 }
 
@@ -494,9 +584,10 @@ func (k *hotKey) ends(now time.Time) time.Time {
 	return end
 }
 
-// lease charges the counter for a slice of h.Cost units and gives it to
-// h's key.
-func (s *Slices) lease(h limiter.Hit, period time.Duration) {
+// lease charges the counter for a slice of l.hit.Cost units and gives it
+// to the hit's key.
+func (s *Slices) lease(l pendingLease) {
+	h, period := l.hit, l.period
 	sent := s.now()
 	verdicts, err := s.ledger.Decide(s.ctx, []limiter.Hit{h})
 	sh := s.shard(h.Key)
@@ -519,7 +610,7 @@ func (s *Slices) lease(h limiter.Hit, period time.Duration) {
 		k.retryAt = now.Add(min(period, v.ResetAfter))
 		return
 	}
-	sl := &slice{n: h.Cost, token: v.Token, sent: sent, expires: sent.Add(period), lastUse: now,
+	sl := &slice{n: h.Cost, token: v.Token, sent: sent, expires: sent.Add(period), lastUse: now, idle: l.idle,
 		remaining: v.Remaining, resetAfter: v.ResetAfter}
 	switch h.Algorithm {
 	case config.FixedWindow:
@@ -544,6 +635,9 @@ func (s *Slices) lease(h limiter.Hit, period time.Duration) {
 	k.remaining, k.known = v.Remaining, true
 	if s.observe.Leased != nil {
 		s.observe.Leased(sl.n)
+	}
+	if l.warm && s.observe.Warm != nil {
+		s.observe.Warm(sl.n)
 	}
 }
 
@@ -613,11 +707,13 @@ func (s *Slices) turn(now time.Time) {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for key, k := range sh.keys {
+			k.rate = k.rate*rateDecay + float64(k.hits)*(1-rateDecay)
+			k.unitRate = k.unitRate*rateDecay + float64(k.units)*(1-rateDecay)
 			k.prev, k.hits = k.hits, 0
 			k.prevUnits, k.units = k.units, 0
 			kept := k.slices[:0]
 			for _, sl := range k.slices {
-				if sl.expires.After(now) && sl.used < sl.n && now.Sub(sl.lastUse) < s.period {
+				if sl.expires.After(now) && sl.used < sl.n && now.Sub(sl.lastUse) < sl.idle {
 					kept = append(kept, sl)
 				} else {
 					s.giveBack(k.rule, sl, now)
@@ -628,7 +724,14 @@ func (s *Slices) turn(now time.Time) {
 			if len(kept) > 0 {
 				live++
 			}
-			if k.prev == 0 && len(kept) == 0 && !k.leasing {
+			// Without warm keys, a key is forgotten after a second without
+			// hits; with them, when its averaged rate is under a share of
+			// the warm threshold.
+			cold := k.prev == 0
+			if s.warm > 0 {
+				cold = k.rate < s.warm*warmForget
+			}
+			if cold && len(kept) == 0 && !k.leasing {
 				delete(sh.keys, key)
 			}
 		}
