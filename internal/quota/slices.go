@@ -484,6 +484,11 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if !hot {
 		idle = s.warmLife(h, want, k.unitRate)
 		if h.Algorithm == config.SlidingWindowLog {
+			if k.unitRate*idle.Seconds() < 2 {
+				// Its life, a twentieth of the window, is under two hits'
+				// time: a lease and a give back for a hit or none.
+				return
+			}
 			period = idle // the log's slices end with their period
 		}
 	}
