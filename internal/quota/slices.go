@@ -178,8 +178,11 @@ type hotKey struct {
 	hits, prev uint32      // hits since the last tick, and in the tick before
 	units      uint64      // the units of those hits since the last tick
 	prevUnits  uint64      // and in the tick before
-	rate       float64     // hits per second, averaged over rateTau at the ticks
+	seen       float64     // hits per second, averaged over rateTau at the ticks
+	rate       float64     // the same but for the hit that made k tracked (see rates)
 	unitRate   float64     // and their units
+	weight     float64     // the weight of the ticks since k was tracked: 1 - rateDecay^ticks
+	after      uint8       // hits since the one that made k tracked, at most 255
 	slices     []*slice    // live, in the order leased
 	leasing    bool        // a lease is on its way
 	retryAt    time.Time   // no lease before (after one refused or failed)
@@ -366,7 +369,25 @@ func (s *Slices) isHot(k *hotKey) bool {
 // mostly miss (its units are then dropped, not given back). The caller
 // holds k's shard's lock.
 func (s *Slices) isWarm(k *hotKey, h *limiter.Hit) bool {
-	return s.warm > 0 && k.rate >= s.warm && h.Algorithm != config.GCRA
+	if s.warm <= 0 || h.Algorithm == config.GCRA {
+		return false
+	}
+	r, _ := k.rates()
+	return r >= s.warm
+}
+
+// rates are k's hits and units per second at this instance, averaged over
+// about rateTau: its hits at the ticks since it was tracked but the first
+// (which made it tracked, and so says nothing of its rate), weighed as
+// the ticks were, over the ticks' weight (a key tracked a few seconds ago
+// is not taken as idle before). Zero until two hits came after the first:
+// a cold key's chance second hit is not a rate. The caller holds k's
+// shard's lock.
+func (k *hotKey) rates() (hits, units float64) {
+	if k.after < 2 || k.weight == 0 {
+		return 0, 0
+	}
+	return k.rate / k.weight, k.unitRate / k.weight
 }
 
 // track returns key's state, made if the shard has room; nil otherwise.
@@ -482,9 +503,10 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	}
 	idle := period
 	if !hot {
-		idle = s.warmLife(h, want, k.unitRate)
+		_, unitRate := k.rates()
+		idle = s.warmLife(h, want, unitRate)
 		if h.Algorithm == config.SlidingWindowLog {
-			if k.unitRate*idle.Seconds() < 2 {
+			if unitRate*idle.Seconds() < 2 {
 				// Its life, a twentieth of the window, is under two hits'
 				// time: a lease and a give back for a hit or none.
 				return
@@ -712,8 +734,16 @@ func (s *Slices) turn(now time.Time) {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for key, k := range sh.keys {
-			k.rate = k.rate*rateDecay + float64(k.hits)*(1-rateDecay)
-			k.unitRate = k.unitRate*rateDecay + float64(k.units)*(1-rateDecay)
+			k.seen = k.seen*rateDecay + float64(k.hits)*(1-rateDecay)
+			hits, units := k.hits, k.units
+			if k.weight == 0 && hits > 0 { // its first tick: less the first hit
+				units -= units / uint64(hits)
+				hits--
+			}
+			k.after = uint8(min(255, uint32(k.after)+hits))
+			k.rate = k.rate*rateDecay + float64(hits)*(1-rateDecay)
+			k.unitRate = k.unitRate*rateDecay + float64(units)*(1-rateDecay)
+			k.weight = k.weight*rateDecay + (1 - rateDecay)
 			k.prev, k.hits = k.hits, 0
 			k.prevUnits, k.units = k.units, 0
 			kept := k.slices[:0]
@@ -734,7 +764,7 @@ func (s *Slices) turn(now time.Time) {
 			// the warm threshold.
 			cold := k.prev == 0
 			if s.warm > 0 {
-				cold = k.rate < s.warm*warmForget
+				cold = k.seen < s.warm*warmForget
 			}
 			if cold && len(kept) == 0 && !k.leasing {
 				delete(sh.keys, key)
