@@ -15,10 +15,11 @@ import (
 
 // Slices takes hot keys off Redis: ShouldRateLimit decides through it
 // (it wraps the *limiter.Split), and a key whose hits at this instance pass
-// Threshold per second gets a slice of its limit, leased from the counter
-// itself, from which this instance decides the key's hits locally until the
-// slice is used up, goes a period unused, or reaches the end its
-// algorithm's bound sets (below). A lease is a charge of the counter
+// Threshold per second (or, warm, WarmThreshold on average: below) gets a
+// slice of its limit, leased from the counter itself, from which this
+// instance decides the key's hits locally until the slice is used up, goes
+// unused a period (a warm key's: its units' time at its rate), or reaches
+// the end its algorithm's bound sets (below). A lease is a charge of the counter
 // like any hit (limiter.Decide), made before a unit of it is used, so that
 // every reader of the counter (the other instances, RLQS fleets, the
 // reference's replicas) counts it; a lease that does not fit is not made.
@@ -39,12 +40,35 @@ import (
 //     bound holds (burst plus the limit in any window). Units whose slot has
 //     started are dropped unused.
 //
-// A slice's size follows this instance's demand on the key (the units of
-// its hits in the last second times the period, at least minSlice and two
-// hits' cost) and shrinks with the quota left: at most a quarter of what
-// the counter had left at its last store answer, and never a single unit
-// (it would save nothing). Slices are leased only for requests every key of
-// which is hot, ahead of need. Unused
+// A hot key's slice's size follows this instance's demand on the key (the
+// units of its hits in the last second times the period, at least
+// minSlice and two hits' cost), and the slice ends after a period unused.
+//
+// Warm keys: a key under Threshold whose rate at this instance, averaged
+// over about rateTau (ten seconds; see hotKey.rates), reaches
+// WarmThreshold gets slices of minSlice units (two hits' cost if more),
+// each ending after the time its units take at the key's rate unused
+// (want/rate: at least a period, at most what minSlice units take at the
+// warm threshold), not after a period: a key at half a hit a second holds
+// its 4 units about 8 s, and pays a lease per 4 hits where it paid a
+// Redis call per hit. The log's slice lives that long at most a twentieth
+// of its window, its period as for hot keys (recorded at its end, so the
+// log stays exact), and is not leased when that is under two hits' time;
+// the counters' and the fixed window's end with their window at the
+// latest, as hot keys'. GCRA's warm keys are not leased: their units are
+// usable only until their emission slots start, which a key that slow
+// would mostly miss. Keys stay tracked while their averaged rate is above
+// a quarter of the warm threshold (a key seen once: about 7 s), within
+// the bound on tracked keys (SliceOptions.Keys; past it, a new key is
+// not tracked and goes to Redis).
+//
+// Every slice, hot or warm, shrinks with the quota left: at most a quarter
+// of what the counter had left at this instance's last store answer of
+// it, and never a single unit (it would save nothing). Slices are leased
+// only for requests every key of which is hot or warm, ahead of need (a
+// hot key's when its slices hold under a quarter of the next or end within
+// a quarter of a period, a warm key's when they hold under a quarter of
+// the next: none left of minSlice). Unused
 // units are given back by the charge's token (limiter.GiveBack: exactly
 // the slice's log members, the count of the slice's window) at the tick
 // after the slice ends, all of them together; GCRA's are not (the slots
