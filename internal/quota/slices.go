@@ -527,7 +527,14 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	}
 	idle := period
 	if !hot {
-		_, unitRate := k.rates()
+		hits, unitRate := k.rates()
+		if k.seen < hits {
+			// Young, the rate from a few hits can run high; the average
+			// of every hit, first included, over the ticks at no hit
+			// before the key was tracked runs low: the slice's life is
+			// the longer of the two, lest a quick start end it early.
+			unitRate *= k.seen / hits
+		}
 		idle = s.warmLife(h, want, unitRate)
 		if h.Algorithm == config.SlidingWindowLog {
 			if unitRate*idle.Seconds() < 2 {
