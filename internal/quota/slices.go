@@ -48,8 +48,9 @@ import (
 // over about rateTau (ten seconds; see hotKey.rates), reaches
 // WarmThreshold gets slices of minSlice units (two hits' cost if more),
 // each ending after the time its units take at the key's rate unused
-// (want/rate: at least a period, at most what minSlice units take at the
-// warm threshold), not after a period: a key at half a hit a second holds
+// (want/rate, by the lower of its averages while the key is young: at
+// least a period, at most what minSlice units take at the warm threshold),
+// not after a period: a key at half a hit a second holds
 // its 4 units about 8 s, and pays a lease per 4 hits where it paid a
 // Redis call per hit. The log's slice lives that long at most a twentieth
 // of its window, its period as for hot keys (recorded at its end, so the
