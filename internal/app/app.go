@@ -156,8 +156,12 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	if threshold == 0 {
 		threshold = -1 // off
 	}
+	warm := s.HotKeyWarmThreshold
+	if warm == 0 {
+		warm = -1 // off
+	}
 	a.slices = quota.NewSlices(a.lim, &quota.SliceOptions{
-		Threshold: threshold, Period: s.HotKeySlicePeriod, Now: now, Observe: m.SliceObserver(),
+		Threshold: threshold, WarmThreshold: warm, Period: s.HotKeySlicePeriod, Now: now, Observe: m.SliceObserver(),
 	})
 	a.onClose(a.slices.Close) // before the limiters close: it gives back what the slices did not use
 	a.svc = service.New(cfg, a.slices, &service.Options{

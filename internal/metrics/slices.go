@@ -12,6 +12,7 @@ type sliceMetrics struct {
 	local prometheus.Counter
 	units *prometheus.CounterVec
 	keys  prometheus.Gauge
+	warm  prometheus.Counter
 }
 
 func newSliceMetrics() *sliceMetrics {
@@ -28,11 +29,15 @@ func newSliceMetrics() *sliceMetrics {
 			Name: "ratelimit_hot_keys",
 			Help: "Counters holding a live slice at this instance, every second.",
 		}),
+		warm: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_hot_key_warm_slice_units_total",
+			Help: "Units of slices leased to warm keys (under the hot threshold), also counted as leased in ratelimit_hot_key_slice_units_total.",
+		}),
 	}
 }
 
 func (s *sliceMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.local, s.units, s.keys}
+	return []prometheus.Collector{s.local, s.units, s.keys, s.warm}
 }
 
 // SliceObserver is what hot keys' slices tell the metrics.
@@ -46,5 +51,6 @@ func (m *Metrics) SliceObserver() quota.SliceObserver {
 		Leased:    func(n uint64) { leased.Add(float64(n)) },
 		GivenBack: func(n uint64) { back.Add(float64(n)) },
 		Keys:      func(n int) { m.slices.keys.Set(float64(n)) },
+		Warm:      func(n uint64) { m.slices.warm.Add(float64(n)) },
 	}
 }

@@ -15,10 +15,11 @@ import (
 
 // Slices takes hot keys off Redis: ShouldRateLimit decides through it
 // (it wraps the *limiter.Split), and a key whose hits at this instance pass
-// Threshold per second gets a slice of its limit, leased from the counter
-// itself, from which this instance decides the key's hits locally until the
-// slice is used up, goes a period unused, or reaches the end its
-// algorithm's bound sets (below). A lease is a charge of the counter
+// Threshold per second (or, warm, WarmThreshold on average: below) gets a
+// slice of its limit, leased from the counter itself, from which this
+// instance decides the key's hits locally until the slice is used up, goes
+// unused a period (a warm key's: its units' time at its rate), or reaches
+// the end its algorithm's bound sets (below). A lease is a charge of the counter
 // like any hit (limiter.Decide), made before a unit of it is used, so that
 // every reader of the counter (the other instances, RLQS fleets, the
 // reference's replicas) counts it; a lease that does not fit is not made.
@@ -39,12 +40,36 @@ import (
 //     bound holds (burst plus the limit in any window). Units whose slot has
 //     started are dropped unused.
 //
-// A slice's size follows this instance's demand on the key (the units of
-// its hits in the last second times the period, at least minSlice and two
-// hits' cost) and shrinks with the quota left: at most a quarter of what
-// the counter had left at its last store answer, and never a single unit
-// (it would save nothing). Slices are leased only for requests every key of
-// which is hot, ahead of need. Unused
+// A hot key's slice's size follows this instance's demand on the key (the
+// units of its hits in the last second times the period, at least
+// minSlice and two hits' cost), and the slice ends after a period unused.
+//
+// Warm keys: a key under Threshold whose rate at this instance, averaged
+// over about rateTau (ten seconds; see hotKey.rates), reaches
+// WarmThreshold gets slices of minSlice units (two hits' cost if more),
+// each ending after the time its units take at the key's rate unused
+// (want/rate, by the lower of its averages while the key is young: at
+// least a period, at most what minSlice units take at the warm threshold),
+// not after a period: a key at half a hit a second holds
+// its 4 units about 8 s, and pays a lease per 4 hits where it paid a
+// Redis call per hit. The log's slice lives that long at most a twentieth
+// of its window, its period as for hot keys (recorded at its end, so the
+// log stays exact), and is not leased when that is under two hits' time;
+// the counters' and the fixed window's end with their window at the
+// latest, as hot keys'. GCRA's warm keys are not leased: their units are
+// usable only until their emission slots start, which a key that slow
+// would mostly miss. Keys stay tracked while their averaged rate is above
+// a quarter of the warm threshold (a key seen once: about 7 s), within
+// the bound on tracked keys (SliceOptions.Keys; past it, a new key is
+// not tracked and goes to Redis).
+//
+// Every slice, hot or warm, shrinks with the quota left: at most a quarter
+// of what the counter had left at this instance's last store answer of
+// it, and never a single unit (it would save nothing). Slices are leased
+// only for requests every key of which is hot or warm, ahead of need (a
+// hot key's when its slices hold under a quarter of the next or end within
+// a quarter of a period, a warm key's when they hold under a quarter of
+// the next: none left of minSlice). Unused
 // units are given back by the charge's token (limiter.GiveBack: exactly
 // the slice's log members, the count of the slice's window) at the tick
 // after the slice ends, all of them together; GCRA's are not (the slots
@@ -60,6 +85,7 @@ import (
 type Slices struct {
 	ledger    SliceLedger
 	threshold float64
+	warm      float64 // warm keys' threshold (their rate's); <= 0: off
 	period    time.Duration
 	perShard  int
 	now       func() time.Time
@@ -101,6 +127,9 @@ type SliceObserver struct {
 	GivenBack func(units uint64)
 	// Keys is the number of keys holding a live slice, every second.
 	Keys func(n int)
+	// Warm counts a slice leased to a warm key, of units (Leased counts
+	// it too).
+	Warm func(units uint64)
 }
 
 // Defaults where SliceOptions leave a field zero.
@@ -113,7 +142,25 @@ const (
 	DefaultSlicePeriod = time.Second
 	// DefaultSliceKeys bounds the keys whose rate is tracked.
 	DefaultSliceKeys = 16384
+	// DefaultSliceWarmThreshold is the rate (hits per second, averaged
+	// over about rateTau) of one key at one instance from which a key
+	// under the threshold is leased small slices that live as long as its
+	// rate takes to use them.
+	DefaultSliceWarmThreshold = 0.2
 )
+
+// rateTau is the time constant of a key's averaged rate: each tick
+// (a second) weighs the rate before it by rateDecay and adds its hits by
+// 1-rateDecay.
+const rateTau = 10 * time.Second
+
+var rateDecay = math.Exp(-float64(time.Second) / float64(rateTau))
+
+// warmForget is the share of the warm threshold under which a key's
+// averaged rate lets it be forgotten (when it holds no slice): a key seen
+// once is kept about 7 s, long enough to see a key of a fifth of a hit a
+// second again.
+const warmForget = 0.25
 
 // SliceOptions configure Slices. A nil *SliceOptions means the defaults.
 type SliceOptions struct {
@@ -121,6 +168,14 @@ type SliceOptions struct {
 	// which the key is leased; zero means DefaultSliceThreshold, a negative
 	// value turns slices off (every hit goes to the ledger).
 	Threshold float64
+	// WarmThreshold is the averaged rate (hits per second over about
+	// ten seconds) of one key at this instance from which a key under
+	// Threshold is leased minSlice units at a time, its slices ending
+	// after the time those units take at its rate; zero means
+	// DefaultSliceWarmThreshold, a negative value turns warm keys off (a
+	// key is leased only from Threshold, and forgotten after a second
+	// without hits).
+	WarmThreshold float64
 	// Period is a slice's life; zero means DefaultSlicePeriod.
 	Period time.Duration
 	// Keys bounds the keys tracked at once; zero means DefaultSliceKeys.
@@ -148,6 +203,11 @@ type hotKey struct {
 	hits, prev uint32      // hits since the last tick, and in the tick before
 	units      uint64      // the units of those hits since the last tick
 	prevUnits  uint64      // and in the tick before
+	seen       float64     // hits per second, averaged over rateTau at the ticks
+	rate       float64     // the same but for the hit that made k tracked (see rates)
+	unitRate   float64     // and their units
+	weight     float64     // the weight of the ticks since k was tracked: 1 - rateDecay^ticks
+	after      uint8       // hits since the one that made k tracked, at most 255
 	slices     []*slice    // live, in the order leased
 	leasing    bool        // a lease is on its way
 	retryAt    time.Time   // no lease before (after one refused or failed)
@@ -162,7 +222,8 @@ type slice struct {
 	token      int64
 	sent       time.Time     // when its lease was sent
 	expires    time.Time     // no unit used from then on: where the algorithm's bound ends it
-	lastUse    time.Time     // its lease, or the last hit it decided: idle a period, it ends
+	lastUse    time.Time     // its lease, or the last hit it decided: idle for idle, it ends
+	idle       time.Duration // a hot key's period, a warm key's units' time at its rate
 	first      time.Time     // GCRA: unit 0's deadline; unit k's is first + k*interval
 	interval   time.Duration // GCRA's emission interval; 0 for other algorithms
 	remaining  uint64        // the counter's remaining after the lease
@@ -181,11 +242,17 @@ func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
 		opts = &SliceOptions{}
 	}
 	s := &Slices{
-		ledger: ledger, threshold: opts.Threshold, period: opts.Period, now: opts.Now,
+		ledger: ledger, threshold: opts.Threshold, warm: opts.WarmThreshold, period: opts.Period, now: opts.Now,
 		observe: opts.Observe, seed: maphash.MakeSeed(), stop: make(chan struct{}),
 	}
 	if s.threshold == 0 {
 		s.threshold = DefaultSliceThreshold
+	}
+	if s.warm == 0 {
+		s.warm = DefaultSliceWarmThreshold
+	}
+	if s.threshold < 0 || s.warm >= s.threshold {
+		s.warm = -1 // off: no key is warm short of hot
 	}
 	if s.period <= 0 {
 		s.period = DefaultSlicePeriod
@@ -227,8 +294,8 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 		verdicts, err = s.ledger.Decide(ctx, hits)
 	}
 	// Slices are leased ahead of need, and only for a request every hit of
-	// which can have one: a request that goes to Redis anyway would leave
-	// a slice of its hot key unused.
+	// which can have one (every key hot or warm): a request that goes to
+	// Redis anyway would leave a slice of its hot key unused.
 	if hot {
 		for i := range hits {
 			var v *limiter.Verdict
@@ -265,8 +332,8 @@ func (s *Slices) shard(key string) *sliceShard {
 
 // local decides hits from slices, counting each hit toward its key's rate,
 // or returns nil verdicts when one of them has no slice with units enough:
-// then nothing was taken. hot reports whether every hit's key is hot at
-// this instance (read under the same locks). Shards are locked in order, so that a request of
+// then nothing was taken. hot reports whether every hit's key is hot or
+// warm at this instance (read under the same locks). Shards are locked in order, so that a request of
 // several keys takes its units all at once.
 func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Verdict, hot bool) {
 	var ofHit, order [4]int
@@ -299,7 +366,7 @@ func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Ve
 		}
 		k.hits++
 		k.units = saturatingAdd(k.units, h.Cost)
-		hot = hot && float64(max(k.hits, k.prev)) >= s.threshold
+		hot = hot && (s.isHot(k) || s.isWarm(k, h))
 		if !k.matches(h) || k.available(now) < h.Cost {
 			fits = false
 		}
@@ -312,6 +379,40 @@ func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Ve
 		verdicts[i] = keys[i].take(&hits[i], now)
 	}
 	return verdicts, hot
+}
+
+// isHot reports whether k's hits at this instance in the last second, or
+// in the second before, reach the threshold. The caller holds k's shard's
+// lock.
+func (s *Slices) isHot(k *hotKey) bool {
+	return float64(max(k.hits, k.prev)) >= s.threshold
+}
+
+// isWarm reports whether k's averaged rate reaches the warm threshold and
+// h's algorithm takes warm slices: not GCRA, whose units are usable only
+// until their emission slots start, which a key under the threshold would
+// mostly miss (its units are then dropped, not given back). The caller
+// holds k's shard's lock.
+func (s *Slices) isWarm(k *hotKey, h *limiter.Hit) bool {
+	if s.warm <= 0 || h.Algorithm == config.GCRA {
+		return false
+	}
+	r, _ := k.rates()
+	return r >= s.warm
+}
+
+// rates are k's hits and units per second at this instance, averaged over
+// about rateTau: its hits at the ticks since it was tracked but the first
+// (which made it tracked, and so says nothing of its rate), weighed as
+// the ticks were, over the ticks' weight (a key tracked a few seconds ago
+// is not taken as idle before). Zero until two hits came after the first:
+// a cold key's chance second hit is not a rate. The caller holds k's
+// shard's lock.
+func (k *hotKey) rates() (hits, units float64) {
+	if k.after < 2 || k.weight == 0 {
+		return 0, 0
+	}
+	return k.rate / k.weight, k.unitRate / k.weight
 }
 
 // track returns key's state, made if the shard has room; nil otherwise.
@@ -385,11 +486,13 @@ func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 	}
 }
 
-// maybeLease starts a lease for h's key when the key is hot at this
-// instance and its slices run low: under a quarter of what the next period
-// needs, or ending within a quarter of it. v is the store's verdict of h
-// when it decided h (nil when a slice did): what the counter has left,
-// which sizes the next slice.
+// maybeLease starts a lease for h's key when the key is hot or warm at
+// this instance and its slices run low. A hot key's slices run low under a
+// quarter of what the next period needs, or ending within a quarter of it;
+// a warm key's when they hold under a quarter of the next slice (minSlice:
+// none left), as its slices end with their window rather than with a
+// period. v is the store's verdict of h when it decided h (nil when a
+// slice did): what the counter has left, which sizes the next slice.
 func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	sh := s.shard(h.Key)
 	sh.mu.Lock()
@@ -404,14 +507,17 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if k.leasing || now.Before(k.retryAt) {
 		return
 	}
-	rate := float64(max(k.hits, k.prev)) // per second: ticks are a second apart
-	if rate < s.threshold {
+	hot := s.isHot(k)
+	if !hot && !s.isWarm(k, &h) {
 		return
 	}
 	period := s.periodOf(h)
 	// Sized in units, the hits' costs: at least two hits' worth.
-	units := float64(max(k.units, k.prevUnits))
-	want := max(minSlice, 2*h.Cost, uint64(math.Ceil(units*period.Seconds())))
+	want := max(minSlice, 2*h.Cost)
+	if hot {
+		units := float64(max(k.units, k.prevUnits))
+		want = max(want, uint64(math.Ceil(units*period.Seconds())))
+	}
 	if k.known {
 		want = min(want, k.remaining/4)
 	} else {
@@ -420,8 +526,31 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if want < 2 { // a slice of one saves nothing
 		return
 	}
-	live := k.matches(&h)
-	if live && k.available(now) >= want/4 && k.ends(now).After(now.Add(period/4)) {
+	idle := period
+	if !hot {
+		hits, unitRate := k.rates()
+		if k.seen < hits {
+			// Young, the rate from a few hits can run high; the average
+			// of every hit, first included, over the ticks at no hit
+			// before the key was tracked runs low: the slice's life is
+			// the longer of the two, lest a quick start end it early.
+			unitRate *= k.seen / hits
+		}
+		idle = s.warmLife(h, want, unitRate)
+		if h.Algorithm == config.SlidingWindowLog {
+			if unitRate*idle.Seconds() < 2 {
+				// Its life, a twentieth of the window, is under two hits'
+				// time: a lease and a give back for a hit or none.
+				return
+			}
+			period = idle // the log's slices end with their period
+		}
+	}
+	if hot {
+		if k.matches(&h) && k.available(now) >= want/4 && k.ends(now).After(now.Add(period/4)) {
+			return
+		}
+	} else if k.matches(&h) && k.available(now) >= max(1, want/4) {
 		return
 	}
 	k.leasing = true
@@ -429,13 +558,33 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if h.Algorithm == config.SlidingWindowLog {
 		h.Ahead = period
 	}
-	s.queueLease(pendingLease{hit: h, period: period})
+	s.queueLease(pendingLease{hit: h, period: period, idle: idle, warm: !hot})
+}
+
+// warmLife is how long a warm key's slice of want units lives unused: the
+// time want units take at the key's averaged rate of units, at least a
+// period and at most what minSlice units take at the warm threshold; the
+// log's, as its period, at most a twentieth of its window (its slices hold
+// their units one period longer than hits do).
+func (s *Slices) warmLife(h limiter.Hit, want uint64, unitRate float64) time.Duration {
+	most := max(s.period, time.Duration(float64(minSlice)/s.warm*float64(time.Second)))
+	life := most
+	if unitRate > 0 {
+		life = min(most, time.Duration(float64(want)/unitRate*float64(time.Second)))
+	}
+	life = max(life, s.period)
+	if h.Algorithm == config.SlidingWindowLog {
+		life = max(time.Millisecond, min(life, h.Window/20))
+	}
+	return life
 }
 
 // pendingLease is a lease waiting to be sent with the others of its moment.
 type pendingLease struct {
 	hit    limiter.Hit
-	period time.Duration
+	period time.Duration // the log's slices end with it; a failed lease is retried after it
+	idle   time.Duration // the slice ends after this long unused
+	warm   bool          // of a warm key
 }
 
 // leaseGather is how long a lease waits for others: sent together, they
@@ -464,7 +613,7 @@ func (s *Slices) sendLeases() {
 	s.leases = nil
 	s.leasesMu.Unlock()
 	for _, l := range leases {
-		s.work.Go(func() { s.lease(l.hit, l.period) })
+		s.work.Go(func() { s.lease(l) })
 	}
 }
 
@@ -494,9 +643,10 @@ func (k *hotKey) ends(now time.Time) time.Time {
 	return end
 }
 
-// lease charges the counter for a slice of h.Cost units and gives it to
-// h's key.
-func (s *Slices) lease(h limiter.Hit, period time.Duration) {
+// lease charges the counter for a slice of l.hit.Cost units and gives it
+// to the hit's key.
+func (s *Slices) lease(l pendingLease) {
+	h, period := l.hit, l.period
 	sent := s.now()
 	verdicts, err := s.ledger.Decide(s.ctx, []limiter.Hit{h})
 	sh := s.shard(h.Key)
@@ -519,7 +669,7 @@ func (s *Slices) lease(h limiter.Hit, period time.Duration) {
 		k.retryAt = now.Add(min(period, v.ResetAfter))
 		return
 	}
-	sl := &slice{n: h.Cost, token: v.Token, sent: sent, expires: sent.Add(period), lastUse: now,
+	sl := &slice{n: h.Cost, token: v.Token, sent: sent, expires: sent.Add(period), lastUse: now, idle: l.idle,
 		remaining: v.Remaining, resetAfter: v.ResetAfter}
 	switch h.Algorithm {
 	case config.FixedWindow:
@@ -544,6 +694,9 @@ func (s *Slices) lease(h limiter.Hit, period time.Duration) {
 	k.remaining, k.known = v.Remaining, true
 	if s.observe.Leased != nil {
 		s.observe.Leased(sl.n)
+	}
+	if l.warm && s.observe.Warm != nil {
+		s.observe.Warm(sl.n)
 	}
 }
 
@@ -613,11 +766,21 @@ func (s *Slices) turn(now time.Time) {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for key, k := range sh.keys {
+			k.seen = k.seen*rateDecay + float64(k.hits)*(1-rateDecay)
+			hits, units := k.hits, k.units
+			if k.weight == 0 && hits > 0 { // its first tick: less the first hit
+				units -= units / uint64(hits)
+				hits--
+			}
+			k.after = uint8(min(255, uint32(k.after)+hits))
+			k.rate = k.rate*rateDecay + float64(hits)*(1-rateDecay)
+			k.unitRate = k.unitRate*rateDecay + float64(units)*(1-rateDecay)
+			k.weight = k.weight*rateDecay + (1 - rateDecay)
 			k.prev, k.hits = k.hits, 0
 			k.prevUnits, k.units = k.units, 0
 			kept := k.slices[:0]
 			for _, sl := range k.slices {
-				if sl.expires.After(now) && sl.used < sl.n && now.Sub(sl.lastUse) < s.period {
+				if sl.expires.After(now) && sl.used < sl.n && now.Sub(sl.lastUse) < sl.idle {
 					kept = append(kept, sl)
 				} else {
 					s.giveBack(k.rule, sl, now)
@@ -628,7 +791,14 @@ func (s *Slices) turn(now time.Time) {
 			if len(kept) > 0 {
 				live++
 			}
-			if k.prev == 0 && len(kept) == 0 && !k.leasing {
+			// Without warm keys, a key is forgotten after a second without
+			// hits; with them, when its averaged rate is under a share of
+			// the warm threshold.
+			cold := k.prev == 0
+			if s.warm > 0 {
+				cold = k.seen < s.warm*warmForget
+			}
+			if cold && len(kept) == 0 && !k.leasing {
 				delete(sh.keys, key)
 			}
 		}

@@ -45,7 +45,7 @@ type Settings struct {
 
 	MaxDescriptors, MaxEntries, MaxRequestBytes, MaxInFlight, MaxConnections int
 	RLQSReportInterval, RLQSLease                                            time.Duration
-	HotKeyThreshold                                                          float64
+	HotKeyThreshold, HotKeyWarmThreshold                                     float64
 	HotKeySlicePeriod                                                        time.Duration
 	MemoryLimit                                                              ByteSize
 

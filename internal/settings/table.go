@@ -286,6 +286,17 @@ func hotKeySettings(s *Settings) []Setting {
 				"Redis call, until the slice is used up or ends. `0` turns slices off: every hit is a Redis call " +
 				"([reliability.md](reliability.md#hot-keys))",
 			check: func() error { return want(s.HotKeyThreshold >= 0, s.HotKeyThreshold, "a rate, 0 for off") }},
+		{Name: "hot-key-warm-threshold", bind: floatFlag(&s.HotKeyWarmThreshold, quota.DefaultSliceWarmThreshold),
+			Help: "hits/s of one counter at this instance, averaged over ~10s, from which a warm one gets small slices; 0: off",
+			Doc: "hits per second of one counter at this instance, averaged over about ten seconds, from which a counter " +
+				"under `--hot-key-threshold` (a warm one) is also decided from slices: of 4 units (at most a quarter of what " +
+				"the counter has left), each ending after the time its units take at the counter's rate unused (at most 4 " +
+				"units' time at this threshold; a `sliding_window_log` slice at most a twentieth of its window), not after " +
+				"a period. Not for `gcra`. `0`, or a rate at or above `--hot-key-threshold`, turns warm keys off: only hot keys are leased " +
+				"([reliability.md](reliability.md#hot-keys))",
+			check: func() error {
+				return want(s.HotKeyWarmThreshold >= 0, s.HotKeyWarmThreshold, "a rate, 0 for off")
+			}},
 		{Name: "hot-key-slice-period", bind: durationFlag(&s.HotKeySlicePeriod, quota.DefaultSlicePeriod),
 			Help: "a hot key's slice holds this long of the instance's demand, and ends after this long unused",
 			Doc: "a hot key's slice is sized to this instance's demand over this period, and ends after a period unused " +
