@@ -46,13 +46,13 @@ import (
 //
 // Warm keys: a key under Threshold whose rate at this instance, averaged
 // over about rateTau (ten seconds; see hotKey.rates), reaches
-// WarmThreshold gets slices of minSlice units (two hits' cost if more),
-// each ending after the time its units take at the key's rate unused
-// (want/rate, by the lower of its averages while the key is young: at
-// least a period, at most what minSlice units take at the warm threshold),
-// not after a period: a key at half a hit a second holds
-// its 4 units about 8 s, and pays a lease per 4 hits where it paid a
-// Redis call per hit. The log's slice lives that long at most a twentieth
+// WarmThreshold gets slices of warmSpan of its demand (at least minSlice
+// units and two hits' cost; the log's, minSlice), each ending after the
+// time its units take at the key's rate unused (want/rate, by the lower
+// of its averages while the key is young: at least a period, at most what
+// minSlice units take at the warm threshold), not after a period: a key
+// at half a hit a second holds 5 units about 10 s, and one at two a second
+// pays a lease per 20 hits where it paid a Redis call per hit. The log's slice lives that long at most a twentieth
 // of its window, its period as for hot keys (recorded at its end, so the
 // log stays exact), and is not leased when that is under two hits' time;
 // the counters' and the fixed window's end with their window at the
@@ -162,6 +162,12 @@ var rateDecay = math.Exp(-float64(time.Second) / float64(rateTau))
 // second again.
 const warmForget = 0.25
 
+// warmSpan is how much of a warm key's demand its slice holds (but the
+// log's, whose slices live at most a twentieth of its window: minSlice).
+// Longer holds more of the limit at this instance for longer; shorter
+// costs a lease more often.
+const warmSpan = 10 * time.Second
+
 // SliceOptions configure Slices. A nil *SliceOptions means the defaults.
 type SliceOptions struct {
 	// Threshold is the hits per second of one key at this instance from
@@ -170,8 +176,9 @@ type SliceOptions struct {
 	Threshold float64
 	// WarmThreshold is the averaged rate (hits per second over about
 	// ten seconds) of one key at this instance from which a key under
-	// Threshold is leased minSlice units at a time, its slices ending
-	// after the time those units take at its rate; zero means
+	// Threshold is leased warmSpan of its demand at a time (at least
+	// minSlice units), its slices ending after the time those units take
+	// at its rate; zero means
 	// DefaultSliceWarmThreshold, a negative value turns warm keys off (a
 	// key is leased only from Threshold, and forgotten after a second
 	// without hits).
@@ -517,6 +524,9 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if hot {
 		units := float64(max(k.units, k.prevUnits))
 		want = max(want, uint64(math.Ceil(units*period.Seconds())))
+	} else if h.Algorithm != config.SlidingWindowLog {
+		_, unitRate := k.rates()
+		want = max(want, uint64(math.Ceil(unitRate*warmSpan.Seconds())))
 	}
 	if k.known {
 		want = min(want, k.remaining/4)

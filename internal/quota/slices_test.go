@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,6 +27,9 @@ type instances struct {
 	leased atomic.Int64
 	back   atomic.Int64
 	warm   atomic.Int64
+	// warmSizes are the warm slices' sizes, in the order leased.
+	warmMu    sync.Mutex
+	warmSizes []uint64
 }
 
 func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
@@ -41,7 +45,12 @@ func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
 		Local:     func(n int) { in.local.Add(int64(n)) },
 		Leased:    func(n uint64) { in.leased.Add(int64(n)) },
 		GivenBack: func(n uint64) { in.back.Add(int64(n)) },
-		Warm:      func(n uint64) { in.warm.Add(int64(n)) },
+		Warm: func(n uint64) {
+			in.warm.Add(int64(n))
+			in.warmMu.Lock()
+			defer in.warmMu.Unlock()
+			in.warmSizes = append(in.warmSizes, n)
+		},
 	}
 	for range n {
 		s := newSlices(limiter.NewSplit(in.lim, nil), &opts, false)
@@ -379,11 +388,21 @@ func (in *instances) warmHits(t *testing.T, hit limiter.Hit, n int) (admitted []
 }
 
 // TestSlicesWarmKey: a key at half a hit a second at one instance, far
-// under the hot threshold, is leased slices of minSlice units once its
-// averaged rate passes the warm threshold, and decides its later hits from
-// them; every unit leased is used or given back.
+// under the hot threshold, is leased slices once its averaged rate passes
+// the warm threshold, and decides its later hits from them; every unit
+// leased is used or given back. A slice holds warmSpan of the key's demand
+// (5 units at half a hit a second), at least minSlice; the log's, which
+// live a twentieth of the window at most, minSlice.
 func TestSlicesWarmKey(t *testing.T) {
-	for _, alg := range []config.Algorithm{config.SlidingWindowLog, config.FixedWindow, config.SlidingWindowCounter} {
+	for _, tc := range []struct {
+		alg         config.Algorithm
+		least, most uint64 // a slice's size: its rate is an average, young keys' a little high
+	}{
+		{config.SlidingWindowLog, minSlice, minSlice},
+		{config.FixedWindow, minSlice, 7},
+		{config.SlidingWindowCounter, minSlice, 7},
+	} {
+		alg := tc.alg
 		t.Run(alg.String(), func(t *testing.T) {
 			in := newInstances(t, 1, SliceOptions{})
 			hit := limiter.Hit{Key: "{w}:k", Algorithm: alg, Limit: 100000, Window: time.Hour, Cost: 1}
@@ -400,9 +419,20 @@ func TestSlicesWarmKey(t *testing.T) {
 				t.Errorf("%d hits on the store, %d local: want the warm key decided locally after its first few hits",
 					onStore, in.local.Load())
 			}
-			if in.warm.Load() != in.leased.Load() || in.leased.Load()%minSlice != 0 {
-				t.Errorf("%d units leased, %d of them to a warm key: want only warm slices, of %d units each",
-					in.leased.Load(), in.warm.Load(), minSlice)
+			if in.warm.Load() != in.leased.Load() {
+				t.Errorf("%d units leased, %d of them to a warm key: want only warm slices", in.leased.Load(), in.warm.Load())
+			}
+			in.warmMu.Lock()
+			sizes := in.warmSizes
+			in.warmMu.Unlock()
+			for _, n := range sizes {
+				if n < tc.least || n > tc.most {
+					t.Errorf("warm slices of %v units: want %d to %d each", sizes, tc.least, tc.most)
+					break
+				}
+			}
+			if alg != config.SlidingWindowLog && sizes[len(sizes)-1] != 5 {
+				t.Errorf("warm slices of %v units: want the last, at a steady half hit a second, of 5 (%s of demand)", sizes, warmSpan)
 			}
 			in.slices[0].Close()
 			if used := in.local.Load() + in.back.Load(); used != in.leased.Load() {

@@ -289,8 +289,8 @@ func hotKeySettings(s *Settings) []Setting {
 		{Name: "hot-key-warm-threshold", bind: floatFlag(&s.HotKeyWarmThreshold, quota.DefaultSliceWarmThreshold),
 			Help: "hits/s of one counter at this instance, averaged over ~10s, from which a warm one gets small slices; 0: off",
 			Doc: "hits per second of one counter at this instance, averaged over about ten seconds, from which a counter " +
-				"under `--hot-key-threshold` (a warm one) is also decided from slices: of 4 units (at most a quarter of what " +
-				"the counter has left), each ending after the time its units take at the counter's rate unused (at most 4 " +
+				"under `--hot-key-threshold` (a warm one) is also decided from slices: of ten seconds of its demand, at least 4 units (at most a " +
+				"quarter of what the counter has left; a `sliding_window_log` slice 4 units), each ending after the time its units take at the counter's rate unused (at most 4 " +
 				"units' time at this threshold; a `sliding_window_log` slice at most a twentieth of its window), not after " +
 				"a period. Not for `gcra`. `0`, or a rate at or above `--hot-key-threshold`, turns warm keys off: only hot keys are leased " +
 				"([reliability.md](reliability.md#hot-keys))",
