@@ -73,7 +73,8 @@ import (
 // units are given back by the charge's token (limiter.GiveBack: exactly
 // the slice's log members, the count of the slice's window) at the tick
 // after the slice ends, all of them together; GCRA's are not (the slots
-// they held have passed, or are the next charge's).
+// they held have passed, or are the next charge's), nor a fixed window's
+// whose window has ended (no one reads that count again).
 //
 // What is never leased, and goes to Redis hit by hit as before: shadow and
 // quota hits (their answers say what Redis would), recorded costs and
@@ -234,6 +235,7 @@ type slice struct {
 	first      time.Time     // GCRA: unit 0's deadline; unit k's is first + k*interval
 	interval   time.Duration // GCRA's emission interval; 0 for other algorithms
 	remaining  uint64        // the counter's remaining after the lease
+	windowEnd  time.Time     // fixed_window: its window has ended in Redis by then; zero otherwise
 	resetAfter time.Duration // the counter's reset after the lease
 }
 
@@ -684,6 +686,7 @@ func (s *Slices) lease(l pendingLease) {
 	switch h.Algorithm {
 	case config.FixedWindow:
 		sl.expires = sent.Add(v.ResetAfter)
+		sl.windowEnd = now.Add(v.ResetAfter) // the charge came before its answer
 	case config.SlidingWindowCounter:
 		sl.expires = sent.Add(v.ResetAfter - h.Window)
 	case config.GCRA:
@@ -720,14 +723,21 @@ func (k *hotKey) endAll(s *Slices, now time.Time) {
 }
 
 // giveBack queues the units sl did not use to be given back at the next
-// tick, with the others', when its algorithm can: GCRA's unused units held
-// slots that have passed or that later charges follow.
+// tick, with the others', when its algorithm can and they still count:
+// GCRA's unused units held slots that have passed or that later charges
+// follow; a fixed window's count is dead once its window has ended.
 func (s *Slices) giveBack(rule limiter.Hit, sl *slice, now time.Time) {
 	left := sl.n - sl.used
 	if sl.interval > 0 || left == 0 {
 		return
 	}
 	sl.used = sl.n
+	if !sl.windowEnd.IsZero() && !now.Before(sl.windowEnd) {
+		// A fixed window's count is never read once the window has
+		// ended: giving units back to it would only cost Redis calls,
+		// for every slice of the window at once, at its end.
+		return
+	}
 	s.returnsMu.Lock()
 	s.returns = append(s.returns, limiter.Return{Hit: rule, Token: sl.token, Units: left})
 	s.returnsMu.Unlock()

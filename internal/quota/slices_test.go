@@ -599,3 +599,47 @@ func TestSlicesWarmKeyNearItsLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestSlicesGiveBackOnlyWhatStillCounts: a slice of a hot key that ends
+// with its window, units unused, gives them back when the count still
+// matters (the sliding counter weighs the ended window through the next
+// one) and not for a fixed window, whose ended count no one reads: no
+// Redis call for it.
+func TestSlicesGiveBackOnlyWhatStillCounts(t *testing.T) {
+	for _, tc := range []struct {
+		alg       config.Algorithm
+		givesBack bool
+	}{{config.FixedWindow, false}, {config.SlidingWindowCounter, true}} {
+		t.Run(tc.alg.String(), func(t *testing.T) {
+			in := newInstances(t, 1, SliceOptions{})
+			const window = 10 * time.Second
+			hit := limiter.Hit{Key: "{e}:k", Algorithm: tc.alg, Limit: 100000, Window: window, Cost: 1}
+			// 20 hits a second for 9.5 s of the window, then none.
+			for i := range 190 {
+				if i%20 == 0 {
+					in.slices[0].turn(in.now)
+				}
+				if _, err := in.slices[0].Decide(context.Background(), []limiter.Hit{hit}); err != nil {
+					t.Fatal(err)
+				}
+				in.settle()
+				in.advance(50 * time.Millisecond)
+			}
+			unused := in.leased.Load() - in.local.Load()
+			if unused <= 0 {
+				t.Fatalf("%d units leased, %d used: want some unused at the window's end", in.leased.Load(), in.local.Load())
+			}
+			for range 3 { // past the window's end
+				in.advance(time.Second)
+				in.slices[0].turn(in.now)
+				in.slices[0].flush()
+			}
+			switch back := in.back.Load(); {
+			case tc.givesBack && back != unused:
+				t.Errorf("%d of %d unused units given back, want all", back, unused)
+			case !tc.givesBack && back != 0:
+				t.Errorf("%d of %d unused units given back to an ended fixed window, want none", back, unused)
+			}
+		})
+	}
+}
