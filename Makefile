@@ -59,7 +59,7 @@ tools:
 ## Envoy's 20 ms deadline, against an INCRBY+EXPIRE floor: 66 scenarios of 6 s, then
 ## Zipf and uniform keys beside envoyproxy/ratelimit itself (go install), RLQS, bursts,
 ## 50 callers on 5 seats over two instances;
-## BENCH_QUICK=1: a representative subset (about a minute); BENCH_FLAGS: more flags (docs/bench.md)
+## BENCH_QUICK=1: a representative subset (about a minute and a half); BENCH_FLAGS: more flags (docs/bench.md)
 bench:
 	$(GO) run ./cmd/ratelimit-bench $(BENCH_FLAGS)
 

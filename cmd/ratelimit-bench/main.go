@@ -95,7 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("ratelimit-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.BoolVar(&o.quick, "quick", os.Getenv("BENCH_QUICK") == "1",
-		"run the representative subset with short durations, under a minute (also BENCH_QUICK=1)")
+		"run the representative subset with short durations, about a minute and a half (also BENCH_QUICK=1)")
 	fs.StringVar(&o.run, "run", "", "run only the scenarios whose name matches this regexp, e.g. 'log/hot/.*/c200' (see -list)")
 	fs.BoolVar(&o.list, "list", false, "list the scenarios and exit")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per scenario (-quick: 3s)")
