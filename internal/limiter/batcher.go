@@ -29,9 +29,11 @@ import (
 // pipeline: one write and one read.
 //
 // It batches naturally: a worker takes the first waiting call and whatever
-// else is already queued (up to maxBatchHits hits), never waiting for more,
-// so an idle server adds no latency and a busy one gets deep batches.
-// Several workers keep several batches in flight.
+// else is already queued (up to maxBatchHits hits). A busy worker (its last
+// batch went under batchLinger ago) whose batch is small waits up to
+// batchLinger for more (linger); an idle one never waits, so an idle server
+// adds no latency and a busy one gets deeper batches. Several workers keep
+// several batches in flight.
 //
 // A call Redis ran is never sent again: after a lost connection its result
 // is an error, because a decide run twice would charge twice. Redis refuses
@@ -197,6 +199,7 @@ func (b *batcher) close() {
 
 func (b *batcher) work() {
 	batch := make([]*call, 0, 64)
+	var lastSent time.Time
 	for {
 		hits := 0
 		select {
@@ -214,10 +217,48 @@ func (b *batcher) work() {
 				break more
 			}
 		}
+		if linger(hits, lastSent, time.Now()) {
+			batch, hits = b.gather(batch, hits)
+		}
 		if len(batch) > 0 {
 			b.exec(batch)
+			lastSent = time.Now()
 		}
 	}
+}
+
+// A busy worker's small batch waits a moment for more: once hot keys are
+// decided from slices, the calls that still reach Redis are few at a time,
+// and a decide call's own cost (its round trip, the script's entry) then
+// outweighs its hits' (docs/bench.md, "A batcher that lingers"). An idle
+// worker, whose last batch went longer than batchLinger ago, never waits.
+const (
+	batchLinger = time.Millisecond
+	lingerHits  = 16 // a batch this large goes at once
+)
+
+// linger reports whether a batch of hits, drained from the queue at now by
+// a worker whose last batch went at lastSent, waits for more.
+func linger(hits int, lastSent, now time.Time) bool {
+	return hits > 0 && hits < lingerHits && !lastSent.IsZero() && now.Sub(lastSent) < batchLinger
+}
+
+// gather adds the calls that arrive within batchLinger to batch, until it
+// holds lingerHits hits.
+func (b *batcher) gather(batch []*call, hits int) ([]*call, int) {
+	t := time.NewTimer(batchLinger)
+	defer t.Stop()
+	for hits < lingerHits {
+		select {
+		case c := <-b.calls:
+			batch, hits = b.add(batch, c, hits)
+		case <-t.C:
+			return batch, hits
+		case <-b.stop:
+			return batch, hits
+		}
+	}
+	return batch, hits
 }
 
 // add appends c to batch unless its caller has already been answered (it
