@@ -218,7 +218,7 @@ func (b *batcher) work() {
 			}
 		}
 		if linger(hits, lastSent, time.Now()) {
-			batch, hits = b.gather(batch, hits)
+			batch = b.gather(batch, hits)
 		}
 		if len(batch) > 0 {
 			b.exec(batch)
@@ -243,9 +243,9 @@ func linger(hits int, lastSent, now time.Time) bool {
 	return hits > 0 && hits < lingerHits && !lastSent.IsZero() && now.Sub(lastSent) < batchLinger
 }
 
-// gather adds the calls that arrive within batchLinger to batch, until it
-// holds lingerHits hits.
-func (b *batcher) gather(batch []*call, hits int) ([]*call, int) {
+// gather adds the calls that arrive within batchLinger to batch, of hits
+// hits, until it holds lingerHits hits.
+func (b *batcher) gather(batch []*call, hits int) []*call {
 	t := time.NewTimer(batchLinger)
 	defer t.Stop()
 	for hits < lingerHits {
@@ -253,12 +253,12 @@ func (b *batcher) gather(batch []*call, hits int) ([]*call, int) {
 		case c := <-b.calls:
 			batch, hits = b.add(batch, c, hits)
 		case <-t.C:
-			return batch, hits
+			return batch
 		case <-b.stop:
-			return batch, hits
+			return batch
 		}
 	}
-	return batch, hits
+	return batch
 }
 
 // add appends c to batch unless its caller has already been answered (it
