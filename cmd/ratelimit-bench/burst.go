@@ -54,13 +54,16 @@ func burstBound() int { return burstLimit + burstRequests/100 }
 // Over reports a burst that let through more than the bound.
 func (b *BurstResult) Over() bool { return b.LetThrough() > burstBound() }
 
-func (b *BurstResult) errorSummary() string {
-	if len(b.Errors) == 0 {
+func (b *BurstResult) errorSummary() string { return codeSummary(b.Errors) }
+
+// codeSummary is errors by code, "0" when there are none.
+func codeSummary(errs map[string]int) string {
+	if len(errs) == 0 {
 		return "0"
 	}
 	var parts []string
-	for _, code := range slices.Sorted(maps.Keys(b.Errors)) {
-		parts = append(parts, fmt.Sprintf("%s %d", code, b.Errors[code]))
+	for _, code := range slices.Sorted(maps.Keys(errs)) {
+		parts = append(parts, fmt.Sprintf("%s %d", code, errs[code]))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -74,17 +77,23 @@ func selectBursts(rounds int, run string) ([]Algorithm, error) {
 	if rounds == 0 {
 		return nil, nil
 	}
+	return matching(run, algorithms, burstName)
+}
+
+// matching is the items whose name matches the -run regexp run (all when
+// run is empty).
+func matching[T any](run string, items []T, name func(T) string) ([]T, error) {
 	re, err := regexp.Compile(run)
 	if err != nil {
 		return nil, fmt.Errorf("-run: %w", err)
 	}
-	var algs []Algorithm
-	for _, a := range algorithms {
-		if re.MatchString(burstName(a)) {
-			algs = append(algs, a)
+	var out []T
+	for _, it := range items {
+		if re.MatchString(name(it)) {
+			out = append(out, it)
 		}
 	}
-	return algs, nil
+	return out, nil
 }
 
 // burstAlgorithm starts a service, sends it rounds bursts at the alg's

@@ -4,10 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"maps"
-	"regexp"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,17 +61,7 @@ func selectSeats(run string, duration time.Duration) ([]SeatsCase, error) {
 	if duration == 0 {
 		return nil, nil
 	}
-	re, err := regexp.Compile(run)
-	if err != nil {
-		return nil, fmt.Errorf("-run: %w", err)
-	}
-	var out []SeatsCase
-	for _, c := range seatsCases {
-		if re.MatchString(c.Name()) {
-			out = append(out, c)
-		}
-	}
-	return out, nil
+	return matching(run, seatsCases, SeatsCase.Name)
 }
 
 // SeatsRun is one case's measurement.
@@ -268,17 +254,6 @@ func seatCaller(c SeatsCase, timeout time.Duration, acquireOn, releaseOn rlsv3.R
 	}
 }
 
-func (r *SeatsRun) errorSummary() string {
-	if len(r.Errors) == 0 {
-		return "0"
-	}
-	var parts []string
-	for _, code := range slices.Sorted(maps.Keys(r.Errors)) {
-		parts = append(parts, fmt.Sprintf("%s %d", code, r.Errors[code]))
-	}
-	return strings.Join(parts, ", ")
-}
-
 // writeSeats adds the seats runs' table to the report.
 func writeSeats(w io.Writer, o options, runs []*SeatsRun) {
 	if len(runs) == 0 {
@@ -295,7 +270,7 @@ func writeSeats(w io.Writer, o options, runs []*SeatsRun) {
 	for _, r := range runs {
 		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %.1f | %d | %d | %d | %d | %s | %s / %s | %s / %s | %s | %s | %s |\n",
 			r.Name(), r.Duration, r.Admitted, r.Ideal(), 100*float64(r.Admitted)/r.Ideal(),
-			r.MostInFlight, r.MostLetThrough, r.Denied, r.Releases, r.errorSummary(),
+			r.MostInFlight, r.MostLetThrough, r.Denied, r.Releases, codeSummary(r.Errors),
 			ms(r.Acquire.Quantile(0.5)), ms(r.Acquire.Quantile(0.99)), ms(r.Release.Quantile(0.5)), ms(r.Release.Quantile(0.99)),
 			r.SvcCPU.Round(10*time.Millisecond), r.RedisCPU.Round(10*time.Millisecond), r.SelfCPU.Round(10*time.Millisecond))
 	}
