@@ -41,13 +41,18 @@ func TestSeatsConfig(t *testing.T) {
 }
 
 // seatsFake answers acquisitions OK, with a lease id, while fewer than
-// seats are taken, and records the stream-done calls it gets.
+// seats are taken, and records the stream-done calls it gets. It closes
+// done at its stopAfter-th acquisition: the caller's run is counted in
+// calls, not time, so that a slow machine changes nothing.
 type seatsFake struct {
-	mu       sync.Mutex
-	seats    int
-	taken    int
-	releases []*rlcommon.RateLimitDescriptor
-	fail     bool // answer acquisitions with an error
+	mu        sync.Mutex
+	seats     int
+	taken     int
+	releases  []*rlcommon.RateLimitDescriptor
+	fail      bool // answer acquisitions with an error
+	asked     int
+	stopAfter int
+	done      chan struct{}
 }
 
 func (f *seatsFake) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest, _ ...grpc.CallOption) (*rlsv3.RateLimitResponse, error) {
@@ -58,6 +63,9 @@ func (f *seatsFake) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitReque
 		f.releases = append(f.releases, d)
 		f.taken--
 		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+	}
+	if f.asked++; f.asked == f.stopAfter {
+		close(f.done)
 	}
 	if f.fail {
 		return nil, status.Error(codes.Unavailable, "down")
@@ -89,17 +97,19 @@ func TestSeatCaller(t *testing.T) {
 		{c: SeatsCase{Leases: true}, fail: true},
 		{c: SeatsCase{Leases: false}, fail: true, releaseKVs: []string{"k", "u"}, everyCall: true},
 	} {
-		fake := &seatsFake{seats: 1, taken: 1, fail: tc.fail} // one seat, already taken: denied until a release
+		// One seat, already taken: denied until a release. Three acquisitions.
+		fake := &seatsFake{seats: 1, taken: 1, fail: tc.fail, stopAfter: 3, done: make(chan struct{})}
 		counts := &seatCounts{errors: map[string]int{}}
-		done := make(chan struct{})
-		time.AfterFunc(3*seatHold/2, func() { close(done) })
-		seatCaller(tc.c, time.Second, fake, fake, "k", "u", counts, done)
+		seatCaller(tc.c, time.Second, fake, fake, "k", "u", counts, fake.done)
 		fake.mu.Lock()
 		releases := fake.releases
 		fake.mu.Unlock()
 		admitted, denied, lost := counts.admitted.Load(), counts.denied.Load(), counts.lost.Load()
 		name := tc.c.Name()
 		switch {
+		case admitted+denied+lost != 3:
+			t.Errorf("%s: %d acquisitions (%d admitted, %d denied, %d failed), want the 3 before done", name,
+				admitted+denied+lost, admitted, denied, lost)
 		case tc.fail && (lost == 0 || admitted+denied != 0 || counts.mostLetThrough.Load() != 1 || counts.mostInFlight.Load() != 0):
 			t.Errorf("%s, failing: %d lost, %d admitted, %d denied, %d let through", name, lost, admitted, denied, counts.mostLetThrough.Load())
 		case !tc.fail && (denied == 0 || lost != 0):
@@ -121,12 +131,10 @@ func TestSeatCaller(t *testing.T) {
 		if !tc.fail && tc.c.Leases {
 			// A release from elsewhere frees the seat: the caller takes it and releases it by its id.
 			fake.mu.Lock()
-			fake.taken = 0
+			fake.taken, fake.asked, fake.stopAfter, fake.done = 0, 0, 1, make(chan struct{})
 			fake.mu.Unlock()
 			counts := &seatCounts{errors: map[string]int{}}
-			done := make(chan struct{})
-			time.AfterFunc(seatHold/2, func() { close(done) })
-			seatCaller(tc.c, time.Second, fake, fake, "k", "u", counts, done)
+			seatCaller(tc.c, time.Second, fake, fake, "k", "u", counts, fake.done)
 			if counts.admitted.Load() != 1 || len(fake.releases) != 1 || counts.mostInFlight.Load() != 1 {
 				t.Errorf("%s: %d admitted, %d releases, at most %d in flight; want 1, 1, 1",
 					name, counts.admitted.Load(), len(fake.releases), counts.mostInFlight.Load())
