@@ -42,7 +42,14 @@ import (
 //
 // A hot key's slice's size follows this instance's demand on the key (the
 // units of its hits in the last second times the period, at least
-// minSlice and two hits' cost), and the slice ends after a period unused.
+// minSlice and two hits' cost), and the slice ends after a period unused;
+// but a window counter's (fixed_window, sliding_window_counter: their
+// slices end with their window at the latest) holds warmSpan of the
+// key's demand at least and ends as a warm key's (below), unused: a key at
+// ten hits a second pays a lease per hundred hits, not per ten. A GCRA
+// key's slice holds at most the units this instance's hits reach before
+// their emission slots start (gcraUsable): all of them at the bucket's
+// pace, none slower with the bucket empty.
 //
 // Warm keys: a key under Threshold whose rate at this instance, averaged
 // over about rateTau (ten seconds; see hotKey.rates), reaches
@@ -520,13 +527,15 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if !hot && !s.isWarm(k, &h) {
 		return
 	}
+	units := float64(max(k.units, k.prevUnits)) // in the last second
 	period := s.periodOf(h)
+	spans := spansWindow(h.Algorithm)
 	// Sized in units, the hits' costs: at least two hits' worth.
 	want := max(minSlice, 2*h.Cost)
 	if hot {
-		units := float64(max(k.units, k.prevUnits))
 		want = max(want, uint64(math.Ceil(units*period.Seconds())))
-	} else if h.Algorithm != config.SlidingWindowLog {
+	}
+	if spans {
 		_, unitRate := k.rates()
 		want = max(want, uint64(math.Ceil(unitRate*warmSpan.Seconds())))
 	}
@@ -535,11 +544,14 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	} else {
 		want = min(want, uint64(capacity(h))/4)
 	}
+	if h.Algorithm == config.GCRA {
+		want = min(want, gcraUsable(h, k.remaining, k.known, units))
+	}
 	if want < 2 { // a slice of one saves nothing
 		return
 	}
 	idle := period
-	if !hot {
+	if !hot || spans {
 		hits, unitRate := k.rates()
 		if k.seen < hits {
 			// Young, the rate from a few hits can run high; the average
@@ -549,7 +561,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 			unitRate *= k.seen / hits
 		}
 		idle = s.warmLife(h, want, unitRate)
-		if h.Algorithm == config.SlidingWindowLog {
+		if !hot && h.Algorithm == config.SlidingWindowLog {
 			if unitRate*idle.Seconds() < 2 {
 				// Its life, a twentieth of the window, is under two hits'
 				// time: a lease and a give back for a hit or none.
@@ -571,6 +583,36 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 		h.Ahead = period
 	}
 	s.queueLease(pendingLease{hit: h, period: period, idle: idle, warm: !hot})
+}
+
+// gcraUsable is how many units of a GCRA slice of h this instance can use
+// at rate (units per second) before their emission slots start, the
+// bucket having had remaining units left at the last answer. Unit k of a
+// slice is usable until its slot starts, k emission intervals after the
+// time the bucket was ahead of now when leased: at the bucket's pace or
+// faster every unit is reached in time; slower, the first ones only, and
+// none when the bucket was empty: the rest would be dropped, holding the
+// bucket for nothing.
+func gcraUsable(h limiter.Hit, remaining uint64, known bool, rate float64) uint64 {
+	interval := h.Window.Seconds() / float64(h.Limit)
+	if rate*interval >= 1 {
+		return math.MaxUint64
+	}
+	if !known || rate == 0 {
+		return 0
+	}
+	size := uint64(capacity(h))
+	ahead := float64(size-min(remaining, size)) * interval
+	return uint64(ahead / (1/rate - interval))
+}
+
+// spansWindow reports whether slices of alg's counters hold warmSpan of a
+// key's demand, hot or warm: those whose slices end with their window at
+// the latest (fixed_window, sliding_window_counter). The log's slices hold
+// their units a period longer than hits do, and GCRA's units are usable
+// only until their emission slots start: theirs hold a period's demand.
+func spansWindow(alg config.Algorithm) bool {
+	return alg == config.FixedWindow || alg == config.SlidingWindowCounter
 }
 
 // warmLife is how long a warm key's slice of want units lives unused: the

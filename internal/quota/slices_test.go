@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,8 @@ type instances struct {
 	// warmSizes are the warm slices' sizes, in the order leased.
 	warmMu    sync.Mutex
 	warmSizes []uint64
+	// sizes are every slice's size, in the order leased.
+	sizes []uint64
 }
 
 func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
@@ -42,8 +45,13 @@ func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
 	t.Cleanup(in.lim.Close)
 	opts.Now = func() time.Time { return in.now }
 	opts.Observe = SliceObserver{
-		Local:     func(n int) { in.local.Add(int64(n)) },
-		Leased:    func(n uint64) { in.leased.Add(int64(n)) },
+		Local: func(n int) { in.local.Add(int64(n)) },
+		Leased: func(n uint64) {
+			in.leased.Add(int64(n))
+			in.warmMu.Lock()
+			defer in.warmMu.Unlock()
+			in.sizes = append(in.sizes, n)
+		},
 		GivenBack: func(n uint64) { in.back.Add(int64(n)) },
 		Warm: func(n uint64) {
 			in.warm.Add(int64(n))
@@ -641,5 +649,104 @@ func TestSlicesGiveBackOnlyWhatStillCounts(t *testing.T) {
 				t.Errorf("%d of %d unused units given back to an ended fixed window, want none", back, unused)
 			}
 		})
+	}
+}
+
+// TestSlicesHotSpan: a hot key's slice of a window counter (fixed or
+// sliding) holds warmSpan of its demand, as a warm key's does, and lives
+// as long as its units take at the key's rate unused, so a pause of a few
+// periods does not end it; the log's and GCRA's hold a period of demand,
+// their bounds being a period's. A key at 10 hits a second for 40 s.
+func TestSlicesHotSpan(t *testing.T) {
+	for _, tc := range []struct {
+		alg         config.Algorithm
+		least, most uint64 // the steady slice's size
+	}{
+		{config.FixedWindow, 80, 120},
+		{config.SlidingWindowCounter, 80, 120},
+		{config.SlidingWindowLog, 10, 10},
+		{config.GCRA, 0, 0}, // 10 a second under a bucket leaking 278: no slice
+	} {
+		t.Run(tc.alg.String(), func(t *testing.T) {
+			in := newInstances(t, 1, SliceOptions{})
+			hit := limiter.Hit{Key: "{h}:k", Algorithm: tc.alg, Limit: 1000000, Window: time.Hour, Cost: 1}
+			s := in.slices[0]
+			send := func(seconds int) {
+				for range seconds {
+					for range 10 {
+						if v, err := s.Decide(context.Background(), []limiter.Hit{hit}); err != nil || !v[0].Admitted {
+							t.Fatalf("a hit under a limit of a million: %v, %v", v, err)
+						}
+						in.settle()
+						in.advance(100 * time.Millisecond)
+					}
+					s.turn(in.now)
+					in.settle()
+				}
+			}
+			send(40)
+			in.warmMu.Lock()
+			sizes := slices.Clone(in.sizes)
+			in.warmMu.Unlock()
+			t.Logf("slices of %v units; %d hits local of 400", sizes, in.local.Load())
+			if tc.most == 0 {
+				if len(sizes) > 0 {
+					t.Errorf("slices of %v units: want none", sizes)
+				}
+				return
+			}
+			if last := sizes[len(sizes)-1]; last < tc.least || last > tc.most {
+				t.Errorf("the steady slice of %d units at 10 hits a second: want %d to %d", last, tc.least, tc.most)
+			}
+			if tc.least < 80 {
+				return
+			}
+			// A pause of three periods, then the same pace: the slice lives.
+			for range 3 {
+				in.advance(time.Second)
+				s.turn(in.now)
+			}
+			in.settle()
+			leases, local := len(sizes), in.local.Load()
+			send(2)
+			if in.back.Load() != 0 {
+				t.Errorf("%d units given back after a pause of 3 s: want the slice of %s of demand kept", in.back.Load(), warmSpan)
+			}
+			in.warmMu.Lock()
+			leased := len(in.sizes) - leases
+			in.warmMu.Unlock()
+			if in.local.Load()-local < 19 || leased > 1 {
+				t.Errorf("after the pause, %d of 20 hits local and %d slices leased: want every hit (but one) from the live slice",
+					in.local.Load()-local, leased)
+			}
+		})
+	}
+}
+
+// TestGCRAUsable: a GCRA slice holds the units this instance reaches
+// before their slots start. A bucket of 100 a minute leaks one unit each
+// 0.6 s.
+func TestGCRAUsable(t *testing.T) {
+	h := limiter.Hit{Algorithm: config.GCRA, Limit: 100, Window: time.Minute}
+	for _, tc := range []struct {
+		name      string
+		remaining uint64
+		known     bool
+		rate      float64
+		want      uint64
+	}{
+		{"as fast as the bucket leaks", 100, true, 100.0 / 60, math.MaxUint64},
+		{"faster, with the bucket empty", 100, true, 10, math.MaxUint64},
+		{"slower, with the bucket empty", 100, true, 1, 0},
+		{"slower, nothing known of the bucket", 0, false, 1, 0},
+		// 0.6 s per unit ahead for each of 60 units used: 36 s ahead; a
+		// unit each second, 0.4 s later than the bucket's pace: 90 units.
+		{"slower, the bucket 60 units full", 40, true, 1, 90},
+		{"slower, the bucket full", 0, true, 1, 150},
+		{"no hit in the last second", 0, true, 0, 0},
+	} {
+		if got := gcraUsable(h, tc.remaining, tc.known, tc.rate); got != tc.want {
+			t.Errorf("%s: %d usable, want %d", tc.name, got, tc.want)
+		}
 	}
 }
