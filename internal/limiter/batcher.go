@@ -29,11 +29,13 @@ import (
 // pipeline: one write and one read.
 //
 // It batches naturally: a worker takes the first waiting call and whatever
-// else is already queued (up to maxBatchHits hits). A busy worker (its last
-// batch went under batchLinger ago) whose batch is small waits up to
-// batchLinger for more (linger); an idle one never waits, so an idle server
-// adds no latency and a busy one gets deeper batches. Several workers keep
-// several batches in flight.
+// else is already queued (up to maxBatchHits hits). One worker collects at
+// a time (collect), so that the calls of a moment go to one batch, not
+// shared out between workers; the others are sending theirs meanwhile. When
+// calls come about once a batchLinger or faster (arrivals), a small batch
+// waits up to batchLinger for more (linger); at a slower pace none waits, so
+// an idle server adds no latency and a busy one gets deeper batches.
+// Several workers keep several batches in flight.
 //
 // A call Redis ran is never sent again: after a lost connection its result
 // is an error, because a decide run twice would charge twice. Redis refuses
@@ -57,6 +59,10 @@ type batcher struct {
 	scriptsOnly atomic.Bool
 	stop        chan struct{}
 	workers     sync.WaitGroup
+	// collect is held by the worker taking calls from the queue; arrivals
+	// is its measure of their pace.
+	collect  sync.Mutex
+	arrivals arrivals
 }
 
 // call is one store call waiting for its batch.
@@ -74,6 +80,7 @@ type call struct {
 	script *redis.Script
 	keys   []string
 	args   []any
+	queued time.Time    // when it was queued
 	sent   atomic.Bool  // the call went into a pipeline
 	done   chan outcome // buffered: a worker never waits for the caller
 }
@@ -147,6 +154,7 @@ func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, a
 // deadlines than its own, is answered in time.
 func (b *batcher) enqueue(c *call) outcome {
 	c.done = make(chan outcome, 1)
+	c.queued = time.Now()
 	expiry := time.NewTimer(time.Until(c.deadline))
 	defer expiry.Stop()
 	select {
@@ -199,48 +207,89 @@ func (b *batcher) close() {
 
 func (b *batcher) work() {
 	batch := make([]*call, 0, 64)
-	var lastSent time.Time
 	for {
-		hits := 0
-		select {
-		case <-b.stop:
+		var stopped bool
+		batch, stopped = b.collectBatch(batch[:0])
+		if stopped {
 			return
-		case c := <-b.calls:
-			batch, hits = b.add(batch[:0], c, hits)
-		}
-	more:
-		for hits < maxBatchHits {
-			select {
-			case c := <-b.calls:
-				batch, hits = b.add(batch, c, hits)
-			default:
-				break more
-			}
-		}
-		if linger(hits, lastSent, time.Now()) {
-			batch = b.gather(batch, hits)
 		}
 		if len(batch) > 0 {
 			b.exec(batch)
-			lastSent = time.Now()
 		}
 	}
 }
 
-// A busy worker's small batch waits a moment for more: once hot keys are
-// decided from slices, the calls that still reach Redis are few at a time,
-// and a decide call's own cost (its round trip, the script's entry) then
-// outweighs its hits' (docs/bench.md, "A batcher that lingers"). An idle
-// worker, whose last batch went longer than batchLinger ago, never waits.
+// collectBatch takes the next batch from the queue, as the one worker
+// collecting, and reports whether the batcher stopped instead.
+func (b *batcher) collectBatch(batch []*call) ([]*call, bool) {
+	b.collect.Lock()
+	defer b.collect.Unlock()
+	hits := 0
+	select {
+	case <-b.stop:
+		return batch, true
+	case c := <-b.calls:
+		batch, hits = b.add(batch, c, hits)
+	}
+more:
+	for hits < maxBatchHits {
+		select {
+		case c := <-b.calls:
+			batch, hits = b.add(batch, c, hits)
+		default:
+			break more
+		}
+	}
+	if linger(hits, b.arrivals.gap) {
+		batch = b.gather(batch, hits)
+	}
+	return batch, false
+}
+
+// A small batch waits a moment for more while calls come often: once hot
+// keys are decided from slices, the calls that still reach Redis are few
+// at a time, and a decide call's own cost (its round trip, the script's
+// entry) then outweighs its hits' (docs/bench.md, "A batcher that
+// lingers"). Calls further apart than batchLinger on average never wait.
 const (
 	batchLinger = time.Millisecond
 	lingerHits  = 16 // a batch this large goes at once
 )
 
-// linger reports whether a batch of hits, drained from the queue at now by
-// a worker whose last batch went at lastSent, waits for more.
-func linger(hits int, lastSent, now time.Time) bool {
-	return hits > 0 && hits < lingerHits && !lastSent.IsZero() && now.Sub(lastSent) < batchLinger
+// linger reports whether a batch of hits waits for more, calls having
+// come gap apart on average.
+func linger(hits int, gap time.Duration) bool {
+	return hits > 0 && hits < lingerHits && gap < batchLinger
+}
+
+// arrivals measures the pace of the queue's calls: the time between one
+// call's queueing and the next's, averaged over about the last eight. The
+// collecting worker keeps it (under the batcher's collect).
+type arrivals struct {
+	last time.Time     // the latest call's queueing
+	gap  time.Duration // the average; idleGap before a second call
+}
+
+// arrivalWeight is the inverse of the newest gap's weight in the average.
+// A gap counts as at most arrivalWeight lingers (idleGap): one pause then
+// makes a busy queue idle, and a dozen and a half calls in quick
+// succession make an idle one busy.
+const (
+	arrivalWeight = 8
+	idleGap       = arrivalWeight * batchLinger
+)
+
+// saw counts a call queued at queued. Calls reach the collector in about
+// the order they were queued; one queued before the latest adds no gap.
+func (a *arrivals) saw(queued time.Time) {
+	if a.last.IsZero() {
+		a.last, a.gap = queued, idleGap
+		return
+	}
+	if queued.After(a.last) {
+		a.gap += (min(queued.Sub(a.last), idleGap) - a.gap) / arrivalWeight
+		a.last = queued
+	}
 }
 
 // gather adds the calls that arrive within batchLinger to batch, of hits
@@ -265,6 +314,7 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 // left, or its deadline passed while it queued): sending it now would
 // charge a request that was answered by failure mode.
 func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
+	b.arrivals.saw(c.queued)
 	c.sent.Store(true) // before the check: a caller that saw it unset was not sent
 	err := c.ctx.Err()
 	if err == nil && !time.Now().Before(c.deadline) {

@@ -5,26 +5,65 @@ import (
 	"time"
 )
 
-// TestLinger: only a busy worker's small batch waits for more; an idle
-// worker's, a first batch and a full one go at once.
+// TestLinger: only a small batch waits for more, and only while calls come
+// about once a linger or faster.
 func TestLinger(t *testing.T) {
-	now := time.Unix(1700000000, 0)
 	for _, tc := range []struct {
-		name     string
-		hits     int
-		lastSent time.Time
-		want     bool
+		name string
+		hits int
+		gap  time.Duration
+		want bool
 	}{
-		{"busy, small batch", 2, now.Add(-batchLinger / 2), true},
-		{"busy, one hit", 1, now.Add(-time.Microsecond), true},
-		{"idle: last batch a linger ago", 2, now.Add(-batchLinger), false},
-		{"idle: last batch long ago", 2, now.Add(-time.Second), false},
-		{"the worker's first batch", 2, time.Time{}, false},
-		{"busy, batch large enough", lingerHits, now.Add(-time.Microsecond), false},
-		{"nothing to send (every call had left)", 0, now.Add(-time.Microsecond), false},
+		{"busy, small batch", 2, batchLinger / 2, true},
+		{"busy, one hit", 1, time.Microsecond, true},
+		{"idle: calls a linger apart", 2, batchLinger, false},
+		{"idle: calls a second apart", 2, time.Second, false},
+		{"busy, batch large enough", lingerHits, time.Microsecond, false},
+		{"nothing to send (every call had left)", 0, time.Microsecond, false},
 	} {
-		if got := linger(tc.hits, tc.lastSent, now); got != tc.want {
+		if got := linger(tc.hits, tc.gap); got != tc.want {
 			t.Errorf("%s: linger %t, want %t", tc.name, got, tc.want)
 		}
 	}
+}
+
+// TestArrivals: the average gap follows the pace of the calls, starts idle,
+// and one call after a pause makes a busy queue idle again.
+func TestArrivals(t *testing.T) {
+	start := time.Unix(1700000000, 0)
+	for _, tc := range []struct {
+		name string
+		gaps []time.Duration // between successive calls, after a first
+		busy bool            // linger(1, gap) after them
+	}{
+		{"a first call: idle", nil, false},
+		{"two calls at once: not yet busy (one gap, averaged with idle)", []time.Duration{0}, false},
+		{"a steady call every 200us", repeat(200*time.Microsecond, 40), true},
+		{"a steady call every 2ms", repeat(2*time.Millisecond, 40), false},
+		{"busy, then a call after a second's pause", append(repeat(100*time.Microsecond, 40), time.Second), false},
+		{"idle, then a burst of calls 10us apart", append([]time.Duration{time.Second}, repeat(10*time.Microsecond, 40)...), true},
+		{"a call queued before the latest adds no gap", append(repeat(100*time.Microsecond, 40), -time.Millisecond), true},
+	} {
+		var a arrivals
+		at := start
+		a.saw(at)
+		for _, g := range tc.gaps {
+			at = at.Add(g)
+			a.saw(at)
+			if g < 0 {
+				at = at.Add(-g) // the latest stays the latest
+			}
+		}
+		if got := linger(1, a.gap); got != tc.busy {
+			t.Errorf("%s: average gap %v, linger %t, want %t", tc.name, a.gap, got, tc.busy)
+		}
+	}
+}
+
+func repeat(d time.Duration, n int) []time.Duration {
+	s := make([]time.Duration, n)
+	for i := range s {
+		s[i] = d
+	}
+	return s
 }
