@@ -964,11 +964,14 @@ func TestSkewReport(t *testing.T) {
 	up := mk(zipf[1], 1000, 2000, 10*time.Millisecond, 40*time.Millisecond)
 	svc := mk(zipf[2], 1000, 500, 5*time.Millisecond, 20*time.Millisecond)
 	svc.Errors = map[string]uint64{deadlineExceeded: 3}
+	svc.Start = time.Date(2026, 11, 28, 5, 9, 59, 5e8, time.UTC) // its second holds 05:10:00
 	var b strings.Builder
-	writeSkew(&b, &Report{Options: options{timeout: 20 * time.Millisecond, conns: 4},
+	writeSkew(&b, &Report{Options: options{timeout: 20 * time.Millisecond, conns: 4, duration: time.Second, skewWarmup: 20 * time.Second},
 		UpstreamEnv: []string{"USE_STATSD=false"}, Skew: []*Measurement{floor, up, svc}})
 	out := b.String()
 	for _, want := range []string{
+		"1s measured after 20s of warm-up each (-skew-warmup",
+		"zipf/service/1d/c64 measured across a minute's start",
 		"ran with no argument and this environment alone: `USE_STATSD=false`",
 		"|  | zipf/floor/1d/c64 | 1,000 | 1.01 ms | 1.01 ms | 0 | 0 | - | - | - | 8.0 µs | 2.00 | - |",
 		"|  | zipf/envoyproxy/1d/c64 | 1,000 | 1.01 ms | 1.01 ms | 0 | 0 | - | 0% | 40.0 µs | 10.0 µs | 2.00 | 1.2x |",
@@ -1005,5 +1008,27 @@ func TestSkewReport(t *testing.T) {
 	}
 	if got := ratio(3, 2); got != "1.5x" {
 		t.Errorf("ratio: %s", got)
+	}
+}
+
+// TestHoldsMinuteStart: an interval holds a minute's start when it begins
+// in one minute and ends in the next.
+func TestHoldsMinuteStart(t *testing.T) {
+	at := func(h, m, sec, ms int) time.Time { return time.Date(2026, 11, 28, h, m, sec, ms*1e6, time.UTC) }
+	for _, tc := range []struct {
+		name  string
+		start time.Time
+		d     time.Duration
+		want  bool
+	}{
+		{"within a minute", at(5, 9, 20, 0), 5 * time.Second, false},
+		{"across :00", at(5, 9, 57, 0), 5 * time.Second, true},
+		{"ending just before :00", at(5, 9, 54, 999), 5 * time.Second, false},
+		{"starting at :00", at(5, 10, 0, 0), 5 * time.Second, false},
+		{"across an hour", at(5, 59, 58, 0), 5 * time.Second, true},
+	} {
+		if got := holdsMinuteStart(tc.start, tc.d); got != tc.want {
+			t.Errorf("%s: %t, want %t", tc.name, got, tc.want)
+		}
 	}
 }

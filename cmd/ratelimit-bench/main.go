@@ -24,7 +24,7 @@
 // The report is Markdown on stdout; progress goes to stderr. docs/bench.md
 // explains the columns.
 //
-//	ratelimit-bench [-quick] [-run REGEXP] [-duration 5s] [-warmup 1s] [-timeout 20ms]
+//	ratelimit-bench [-quick] [-run REGEXP] [-duration 5s] [-warmup 1s] [-skew-warmup 20s] [-timeout 20ms]
 //	                [-conns 4] [-floor-conns 10] [-rate 0] [-rlqs-duration 20s] [-seats-duration 10s] [-envoyproxy=true]
 //	                [-cpuprofile DIR] [-list]
 package main
@@ -64,6 +64,7 @@ type options struct {
 	list        bool
 	duration    time.Duration
 	warmup      time.Duration
+	skewWarmup  time.Duration
 	floor       bool
 	upstream    bool
 	upstreamBin string
@@ -100,6 +101,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.list, "list", false, "list the scenarios and exit")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per scenario (-quick: 3s)")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "load before measuring, per scenario (-quick: 500ms)")
+	fs.DurationVar(&o.skewWarmup, "skew-warmup", 20*time.Second,
+		"load before measuring, per skewed-keys scenario (zipf, uniform): the service leases a key once it has seen "+
+			"its rate for a few seconds, and these figures are of the steady state (-quick: 5s)")
 	fs.BoolVar(&o.floor, "floor", true, "also run the floor (INCRBY + EXPIRE from the bench) of each selected scenario's keys, descriptors and streams")
 	fs.BoolVar(&o.upstream, "envoyproxy", true,
 		"also run envoyproxy/ratelimit (go install "+upstreamModule+") beside the selected skewed-keys scenarios (zipf, uniform); "+
@@ -140,6 +144,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if !set["warmup"] {
 			o.warmup = 500 * time.Millisecond
 		}
+		if !set["skew-warmup"] {
+			o.skewWarmup = 5 * time.Second
+		}
 		if !set["bursts"] {
 			o.bursts = 1
 		}
@@ -153,8 +160,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.duration < 100*time.Millisecond:
 		return o, errors.New("-duration must be at least 100ms")
-	case o.warmup < 0:
-		return o, errors.New("-warmup must not be negative")
+	case o.warmup < 0 || o.skewWarmup < 0:
+		return o, errors.New("-warmup and -skew-warmup must not be negative")
 	case o.timeout <= 0:
 		return o, errors.New("-timeout must be positive")
 	case o.rate < 0:
@@ -253,6 +260,7 @@ type Measurement struct {
 	Scenario
 	Result
 	Elapsed                     time.Duration
+	Start                       time.Time // of the measured interval
 	SvcCPU, RedisCPU, ClientCPU time.Duration
 	Counters                    map[string]float64 // the service's failure counters over the interval (parseCounters)
 	Commands                    int64              // commands redis-server ran over the interval (INFO commandstats, less INFO)
@@ -458,7 +466,11 @@ func measure(ctx context.Context, o options, s Scenario, newCall func(int) Class
 			r.Stop()
 		}
 	}()
-	if err := sleep(ctx, o.warmup); err != nil {
+	warmup := o.warmup
+	if s.Dist != "" {
+		warmup = o.skewWarmup
+	}
+	if err := sleep(ctx, warmup); err != nil {
 		return nil, err
 	}
 	m := &Measurement{Scenario: s}
@@ -481,6 +493,7 @@ func measure(ctx context.Context, o options, s Scenario, newCall func(int) Class
 	redis0, err2 := cpuTime(redisPid, tick)
 	self0, err3 := cpuTime(0, tick)
 	t0 := time.Now()
+	m.Start = t0
 	r.Measure()
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return nil, err

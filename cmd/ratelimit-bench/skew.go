@@ -93,6 +93,12 @@ func skewScenarios(quick bool) []Scenario {
 	return out
 }
 
+// holdsMinuteStart reports whether the interval of d from start holds the
+// start of a minute (UTC), where the skew rule's windows end.
+func holdsMinuteStart(start time.Time, d time.Duration) bool {
+	return start.Truncate(time.Minute) != start.Add(d).Truncate(time.Minute)
+}
+
 // UpstreamOf is the envoyproxy/ratelimit scenario a skewed-keys scenario
 // is compared with.
 func (s Scenario) UpstreamOf() Scenario {
@@ -327,13 +333,14 @@ func writeSkew(w io.Writer, rep *Report) {
 	if len(rep.Skew) == 0 && rep.UpstreamErr == "" {
 		return
 	}
-	fmt.Fprintf(w, "\nSkewed keys (issue 32): %d streams over %d gRPC connections, closed loop unless -rate, each call with a %s deadline, "+
+	fmt.Fprintf(w, "\nSkewed keys (issue 32): %s measured after %s of warm-up each (-skew-warmup: the service leases a key once it has seen its rate "+
+		"for a few seconds; these are steady-state figures), %d streams over %d gRPC connections, closed loop unless -rate, each call with a %s deadline, "+
 		"one descriptor per request, its value drawn Zipf(s=%.1f) over %s keys (`zipf`, a generator per worker) or uniformly over %s (`uniform`); "+
 		"rule `%s` of the service's config, naming no algorithm (the service's default applies), %s per %s: nothing is denied. "+
 		"Beside the service, in a row: the floor, and envoyproxy/ratelimit (%s) with the same rule in a file of its own (fixed windows, "+
 		"INCRBY + EXPIRE per descriptor). Redis commands: INFO commandstats over the measured interval, less INFO, "+
 		"the commands Lua scripts run included.\n",
-		skewStreams, o.conns, o.timeout, zipfS, count(zipfKeys), count(uniformKeys), skewRuleKey, count(skewLimit), skewUnit, upstreamModule)
+		o.duration, o.skewWarmup, skewStreams, o.conns, o.timeout, zipfS, count(zipfKeys), count(uniformKeys), skewRuleKey, count(skewLimit), skewUnit, upstreamModule)
 	if rep.UpstreamErr != "" {
 		fmt.Fprintf(w, "\n**envoyproxy/ratelimit was not measured:** %s.\n", rep.UpstreamErr)
 	} else if len(rep.UpstreamEnv) > 0 {
@@ -381,6 +388,17 @@ func writeSkew(w io.Writer, rep *Report) {
 	} else {
 		fmt.Fprintf(w, "**%d of %d skewed-keys scenarios (!) had failure-mode answers, store errors, gRPC errors or missed deadlines (%s):** %s.\n",
 			len(marked), len(rep.Skew), o.timeout, strings.Join(marked, ", "))
+	}
+
+	var edges []string
+	for _, m := range rep.Skew {
+		if m.Alg == skewAlg && holdsMinuteStart(m.Start, m.Elapsed) {
+			edges = append(edges, m.Name())
+		}
+	}
+	if len(edges) > 0 {
+		fmt.Fprintf(w, "\n%s measured across a minute's start, where the rule's windows end: every slice of them ends, gives back and is "+
+			"leased again then (docs/bench.md, \"Skewed keys\").\n", strings.Join(edges, ", "))
 	}
 
 	fmt.Fprintln(w)
