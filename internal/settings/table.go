@@ -298,7 +298,7 @@ func hotKeySettings(s *Settings) []Setting {
 				return want(s.HotKeyWarmThreshold >= 0, s.HotKeyWarmThreshold, "a rate, 0 for off")
 			}},
 		{Name: "hot-key-slice-period", bind: durationFlag(&s.HotKeySlicePeriod, quota.DefaultSlicePeriod),
-			Help: "a hot key's slice holds this long of the instance's demand (a window counter's: 10s at least), and ends after this long unused",
+			Help: "a hot key's slice holds this long of its demand and ends this long unused (window counters: see docs)",
 			Doc: "a hot key's slice is sized to this instance's demand over this period, and ends after a period unused " +
 				"(its unused units are then given back). A `sliding_window_log` slice lives at most this long and at most " +
 				"a twentieth of its window. A fixed or sliding counter's holds ten seconds of the demand at least, ends " +
