@@ -272,8 +272,8 @@ type arrivals struct {
 
 // arrivalWeight is the inverse of the newest gap's weight in the average.
 // A gap counts as at most arrivalWeight lingers (idleGap): one pause then
-// makes a busy queue idle, and a dozen and a half calls in quick
-// succession make an idle one busy.
+// makes a busy queue idle, and sixteen calls in quick succession make an
+// idle one busy.
 const (
 	arrivalWeight = 8
 	idleGap       = arrivalWeight * batchLinger
