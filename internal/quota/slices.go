@@ -46,7 +46,8 @@ import (
 // but a window counter's (fixed_window, sliding_window_counter: their
 // slices end with their window at the latest) holds warmSpan of the
 // key's demand at least and ends as a warm key's (below), unused: a key at
-// ten hits a second pays a lease per hundred hits, not per ten. A GCRA
+// ten hits a second pays a lease per hundred hits, not per ten (with warm
+// keys off, a period's demand, as the others). A GCRA
 // key's slice holds at most the units this instance's hits reach before
 // their emission slots start (gcraUsable): all of them at the bucket's
 // pace, none slower with the bucket empty.
@@ -529,7 +530,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	}
 	units := float64(max(k.units, k.prevUnits)) // in the last second
 	period := s.periodOf(h)
-	spans := spansWindow(h.Algorithm)
+	spans := s.warm > 0 && spansWindow(h.Algorithm) // their life is a warm key's, which needs the warm threshold
 	// Sized in units, the hits' costs: at least two hits' worth.
 	want := max(minSlice, 2*h.Cost)
 	if hot {

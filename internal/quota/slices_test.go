@@ -660,15 +660,17 @@ func TestSlicesGiveBackOnlyWhatStillCounts(t *testing.T) {
 func TestSlicesHotSpan(t *testing.T) {
 	for _, tc := range []struct {
 		alg         config.Algorithm
-		least, most uint64 // the steady slice's size
+		warm        float64 // the warm threshold; -1: off
+		least, most uint64  // the steady slice's size
 	}{
-		{config.FixedWindow, 80, 120},
-		{config.SlidingWindowCounter, 80, 120},
-		{config.SlidingWindowLog, 10, 10},
-		{config.GCRA, 0, 0}, // 10 a second under a bucket leaking 278: no slice
+		{config.FixedWindow, 0, 80, 120},
+		{config.SlidingWindowCounter, 0, 80, 120},
+		{config.SlidingWindowLog, 0, 10, 10},
+		{config.GCRA, 0, 0, 0},                    // 10 a second under a bucket leaking 278: no slice
+		{config.SlidingWindowCounter, -1, 10, 10}, // warm keys off: a period's demand
 	} {
-		t.Run(tc.alg.String(), func(t *testing.T) {
-			in := newInstances(t, 1, SliceOptions{})
+		t.Run(fmt.Sprintf("%v/warm%v", tc.alg, tc.warm), func(t *testing.T) {
+			in := newInstances(t, 1, SliceOptions{WarmThreshold: tc.warm})
 			hit := limiter.Hit{Key: "{h}:k", Algorithm: tc.alg, Limit: 1000000, Window: time.Hour, Cost: 1}
 			s := in.slices[0]
 			send := func(seconds int) {

@@ -301,8 +301,9 @@ func hotKeySettings(s *Settings) []Setting {
 			Help: "a hot key's slice holds this long of its demand and ends this long unused (window counters: see docs)",
 			Doc: "a hot key's slice is sized to this instance's demand over this period, and ends after a period unused " +
 				"(its unused units are then given back). A `sliding_window_log` slice lives at most this long and at most " +
-				"a twentieth of its window. A fixed or sliding counter's holds ten seconds of the demand at least, ends " +
-				"after the time its units take at the counter's rate unused (as a warm key's), and ends with its window at the latest",
+				"a twentieth of its window. A fixed or sliding counter's ends with its window at the latest and, while " +
+				"warm keys are on, holds ten seconds of the demand at least and ends after the time its units take at the counter's " +
+				"rate unused (as a warm key's)",
 			check: func() error {
 				return want(s.HotKeySlicePeriod >= time.Millisecond, s.HotKeySlicePeriod, "a duration of 1ms or more")
 			}},
