@@ -546,7 +546,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 		want = min(want, uint64(capacity(h))/4)
 	}
 	if h.Algorithm == config.GCRA {
-		want = min(want, gcraUsable(h, k.remaining, k.known, units))
+		want = min(want, gcraUsable(h, k.remaining, k.known, units, k.available(now)))
 	}
 	if want < 2 { // a slice of one saves nothing
 		return
@@ -588,23 +588,33 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 
 // gcraUsable is how many units of a GCRA slice of h this instance can use
 // at rate (units per second) before their emission slots start, the
-// bucket having had remaining units left at the last answer. Unit k of a
+// bucket having had remaining units left at the last answer and this
+// instance's live slices holding held units (used first). Unit k of a
 // slice is usable until its slot starts, k emission intervals after the
 // time the bucket was ahead of now when leased: at the bucket's pace or
 // faster every unit is reached in time; slower, the first ones only, and
 // none when the bucket was empty: the rest would be dropped, holding the
-// bucket for nothing.
-func gcraUsable(h limiter.Hit, remaining uint64, known bool, rate float64) uint64 {
-	interval := h.Window.Seconds() / float64(h.Limit)
-	if rate*interval >= 1 {
+// bucket for nothing. The time ahead is taken low (a unit less than the
+// answer's remaining says, less the lease's wait and the held units'
+// time), so that the estimate errs toward smaller slices.
+func gcraUsable(h limiter.Hit, remaining uint64, known bool, rate float64, held uint64) uint64 {
+	if rate*h.Window.Seconds() >= float64(h.Limit) { // not rate*interval >= 1: it rounds under 1 at the pace
 		return math.MaxUint64
 	}
-	if !known || rate == 0 {
+	if !known || rate <= 0 || h.Limit == 0 {
 		return 0
 	}
+	interval := h.Window.Seconds() / float64(h.Limit)
 	size := uint64(capacity(h))
-	ahead := float64(size-min(remaining, size)) * interval
-	return uint64(ahead / (1/rate - interval))
+	ahead := float64(size-min(remaining, size))*interval - 1*interval - leaseGather.Seconds() - float64(held)/rate
+	n := ahead / (1/rate - interval)
+	if !(n > 0) { // NaN included
+		return 0
+	}
+	if n >= math.MaxUint64 {
+		return math.MaxUint64
+	}
+	return uint64(n)
 }
 
 // spansWindow reports whether slices of alg's counters hold warmSpan of a
