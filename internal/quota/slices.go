@@ -60,8 +60,8 @@ import (
 // of its averages while the key is young: at least a period, at most what
 // minSlice units take at the warm threshold), not after a period: a key
 // at half a hit a second holds 5 units about 10 s, and one at two a second
-// pays a lease per 20 hits where it paid a Redis call per hit. The log's slice lives that long at most a twentieth
-// of its window, its period as for hot keys (recorded at its end, so the
+// pays a lease per 20 hits where it paid a Redis call per hit. The log's
+// slice lives that long at most a twentieth of its window, its period as for hot keys (recorded at its end, so the
 // log stays exact), and is not leased when that is under two hits' time;
 // the counters' and the fixed window's end with their window at the
 // latest, as hot keys'. GCRA's warm keys are not leased: their units are
@@ -172,7 +172,8 @@ var rateDecay = math.Exp(-float64(time.Second) / float64(rateTau))
 const warmForget = 0.25
 
 // warmSpan is how much of a warm key's demand its slice holds (but the
-// log's, whose slices live at most a twentieth of its window: minSlice).
+// log's, whose slices live at most a twentieth of its window: minSlice),
+// and at least how much a hot window counter's does (spansWindow).
 // Longer holds more of the limit at this instance for longer; shorter
 // costs a lease more often.
 const warmSpan = 10 * time.Second
@@ -606,7 +607,7 @@ func gcraUsable(h limiter.Hit, remaining uint64, known bool, rate float64, held 
 	}
 	interval := h.Window.Seconds() / float64(h.Limit)
 	size := uint64(capacity(h))
-	ahead := float64(size-min(remaining, size))*interval - 1*interval - leaseGather.Seconds() - float64(held)/rate
+	ahead := float64(size-min(remaining, size))*interval - interval - leaseGather.Seconds() - float64(held)/rate
 	n := ahead / (1/rate - interval)
 	if !(n > 0) { // NaN included
 		return 0

@@ -28,11 +28,11 @@ type instances struct {
 	leased atomic.Int64
 	back   atomic.Int64
 	warm   atomic.Int64
-	// warmSizes are the warm slices' sizes, in the order leased.
-	warmMu    sync.Mutex
+	// sizes are every slice's size and warmSizes the warm ones', in the
+	// order leased, under sizesMu.
+	sizesMu   sync.Mutex
+	sizes     []uint64
 	warmSizes []uint64
-	// sizes are every slice's size, in the order leased.
-	sizes []uint64
 }
 
 func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
@@ -48,15 +48,15 @@ func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
 		Local: func(n int) { in.local.Add(int64(n)) },
 		Leased: func(n uint64) {
 			in.leased.Add(int64(n))
-			in.warmMu.Lock()
-			defer in.warmMu.Unlock()
+			in.sizesMu.Lock()
+			defer in.sizesMu.Unlock()
 			in.sizes = append(in.sizes, n)
 		},
 		GivenBack: func(n uint64) { in.back.Add(int64(n)) },
 		Warm: func(n uint64) {
 			in.warm.Add(int64(n))
-			in.warmMu.Lock()
-			defer in.warmMu.Unlock()
+			in.sizesMu.Lock()
+			defer in.sizesMu.Unlock()
 			in.warmSizes = append(in.warmSizes, n)
 		},
 	}
@@ -430,9 +430,9 @@ func TestSlicesWarmKey(t *testing.T) {
 			if in.warm.Load() != in.leased.Load() {
 				t.Errorf("%d units leased, %d of them to a warm key: want only warm slices", in.leased.Load(), in.warm.Load())
 			}
-			in.warmMu.Lock()
+			in.sizesMu.Lock()
 			sizes := in.warmSizes
-			in.warmMu.Unlock()
+			in.sizesMu.Unlock()
 			for _, n := range sizes {
 				if n < tc.least || n > tc.most {
 					t.Errorf("warm slices of %v units: want %d to %d each", sizes, tc.least, tc.most)
@@ -687,9 +687,9 @@ func TestSlicesHotSpan(t *testing.T) {
 				}
 			}
 			send(40)
-			in.warmMu.Lock()
+			in.sizesMu.Lock()
 			sizes := slices.Clone(in.sizes)
-			in.warmMu.Unlock()
+			in.sizesMu.Unlock()
 			t.Logf("slices of %v units; %d hits local of 400", sizes, in.local.Load())
 			if tc.most == 0 {
 				if len(sizes) > 0 {
@@ -714,9 +714,9 @@ func TestSlicesHotSpan(t *testing.T) {
 			if in.back.Load() != 0 {
 				t.Errorf("%d units given back after a pause of 3 s: want the slice of %s of demand kept", in.back.Load(), warmSpan)
 			}
-			in.warmMu.Lock()
+			in.sizesMu.Lock()
 			leased := len(in.sizes) - leases
-			in.warmMu.Unlock()
+			in.sizesMu.Unlock()
 			if in.local.Load()-local < 19 || leased > 1 {
 				t.Errorf("after the pause, %d of 20 hits local and %d slices leased: want every hit (but one) from the live slice",
 					in.local.Load()-local, leased)
