@@ -88,7 +88,7 @@ local function parse_rule(s)
     limit = tonumber(limit),
     window = window, -- microseconds, or a calendar's edges in microseconds
     cost = cost,
-    need = math.max(cost, 1),
+    need = math.max(cost, 1), -- math.max: tests call parse_rule outside a call (see bind_math)
     burst = tonumber(burst), -- nil but for GCRA
     ahead = (tonumber(ahead) or 0) * 1000, -- a lease's, in microseconds
     shadow = code % FLAG_RECORD >= FLAG_SHADOW,
@@ -99,7 +99,9 @@ local function parse_rule(s)
     lease = false, -- a lease's { ttl (microseconds), nonce }
     settle = false, -- a settlement's { units reserved, nonce }
     string = alg ~= ALG_SLIDING_WINDOW_LOG, -- kept in a string, read by prefetch
+    charges = false, -- a charge of units (not a refund, not a check): set below
   }
+  rule.charges = not rule.refund and cost > 0
   if not rule.alg then
     error('decide: unknown algorithm in hit argument ' .. s)
   end
@@ -121,72 +123,90 @@ local function parse_rule(s)
   return rule
 end
 
--- The states of a refund, and of a hit denied again from the call's memory:
--- shared, as nothing writes to them (neither is ever committed).
+-- The state of a refund: shared, as nothing writes to it (it is never
+-- committed).
 local refunded = { admit = true, token = 0 }
-local repeated = { admit = false, token = 0 }
+
+-- The tables of a call kept for the next, as prelude.lua's are (see
+-- clear): each is read only up to where this call wrote it, but the
+-- reply, which Redis reads up to its first nil, is cut to this call's
+-- length (replied).
+local hit_rules, starts, strings, states, reply = {}, {}, {}, {}, {}
+local replied = 0
 
 local function decide(keys, args)
-  local floor = math.floor -- a library's code sees math only when it runs
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  seen, unwritten, expiries, stored, formatted = {}, {}, {}, {}, {}
-  lives, created, members = {}, {}, {}
+  begin_call()
   -- Parse every request first, to read every string counter of the batch
   -- with one MGET (see prefetch); the log's sorted sets are read one by one.
   -- Hit h (keys[h]) has the rule hit_rules[h]; request q holds hits
-  -- starts[q] to starts[q + 1] - 1.
-  -- refunds[q] is true when request q has a refund.
-  local hit_rules, starts, charges, refunds, nreq = {}, {}, {}, {}, 0
-  local strings, nstrings, listed = {}, 0, {}
+  -- starts[q] to starts[q + 1] - 1. checks[q] is true when request q only
+  -- checks, refunds[q] when it has a refund: both are rare, so their
+  -- tables are made only when needed. A string counter's key is listed once
+  -- for the MGET, marked in stored (false) until prefetch reads it.
+  local nreq = 0
+  local checks, refunds = false, false
+  local nstrings = 0
   local h, a, nargs = 0, 1, #args
   while a <= nargs do
     local n = tonumber(args[a])
     nreq = nreq + 1
-    starts[nreq], charges[nreq] = h + 1, n > 0
-    local last = a + (n > 0 and n or -n)
+    starts[nreq] = h + 1
+    if n < 0 then
+      checks = checks or {}
+      checks[nreq] = true
+      n = -n
+    end
+    local last = a + n
     for i = a + 1, last do
       local s = args[i]
       local rule = rules[s] or parse_rule(s)
       h = h + 1
       hit_rules[h] = rule
-      local key = keys[h]
-      if rule.string and not listed[key] then
-        listed[key] = true
-        nstrings = nstrings + 1
-        strings[nstrings] = key
+      if rule.string then
+        local key = keys[h]
+        if stored[key] == nil then
+          stored[key] = false
+          nstrings = nstrings + 1
+          strings[nstrings] = key
+        end
       end
       if rule.refund then
+        refunds = refunds or {}
         refunds[nreq] = true
       end
     end
     a = last + 1
   end
   starts[nreq + 1] = h + 1
-  prefetch(strings)
-  -- denied[key] is the last denial of key in this batch: a later hit of the
-  -- same rule is denied again without asking Redis, until a charge of key
-  -- changes its state. It is no second deny cache (the Go one is
-  -- internal/limiter/denycache.go): it lives for this call, in which the
-  -- clock (now) does not move and nothing else writes, so it answers
-  -- exactly what checking again would, only cheaper for a burst at one key.
-  local denied = {}
-  local states, agains = {}, {}
-  local reply, r = {}, 0
+  prefetch(strings, nstrings)
+  -- denied[key] is the last denial of key in this batch, as the state a
+  -- later hit of the same rule is given without asking Redis (again: its
+  -- answer is known), until a charge of key changes its state. It is no
+  -- second deny cache (the Go one is internal/limiter/denycache.go): it
+  -- lives for this call, in which the clock (now) does not move and nothing
+  -- else writes, so it answers exactly what checking again would, only
+  -- cheaper for a burst at one key. Made at the call's first denial.
+  local denied = false
+  local r = 0
   for q = 1, nreq do
-    local first, last, charge = starts[q], starts[q + 1] - 1, charges[q]
+    local first, last = starts[q], starts[q + 1] - 1
+    local charge = not (checks and checks[q])
     -- The request's refunds first: the checks below, and the charges they
     -- lead to, start from the state the refunds leave.
-    if refunds[q] then
+    if refunds and refunds[q] then
       for i = first, last do
         local rule = hit_rules[i]
-        if rule.settle then
-          rule.alg.settle(keys[i], rule.settle, rule.cost, rule.limit, rule.window, now)
-          denied[keys[i]] = nil
-          states[i] = refunded
-        elseif rule.refund then
-          rule.alg.refund(keys[i], rule.cost, rule.limit, rule.window, now, rule.oldest)
-          denied[keys[i]] = nil
+        if rule.settle or rule.refund then
+          if rule.settle then
+            rule.alg.settle(keys[i], rule.settle, rule.cost, rule.limit, rule.window, now)
+          else
+            rule.alg.refund(keys[i], rule.cost, rule.limit, rule.window, now, rule.oldest)
+          end
+          if denied then
+            denied[keys[i]] = nil
+          end
           states[i] = refunded
         end
       end
@@ -199,12 +219,9 @@ local function decide(keys, args)
       local rule = hit_rules[i]
       if not rule.refund then
         local key = keys[i]
-        local d = denied[key]
-        local st
-        if d and d.rule == rule then -- a denial is never of a recorded hit
-          agains[i] = d
-          st = repeated
-        else
+        local st = denied and denied[key]
+        -- A denial is never of a recorded hit, so it is never committed.
+        if not st or st.rule ~= rule then
           st = rule.alg.check(key, rule.limit, rule.window, rule.need, now, rule.burst)
         end
         states[i] = st
@@ -222,33 +239,39 @@ local function decide(keys, args)
     for i = first, last do
       local rule, key, st = hit_rules[i], keys[i], states[i]
       local alg = rule.alg
-      local charged = not rule.refund and rule.cost > 0 and (rule.record or charge and st.admit)
+      local charged = rule.charges and (rule.record or charge and st.admit)
       local remaining, reset
-      local again = agains[i]
-      if again then
-        remaining, reset = again.remaining, again.reset
+      if st.again then
+        remaining, reset = st.remaining, st.reset
       elseif rule.refund or charged and not st.admit then
         -- A refund (applied above), or a recorded cost past the limit: the
         -- state changed, so the answer is about the next unit.
-        if not rule.refund then
+        if charged then
           alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease)
-          denied[key] = nil
+          if denied then
+            denied[key] = nil
+          end
         end
         local next = alg.check(key, rule.limit, rule.window, 1, now, rule.burst)
         remaining, reset = alg.result(key, next, rule.limit, rule.window, 1, now)
       else
         if charged then
           alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease)
-          denied[key] = nil
+          if denied then
+            denied[key] = nil
+          end
         end
         remaining, reset = alg.result(key, st, rule.limit, rule.window, rule.need, now)
         if not st.admit then
-          denied[key] = { rule = rule, remaining = remaining, reset = reset }
+          denied = denied or {}
+          denied[key] = { rule = rule, remaining = remaining, reset = reset, again = true, admit = false, token = 0 }
         end
       end
-      local state = st.admit and 1 or 0
+      local state
       if charged then
         state = st.admit and 2 or 3
+      else
+        state = st.admit and 1 or 0
       end
       reply[r + 1] = state
       reply[r + 2] = floor(remaining)
@@ -258,5 +281,9 @@ local function decide(keys, args)
     end
   end
   write_all()
+  for i = r + 1, replied do
+    reply[i] = nil
+  end
+  replied = r
   return reply
 end

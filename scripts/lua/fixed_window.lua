@@ -14,13 +14,14 @@
 -- window is the one holding Redis TIME, so that instances whose clocks
 -- differ agree. Its index is its start in Unix seconds.
 local fixed_window = {}
+local fixed_window_states = new_pool()
 
 -- span returns the index, start and length of the window holding now.
 -- With edges, far off the Go side's clock (by more than a window), the
 -- nearest window stands: its expiry and reset are still its own end.
 local function span(window, now)
   if type(window) == 'number' then
-    local idx = math.floor(now / window)
+    local idx = floor(now / window)
     return idx, idx * window, window
   end
   local i = 1
@@ -32,29 +33,29 @@ end
 
 function fixed_window.check(key, limit, window, cost, now)
   local idx, start, length = span(window, now)
-  -- Every field named in the constructor: Lua then sizes the table once.
-  local st = { token = idx, elapsed = now - start, length = length, prior = seen[key],
-    used = 0, keep = false, admit = false }
-  -- st.prior: charged earlier in this call, count known
-  if st.prior then
-    st.used, st.token, st.keep = st.prior.used, st.prior.token, st.prior.keep
+  local token, used, keep = idx, 0, false
+  local prior = seen[key] -- charged earlier in this call: count known
+  if prior then
+    token, used, keep = prior.token, prior.used, prior.keep
   else
     local stored, count = parse_windows(get(key))
     if stored and stored >= idx then
       -- This window; or a later one, after Redis's clock stepped back (a
       -- failover): its count still stands, and a charge keeps its index,
       -- and its expiry (keep).
-      st.used, st.token, st.keep = count, stored, true
+      token, used, keep = stored, count, true
     end
   end
-  st.admit = st.used + cost <= limit
+  local st = take(fixed_window_states) -- every field set here
+  st.token, st.elapsed, st.length, st.used, st.keep = token, now - start, length, used, keep
+  st.admit = used + cost <= limit
   return st
 end
 
 function fixed_window.commit(key, st, limit, window, cost, now)
-  st.used = math.min(st.used + cost, max_count)
+  st.used = min(st.used + cost, max_count)
   write_later(key, string.format('%d:%d', st.token, st.used),
-    not st.keep and fmt_ttl(math.max(1, math.ceil((st.length - st.elapsed) / 1000))) or nil)
+    not st.keep and fmt_ttl(max(1, ceil((st.length - st.elapsed) / 1000))) or nil)
   seen[key] = st -- what a later check of key in this call reads
 end
 
@@ -62,7 +63,7 @@ end
 -- a count of another window is not this window's to give back.
 function fixed_window.refund(key, units, limit, window, now)
   local st = fixed_window.check(key, limit, window, 0, now)
-  local back = math.min(st.used, units)
+  local back = min(st.used, units)
   if back > 0 then
     fixed_window.commit(key, st, limit, window, -back, now)
   end
@@ -76,7 +77,7 @@ function fixed_window.undo(key, token, cost)
   if stored ~= token then
     return 0
   end
-  local back = math.min(curr, cost)
+  local back = min(curr, cost)
   if back > 0 then
     redis.call('SET', key, fmt(stored) .. ':' .. fmt(curr - back), 'KEEPTTL')
   end
@@ -88,5 +89,5 @@ function fixed_window.result(key, st, limit, window, cost, now)
   if st.used == 0 then
     return limit, 0
   end
-  return math.max(0, limit - st.used), math.max(0, st.length - st.elapsed)
+  return max(0, limit - st.used), max(0, st.length - st.elapsed)
 end

@@ -25,18 +25,18 @@ local gcra_max_debt = 100 * 365 * 24 * 3600 * 1000000
 -- gcra_mulmod returns a * b mod m, for a, b, m below 2^32: split so that no
 -- product passes 2^53, where doubles stop being exact.
 local function gcra_mulmod(a, b, m)
-  local bh = math.floor(b / 65536)
+  local bh = floor(b / 65536)
   local bl = b - bh * 65536
-  return math.fmod(math.fmod(a * bh, m) * 65536 + a * bl, m)
+  return fmod(fmod(a * bh, m) * 65536 + a * bl, m)
 end
 
 -- gcra_times returns n * T as whole microseconds and a remainder in 1/limit
 -- of a microsecond; rule holds T as rule.wq + rule.wr / rule.limit.
 local function gcra_times(rule, n)
-  local r = gcra_mulmod(math.fmod(n, rule.limit), rule.wr, rule.limit)
+  local r = gcra_mulmod(fmod(n, rule.limit), rule.wr, rule.limit)
   -- n * wr - r is a multiple of limit: the float quotient is within 2^-20
   -- of it, and rounding finds it.
-  local q = math.floor((n * rule.wr - r) / rule.limit + 0.5)
+  local q = floor((n * rule.wr - r) / rule.limit + 0.5)
   return n * rule.wq + q, r
 end
 
@@ -92,7 +92,7 @@ end
 -- gcra_setup fills rule with T split as whole microseconds and remainder.
 local function gcra_setup(rule, limit, window)
   rule.limit = limit
-  rule.wq = math.floor(window / limit)
+  rule.wq = floor(window / limit)
   rule.wr = window - rule.wq * limit
   if rule.wr < 0 then -- the float quotient rounded up
     rule.wq, rule.wr = rule.wq - 1, rule.wr + limit
@@ -160,7 +160,7 @@ function gcra.commit(key, st, limit, window, cost, now)
     -- 100 years, which denies as long as anyone waits.
     st.w, st.f, st.units = now + gcra_max_debt, 0, false
   end
-  write_later(key, string.format('%d:%d', st.w, st.f), fmt(math.max(1, math.ceil(gcra_up(st.w - now, st.f) / 1000))))
+  write_later(key, string.format('%d:%d', st.w, st.f), fmt(max(1, ceil(gcra_up(st.w - now, st.f) / 1000))))
   seen[key] = st -- its w and f are what a later check of key in this call reads
   st.token = 0
 end
@@ -172,14 +172,14 @@ local function gcra_owed_units(rule, ow, of)
     return 0
   end
   local q = (ow + of / rule.limit) / (rule.wq + rule.wr / rule.limit)
-  local k = math.ceil(q)
+  local k = ceil(q)
   -- q is owed / T in floats, a few roundings of 2^-53 each from the exact
   -- quotient: below 2^32, less than 1e-6 off. Unless it lies that close to
   -- a whole number, its ceiling is the exact one.
   if q > 0 and q < 4294967296 and k - q > 1e-4 and k - q < 1 - 1e-4 then
     return k
   end
-  k = math.max(1, k)
+  k = max(1, k)
   for _ = 1, 4 do -- the float guess is at most a unit off: settle it exactly
     local kw, kf = gcra_times(rule, k)
     if kw < ow or (kw == ow and kf < of) then
@@ -206,13 +206,13 @@ function gcra.result(key, st, limit, window, cost, now)
     return 0, st.admit and 0 or window
   end
   local rule = st.rule
-  local remaining = math.max(0, rule.burst - (st.units or gcra_owed_units(rule, st.w - now, st.f)))
+  local remaining = max(0, rule.burst - (st.units or gcra_owed_units(rule, st.w - now, st.f)))
   if st.admit then
     return remaining, gcra_up(st.w - now, st.f)
   end
   -- From the TAT as it is now (a commit may have moved it since check).
   local ow, of = gcra_add(limit, st.w - now, st.f, st.cw, st.cf)
-  return remaining, math.max(1, gcra_up(gcra_sub(limit, ow, of, rule.bw, rule.bf)))
+  return remaining, max(1, gcra_up(gcra_sub(limit, ow, of, rule.bw, rule.bf)))
 end
 
 -- refund gives back cost units of a charge on key, never past now (a
@@ -238,7 +238,7 @@ function gcra.refund(key, cost, limit, window, now)
   end
   -- Written with the call's other writes (write_all), and known to the
   -- call's later hits of key (seen), as a charge is.
-  write_later(key, fmt(nw) .. ':' .. fmt(nf), fmt(math.max(1, math.ceil(gcra_up(nw - now, nf) / 1000))))
+  write_later(key, fmt(nw) .. ':' .. fmt(nf), fmt(max(1, ceil(gcra_up(nw - now, nf) / 1000))))
   seen[key] = { w = nw, f = nf }
   return cost
 end

@@ -1,5 +1,15 @@
 -- Helpers shared by every algorithm file.
 
+-- Lua's math functions, as locals: called for every hit, they cost less
+-- as upvalues than as fields of a global. A function library sees math
+-- only when it is called, so bind_math sets them as a call begins
+-- (begin_call, and refund.lua's first line).
+local floor, ceil, min, max, fmod
+
+local function bind_math()
+  floor, ceil, min, max, fmod = math.floor, math.ceil, math.min, math.max, math.fmod
+end
+
 -- fmt renders a whole number for redis.call. Lua would print a microsecond
 -- timestamp as 1.7e+15 and lose its last digits; '%d' formats it as the
 -- integer it is (every number here is whole and below 2^53), which costs
@@ -25,7 +35,7 @@ end
 
 -- seen holds what one decide call learnt about its keys, and unwritten the
 -- window counters it charged, each written once when the call ends (these
--- tables, and stored below, are set anew by every call: a function
+-- tables, and stored below, are emptied as every call begins: a function
 -- library's locals outlive the call).
 local seen = {}
 local unwritten = {} -- key to its value
@@ -76,11 +86,66 @@ end
 -- charged is read from seen.
 local stored = {}
 
--- prefetch reads keys (distinct, each holding a string or nothing) into
--- stored, in bounded chunks: Lua's unpack has a stack limit.
-local function prefetch(keys)
-  for first = 1, #keys, 1000 do
-    local last = math.min(first + 999, #keys)
+-- clear empties t. Tables that every call fills are kept and emptied
+-- rather than made anew: that costs Lua less than making, growing (by
+-- doubling, each time moving what it holds) and collecting new ones.
+local function clear(t)
+  for k in pairs(t) do
+    t[k] = nil
+  end
+end
+
+-- A pool holds the state tables of one algorithm's checks (see take), kept
+-- across calls as the call's other tables are (see clear): a window counter
+-- is checked for nearly every hit, and a table per check was most of what
+-- a call left Lua to collect. A call takes them from the first on; at most
+-- max_pooled are kept, a larger call makes the rest.
+local pools, max_pooled = {}, 1024
+
+local function new_pool()
+  local pool = { taken = 0 }
+  pools[#pools + 1] = pool
+  return pool
+end
+
+-- take returns a state table from pool that no one else in this call
+-- holds. It keeps what it held in an earlier call: the check that takes it
+-- sets every field its algorithm reads.
+local function take(pool)
+  local n = pool.taken + 1
+  pool.taken = n
+  local st = pool[n]
+  if not st then
+    st = {}
+    if n <= max_pooled then
+      pool[n] = st
+    end
+  end
+  return st
+end
+
+-- begin_call empties the tables of the call before (see seen and stored),
+-- which an error may have left half full, and gives the pools back.
+local function begin_call()
+  bind_math()
+  for i = 1, #pools do
+    pools[i].taken = 0
+  end
+  clear(seen)
+  clear(unwritten)
+  clear(expiries)
+  clear(stored)
+  clear(formatted)
+  clear(lives)
+  clear(created)
+  clear(members)
+end
+
+-- prefetch reads the first n of keys (distinct, each holding a string or
+-- nothing) into stored, in bounded chunks: Lua's unpack has a stack limit.
+local function prefetch(keys, n)
+  for first = 1, n, 1000 do
+    local last = min(first + 999, n)
     local values = redis.call('MGET', unpack(keys, first, last))
     for i = first, last do
       stored[keys[i]] = values[i - first + 1]
@@ -142,7 +207,7 @@ local function flush_members(key)
   for k, args in pairs(members) do
     if not key or k == key then
       for first = 1, #args, 1000 do
-        redis.call('ZADD', k, unpack(args, first, math.min(first + 999, #args)))
+        redis.call('ZADD', k, unpack(args, first, min(first + 999, #args)))
       end
       members[k] = nil
     end

@@ -24,15 +24,15 @@ function reference_fixed_window.check(key, limit, window, cost, now)
     local v = get(key)
     -- A value that is not a count (nothing the reference or this code
     -- writes) counts as empty.
-    st.used, st.keep = math.max(0, tonumber(v) or 0), v ~= nil
+    st.used, st.keep = max(0, tonumber(v) or 0), v ~= nil
   end
   st.admit = st.used + cost <= limit
   return st
 end
 
 function reference_fixed_window.commit(key, st, limit, window, cost, now)
-  st.used = math.min(st.used + cost, max_count)
-  local ttl = not st.keep and fmt_ttl(math.ceil(window / 1000)) or nil
+  st.used = min(st.used + cost, max_count)
+  local ttl = not st.keep and fmt_ttl(ceil(window / 1000)) or nil
   write_later(key, fmt(st.used), ttl)
   seen[key] = st -- what a later check of key in this call reads
 end
@@ -40,7 +40,7 @@ end
 -- refund takes up to units back from the key's count, never below zero.
 function reference_fixed_window.refund(key, units, limit, window, now)
   local st = reference_fixed_window.check(key, limit, window, 0, now)
-  local back = math.min(st.used, units)
+  local back = min(st.used, units)
   if back > 0 then
     reference_fixed_window.commit(key, st, limit, window, -back, now)
   end
@@ -50,8 +50,8 @@ end
 -- window is in the key, so the token says nothing more), for refund.lua,
 -- never below zero. It returns how many units it took back.
 function reference_fixed_window.undo(key, token, cost)
-  local curr = math.max(0, tonumber(redis.call('GET', key)) or 0)
-  local back = math.min(curr, cost)
+  local curr = max(0, tonumber(redis.call('GET', key)) or 0)
+  local back = min(curr, cost)
   if back > 0 then
     redis.call('SET', key, fmt(curr - back), 'KEEPTTL')
   end
@@ -65,5 +65,5 @@ function reference_fixed_window.result(key, st, limit, window, cost, now)
   if st.used == 0 then
     return limit, 0
   end
-  return math.max(0, limit - st.used), window - now % window
+  return max(0, limit - st.used), window - now % window
 end

@@ -15,6 +15,7 @@
 -- given twice).
 -- Reply: the number of units refunded (for GCRA, the whole units of the
 -- time given back).
+bind_math()
 local refunded = 0
 local now -- Redis TIME, read once, and only when an algorithm asks
 local function clock()

@@ -12,39 +12,42 @@
 -- it weighs fully to the window's end, then, as the previous count, less and
 -- less as the sliding window leaves it behind.
 local sliding_window_counter = {}
+local sliding_window_counter_states = new_pool()
 
 function sliding_window_counter.estimate(st, elapsed)
   return st.prev * (st.window - elapsed) / st.window + st.curr
 end
 
 function sliding_window_counter.check(key, limit, window, cost, now)
-  local idx = math.floor(now / window)
-  -- Every field named in the constructor: Lua then sizes the table once.
-  local st = { token = idx, window = window, elapsed = now - idx * window,
-    prior = seen[key], prev = 0, curr = 0, keep = false, admit = false }
-  -- st.prior: charged earlier in this call, counts known
-  if st.prior then
-    st.prev, st.curr, st.token, st.keep = st.prior.prev, st.prior.curr, st.prior.token, st.prior.keep
+  local idx = floor(now / window)
+  local elapsed = now - idx * window
+  local token, curr, prev, keep = idx, 0, 0, false
+  local prior = seen[key] -- charged earlier in this call: counts known
+  if prior then
+    token, curr, prev, keep = prior.token, prior.curr, prior.prev, prior.keep
   else
-    local stored, curr, prev = parse_windows(get(key))
+    local stored, c, p = parse_windows(get(key))
     if stored and stored >= idx then
       -- This window; or a later one, after Redis's clock stepped back (a
       -- failover): its counts still stand, and a charge keeps its index,
       -- and its expiry (keep).
-      st.curr, st.prev, st.token, st.keep = curr, prev, stored, true
+      token, curr, prev, keep = stored, c, p, true
     elseif stored == idx - 1 then
-      st.prev = curr -- this window's count is new (0)
+      prev = c -- this window's count is new (0)
     end
   end
-  st.admit = sliding_window_counter.estimate(st, st.elapsed) + cost <= limit
+  local st = take(sliding_window_counter_states) -- every field set here
+  st.token, st.window, st.elapsed, st.prev, st.curr, st.keep = token, window, elapsed, prev, curr, keep
+  -- The estimate written out (see estimate): this runs for every hit.
+  st.admit = prev * (window - elapsed) / window + curr + cost <= limit
   return st
 end
 
 function sliding_window_counter.commit(key, st, limit, window, cost, now)
-  st.curr = math.min(st.curr + cost, max_count)
+  st.curr = min(st.curr + cost, max_count)
   -- This window's count is read as "previous" through the whole next window.
   write_later(key, string.format('%d:%d:%d', st.token, st.curr, st.prev),
-    not st.keep and fmt_ttl(math.ceil((2 * window - st.elapsed) / 1000)) or nil)
+    not st.keep and fmt_ttl(ceil((2 * window - st.elapsed) / 1000)) or nil)
   seen[key] = st -- what a later check of key in this call reads
 end
 
@@ -53,7 +56,7 @@ end
 -- window's to give back.
 function sliding_window_counter.refund(key, units, limit, window, now)
   local st = sliding_window_counter.check(key, limit, window, 0, now)
-  local back = math.min(st.curr, units)
+  local back = min(st.curr, units)
   if back > 0 then
     sliding_window_counter.commit(key, st, limit, window, -back, now)
   end
@@ -67,10 +70,10 @@ function sliding_window_counter.undo(key, token, cost)
   local stored, curr, prev = parse_windows(redis.call('GET', key))
   local back = 0
   if stored == token then
-    back = math.min(curr, cost)
+    back = min(curr, cost)
     curr = curr - back
   elseif stored == token + 1 then
-    back = math.min(prev, cost)
+    back = min(prev, cost)
     prev = prev - back
   end
   if back > 0 then
@@ -84,7 +87,7 @@ end
 -- with the admission formula itself, so float rounding in the solution makes
 -- the answer neither early nor late.
 local function first_fit(st, limit, cost, solved)
-  local e = math.max(solved - 2, 0)
+  local e = max(solved - 2, 0)
   for _ = 1, 8 do
     if sliding_window_counter.estimate(st, e) + cost <= limit then
       break
@@ -95,8 +98,8 @@ local function first_fit(st, limit, cost, solved)
 end
 
 function sliding_window_counter.result(key, st, limit, window, cost, now)
-  local est = sliding_window_counter.estimate(st, st.elapsed)
-  local remaining = math.max(0, math.floor(limit - est))
+  local est = st.prev * (window - st.elapsed) / window + st.curr -- estimate, written out
+  local remaining = max(0, floor(limit - est))
   if st.admit then
     -- Until both counters have aged out of the sliding window.
     if st.curr > 0 then
@@ -109,11 +112,11 @@ function sliding_window_counter.result(key, st, limit, window, cost, now)
   local need = limit - cost
   if st.curr <= need then
     -- Fits later in this window, as the previous counter's weight falls.
-    local solved = math.ceil(window * (1 - (need - st.curr) / st.prev))
-    return remaining, math.max(1, first_fit(st, limit, cost, solved) - st.elapsed)
+    local solved = ceil(window * (1 - (need - st.curr) / st.prev))
+    return remaining, max(1, first_fit(st, limit, cost, solved) - st.elapsed)
   end
   -- Fits only in the next window, where this window's count is "previous".
   local next = { window = window, prev = st.curr, curr = 0 }
-  local solved = math.ceil(window * (1 - need / st.curr))
+  local solved = ceil(window * (1 - need / st.curr))
   return remaining, window - st.elapsed + first_fit(next, limit, cost, solved)
 end

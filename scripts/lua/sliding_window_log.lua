@@ -54,7 +54,7 @@ end
 -- (the caller's), so that only the holder of the lease id can name them to
 -- settle (see settle).
 function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lease)
-  cost = math.min(cost, limit)
+  cost = min(cost, limit)
   if cost <= 0 then
     return -- a recorded cost on a limit of 0: no member, which would count as a unit
   end
@@ -67,11 +67,11 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
       args[#args + 1] = (i == 1) and base or (base .. ':' .. i)
     end
     add_later(key, args)
-    live_later(key, math.max(1, math.ceil((score + window - now) / 1000)), st.used == 0 and not st.prior)
+    live_later(key, max(1, ceil((score + window - now) / 1000)), st.used == 0 and not st.prior)
     st.used = st.used + cost
     st.token = score
     local newest = st.prior and st.prior.newest
-    st.newest = newest and math.max(newest, score) or false -- false: read it from Redis
+    st.newest = newest and max(newest, score) or false -- false: read it from Redis
     seen[key] = st
     return
   end
@@ -94,7 +94,7 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
   -- The key lives until its newest member leaves the window, set when the
   -- call ends (live_later). check found no member and this call had not
   -- charged the key: it was created just now.
-  live_later(key, math.ceil((score + window - now) / 1000), st.used == 0 and not st.prior)
+  live_later(key, ceil((score + window - now) / 1000), st.used == 0 and not st.prior)
   st.used = st.used + cost
   st.token = score -- names the members, for a refund
   st.newest = score
@@ -116,7 +116,7 @@ end
 function sliding_window_log.refund(key, units, limit, window, now, oldest)
   flush_members(key)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
-  local n = math.min(units, redis.call('ZCARD', key))
+  local n = min(units, redis.call('ZCARD', key))
   if n > 0 then
     redis.call(oldest and 'ZPOPMIN' or 'ZPOPMAX', key, fmt(n))
   end
@@ -132,7 +132,7 @@ end
 function sliding_window_log.settle(key, lease, cost, limit, window, now)
   flush_members(key)
   if lease.nonce ~= '' then
-    sliding_window_log.undo(key, 'L' .. lease.nonce, math.min(lease.reserved, limit))
+    sliding_window_log.undo(key, 'L' .. lease.nonce, min(lease.reserved, limit))
   end
   seen[key] = nil -- read again: the newest member may be gone
   if cost > 0 then
@@ -165,7 +165,7 @@ end
 -- admitted hit, until the window is empty again; for a denied one, until
 -- enough of the oldest members expire for cost to fit.
 function sliding_window_log.result(key, st, limit, window, cost, now)
-  local remaining = math.max(0, limit - st.used)
+  local remaining = max(0, limit - st.used)
   if not st.newest or not st.admit then
     flush_members(key) -- read below
   end
@@ -177,7 +177,7 @@ function sliding_window_log.result(key, st, limit, window, cost, now)
     if not newest then
       newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
     end
-    return remaining, math.max(0, newest + window - now)
+    return remaining, max(0, newest + window - now)
   end
   -- The k-th oldest member inside the window must leave before cost fits.
   local k = st.used + cost - limit
@@ -186,5 +186,5 @@ function sliding_window_log.result(key, st, limit, window, cost, now)
   if not entry[2] then
     return remaining, window
   end
-  return remaining, math.max(1, tonumber(entry[2]) + window - now)
+  return remaining, max(1, tonumber(entry[2]) + window - now)
 end
