@@ -40,7 +40,9 @@ func (c *clock) add(d time.Duration) { c.set(c.now.Add(d)) }
 func newTestLimiter(t *testing.T, start time.Time) (*Limiter, *clock) {
 	t.Helper()
 	m := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	// A dial is tried once (go-redis's default is five, 100 ms apart): the
+	// tests that stop the store wait for its failure, not for retries.
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})
 	t.Cleanup(func() { client.Close() })
 	c := &clock{m: m}
 	c.set(start)

@@ -29,7 +29,9 @@ func newFleet(t *testing.T) *fleet {
 	t.Helper()
 	f := &fleet{m: miniredis.RunT(t), now: epoch}
 	f.m.SetTime(f.now)
-	client := redis.NewClient(&redis.Options{Addr: f.m.Addr()})
+	// One dial attempt (go-redis's default is five, 100 ms apart): the tests
+	// that stop the store wait for its failure, not for retries.
+	client := redis.NewClient(&redis.Options{Addr: f.m.Addr(), DialerRetries: 1})
 	t.Cleanup(func() { client.Close() })
 	f.lim = limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(f.lim.Close)

@@ -39,7 +39,9 @@ func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
 	t.Helper()
 	in := &instances{m: miniredis.RunT(t), now: epoch}
 	in.m.SetTime(in.now)
-	client := redis.NewClient(&redis.Options{Addr: in.m.Addr()})
+	// One dial attempt (go-redis's default is five, 100 ms apart): the tests
+	// that stop the store wait for its failure, not for retries.
+	client := redis.NewClient(&redis.Options{Addr: in.m.Addr(), DialerRetries: 1})
 	t.Cleanup(func() { client.Close() })
 	in.lim = limiter.New(client, &limiter.Options{Timeout: time.Second, DenyCache: -1})
 	t.Cleanup(in.lim.Close)
