@@ -117,6 +117,9 @@ func TestAttacksSpeakHTTP2(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// Side by side: most of the cases wait for the server to close a
+			// connection, and each has connections of its own.
+			t.Parallel()
 			dialCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			legit, err := DialLegit(dialCtx, addr, Call{})
