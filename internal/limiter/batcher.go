@@ -293,14 +293,22 @@ func (a *arrivals) saw(queued time.Time) {
 }
 
 // gather adds the calls that arrive within batchLinger to batch, of hits
-// hits, until it holds lingerHits hits.
+// hits, until it holds lingerHits hits, and no later than the deadline of
+// any call in it (lingerEnd): a call sent after its caller stopped waiting
+// would be charged for a request answered by failure mode.
 func (b *batcher) gather(batch []*call, hits int) []*call {
-	t := time.NewTimer(batchLinger)
+	end := lingerEnd(time.Now(), batch)
+	t := time.NewTimer(time.Until(end))
 	defer t.Stop()
 	for hits < lingerHits {
 		select {
 		case c := <-b.calls:
+			n := len(batch)
 			batch, hits = b.add(batch, c, hits)
+			if len(batch) > n && c.deadline.Before(end) {
+				end = c.deadline
+				t.Reset(time.Until(end))
+			}
 		case <-t.C:
 			return batch
 		case <-b.stop:
@@ -308,6 +316,18 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 		}
 	}
 	return batch
+}
+
+// lingerEnd is when a batch gathered from now stops waiting: batchLinger
+// later, or at the earliest deadline of its calls.
+func lingerEnd(now time.Time, batch []*call) time.Time {
+	end := now.Add(batchLinger)
+	for _, c := range batch {
+		if c.deadline.Before(end) {
+			end = c.deadline
+		}
+	}
+	return end
 }
 
 // add appends c to batch unless its caller has already been answered (it

@@ -27,6 +27,28 @@ func TestLinger(t *testing.T) {
 	}
 }
 
+// TestLingerEnd: a batch waits batchLinger at most, and never past the
+// deadline of one of its calls.
+func TestLingerEnd(t *testing.T) {
+	now := time.Unix(1700000000, 0)
+	at := func(d time.Duration) *call { return &call{deadline: now.Add(d)} }
+	for _, tc := range []struct {
+		name  string
+		batch []*call
+		want  time.Duration // after now
+	}{
+		{"deadlines far off", []*call{at(20 * time.Millisecond), at(time.Second)}, batchLinger},
+		{"one deadline within the linger", []*call{at(20 * time.Millisecond), at(batchLinger / 4)}, batchLinger / 4},
+		{"the earliest of two within it", []*call{at(batchLinger / 2), at(batchLinger / 4)}, batchLinger / 4},
+		{"a deadline at the linger's end", []*call{at(batchLinger)}, batchLinger},
+		{"a deadline passed while collecting", []*call{at(-time.Microsecond)}, -time.Microsecond},
+	} {
+		if got := lingerEnd(now, tc.batch).Sub(now); got != tc.want {
+			t.Errorf("%s: lingers %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
 // TestArrivals: the average gap follows the pace of the calls, starts idle,
 // and one call after a pause makes a busy queue idle again.
 func TestArrivals(t *testing.T) {
