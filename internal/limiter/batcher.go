@@ -280,16 +280,19 @@ const (
 )
 
 // saw counts a call queued at queued. Calls reach the collector in about
-// the order they were queued; one queued before the latest adds no gap.
+// the order they were queued; one queued before the latest came with it,
+// a gap of none.
 func (a *arrivals) saw(queued time.Time) {
 	if a.last.IsZero() {
 		a.last, a.gap = queued, idleGap
 		return
 	}
+	var gap time.Duration
 	if queued.After(a.last) {
-		a.gap += (min(queued.Sub(a.last), idleGap) - a.gap) / arrivalWeight
+		gap = min(queued.Sub(a.last), idleGap)
 		a.last = queued
 	}
+	a.gap += (gap - a.gap) / arrivalWeight
 }
 
 // gather adds the calls that arrive within batchLinger to batch, of hits

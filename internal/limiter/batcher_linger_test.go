@@ -64,7 +64,8 @@ func TestArrivals(t *testing.T) {
 		{"a steady call every 2ms", repeat(2*time.Millisecond, 40), false},
 		{"busy, then a call after a second's pause", append(repeat(100*time.Microsecond, 40), time.Second), false},
 		{"idle, then a burst of calls 10us apart", append([]time.Duration{time.Second}, repeat(10*time.Microsecond, 40)...), true},
-		{"a call queued before the latest adds no gap", append(repeat(100*time.Microsecond, 40), -time.Millisecond), true},
+		{"a call queued before the latest counts as no gap", append(repeat(100*time.Microsecond, 40), -time.Millisecond), true},
+		{"after a pause, calls reaching the collector out of their order: busy", append([]time.Duration{time.Second}, repeat(-10*time.Microsecond, 40)...), true},
 	} {
 		var a arrivals
 		at := start
