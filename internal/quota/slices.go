@@ -230,6 +230,7 @@ type hotKey struct {
 	retryAt    time.Time   // no lease before (after one refused or failed)
 	remaining  uint64      // what the counter had left at the last lease answer
 	known      bool        // remaining is known
+	answered   time.Time   // when remaining was answered
 	rule       limiter.Hit // the hit the slices are of (Cost unset)
 }
 
@@ -520,7 +521,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 		return
 	}
 	if v != nil && !v.FailureVerdict && !v.CostExceedsLimit {
-		k.remaining, k.known = v.Remaining, true
+		k.remaining, k.known, k.answered = v.Remaining, true, now
 	}
 	if k.leasing || now.Before(k.retryAt) {
 		return
@@ -547,7 +548,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 		want = min(want, uint64(capacity(h))/4)
 	}
 	if h.Algorithm == config.GCRA {
-		want = min(want, gcraUsable(h, k.remaining, k.known, units, k.available(now)))
+		want = min(want, gcraUsable(h, k.remaining, k.known, now.Sub(k.answered), units, k.available(now)))
 	}
 	if want < 2 { // a slice of one saves nothing
 		return
@@ -589,16 +590,16 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 
 // gcraUsable is how many units of a GCRA slice of h this instance can use
 // at rate (units per second) before their emission slots start, the
-// bucket having had remaining units left at the last answer and this
-// instance's live slices holding held units (used first). Unit k of a
-// slice is usable until its slot starts, k emission intervals after the
-// time the bucket was ahead of now when leased: at the bucket's pace or
-// faster every unit is reached in time; slower, the first ones only, and
-// none when the bucket was empty: the rest would be dropped, holding the
-// bucket for nothing. The time ahead is taken low (a unit less than the
-// answer's remaining says, less the lease's wait and the held units'
-// time), so that the estimate errs toward smaller slices.
-func gcraUsable(h limiter.Hit, remaining uint64, known bool, rate float64, held uint64) uint64 {
+// bucket having had remaining units left at the last answer, since ago,
+// and this instance's live slices holding held units (used first). Unit k
+// of a slice is usable until its slot starts, k emission intervals after
+// the time the bucket was ahead of now when leased: at the bucket's pace
+// or faster every unit is reached in time; slower, the first ones only,
+// and none when the bucket was empty: the rest would be dropped, holding
+// the bucket for nothing. The time ahead is taken low (a unit less than
+// the answer's remaining says, less the time since, the lease's wait and
+// the held units' time), so that the estimate errs toward smaller slices.
+func gcraUsable(h limiter.Hit, remaining uint64, known bool, since time.Duration, rate float64, held uint64) uint64 {
 	if rate*h.Window.Seconds() >= float64(h.Limit) { // not rate*interval >= 1: it rounds under 1 at the pace
 		return math.MaxUint64
 	}
@@ -607,7 +608,7 @@ func gcraUsable(h limiter.Hit, remaining uint64, known bool, rate float64, held 
 	}
 	interval := h.Window.Seconds() / float64(h.Limit)
 	size := uint64(capacity(h))
-	ahead := float64(size-min(remaining, size))*interval - interval - leaseGather.Seconds() - float64(held)/rate
+	ahead := float64(size-min(remaining, size))*interval - interval - since.Seconds() - leaseGather.Seconds() - float64(held)/rate
 	n := ahead / (1/rate - interval)
 	if !(n > 0) { // NaN included
 		return 0
@@ -731,7 +732,7 @@ func (s *Slices) lease(l pendingLease) {
 	}
 	v := verdicts[0]
 	if !v.Admitted || !v.Charged {
-		k.remaining, k.known = v.Remaining, true
+		k.remaining, k.known, k.answered = v.Remaining, true, now
 		k.retryAt = now.Add(min(period, v.ResetAfter))
 		return
 	}
@@ -758,7 +759,7 @@ func (s *Slices) lease(l pendingLease) {
 		k.rule.Cost, k.rule.Ahead = 0, 0
 	}
 	k.slices = append(k.slices, sl)
-	k.remaining, k.known = v.Remaining, true
+	k.remaining, k.known, k.answered = v.Remaining, true, now
 	if s.observe.Leased != nil {
 		s.observe.Leased(sl.n)
 	}

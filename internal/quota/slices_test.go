@@ -737,24 +737,27 @@ func TestGCRAUsable(t *testing.T) {
 		name      string
 		remaining uint64
 		known     bool
+		since     time.Duration // since the answer
 		rate      float64
 		held      uint64
 		want      uint64
 	}{
-		{"as fast as the bucket leaks", 100, true, 100.0 / 60, 0, math.MaxUint64},
-		{"faster, with the bucket empty", 100, true, 10, 0, math.MaxUint64},
-		{"slower, with the bucket empty", 100, true, 1, 0, 0},
-		{"slower, nothing known of the bucket", 0, false, 1, 0, 0},
+		{"as fast as the bucket leaks", 100, true, 0, 100.0 / 60, 0, math.MaxUint64},
+		{"faster, with the bucket empty", 100, true, 0, 10, 0, math.MaxUint64},
+		{"slower, with the bucket empty", 100, true, 0, 1, 0, 0},
+		{"slower, nothing known of the bucket", 0, false, 0, 1, 0, 0},
 		// 0.6 s per unit ahead for each of 59 units (60 used, one less):
 		// 35.4 s, less 5 ms; a unit each second, 0.4 s later than the
 		// bucket's pace: 88 units.
-		{"slower, the bucket 60 units full", 40, true, 1, 0, 88},
-		{"slower, the bucket full", 0, true, 1, 0, 148},
-		{"slower, the bucket full, 20 units held (20 s)", 0, true, 1, 20, 98},
-		{"slower, more held than the bucket is ahead", 0, true, 1, 100, 0},
-		{"no hit in the last second", 0, true, 0, 0, 0},
+		{"slower, the bucket 60 units full", 40, true, 0, 1, 0, 88},
+		{"slower, the bucket full", 0, true, 0, 1, 0, 148},
+		{"slower, the bucket full, 20 units held (20 s)", 0, true, 0, 1, 20, 98},
+		{"slower, the bucket full when answered 20 s ago", 0, true, 20 * time.Second, 1, 0, 98},
+		{"slower, more held than the bucket is ahead", 0, true, 0, 1, 100, 0},
+		{"slower, answered longer ago than the bucket was ahead", 0, true, time.Minute, 1, 0, 0},
+		{"no hit in the last second", 0, true, 0, 0, 0, 0},
 	} {
-		if got := gcraUsable(h, tc.remaining, tc.known, tc.rate, tc.held); got != tc.want {
+		if got := gcraUsable(h, tc.remaining, tc.known, tc.since, tc.rate, tc.held); got != tc.want {
 			t.Errorf("%s: %d usable, want %d", tc.name, got, tc.want)
 		}
 	}
@@ -764,7 +767,7 @@ func TestGCRAUsable(t *testing.T) {
 // interval times the rate rounds under one, every unit is usable.
 func TestGCRAUsableAtThePace(t *testing.T) {
 	h := limiter.Hit{Algorithm: config.GCRA, Limit: 49, Window: time.Second}
-	if got := gcraUsable(h, 0, true, 49, 0); got != math.MaxUint64 {
+	if got := gcraUsable(h, 0, true, 0, 49, 0); got != math.MaxUint64 {
 		t.Errorf("at 49 a second under a bucket of 49 a second: %d usable, want all", got)
 	}
 }
