@@ -542,6 +542,19 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 		_, unitRate := k.rates()
 		want = max(want, uint64(math.Ceil(unitRate*warmSpan.Seconds())))
 	}
+	// A window counter's slices end with their window (see lease): one
+	// leased now ends with the live ones, and holds what the key's rate
+	// uses until then, no more (a fixed window's unused units die with it;
+	// a sliding counter's go back to a window counted ever less).
+	windowEnd := now
+	if spansWindow(h.Algorithm) && k.matches(&h) {
+		windowEnd = k.ends(now)
+	}
+	if windowEnd.After(now) {
+		_, unitRate := k.rates()
+		rest := uint64(math.Ceil(max(units, unitRate) * windowEnd.Sub(now).Seconds()))
+		want = min(want, max(minSlice, 2*h.Cost, rest))
+	}
 	if k.known {
 		want = min(want, k.remaining/4)
 	} else {
@@ -574,7 +587,10 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 		}
 	}
 	if hot {
-		if k.matches(&h) && k.available(now) >= want/4 && k.ends(now).After(now.Add(period/4)) {
+		// Ending within a quarter of a period, its slices run low; a window
+		// counter's end with the window, as a new one would.
+		endsSoon := !spansWindow(h.Algorithm) && !k.ends(now).After(now.Add(period/4))
+		if k.matches(&h) && k.available(now) >= want/4 && !endsSoon {
 			return
 		}
 	} else if k.matches(&h) && k.available(now) >= max(1, want/4) {

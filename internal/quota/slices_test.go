@@ -727,6 +727,39 @@ func TestSlicesHotSpan(t *testing.T) {
 	}
 }
 
+// TestSlicesFixedWindowEnd: a hot fixed window's slice holds no more than
+// what its key's rate uses before the window ends, where its units die
+// (they are not given back to a window no one reads): with windows of 10 s,
+// as long as the span of demand a slice holds, the units leased and never
+// used stay under a window's worth of demand in all.
+func TestSlicesFixedWindowEnd(t *testing.T) {
+	in := newInstances(t, 1, SliceOptions{})
+	hit := limiter.Hit{Key: "{h}:k", Algorithm: config.FixedWindow, Limit: 1000000, Window: 10 * time.Second, Cost: 1}
+	s := in.slices[0]
+	for range 60 {
+		for range 10 {
+			if v, err := s.Decide(context.Background(), []limiter.Hit{hit}); err != nil || !v[0].Admitted {
+				t.Fatalf("a hit under a limit of a million: %v, %v", v, err)
+			}
+			in.settle()
+			in.advance(100 * time.Millisecond)
+		}
+		s.turn(in.now)
+		in.settle()
+	}
+	in.sizesMu.Lock()
+	sizes := slices.Clone(in.sizes)
+	in.sizesMu.Unlock()
+	unused := in.leased.Load() - in.local.Load()
+	t.Logf("slices of %v units; %d hits local of 600; %d units leased, %d never used", sizes, in.local.Load(), in.leased.Load(), unused)
+	if in.local.Load() < 400 {
+		t.Errorf("%d hits of 600 decided from slices: want most", in.local.Load())
+	}
+	if unused > 100 {
+		t.Errorf("%d units leased and never used over six windows: want under a window's demand (100)", unused)
+	}
+}
+
 // TestGCRAUsable: a GCRA slice holds the units this instance reaches
 // before their slots start, the time the bucket is ahead taken low (a unit
 // less, the lease's 5 ms wait, the held units' time). A bucket of 100 a
