@@ -180,6 +180,11 @@ local function decide(keys, args)
     a = last + 1
   end
   starts[nreq + 1] = h + 1
+  -- The reply's length is known now (four values a hit): a call that fails
+  -- after writing part of it leaves no value past what the next call cuts.
+  if 4 * h > replied then
+    replied = 4 * h
+  end
   prefetch(strings, nstrings)
   -- denied[key] is the last denial of key in this batch, as the state a
   -- later hit of the same rule is given without asking Redis (again: its
