@@ -61,8 +61,9 @@ import (
 // minSlice units take at the warm threshold), not after a period: a key
 // at half a hit a second holds 5 units about 10 s, and one at two a second
 // pays a lease per 20 hits where it paid a Redis call per hit. The log's
-// slice lives that long at most a twentieth of its window, its period as for hot keys (recorded at its end, so the
-// log stays exact), and is not leased when that is under two hits' time;
+// slice lives that long at most a twentieth of its window, its period as
+// for hot keys (recorded at its end, so the log stays exact), and is not
+// leased when that is under two hits' time;
 // the counters' and the fixed window's end with their window at the
 // latest, as hot keys'. GCRA's warm keys are not leased: their units are
 // usable only until their emission slots start, which a key that slow
@@ -535,11 +536,11 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	spans := s.warm > 0 && spansWindow(h.Algorithm) // their life is a warm key's, which needs the warm threshold
 	// Sized in units, the hits' costs: at least two hits' worth.
 	want := max(minSlice, 2*h.Cost)
+	_, unitRate := k.rates()
 	if hot {
 		want = max(want, uint64(math.Ceil(units*period.Seconds())))
 	}
 	if spans {
-		_, unitRate := k.rates()
 		want = max(want, uint64(math.Ceil(unitRate*warmSpan.Seconds())))
 	}
 	// A window counter's slices end with their window (see lease): one
@@ -551,7 +552,6 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 		windowEnd = k.ends(now)
 	}
 	if windowEnd.After(now) {
-		_, unitRate := k.rates()
 		rest := uint64(math.Ceil(max(units, unitRate) * windowEnd.Sub(now).Seconds()))
 		want = min(want, max(minSlice, 2*h.Cost, rest))
 	}
@@ -568,17 +568,18 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	}
 	idle := period
 	if !hot || spans {
-		hits, unitRate := k.rates()
+		hits, _ := k.rates()
+		lifeRate := unitRate
 		if k.seen < hits {
 			// Young, the rate from a few hits can run high; the average
 			// of every hit, first included, over the ticks at no hit
 			// before the key was tracked runs low: the slice's life is
 			// the longer of the two, lest a quick start end it early.
-			unitRate *= k.seen / hits
+			lifeRate *= k.seen / hits
 		}
-		idle = s.warmLife(h, want, unitRate)
+		idle = s.warmLife(h, want, lifeRate)
 		if !hot && h.Algorithm == config.SlidingWindowLog {
-			if unitRate*idle.Seconds() < 2 {
+			if lifeRate*idle.Seconds() < 2 {
 				// Its life, a twentieth of the window, is under two hits'
 				// time: a lease and a give back for a hit or none.
 				return

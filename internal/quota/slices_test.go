@@ -675,19 +675,7 @@ func TestSlicesHotSpan(t *testing.T) {
 			in := newInstances(t, 1, SliceOptions{WarmThreshold: tc.warm})
 			hit := limiter.Hit{Key: "{h}:k", Algorithm: tc.alg, Limit: 1000000, Window: time.Hour, Cost: 1}
 			s := in.slices[0]
-			send := func(seconds int) {
-				for range seconds {
-					for range 10 {
-						if v, err := s.Decide(context.Background(), []limiter.Hit{hit}); err != nil || !v[0].Admitted {
-							t.Fatalf("a hit under a limit of a million: %v, %v", v, err)
-						}
-						in.settle()
-						in.advance(100 * time.Millisecond)
-					}
-					s.turn(in.now)
-					in.settle()
-				}
-			}
+			send := func(seconds int) { in.tenASecond(t, s, hit, seconds) }
 			send(40)
 			in.sizesMu.Lock()
 			sizes := slices.Clone(in.sizes)
@@ -727,16 +715,11 @@ func TestSlicesHotSpan(t *testing.T) {
 	}
 }
 
-// TestSlicesFixedWindowEnd: a hot fixed window's slice holds no more than
-// what its key's rate uses before the window ends, where its units die
-// (they are not given back to a window no one reads): with windows of 10 s,
-// as long as the span of demand a slice holds, the units leased and never
-// used stay under a window's worth of demand in all.
-func TestSlicesFixedWindowEnd(t *testing.T) {
-	in := newInstances(t, 1, SliceOptions{})
-	hit := limiter.Hit{Key: "{h}:k", Algorithm: config.FixedWindow, Limit: 1000000, Window: 10 * time.Second, Cost: 1}
-	s := in.slices[0]
-	for range 60 {
+// tenASecond sends hit through s ten times a second for seconds, each
+// admitted (its limit far above), the clock moving and s ticking as it goes.
+func (in *instances) tenASecond(t *testing.T, s *Slices, hit limiter.Hit, seconds int) {
+	t.Helper()
+	for range seconds {
 		for range 10 {
 			if v, err := s.Decide(context.Background(), []limiter.Hit{hit}); err != nil || !v[0].Admitted {
 				t.Fatalf("a hit under a limit of a million: %v, %v", v, err)
@@ -747,6 +730,17 @@ func TestSlicesFixedWindowEnd(t *testing.T) {
 		s.turn(in.now)
 		in.settle()
 	}
+}
+
+// TestSlicesFixedWindowEnd: a hot fixed window's slice holds no more than
+// what its key's rate uses before the window ends, where its units die
+// (they are not given back to a window no one reads): with windows of 10 s,
+// as long as the span of demand a slice holds, the units leased and never
+// used stay under a window's worth of demand in all.
+func TestSlicesFixedWindowEnd(t *testing.T) {
+	in := newInstances(t, 1, SliceOptions{})
+	hit := limiter.Hit{Key: "{h}:k", Algorithm: config.FixedWindow, Limit: 1000000, Window: 10 * time.Second, Cost: 1}
+	in.tenASecond(t, in.slices[0], hit, 60)
 	in.sizesMu.Lock()
 	sizes := slices.Clone(in.sizes)
 	in.sizesMu.Unlock()
