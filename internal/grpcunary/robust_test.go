@@ -559,10 +559,12 @@ func TestPingFloodThrottled(t *testing.T) {
 			if !tc.withCalls {
 				defer refusals.want(t, RefusedControlFlood)
 			}
+			// Timed from before the dial: the server's first second starts
+			// at the SETTINGS frame dialRaw sends.
+			began := time.Now()
 			rc := dialRaw(t, addr)
 			defer rc.nc.Close()
 			answered := make(chan time.Duration, 1)
-			began := time.Now()
 			go func() {
 				acks := 0
 				for {
