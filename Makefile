@@ -11,7 +11,7 @@ export PATH := $(if $(GOBIN_DIR),$(GOBIN_DIR):)$(PATH)
 # tests); go parallelises within each step.
 .NOTPARALLEL:
 
-.PHONY: run test lint build vet api clean proto tools bench bench-attacks bench-micro fuzz accuracy
+.PHONY: run test lint build vet api clean proto tools sim bench bench-attacks bench-micro fuzz accuracy
 
 ## run: serve the example config on the embedded store (gRPC :8081, HTTP :8080, admin localhost:9090)
 run:
@@ -62,6 +62,15 @@ tools:
 ## BENCH_QUICK=1: a representative subset (about a minute and a half); BENCH_FLAGS: more flags (docs/bench.md)
 bench:
 	$(GO) run ./cmd/ratelimit-bench $(BENCH_FLAGS)
+
+SIM_FOR ?= 10m
+
+## sim: the simulator of the limit's promise (internal/quota/sim_test.go): random schedules of
+## hits, refunds, leases, Resets, reloads, lost replies, failovers and restarts through several
+## instances' slices on the real Lua, SIM_FOR per algorithm (the four side by side); a failure
+## prints its seed and the schedule shrunk (replay: -sim.seed N)
+sim:
+	$(GO) test -count=1 -timeout 0 -run '^TestSimulator$$' -v ./internal/quota -sim.for $(SIM_FOR) | grep -v '^=== '
 
 ## bench-attacks: e2e TestAttack as a measurement: each HTTP/2 attack for 20 s against
 ## both gRPC servers, legitimate calls with Envoy's 50 ms deadline (docs/reliability.md)

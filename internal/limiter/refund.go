@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
@@ -80,8 +82,8 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 	}
 }
 
-// Return is a give back: Units of a charge of Hit that Token (its
-// Verdict's) names.
+// Return is a give back: Units of a slice's charge (a Hit with Ahead, for
+// the log) of Hit that Token (its Verdict's) names.
 type Return struct {
 	Hit   Hit
 	Token int64
@@ -121,8 +123,12 @@ func (l *Limiter) GiveBack(ctx context.Context, returns []Return) (uint64, error
 		for _, i := range bySlot[slot] {
 			h := returns[i].Hit
 			h.Cost = returns[i].Units
+			var token any = returns[i].Token
+			if h.Algorithm == config.SlidingWindowLog {
+				token = "A" + strconv.FormatInt(returns[i].Token, 10) // a slice's members' name (Hit.Ahead)
+			}
 			var err error
-			if args, err = refundArgs(args, &h, returns[i].Token); err != nil {
+			if args, err = refundArgs(args, &h, token); err != nil {
 				errs = append(errs, fmt.Errorf("give back: %w", err))
 				continue
 			}

@@ -113,10 +113,15 @@ type Slices struct {
 	leasesMu  sync.Mutex
 	leases    []pendingLease
 	work      sync.WaitGroup
-	ticker    sync.WaitGroup
-	stop      chan struct{}
-	once      sync.Once
-	closed    atomic.Bool
+	// later and spawn start the background work: time.AfterFunc and a
+	// goroutine counted in work, but in the simulator (sim_test.go),
+	// which owns time and the order of events.
+	later  func(time.Duration, func())
+	spawn  func(func())
+	ticker sync.WaitGroup
+	stop   chan struct{}
+	once   sync.Once
+	closed atomic.Bool
 }
 
 // SliceLedger is where slices lease from: the *limiter.Split
@@ -227,12 +232,23 @@ type hotKey struct {
 	weight     float64     // the weight of the ticks since k was tracked: 1 - rateDecay^ticks
 	after      uint8       // hits since the one that made k tracked, at most 255
 	slices     []*slice    // live, in the order leased
+	recorded   []recorded  // the log's ended slices whose members may still be ahead of Redis's now
 	leasing    bool        // a lease is on its way
+	resets     uint32      // admin Resets of the counter: a lease sent before one is not installed
 	retryAt    time.Time   // no lease before (after one refused or failed)
 	remaining  uint64      // what the counter had left at the last lease answer
 	known      bool        // remaining is known
 	answered   time.Time   // when remaining was answered
 	rule       limiter.Hit // the hit the slices are of (Cost unset)
+}
+
+// recorded is a sliding log's slice that ended, whose members (recorded
+// at its period's end) may still be ahead of Redis's now until until: a
+// Reset, which keeps the members ahead (other instances' live slices),
+// removes this instance's by name.
+type recorded struct {
+	all   limiter.Return // every unit of the slice
+	until time.Time
 }
 
 // slice is units of a counter this instance leased.
@@ -289,6 +305,8 @@ func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
 		s.shards[i].keys = make(map[string]*hotKey)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.later = func(d time.Duration, f func()) { time.AfterFunc(d, f) }
+	s.spawn = s.work.Go
 	if s.threshold > 0 && ticking {
 		s.ticker.Go(s.tick)
 	}
@@ -602,7 +620,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if h.Algorithm == config.SlidingWindowLog {
 		h.Ahead = period
 	}
-	s.queueLease(pendingLease{hit: h, period: period, idle: idle, warm: !hot})
+	s.queueLease(pendingLease{hit: h, period: period, idle: idle, warm: !hot, resets: k.resets})
 }
 
 // gcraUsable is how many units of a GCRA slice of h this instance can use
@@ -669,6 +687,7 @@ type pendingLease struct {
 	period time.Duration // the log's slices end with it; a failed lease is retried after it
 	idle   time.Duration // the slice ends after this long unused
 	warm   bool          // of a warm key
+	resets uint32        // its key's resets when it was queued
 }
 
 // leaseGather is how long a lease waits for others: sent together, they
@@ -685,7 +704,7 @@ func (s *Slices) queueLease(l pendingLease) {
 	s.leases = append(s.leases, l)
 	if len(s.leases) == 1 {
 		s.work.Add(1)
-		time.AfterFunc(leaseGather, s.sendLeases)
+		s.later(leaseGather, s.sendLeases)
 	}
 }
 
@@ -697,7 +716,7 @@ func (s *Slices) sendLeases() {
 	s.leases = nil
 	s.leasesMu.Unlock()
 	for _, l := range leases {
-		s.work.Go(func() { s.lease(l) })
+		s.spawn(func() { s.lease(l) })
 	}
 }
 
@@ -743,6 +762,13 @@ func (s *Slices) lease(l pendingLease) {
 	}
 	k.leasing = false
 	now := s.now()
+	if k.resets != l.resets {
+		// The counter was reset while the lease was on its way: its
+		// charge went to the counter before the reset (gone with it) or
+		// after (counted there). Either way its units are not this
+		// instance's to spend, nor to give back.
+		return
+	}
 	if err != nil || len(verdicts) != 1 || verdicts[0].FailureVerdict {
 		k.retryAt = now.Add(period) // the store failed: the hits say so
 		return
@@ -789,16 +815,26 @@ func (s *Slices) lease(l pendingLease) {
 // The caller holds k's shard's lock.
 func (k *hotKey) endAll(s *Slices, now time.Time) {
 	for _, sl := range k.slices {
-		s.giveBack(k.rule, sl, now)
+		s.giveBack(k, sl, now)
 	}
 	k.slices = k.slices[:0]
 }
 
-// giveBack queues the units sl did not use to be given back at the next
-// tick, with the others', when its algorithm can and they still count:
-// GCRA's unused units held slots that have passed or that later charges
-// follow; a fixed window's count is dead once its window has ended.
-func (s *Slices) giveBack(rule limiter.Hit, sl *slice, now time.Time) {
+// giveBack queues the units sl, a slice of k, did not use to be given back
+// at the next tick, with the others', when its algorithm can and they
+// still count: GCRA's unused units held slots that have passed or that
+// later charges follow; a fixed window's count is dead once its window has
+// ended. A log's slice is kept in k.recorded while its members may be
+// ahead (its period again past its end, for Redis's clock being ahead of
+// this instance's). The caller holds k's shard's lock.
+func (s *Slices) giveBack(k *hotKey, sl *slice, now time.Time) {
+	rule := k.rule
+	if rule.Algorithm == config.SlidingWindowLog {
+		k.recorded = append(k.recorded, recorded{
+			all:   limiter.Return{Hit: rule, Token: sl.token, Units: sl.n},
+			until: sl.expires.Add(sl.expires.Sub(sl.sent)),
+		})
+	}
 	left := sl.n - sl.used
 	if sl.interval > 0 || left == 0 {
 		return
@@ -875,11 +911,12 @@ func (s *Slices) turn(now time.Time) {
 				if sl.expires.After(now) && sl.used < sl.n && now.Sub(sl.lastUse) < sl.idle {
 					kept = append(kept, sl)
 				} else {
-					s.giveBack(k.rule, sl, now)
+					s.giveBack(k, sl, now)
 				}
 			}
 			clear(k.slices[len(kept):])
 			k.slices = kept
+			k.recorded = slices.DeleteFunc(k.recorded, func(r recorded) bool { return !r.until.After(now) })
 			if len(kept) > 0 {
 				live++
 			}
@@ -890,7 +927,7 @@ func (s *Slices) turn(now time.Time) {
 			if s.warm > 0 {
 				cold = k.seen < s.warm*warmForget
 			}
-			if cold && len(kept) == 0 && !k.leasing {
+			if cold && len(kept) == 0 && len(k.recorded) == 0 && !k.leasing {
 				delete(sh.keys, key)
 			}
 		}
@@ -922,16 +959,34 @@ func (s *Slices) Close() {
 }
 
 // Reset drops this instance's slices of h's counter, unused units and
-// all (the counter they were charged to is going), and deletes the counter
-// (the admin API's Reset). Other instances' slices of it live on: what
-// they give back later comes off the new count of the same window.
+// all (the counter they were charged to is going; a log's members with
+// them), and a lease of it on its way, and deletes the counter (the admin
+// API's Reset). Other instances' slices of it live on: the log keeps their
+// members (recorded ahead, see scripts/lua's reset); for the other
+// algorithms, what they give back later comes off the new count of the
+// same window.
 func (s *Slices) Reset(ctx context.Context, h limiter.Hit) (int64, error) {
 	sh := s.shard(h.Key)
 	sh.mu.Lock()
+	var own []limiter.Return // this instance's slices' log members, which the reset would keep
 	if k := sh.keys[h.Key]; k != nil {
-		k.slices, k.known = nil, false
+		for _, r := range k.recorded {
+			own = append(own, r.all)
+		}
+		for _, sl := range k.slices {
+			if k.rule.Algorithm == config.SlidingWindowLog {
+				own = append(own, limiter.Return{Hit: k.rule, Token: sl.token, Units: sl.n})
+			}
+		}
+		k.slices, k.recorded, k.known = nil, nil, false
+		k.resets++ // a lease on its way is not installed
 	}
 	sh.mu.Unlock()
+	if len(own) > 0 {
+		if _, err := s.ledger.GiveBack(ctx, own); err != nil {
+			return 0, err
+		}
+	}
 	return s.ledger.Reset(ctx, h)
 }
 

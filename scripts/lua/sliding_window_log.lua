@@ -44,7 +44,8 @@ end
 -- the slice then holds its members too, so the log stays exact. The
 -- members count from now on (check counts every member above now - window,
 -- future ones too), so the slice costs its units for ahead longer than
--- hits do.
+-- hits do. They are named "A<score>" and "A<score>:<i>", so that a Reset
+-- can tell them from a hit's (see reset.lua), and its give back names them.
 --
 -- A lease (lease = { ttl, nonce }: a seat, or a reservation to settle) is
 -- recorded at now + ttl - window, so that its members leave the window, and
@@ -84,10 +85,11 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
       score = newest + 1
     end
     local s = fmt(score)
+    local base = (ahead or 0) > 0 and ('A' .. s) or s -- a lease's: see reset.lua
     local args = {}
     for i = 1, cost do
       args[#args + 1] = s
-      args[#args + 1] = (i == 1) and s or (s .. ':' .. i)
+      args[#args + 1] = (i == 1) and base or (base .. ':' .. i)
     end
     add_later(key, args) -- written when the call ends, with the key's other charges
   end
@@ -101,8 +103,9 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
   seen[key] = st -- its used and newest are what a later check of key reads
 end
 
--- refund removes up to units of the newest members still in the window: the
--- units a recent charge took. Members that left the window are not counted
+-- refund removes up to units of the newest members still in the window, but
+-- none recorded ahead of now (a live slice's): the units a recent charge
+-- took. Members that left the window are not counted
 -- anyway, so nothing of another window is given back.
 --
 -- With oldest (refund_order: oldest) it removes the oldest members instead:
@@ -116,9 +119,21 @@ end
 function sliding_window_log.refund(key, units, limit, window, now, oldest)
   flush_members(key)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
-  local n = min(units, redis.call('ZCARD', key))
-  if n > 0 then
-    redis.call(oldest and 'ZPOPMIN' or 'ZPOPMAX', key, fmt(n))
+  if oldest then
+    local n = min(units, redis.call('ZCARD', key))
+    if n > 0 then
+      redis.call('ZPOPMIN', key, fmt(n))
+    end
+  else
+    -- The newest members up to now: those after it are a hot key's slice
+    -- (recorded at its period's end), whose units its instance still
+    -- spends.
+    local n = min(units, redis.call('ZCOUNT', key, '-inf', fmt(now)))
+    while n > 0 do
+      local gone = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'LIMIT', 0, min(n, 1000)) -- unpack's stack limit
+      redis.call('ZREM', key, unpack(gone))
+      n = n - #gone
+    end
   end
   seen[key] = nil -- read again: the newest member may be gone
 end
@@ -142,7 +157,8 @@ function sliding_window_log.settle(key, lease, cost, limit, window, now)
 end
 
 -- undo removes the members a charge of cost added, which token (the
--- charge's score, or a lease's base name "L<nonce>") names: for refund.lua
+-- charge's score, or a base name: a slice's "A<score>", a lease's
+-- "L<nonce>") names: for refund.lua
 -- and settle. It returns how many it removed.
 function sliding_window_log.undo(key, token, cost)
   local s = type(token) == 'string' and token or fmt(token)
