@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -70,6 +71,7 @@ const (
 	simLoseReply                  // the next store call's reply is lost after its write applied
 	simFailover                   // a replica n calls behind is promoted
 	simRestart                    // the store restarts empty
+	simEnvoy                      // n requests at Envoy inst, decided by its RLQS token bucket
 )
 
 type simOp struct {
@@ -99,6 +101,8 @@ func (o simOp) String() string {
 		return fmt.Sprintf("failover(lose %d)", o.n)
 	case simRestart:
 		return "restart"
+	case simEnvoy:
+		return fmt.Sprintf("envoy(e%d, %d)", o.inst, o.n)
 	}
 	return "?"
 }
@@ -110,6 +114,7 @@ type simRule struct {
 	burst     uint32
 	window    time.Duration
 	instances int
+	envoys    int // Envoys whose RLQS buckets lease from the counter, reporting every 5 s
 }
 
 type simSchedule struct {
@@ -128,6 +133,12 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 		limit:     []uint32{8, 12, 20, 40}[rng.IntN(4)],
 		window:    []time.Duration{2 * time.Second, 5 * time.Second, 10 * time.Second}[rng.IntN(3)],
 		instances: 1 + rng.IntN(3),
+		envoys:    max(0, rng.IntN(4)-1),
+	}
+	if r.envoys > 0 {
+		// RLQS suits windows longer than its lease (docs/rlqs.md): on a
+		// shorter one the counter forgets a lease before its refills.
+		r.window = []time.Duration{15 * time.Second, 30 * time.Second, time.Minute}[rng.IntN(3)]
 	}
 	if alg == config.GCRA && rng.IntN(2) == 0 {
 		r.burst = r.limit / 2
@@ -138,6 +149,9 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 	for len(ops) < 300 {
 		inst := rng.IntN(r.instances)
 		switch p := rng.IntN(1000); {
+		case p < 560 && r.envoys > 0 && rng.IntN(3) == 0:
+			ops = append(ops, simOp{kind: simEnvoy, inst: rng.IntN(r.envoys), n: 1 + uint64(rng.IntN(3))})
+			ops = append(ops, simOp{kind: simAdvance, d: time.Duration(rng.ExpFloat64() * float64(mean)).Round(time.Millisecond)})
 		case p < 560:
 			ops = append(ops, simOp{kind: simHit, inst: inst, n: 1 + uint64(rng.IntN(8)/6)})
 			ops = append(ops, simOp{kind: simAdvance, d: time.Duration(rng.ExpFloat64() * float64(mean)).Round(time.Millisecond)})
@@ -183,6 +197,7 @@ func newSimStore(t *testing.T) *simStore {
 type simKey struct {
 	name, str string
 	members   map[string]float64
+	fields    map[string]string
 	expires   time.Time // zero: none
 }
 
@@ -199,6 +214,12 @@ func (st *simStore) snapshot(now time.Time) []simKey {
 			k.members = make(map[string]float64, len(members))
 			for _, mem := range members {
 				k.members[mem], _ = st.m.ZScore(name, mem)
+			}
+		case "hash":
+			fields, _ := st.m.HKeys(name)
+			k.fields = make(map[string]string, len(fields))
+			for _, f := range fields {
+				k.fields[f] = st.m.HGet(name, f)
 			}
 		default:
 			panic("simulator: a key of type " + st.m.Type(name))
@@ -218,11 +239,16 @@ func (st *simStore) restore(keys []simKey, now time.Time) {
 		if !k.expires.IsZero() && !k.expires.After(now) {
 			continue
 		}
-		if k.members != nil {
+		switch {
+		case k.members != nil:
 			for mem, score := range k.members {
 				_, _ = st.m.ZAdd(k.name, score, mem)
 			}
-		} else {
+		case k.fields != nil:
+			for f, v := range k.fields {
+				st.m.HSet(k.name, f, v)
+			}
+		default:
 			_ = st.m.Set(k.name, k.str)
 		}
 		if !k.expires.IsZero() {
@@ -266,6 +292,8 @@ type simRun struct {
 	limit  uint32
 	now    time.Time // Redis TIME, the truth
 	slices []*Slices
+	alloc  *Allocator
+	envoys []*simEnvoyBucket
 	gather []func() // an instance's gathered leases, waiting to be sent
 	due    []time.Time
 
@@ -277,14 +305,15 @@ type simRun struct {
 	loseReply bool
 	during    []simOp // run between the next lease's write and its answer
 
-	admitted []simAdmission
-	since    int // the first admission after the last Reset or restart: the count starts again
-	faults   []simFault
-	reloads  []simReload
-	trace    []string // what happened, for a failing schedule
-	local    int      // hits decided from a slice
-	leased   uint64   // units leased
-	leases   int      // leases sent to the store
+	admitted  []simAdmission
+	since     int // the first admission after the last Reset or restart: the count starts again
+	faults    []simFault
+	reloads   []simReload
+	trace     []string // what happened, for a failing schedule
+	local     int      // hits decided from a slice
+	leased    uint64   // units leased
+	leases    int      // leases sent to the store
+	byBuckets uint64   // units Envoys' RLQS buckets admitted
 }
 
 const simKeyName = "{sim}:k"
@@ -328,6 +357,18 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		}
 	}
 	return v, nil
+}
+
+func (l simLedger) Share(ctx context.Context, req limiter.ShareRequest) (limiter.Share, error) {
+	sh, err := l.split.Share(ctx, req)
+	if err = l.r.acknowledge(0, err); err != nil {
+		return limiter.Share{}, err
+	}
+	return sh, nil
+}
+
+func (l simLedger) ConfirmShare(ctx context.Context, key, member string, window time.Duration, tokens uint64) error {
+	return l.r.acknowledge(0, l.split.ConfirmShare(ctx, key, member, window, tokens))
 }
 
 func (l simLedger) GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error) {
@@ -384,7 +425,84 @@ func newSimRun(st *simStore, s simSchedule) *simRun {
 		r.gather = append(r.gather, nil)
 		r.due = append(r.due, time.Time{})
 	}
+	r.alloc = New(simLedger{r: r, split: limiter.NewSplit(st.lim, nil)}, &Options{Now: func() time.Time { return r.now }})
+	for i := range s.rule.envoys {
+		r.envoys = append(r.envoys, &simEnvoyBucket{lease: Bucket{Member: fmt.Sprint("envoy-", i)}, seen: 1})
+	}
+	for _, e := range r.envoys {
+		r.report(e)
+	}
 	return r
+}
+
+// simEnvoyBucket is one Envoy's RLQS bucket as Envoy runs it: a token
+// bucket refilled continuously, capped, starting full when its assignment
+// changes; denying once its assignment expired (the bucket's expired
+// assignment behavior, deny).
+type simEnvoyBucket struct {
+	lease    Bucket
+	held     Assignment
+	received time.Time
+	tokens   float64
+	refilled time.Time
+	seen     uint64 // requests since the last report
+	buckets  []simBucketLife
+}
+
+// simBucketLife is a token bucket an Envoy started: its first fill is the
+// published bound's own term (docs/rlqs.md), counted while it lives and a
+// window after.
+type simBucketLife struct {
+	end   time.Time // zero: live
+	first uint64
+}
+
+// envoyServe lets n requests through Envoy e's bucket now.
+func (r *simRun) envoyServe(e *simEnvoyBucket, n uint64) uint64 {
+	live := e.held.Kind == TokenBucket && r.now.Before(e.received.Add(e.held.TTL))
+	if live {
+		rate := float64(e.held.TokensPerFill) / e.held.FillInterval.Seconds()
+		e.tokens = min(float64(e.held.MaxTokens), e.tokens+rate*r.now.Sub(e.refilled).Seconds())
+	}
+	e.refilled = r.now
+	var admitted uint64
+	for range n {
+		e.seen++
+		if live && e.tokens >= 1 {
+			e.tokens--
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// report sends Envoy e's report to the allocator and applies the answer.
+func (r *simRun) report(e *simEnvoyBucket) {
+	lim := Limit{Hits: []limiter.Hit{r.hit(0)}, ShareKey: simKeyName + ":rlqs"}
+	a, err := r.alloc.Report(context.Background(), &e.lease, lim, e.seen)
+	if err != nil {
+		return // the held assignment runs out at its time to live
+	}
+	r.trace = append(r.trace, fmt.Sprintf("  report: %+v", a))
+	e.seen = 0
+	r.envoyServe(e, 0) // refilled up to now under the old assignment
+	if a.Kind == TokenBucket && (e.held.Kind != TokenBucket || e.held.MaxTokens != a.MaxTokens ||
+		e.held.TokensPerFill != a.TokensPerFill || e.held.FillInterval != a.FillInterval ||
+		!r.now.Before(e.received.Add(e.held.TTL))) {
+		e.tokens = float64(a.MaxTokens)
+		e.endBucket(r.now)
+		e.buckets = append(e.buckets, simBucketLife{first: a.MaxTokens})
+	} else if a.Kind != TokenBucket {
+		e.endBucket(r.now)
+	}
+	e.held, e.received = a, r.now
+	_ = r.alloc.Confirm(context.Background(), &e.lease, lim)
+}
+
+func (e *simEnvoyBucket) endBucket(now time.Time) {
+	if n := len(e.buckets); n > 0 && e.buckets[n-1].end.IsZero() {
+		e.buckets[n-1].end = now
+	}
 }
 
 // close drops the instances without giving back: the next schedule
@@ -439,6 +557,12 @@ func (r *simRun) apply(o simOp) string {
 		if r.applied { // its reply lost or not
 			r.cancel(n)
 		}
+	case simEnvoy:
+		if n := r.envoyServe(r.envoys[o.inst], o.n); n > 0 {
+			r.byBuckets += n
+			r.trace = append(r.trace, fmt.Sprintf("  %d admitted by its bucket", n))
+			return r.admit(n)
+		}
 	case simAdvance:
 		r.advance(o.d)
 	case simLeases:
@@ -448,9 +572,10 @@ func (r *simRun) apply(o simOp) string {
 		// Other instances' slices live on: the log keeps their members
 		// (recorded ahead), the other algorithms' counts forget them, and
 		// each unit they held is then spent or given back uncounted.
-		var held uint64
+		// The Envoys' leases go with the count.
+		held := r.leasedAhead()
 		if r.rule.alg != config.SlidingWindowLog {
-			held = r.held(o.inst)
+			held += r.held(o.inst)
 		}
 		r.applied = false
 		_, _ = r.slices[o.inst].Reset(ctx, r.hit(0))
@@ -477,9 +602,21 @@ func (r *simRun) apply(o simOp) string {
 		r.writes = []simWrite{{}}
 		r.since = len(r.admitted)
 		// The live slices' units are still spent, and no longer counted.
-		r.faults = append(r.faults, simFault{at: r.now, units: r.held(-1)})
+		r.faults = append(r.faults, simFault{at: r.now, units: r.held(-1) + r.leasedAhead()})
 	}
 	return ""
+}
+
+// leasedAhead is the refills the Envoys' buckets were leased ahead.
+func (r *simRun) leasedAhead() uint64 {
+	var n uint64
+	for _, e := range r.envoys {
+		if b := &e.lease; b.held.Kind == TokenBucket && b.leaseEnd.After(r.now) {
+			rate := float64(b.held.TokensPerFill) / b.held.FillInterval.Seconds()
+			n += uint64(math.Ceil(rate*b.leaseEnd.Sub(r.now).Seconds()+b.carry)) + 1
+		}
+	}
+	return n
 }
 
 // held is the units the slices of every instance but except hold: live,
@@ -530,6 +667,11 @@ func (r *simRun) advance(d time.Duration) {
 			for _, s := range r.slices {
 				s.turn(r.now)
 				s.flush()
+			}
+		}
+		if r.now.Truncate(DefaultReportInterval).Equal(r.now) {
+			for _, e := range r.envoys {
+				r.report(e)
 			}
 		}
 	}
@@ -591,13 +733,6 @@ func (r *simRun) admit(n uint64) string {
 	if r.rule.alg == config.SlidingWindowCounter {
 		reach += w
 	}
-	var slack uint64
-	for _, f := range r.faults {
-		if f.at.After(r.now.Add(-reach)) {
-			slack += f.units
-		}
-	}
-	count := r.refundable() // what the window holds, less refunds
 	// Across a reload, a count holds the larger limit; a GCRA bucket, whose
 	// TAT the new rate reads, the two rules' bounds together.
 	limit, reloaded := r.limit, uint64(0)
@@ -607,6 +742,27 @@ func (r *simRun) admit(n uint64) string {
 			reloaded += uint64(bucket(r.rule.burst, l.from)) + uint64(l.from)
 		}
 	}
+	var slack uint64
+	for _, f := range r.faults {
+		if f.at.After(r.now.Add(-reach)) {
+			slack += f.units
+		}
+	}
+	// Each token bucket an Envoy held in the window lets its fill through
+	// unleased (docs/rlqs.md, "The bound"); on a fixed window, a lease made
+	// before the window's edge counts in the old window only, while its
+	// refills come in the new one.
+	if len(r.envoys) > 0 && r.rule.alg == config.FixedWindow {
+		slack += uint64(math.Ceil(float64(limit) * (DefaultLease + deliveryMargin).Seconds() / w.Seconds()))
+	}
+	for _, e := range r.envoys {
+		for _, b := range e.buckets {
+			if b.end.IsZero() || b.end.After(r.now.Add(-reach)) {
+				slack += b.first
+			}
+		}
+	}
+	count := r.refundable() // what the window holds, less refunds
 	switch r.rule.alg {
 	case config.SlidingWindowLog, config.FixedWindow:
 		if count > uint64(limit)+slack {
@@ -676,8 +832,8 @@ func shrink(st *simStore, s simSchedule, budget int) simSchedule {
 func (s simSchedule) describe(st *simStore) string {
 	v, r := simulate(st, s)
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: %v limit %d burst %d window %v, %d instances, %d events: %s\n",
-		s.seed, s.rule.alg, s.rule.limit, s.rule.burst, s.rule.window, s.rule.instances, len(s.ops), v)
+	fmt.Fprintf(&b, "seed %d: %v limit %d burst %d window %v, %d instances, %d Envoys, %d events: %s\n",
+		s.seed, s.rule.alg, s.rule.limit, s.rule.burst, s.rule.window, s.rule.instances, s.rule.envoys, len(s.ops), v)
 	for _, line := range r.trace {
 		b.WriteString(line + "\n")
 	}
@@ -685,7 +841,7 @@ func (s simSchedule) describe(st *simStore) string {
 }
 
 // simSlice is how many seeds per algorithm make test searches.
-const simSlice = 16
+const simSlice = 12
 
 // TestSimulator searches schedules of every algorithm for a decision past
 // its bound (see the simulator's comment above); on one, it prints the
@@ -705,18 +861,18 @@ func TestSimulator(t *testing.T) {
 				return
 			}
 			start := time.Now()
-			seed, n, local, leased := *simFrom, 0, 0, uint64(0)
+			seed, n, local, leased, byBuckets := *simFrom, 0, 0, uint64(0), uint64(0)
 			for ; *simFor > 0 && time.Since(start) < *simFor || *simFor == 0 && n < simSlice; seed++ {
 				n++
 				s := newSimSchedule(seed, alg)
 				v, r := simulate(st, s)
-				local, leased = local+r.local, leased+r.leased
+				local, leased, byBuckets = local+r.local, leased+r.leased, byBuckets+r.byBuckets
 				if v != "" {
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}
-			t.Logf("%d schedules (seeds %d to %d) in %v, none past its bound; %d hits decided from slices, %d units leased",
-				n, *simFrom, seed-1, time.Since(start).Round(time.Millisecond), local, leased)
+			t.Logf("%d schedules (seeds %d to %d) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets",
+				n, *simFrom, seed-1, time.Since(start).Round(time.Millisecond), local, leased, byBuckets)
 		})
 	}
 }
