@@ -1,10 +1,11 @@
 // Package quota leases parts of limits from the counters ShouldRateLimit
 // decides on: the token buckets of Envoy's Rate Limit Quota Service (RLQS,
 // Allocator), and the slices of hot keys a service instance decides from
-// itself (Slices, slices.go). Both charge the counter before a unit is
-// used, so that every reader of it counts them. It knows nothing of gRPC or
-// of Envoy's messages: a report is a number of requests seen for one
-// bucket by one Envoy, an answer an Assignment.
+// itself (Slices: slices.go decides, slicepolicy.go sizes, slicelease.go
+// leases). Both charge the counter before a unit is used, so that every
+// reader of it counts them. It knows nothing of gRPC or of Envoy's
+// messages: a report is a number of requests seen for one bucket by one
+// Envoy, an answer an Assignment.
 //
 // Two things in the store make a fleet's buckets hold one limit (see
 // docs/rlqs.md):

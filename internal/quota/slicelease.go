@@ -1,0 +1,310 @@
+package quota
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+)
+
+// A slice's lease keeps these, whatever the policy (slicepolicy.go) asks
+// for:
+//
+//   - a unit leased is charged to the counter, by the store's decision
+//     (limiter.Decide), before this instance uses it; a lease that does not
+//     fit is not made;
+//   - a unit is used only while the algorithm's bound allows (slice.expires,
+//     GCRA's slots: see Slices);
+//   - a give back returns only units this instance did not use, by the
+//     charge's token, and never a fixed window's that has ended;
+//   - a Reset ends every slice of the counter at this instance, and a lease
+//     on its way is not installed; a log's members of them are removed by
+//     name, other instances' live ones kept (scripts/lua's reset).
+//
+// What a store that forgets writes (a failover, a restart) or a Reset on
+// another instance can still add is bounded in docs/accuracy.md.
+
+// recorded is a sliding log's slice that ended, whose members (recorded
+// at its period's end) may still be ahead of Redis's now until until: a
+// Reset, which keeps the members ahead (other instances' live slices),
+// removes this instance's by name.
+type recorded struct {
+	all   limiter.Return // every unit of the slice
+	until time.Time
+}
+
+// slice is units of a counter this instance leased.
+type slice struct {
+	n, used    uint64
+	token      int64
+	sent       time.Time     // when its lease was sent
+	expires    time.Time     // no unit used from then on: where the algorithm's bound ends it
+	lastUse    time.Time     // its lease, or the last hit it decided: idle for idle, it ends
+	idle       time.Duration // a hot key's period, a warm key's units' time at its rate
+	first      time.Time     // GCRA: unit 0's deadline; unit k's is first + k*interval
+	interval   time.Duration // GCRA's emission interval; 0 for other algorithms
+	remaining  uint64        // the counter's remaining after the lease
+	windowEnd  time.Time     // fixed_window: its window has ended in Redis by then; zero otherwise
+	resetAfter time.Duration // the counter's reset after the lease
+}
+
+// available is the units k's live slices hold at now.
+func (k *hotKey) available(now time.Time) uint64 {
+	var n uint64
+	for _, sl := range k.slices {
+		n += sl.available(now)
+	}
+	return n
+}
+
+// available is the units sl holds at now; for GCRA it first drops the
+// units whose slot has started.
+func (sl *slice) available(now time.Time) uint64 {
+	if !now.Before(sl.expires) {
+		return 0
+	}
+	if sl.interval > 0 && now.After(sl.first) {
+		// Unit k is usable while now <= first + k*interval.
+		late := uint64((now.Sub(sl.first) + sl.interval - 1) / sl.interval)
+		sl.used = max(sl.used, min(late, sl.n))
+	}
+	return sl.n - sl.used
+}
+
+// take takes h's cost from k's slices, the oldest first, and answers h as
+// Redis would have at the last lease, less what this instance used since:
+// remaining is what the counter had left after the lease plus the units
+// the slices still hold; reset is the lease's, less the time since.
+func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
+	need := h.Cost
+	var last *slice
+	for _, sl := range k.slices {
+		if need == 0 {
+			break
+		}
+		got := min(sl.available(now), need)
+		sl.used += got
+		need -= got
+		if got > 0 {
+			last, sl.lastUse = sl, now
+		}
+	}
+	// The newest lease's answer counted every older slice's units as used.
+	newest := k.slices[len(k.slices)-1]
+	left := newest.available(now)
+	return limiter.Verdict{
+		Admitted:   true,
+		Charged:    true,
+		Remaining:  min(newest.remaining+left, uint64(capacity(*h))),
+		ResetAfter: max(0, last.resetAfter-now.Sub(last.sent)),
+	}
+}
+
+// pendingLease is a lease waiting to be sent with the others of its moment.
+type pendingLease struct {
+	hit    limiter.Hit
+	period time.Duration // the log's slices end with it; a failed lease is retried after it
+	idle   time.Duration // the slice ends after this long unused
+	warm   bool          // of a warm key
+	resets uint32        // its key's resets when it was queued
+}
+
+// leaseGather is how long a lease waits for others: sent together, they
+// share one store call (the batcher takes what is queued), where one by
+// one each would be a call of its own. A lease is off the request path:
+// the hits meanwhile go to the store.
+const leaseGather = 5 * time.Millisecond
+
+// queueLease queues l, and starts the gathering of the leases queued with
+// it when it is the first. The caller holds a shard's lock.
+func (s *Slices) queueLease(l pendingLease) {
+	s.leasesMu.Lock()
+	defer s.leasesMu.Unlock()
+	s.leases = append(s.leases, l)
+	if len(s.leases) == 1 {
+		s.work.Add(1)
+		s.later(leaseGather, s.sendLeases)
+	}
+}
+
+// sendLeases sends the queued leases at once, each its own request.
+func (s *Slices) sendLeases() {
+	defer s.work.Done()
+	s.leasesMu.Lock()
+	leases := s.leases
+	s.leases = nil
+	s.leasesMu.Unlock()
+	for _, l := range leases {
+		s.spawn(func() { s.lease(l) })
+	}
+}
+
+// ends is when k's last live slice ends.
+func (k *hotKey) ends(now time.Time) time.Time {
+	end := now
+	for _, sl := range k.slices {
+		if sl.expires.After(end) {
+			end = sl.expires
+		}
+	}
+	return end
+}
+
+// lease charges the counter for a slice of l.hit.Cost units and gives it
+// to the hit's key.
+func (s *Slices) lease(l pendingLease) {
+	h, period := l.hit, l.period
+	sent := s.now()
+	verdicts, err := s.ledger.Decide(s.ctx, []limiter.Hit{h})
+	sh := s.shard(h.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.keys[h.Key]
+	if k == nil { // dropped by a tick while leasing: keep it, to end the slice
+		k = &hotKey{}
+		sh.keys[h.Key] = k
+	}
+	k.leasing = false
+	now := s.now()
+	if k.resets != l.resets {
+		// The counter was reset while the lease was on its way: its
+		// charge went to the counter before the reset (gone with it) or
+		// after (counted there). Either way its units are not this
+		// instance's to spend, nor to give back.
+		return
+	}
+	if err != nil || len(verdicts) != 1 || verdicts[0].FailureVerdict {
+		k.retryAt = now.Add(period) // the store failed: the hits say so
+		return
+	}
+	v := verdicts[0]
+	if !v.Admitted || !v.Charged {
+		k.remaining, k.known, k.answered = v.Remaining, true, now
+		k.retryAt = now.Add(min(period, v.ResetAfter))
+		return
+	}
+	sl := &slice{n: h.Cost, token: v.Token, sent: sent, expires: sent.Add(period), lastUse: now, idle: l.idle,
+		remaining: v.Remaining, resetAfter: v.ResetAfter}
+	switch h.Algorithm {
+	case config.FixedWindow:
+		sl.expires = sent.Add(v.ResetAfter)
+		sl.windowEnd = now.Add(v.ResetAfter) // the charge came before its answer
+	case config.SlidingWindowCounter:
+		sl.expires = sent.Add(v.ResetAfter - h.Window)
+	case config.GCRA:
+		// The charge's slots end at the TAT, ResetAfter after the charge
+		// (rounded up to the microsecond): unit k's starts (n-k) intervals
+		// before it. The interval rounded up, and the charge's time taken
+		// as the lease's sending, make every deadline early, never late.
+		sl.interval = (h.Window + time.Duration(h.Limit) - 1) / time.Duration(h.Limit)
+		sl.first = sent.Add(v.ResetAfter - time.Microsecond - time.Duration(sl.n)*sl.interval)
+		sl.expires = sl.first.Add(time.Duration(sl.n-1) * sl.interval).Add(1)
+	}
+	if !k.matches(&h) {
+		k.endAll(s, now) // of another rule, after a reload
+		k.rule = h
+		k.rule.Cost, k.rule.Ahead = 0, 0
+	}
+	k.slices = append(k.slices, sl)
+	k.remaining, k.known, k.answered = v.Remaining, true, now
+	if s.observe.Leased != nil {
+		s.observe.Leased(sl.n)
+	}
+	if l.warm && s.observe.Warm != nil {
+		s.observe.Warm(sl.n)
+	}
+}
+
+// endAll ends every slice of k, giving back what they did not use.
+// The caller holds k's shard's lock.
+func (k *hotKey) endAll(s *Slices, now time.Time) {
+	for _, sl := range k.slices {
+		s.giveBack(k, sl, now)
+	}
+	k.slices = k.slices[:0]
+}
+
+// giveBack queues the units sl, a slice of k, did not use to be given back
+// at the next tick, with the others', when its algorithm can and they
+// still count: GCRA's unused units held slots that have passed or that
+// later charges follow; a fixed window's count is dead once its window has
+// ended. A log's slice is kept in k.recorded while its members may be
+// ahead (its period again past its end, for Redis's clock being ahead of
+// this instance's). The caller holds k's shard's lock.
+func (s *Slices) giveBack(k *hotKey, sl *slice, now time.Time) {
+	rule := k.rule
+	if rule.Algorithm == config.SlidingWindowLog {
+		k.recorded = append(k.recorded, recorded{
+			all:   limiter.Return{Hit: rule, Token: sl.token, Units: sl.n},
+			until: sl.expires.Add(sl.expires.Sub(sl.sent)),
+		})
+	}
+	left := sl.n - sl.used
+	if sl.interval > 0 || left == 0 {
+		return
+	}
+	sl.used = sl.n
+	if !sl.windowEnd.IsZero() && !now.Before(sl.windowEnd) {
+		// A fixed window's count is never read once the window has
+		// ended: giving units back to it would only cost Redis calls,
+		// for every slice of the window at once, at its end.
+		return
+	}
+	s.returnsMu.Lock()
+	s.returns = append(s.returns, limiter.Return{Hit: rule, Token: sl.token, Units: left})
+	s.returnsMu.Unlock()
+}
+
+// returnsPerCall bounds the returns one store call gives back: a call
+// holds Redis while it runs, and the decisions waiting behind it have
+// Envoy's 20 ms.
+const returnsPerCall = 32
+
+// flush gives back the queued returns, returnsPerCall at a time, each
+// chunk in one store call per hash slot.
+func (s *Slices) flush() {
+	s.returnsMu.Lock()
+	returns := s.returns
+	s.returns = nil
+	s.returnsMu.Unlock()
+	for chunk := range slices.Chunk(returns, returnsPerCall) {
+		n, _ := s.ledger.GiveBack(context.WithoutCancel(s.ctx), chunk) // a failure: the units stay counted
+		if n > 0 && s.observe.GivenBack != nil {
+			s.observe.GivenBack(n)
+		}
+	}
+}
+
+// Reset drops this instance's slices of h's counter, unused units and
+// all (the counter they were charged to is going; a log's members with
+// them), and a lease of it on its way, and deletes the counter (the admin
+// API's Reset). Other instances' slices of it live on: the log keeps their
+// members (recorded ahead, see scripts/lua's reset); for the other
+// algorithms, what they give back later comes off the new count of the
+// same window.
+func (s *Slices) Reset(ctx context.Context, h limiter.Hit) (int64, error) {
+	sh := s.shard(h.Key)
+	sh.mu.Lock()
+	var own []limiter.Return // this instance's slices' log members, which the reset would keep
+	if k := sh.keys[h.Key]; k != nil {
+		for _, r := range k.recorded {
+			own = append(own, r.all)
+		}
+		for _, sl := range k.slices {
+			if k.rule.Algorithm == config.SlidingWindowLog {
+				own = append(own, limiter.Return{Hit: k.rule, Token: sl.token, Units: sl.n})
+			}
+		}
+		k.slices, k.recorded, k.known = nil, nil, false
+		k.resets++ // a lease on its way is not installed
+	}
+	sh.mu.Unlock()
+	if len(own) > 0 {
+		if _, err := s.ledger.GiveBack(ctx, own); err != nil {
+			return 0, err
+		}
+	}
+	return s.ledger.Reset(ctx, h)
+}

@@ -1,0 +1,191 @@
+package quota
+
+import (
+	"math"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+)
+
+// Which keys get a slice, when, and how large: the policy, apart from the
+// lease (slicelease.go), which holds whatever it asks for to the limit.
+
+// warmSpan is how much of a warm key's demand its slice holds (but the
+// log's, whose slices live at most a twentieth of its window: minSlice),
+// and at least how much a hot window counter's does (spansWindow).
+// Longer holds more of the limit at this instance for longer; shorter
+// costs a lease more often.
+const warmSpan = 10 * time.Second
+
+// maybeLease starts a lease for h's key when the key is hot or warm at
+// this instance and its slices run low. A hot key's slices run low under a
+// quarter of what the next period needs, or ending within a quarter of it;
+// a warm key's when they hold under a quarter of the next slice (minSlice:
+// none left), as its slices end with their window rather than with a
+// period. v is the store's verdict of h when it decided h (nil when a
+// slice did): what the counter has left, which sizes the next slice.
+func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
+	sh := s.shard(h.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.keys[h.Key]
+	if k == nil || s.closed.Load() { // read under the lock: Close takes every shard's after setting it
+		return
+	}
+	if v != nil && !v.FailureVerdict && !v.CostExceedsLimit {
+		k.remaining, k.known, k.answered = v.Remaining, true, now
+	}
+	if k.leasing || now.Before(k.retryAt) {
+		return
+	}
+	hot := s.isHot(k)
+	if !hot && !s.isWarm(k, &h) {
+		return
+	}
+	units := float64(max(k.units, k.prevUnits)) // in the last second
+	period := s.periodOf(h)
+	spans := s.warm > 0 && spansWindow(h.Algorithm) // their life is a warm key's, which needs the warm threshold
+	// Sized in units, the hits' costs: at least two hits' worth.
+	want := max(minSlice, 2*h.Cost)
+	_, unitRate := k.rates()
+	if hot {
+		want = max(want, uint64(math.Ceil(units*period.Seconds())))
+	}
+	if spans {
+		want = max(want, uint64(math.Ceil(unitRate*warmSpan.Seconds())))
+	}
+	// A window counter's slices end with their window (see lease): one
+	// leased now ends with the live ones, and holds what the key's rate
+	// uses until then, no more (a fixed window's unused units die with it;
+	// a sliding counter's go back to a window counted ever less).
+	windowEnd := now
+	if spansWindow(h.Algorithm) && k.matches(&h) {
+		windowEnd = k.ends(now)
+	}
+	if windowEnd.After(now) {
+		rest := uint64(math.Ceil(max(units, unitRate) * windowEnd.Sub(now).Seconds()))
+		want = min(want, max(minSlice, 2*h.Cost, rest))
+	}
+	if k.known {
+		want = min(want, k.remaining/4)
+	} else {
+		want = min(want, uint64(capacity(h))/4)
+	}
+	if h.Algorithm == config.GCRA {
+		want = min(want, gcraUsable(h, k.remaining, k.known, now.Sub(k.answered), units, k.available(now)))
+	}
+	if want < 2 { // a slice of one saves nothing
+		return
+	}
+	idle := period
+	if !hot || spans {
+		hits, _ := k.rates()
+		lifeRate := unitRate
+		if k.seen < hits {
+			// Young, the rate from a few hits can run high; the average
+			// of every hit, first included, over the ticks at no hit
+			// before the key was tracked runs low: the slice's life is
+			// the longer of the two, lest a quick start end it early.
+			lifeRate *= k.seen / hits
+		}
+		idle = s.warmLife(h, want, lifeRate)
+		if !hot && h.Algorithm == config.SlidingWindowLog {
+			if lifeRate*idle.Seconds() < 2 {
+				// Its life, a twentieth of the window, is under two hits'
+				// time: a lease and a give back for a hit or none.
+				return
+			}
+			period = idle // the log's slices end with their period
+		}
+	}
+	if hot {
+		// Ending within a quarter of a period, its slices run low; a window
+		// counter's end with the window, as a new one would.
+		endsSoon := !spansWindow(h.Algorithm) && !k.ends(now).After(now.Add(period/4))
+		if k.matches(&h) && k.available(now) >= want/4 && !endsSoon {
+			return
+		}
+	} else if k.matches(&h) && k.available(now) >= max(1, want/4) {
+		return
+	}
+	k.leasing = true
+	h.Cost = want
+	if h.Algorithm == config.SlidingWindowLog {
+		h.Ahead = period
+	}
+	s.queueLease(pendingLease{hit: h, period: period, idle: idle, warm: !hot, resets: k.resets})
+}
+
+// gcraUsable is how many units of a GCRA slice of h this instance can use
+// at rate (units per second) before their emission slots start, the
+// bucket having had remaining units left at the last answer, since ago,
+// and this instance's live slices holding held units (used first). Unit k
+// of a slice is usable until its slot starts, k emission intervals after
+// the time the bucket was ahead of now when leased: at the bucket's pace
+// or faster every unit is reached in time; slower, the first ones only,
+// and none when the bucket was empty: the rest would be dropped, holding
+// the bucket for nothing. The time ahead is taken low (a unit less than
+// the answer's remaining says, less the time since, the lease's wait and
+// the held units' time), so that the estimate errs toward smaller slices.
+func gcraUsable(h limiter.Hit, remaining uint64, known bool, since time.Duration, rate float64, held uint64) uint64 {
+	if rate*h.Window.Seconds() >= float64(h.Limit) { // not rate*interval >= 1: it rounds under 1 at the pace
+		return math.MaxUint64
+	}
+	if !known || rate <= 0 || h.Limit == 0 {
+		return 0
+	}
+	interval := h.Window.Seconds() / float64(h.Limit)
+	size := uint64(capacity(h))
+	ahead := float64(size-min(remaining, size))*interval - interval - since.Seconds() - leaseGather.Seconds() - float64(held)/rate
+	n := ahead / (1/rate - interval)
+	if !(n > 0) { // NaN included
+		return 0
+	}
+	if n >= math.MaxUint64 {
+		return math.MaxUint64
+	}
+	return uint64(n)
+}
+
+// spansWindow reports whether slices of alg's counters hold warmSpan of a
+// key's demand, hot or warm: those whose slices end with their window at
+// the latest (fixed_window, sliding_window_counter). The log's slices hold
+// their units a period longer than hits do, and GCRA's units are usable
+// only until their emission slots start: theirs hold a period's demand.
+func spansWindow(alg config.Algorithm) bool {
+	return alg == config.FixedWindow || alg == config.SlidingWindowCounter
+}
+
+// warmLife is how long a warm key's slice of want units lives unused: the
+// time want units take at the key's averaged rate of units, at least a
+// period and at most what minSlice units take at the warm threshold; the
+// log's, as its period, at most a twentieth of its window (its slices hold
+// their units one period longer than hits do).
+func (s *Slices) warmLife(h limiter.Hit, want uint64, unitRate float64) time.Duration {
+	most := max(s.period, time.Duration(float64(minSlice)/s.warm*float64(time.Second)))
+	life := most
+	if unitRate > 0 {
+		life = min(most, time.Duration(float64(want)/unitRate*float64(time.Second)))
+	}
+	life = max(life, s.period)
+	if h.Algorithm == config.SlidingWindowLog {
+		life = max(time.Millisecond, min(life, h.Window/20))
+	}
+	return life
+}
+
+// minSlice is the fewest units a slice is leased with, when the quota
+// left allows: a key just past the threshold then leases a few seconds of
+// its demand at once.
+const minSlice = 4
+
+// periodOf is the period of h's slices: the log's is at most a twentieth
+// of its window, as its slices hold their units one period longer than
+// hits do (at most 5 % of the limit at a time).
+func (s *Slices) periodOf(h limiter.Hit) time.Duration {
+	if h.Algorithm == config.SlidingWindowLog {
+		return max(time.Millisecond, min(s.period, h.Window/20))
+	}
+	return s.period
+}
