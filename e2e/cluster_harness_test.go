@@ -534,6 +534,10 @@ type redisSentinel struct {
 	master     *redisProc
 	replica    *redisProc
 	sentinels  []*redisProc
+	// link carries the replica's replication from the master: closing it
+	// cuts the replica off, so that the writes the master acknowledges
+	// from then on are never replicated (a lagging replica).
+	link *delayProxy
 }
 
 // startSentinel starts a master, a replica of it, and 3 sentinels (quorum
@@ -545,15 +549,16 @@ func startSentinel(t *testing.T) *redisSentinel {
 	sentinelPath := lookPath(t, "redis-sentinel")
 	dir := t.TempDir()
 	started := time.Now()
-	ports := freePorts(t, 5)
+	ports := freePorts(t, 6)
 	s := &redisSentinel{masterName: "mymaster"}
 	// No diskless sync delay (5 s by default) before the replica's sync.
 	common := []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1"}
 	s.master = startProc(t, "master", server, ports[0],
 		append([]string{"--port", strconv.Itoa(ports[0]), "--dir", t.TempDir()}, common...)...)
+	s.link = startDelayProxy(t, ports[5], s.master.addr)
 	s.replica = startProc(t, "replica", server, ports[1],
-		append([]string{"--port", strconv.Itoa(ports[1]), "--dir", t.TempDir(), "--replicaof", "127.0.0.1", strconv.Itoa(ports[0])}, common...)...)
+		append([]string{"--port", strconv.Itoa(ports[1]), "--dir", t.TempDir(), "--replicaof", "127.0.0.1", strconv.Itoa(ports[5])}, common...)...)
 	for _, p := range []*redisProc{s.master, s.replica} {
 		p.client = redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1})
 	}
@@ -569,7 +574,7 @@ func startSentinel(t *testing.T) *redisSentinel {
 		}
 		return nil
 	})
-	for i, port := range ports[2:] {
+	for i, port := range ports[2:5] {
 		conf := filepath.Join(dir, fmt.Sprintf("sentinel-%d.conf", port))
 		writeFile(t, conf, fmt.Sprintf(`port %d
 bind 127.0.0.1
