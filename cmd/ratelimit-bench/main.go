@@ -18,14 +18,17 @@
 // (burst.go). The skewed-keys scenarios (skew.go) draw their keys Zipf or
 // uniformly, and measure envoyproxy/ratelimit itself (built with go
 // install, upstream.go) beside the service and the floor, with the Redis
-// commands per decision. Last, 50 callers contend for 5 seats of a
-// concurrency limit over two instances (seats.go). It knows the service
-// only through gRPC and /metrics.
+// commands per decision. Then the latency scenarios (latency.go) measure
+// open-loop latency at fixed offered rates below saturation, on
+// envoyproxy/ratelimit, the service and the service with slices off. Last,
+// 50 callers contend for 5 seats of a concurrency limit over two instances
+// (seats.go). It knows the service only through gRPC and /metrics.
 // The report is Markdown on stdout; progress goes to stderr. docs/bench.md
 // explains the columns.
 //
 //	ratelimit-bench [-quick] [-run REGEXP] [-duration 5s] [-warmup 1s] [-skew-warmup 20s] [-timeout 20ms]
 //	                [-conns 4] [-floor-conns 10] [-rate 0] [-rlqs-duration 20s] [-seats-duration 10s] [-envoyproxy=true]
+//	                [-latency-rates 500,1000,2000,5000,8000,10000] [-latency-warmup 5s] [-latency-duration 10s]
 //	                [-cpuprofile DIR] [-list]
 package main
 
@@ -82,6 +85,9 @@ type options struct {
 	bursts      int
 	rlqsDur     time.Duration
 	seatsDur    time.Duration
+	latRates    rateList
+	latWarmup   time.Duration
+	latDur      time.Duration
 	args        []string
 }
 
@@ -129,6 +135,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		"measured time of each RLQS run, at least 15s (three report intervals; see rlqs.go; -quick: 15s); 0: no RLQS runs")
 	fs.DurationVar(&o.seatsDur, "seats-duration", 10*time.Second,
 		"measured time of each seats run (see seats.go; -quick: 5s); 0: no seats runs")
+	o.latRates = slices.Clone(latencyRates)
+	fs.Var(&o.latRates, "latency-rates",
+		"offered rates of the latency scenarios, requests/s, comma-separated, each on three targets (see latency.go; -quick: "+
+			latencyQuickRates.String()+")")
+	fs.DurationVar(&o.latWarmup, "latency-warmup", 5*time.Second, "load before measuring, per latency scenario (-quick: 2s)")
+	fs.DurationVar(&o.latDur, "latency-duration", 10*time.Second,
+		"measured time of each latency scenario (-quick: 3s); 0: no latency scenarios")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -156,12 +169,23 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if !set["seats-duration"] {
 			o.seatsDur = 5 * time.Second
 		}
+		if !set["latency-rates"] {
+			o.latRates = slices.Clone(latencyQuickRates)
+		}
+		if !set["latency-warmup"] {
+			o.latWarmup = 2 * time.Second
+		}
+		if !set["latency-duration"] {
+			o.latDur = 3 * time.Second
+		}
 	}
 	switch {
 	case o.duration < 100*time.Millisecond:
 		return o, errors.New("-duration must be at least 100ms")
-	case o.warmup < 0 || o.skewWarmup < 0:
-		return o, errors.New("-warmup and -skew-warmup must not be negative")
+	case o.warmup < 0 || o.skewWarmup < 0 || o.latWarmup < 0:
+		return o, errors.New("-warmup, -skew-warmup and -latency-warmup must not be negative")
+	case o.latDur != 0 && o.latDur < 100*time.Millisecond:
+		return o, errors.New("-latency-duration must be 0 or at least 100ms")
 	case o.timeout <= 0:
 		return o, errors.New("-timeout must be positive")
 	case o.rate < 0:
@@ -213,7 +237,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 2
 	}
-	if len(scenarios) == 0 && len(skew) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 && len(seats) == 0 {
+	latency, err := selectLatency(o.run, o.latRates, o.latDur, o.timeout, o.upstream)
+	if err != nil {
+		fmt.Fprintln(stderr, "ratelimit-bench:", err)
+		return 2
+	}
+	targets := slices.Concat(skew, latency) // runTargets runs both, in this order
+	if len(scenarios) == 0 && len(targets) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 && len(seats) == 0 {
 		fmt.Fprintf(stderr, "ratelimit-bench: -run %q matches no scenario, RLQS run, burst or seats run (see -list)\n", o.run)
 		return 2
 	}
@@ -221,7 +251,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		for _, s := range scenarios {
 			fmt.Fprintln(stdout, s.Name())
 		}
-		for _, s := range skew {
+		for _, s := range targets {
 			fmt.Fprintln(stdout, s.Name())
 		}
 		for _, c := range rlqsCases {
@@ -235,7 +265,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	if err := bench(ctx, o, scenarios, skew, rlqsCases, bursts, seats, stdout, stderr); err != nil {
+	if err := bench(ctx, o, scenarios, targets, rlqsCases, bursts, seats, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 1
 	}
@@ -265,6 +295,7 @@ type Measurement struct {
 	Counters                    map[string]float64 // the service's failure counters over the interval (parseCounters)
 	Commands                    int64              // commands redis-server ran over the interval (INFO commandstats, less INFO)
 	Profile                     string
+	Busy                        time.Duration // a latency scenario's target after the load stopped (settle)
 }
 
 // Profile is the top of one scenario's CPU profile.
@@ -279,6 +310,7 @@ type Report struct {
 	ServiceArgs  []string // the service's command line, after its binary
 	Measurements []*Measurement
 	Skew         []*Measurement // the skewed-keys scenarios (skew.go)
+	Latency      []*Measurement // the latency scenarios (latency.go)
 	UpstreamErr  string         // why envoyproxy/ratelimit was not measured, when it was not
 	UpstreamEnv  []string       // its environment, when it ran
 	RLQS         []*RLQSRun
@@ -289,7 +321,10 @@ type Report struct {
 	Took         time.Duration
 }
 
-func bench(ctx context.Context, o options, scenarios, skew []Scenario, rlqsCases []RLQSCase, bursts []Algorithm,
+// bench runs everything selected: the matrix's scenarios, then targets
+// (the skewed-keys and latency scenarios, runTargets), the RLQS runs, the
+// bursts and the seats runs; then it writes the report.
+func bench(ctx context.Context, o options, scenarios, targets []Scenario, rlqsCases []RLQSCase, bursts []Algorithm,
 	seats []SeatsCase, stdout, stderr io.Writer) error {
 	began := time.Now()
 	root, err := moduleRoot()
@@ -323,12 +358,12 @@ func bench(ctx context.Context, o options, scenarios, skew []Scenario, rlqsCases
 		}
 	}
 	upstreamBin := o.upstreamBin
-	if upstreamBin == "" && slices.ContainsFunc(skew, Scenario.Upstream) {
+	if upstreamBin == "" && slices.ContainsFunc(targets, Scenario.Upstream) {
 		fmt.Fprintf(stderr, "building envoyproxy/ratelimit (go install %s) ...\n", upstreamModule)
 		if upstreamBin, err = buildUpstream(dir); err != nil {
 			rep.UpstreamErr = "it could not be built: " + err.Error()
 			fmt.Fprintf(stderr, "        %s: its scenarios are left out\n", rep.UpstreamErr)
-			skew = slices.DeleteFunc(skew, Scenario.Upstream)
+			targets = slices.DeleteFunc(targets, Scenario.Upstream)
 		}
 	}
 
@@ -374,10 +409,10 @@ func bench(ctx context.Context, o options, scenarios, skew []Scenario, rlqsCases
 		fmt.Fprintf(stderr, "        %s\n", m.summary())
 		rep.Measurements = append(rep.Measurements, m)
 	}
-	if len(skew) > 0 {
-		rig := skewRig{dir: dir, redisAddr: redisAddr, redis: redisProc, rdb: rdb, floor: floor, svc: svc, load: load,
+	if len(targets) > 0 {
+		rig := skewRig{dir: dir, redisAddr: redisAddr, bin: bin, redis: redisProc, rdb: rdb, floor: floor, svc: svc, load: load,
 			upstreamBin: upstreamBin, tick: tick}
-		if err := runSkew(ctx, o, rep, skew, rig, stderr); err != nil {
+		if err := runTargets(ctx, o, rep, targets, rig, stderr); err != nil {
 			return err
 		}
 	}
@@ -414,7 +449,7 @@ func bench(ctx context.Context, o options, scenarios, skew []Scenario, rlqsCases
 		fmt.Fprintf(stderr, "        %s\n", r.summary())
 		rep.Seats = append(rep.Seats, r)
 	}
-	for _, m := range slices.Concat(rep.Measurements, rep.Skew) {
+	for _, m := range slices.Concat(rep.Measurements, rep.Skew, rep.Latency) {
 		if m.Profile == "" {
 			continue
 		}
@@ -427,7 +462,7 @@ func bench(ctx context.Context, o options, scenarios, skew []Scenario, rlqsCases
 	rep.Machine.LoadAfter = loadAverage()
 	rep.Took = time.Since(began)
 	writeMarkdown(stdout, rep)
-	fmt.Fprintf(stderr, "ratelimit-bench: %d scenarios in %s\n", len(scenarios)+len(rep.Skew), rep.Took.Round(time.Second))
+	fmt.Fprintf(stderr, "ratelimit-bench: %d scenarios in %s\n", len(scenarios)+len(rep.Skew)+len(rep.Latency), rep.Took.Round(time.Second))
 	return nil
 }
 
@@ -448,6 +483,20 @@ func (s *service) target() target {
 // noCounters is the counters of a target without them.
 func noCounters() (map[string]float64, error) { return map[string]float64{}, nil }
 
+// timing is a scenario's warm-up, measured time and pace (requests/s in
+// all; 0: closed loop): a latency scenario's own, else -warmup (or
+// -skew-warmup for a skewed-keys scenario), -duration and -rate.
+func (o options) timing(s Scenario) (warmup, duration time.Duration, rate float64) {
+	switch {
+	case s.Rate > 0:
+		return o.latWarmup, o.latDur, float64(s.Rate)
+	case s.Dist != "":
+		return o.skewWarmup, o.duration, o.rate
+	default:
+		return o.warmup, o.duration, o.rate
+	}
+}
+
 // measure runs one scenario: a fresh database, warm-up, then the measured
 // interval, with the processes' CPU time, the Redis commands and the
 // target's counters read at both ends.
@@ -459,17 +508,14 @@ func measure(ctx context.Context, o options, s Scenario, newCall func(int) Class
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
 		return nil, err
 	}
-	r := StartClassed(s.Concurrency, deadline, o.rate, newCall)
+	warmup, duration, rate := o.timing(s)
+	r := StartClassed(s.Concurrency, deadline, rate, newCall)
 	stopped := false
 	defer func() {
 		if !stopped {
 			r.Stop()
 		}
 	}()
-	warmup := o.warmup
-	if s.Dist != "" {
-		warmup = o.skewWarmup
-	}
 	if err := sleep(ctx, warmup); err != nil {
 		return nil, err
 	}
@@ -481,7 +527,7 @@ func measure(ctx context.Context, o options, s Scenario, newCall func(int) Class
 	var profile chan error
 	if o.cpuprofile != "" && !s.Floor() && t.pprofAddr != "" {
 		m.Profile = filepath.Join(o.cpuprofile, strings.ReplaceAll(s.Name(), "/", "_")+".pprof")
-		secs := max(1, int(o.duration.Round(time.Second)/time.Second))
+		secs := max(1, int(duration.Round(time.Second)/time.Second))
 		profile = make(chan error, 1)
 		go func() { profile <- fetchProfile(t.pprofAddr, secs, m.Profile) }()
 	}
@@ -498,7 +544,7 @@ func measure(ctx context.Context, o options, s Scenario, newCall func(int) Class
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return nil, err
 	}
-	if err := sleep(ctx, o.duration); err != nil {
+	if err := sleep(ctx, duration); err != nil {
 		return nil, err
 	}
 	r.End()

@@ -226,42 +226,11 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		commandLine(o), o.duration, o.warmup, o.timeout, o.conns, o.floorConns, loop, rep.Took.Round(time.Second))
 	fmt.Fprintf(w, "Service: `ratelimit %s`, every other flag at its default.\n\n", strings.Join(rep.ServiceArgs, " "))
 
-	if len(rep.Measurements) == 0 {
-		writeSkew(w, rep)
-		writeRLQS(w, rep.RLQS)
-		writeBursts(w, o, rep.Bursts)
-		writeSeats(w, o, rep.Seats)
-		return
+	if len(rep.Measurements) > 0 {
+		writeMatrix(w, rep)
 	}
-	fmt.Fprintln(w, "| ! | scenario | req/s | decisions/s | p50 | p99 | deadline misses | errors | failure-mode answers | denied "+
-		"| service CPU / decision | Redis CPU / decision | Redis CPU vs floor | bench client CPU / req |")
-	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-	floors := floorsOf(rep.Measurements)
-	var marked []string
-	for _, m := range rep.Measurements {
-		mark := ""
-		if m.failed() {
-			mark = "!"
-			marked = append(marked, m.Name())
-		}
-		failures, denied, svcCPU := m.failureSummary(), percent(m.deniedShare()), us(m.svcPerDecision())
-		if m.Floor() {
-			failures, denied, svcCPU = "-", "-", "-"
-		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			mark, m.Name(), count(m.perSecond(m.Requests)), count(m.perSecond(m.Decisions)),
-			ms(m.Latency.Quantile(0.5)), ms(m.Latency.Quantile(0.99)), m.misses(), m.ErrorSummary(), failures, denied,
-			svcCPU, us(m.redisPerDecision()), floorRatio(m, floors), us(m.clientPerRequest()))
-	}
-	fmt.Fprintln(w)
-	if len(marked) == 0 {
-		fmt.Fprintf(w, "No scenario had a failure-mode answer, a store error, a gRPC error or a missed deadline (%s).\n", o.timeout)
-	} else {
-		fmt.Fprintf(w, "**%d of %d scenarios (!) had failure-mode answers, store errors, gRPC errors or missed deadlines (%s):** %s.\n",
-			len(marked), len(rep.Measurements), o.timeout, strings.Join(marked, ", "))
-	}
-	writeFloorTable(w, rep.Measurements, floors)
 	writeSkew(w, rep)
+	writeLatency(w, rep)
 	writeRLQS(w, rep.RLQS)
 	writeBursts(w, o, rep.Bursts)
 	writeSeats(w, o, rep.Seats)
@@ -269,6 +238,66 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	for _, p := range rep.Profiles {
 		fmt.Fprintf(w, "\nService CPU profile of %s (`go tool pprof -top -nodecount=%d` of %s):\n\n```\n%s\n```\n",
 			p.Scenario, o.pprofTop, p.Path, strings.TrimSpace(p.Top))
+	}
+}
+
+// writeMatrix writes the matrix's table, its marked scenarios and the
+// ratios to the floor.
+func writeMatrix(w io.Writer, rep *Report) {
+	o := rep.Options
+	fmt.Fprintln(w, "| ! | scenario | req/s | decisions/s | p50 | p99 | deadline misses | errors | failure-mode answers | denied "+
+		"| service CPU / decision | Redis CPU / decision | Redis CPU vs floor | bench client CPU / req |")
+	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	floors := floorsOf(rep.Measurements)
+	var marked []string
+	for _, m := range rep.Measurements {
+		failures, denied, svcCPU := m.failureSummary(), percent(m.deniedShare()), us(m.svcPerDecision())
+		if m.Floor() {
+			failures, denied, svcCPU = "-", "-", "-"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			markOf(m, &marked), m.Name(), count(m.perSecond(m.Requests)), count(m.perSecond(m.Decisions)),
+			ms(m.Latency.Quantile(0.5)), ms(m.Latency.Quantile(0.99)), m.misses(), m.ErrorSummary(), failures, denied,
+			svcCPU, us(m.redisPerDecision()), floorRatio(m, floors), us(m.clientPerRequest()))
+	}
+	fmt.Fprintln(w)
+	writeMarked(w, "scenario", marked, len(rep.Measurements), o.timeout)
+	writeFloorTable(w, rep.Measurements, floors)
+}
+
+// markOf is the "!" of a measurement that failed (see failed), adding its
+// name to marked; "" otherwise.
+func markOf(m *Measurement, marked *[]string) string {
+	if !m.failed() {
+		return ""
+	}
+	*marked = append(*marked, m.Name())
+	return "!"
+}
+
+// writeMarked writes the line under a table of total measurements of one
+// kind (what, singular): none marked, or which.
+func writeMarked(w io.Writer, what string, marked []string, total int, timeout time.Duration) {
+	if len(marked) == 0 {
+		fmt.Fprintf(w, "No %s had a failure-mode answer, a store error, a gRPC error or a missed deadline (%s).\n", what, timeout)
+		return
+	}
+	fmt.Fprintf(w, "**%d of %d %ss (!) had failure-mode answers, store errors, gRPC errors or missed deadlines (%s):** %s.\n",
+		len(marked), total, what, timeout, strings.Join(marked, ", "))
+}
+
+// writeMinuteEdges names the measurements of the service at its defaults
+// whose interval held a minute's start, where the skew rule's windows end.
+func writeMinuteEdges(w io.Writer, ms []*Measurement) {
+	var edges []string
+	for _, m := range ms {
+		if m.Alg == skewAlg && holdsMinuteStart(m.Start, m.Elapsed) {
+			edges = append(edges, m.Name())
+		}
+	}
+	if len(edges) > 0 {
+		fmt.Fprintf(w, "\n%s measured across a minute's start, where the rule's windows end: every slice of them ends, gives back and is "+
+			"leased again then (docs/bench.md, \"Skewed keys\").\n", strings.Join(edges, ", "))
 	}
 }
 

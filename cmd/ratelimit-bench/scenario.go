@@ -39,14 +39,16 @@ const floorAlg = "floor"
 
 // Scenario is one measured load: which rule (or the floor client), how many
 // distinct keys, how many descriptors per request, how many concurrent
-// streams. The skewed-keys scenarios (skew.go) have a Dist.
+// streams. The skewed-keys scenarios (skew.go) have a Dist, the latency
+// scenarios (latency.go) a Dist and a Rate.
 type Scenario struct {
-	Alg         string // an algorithms Name (the rule key in bench.yaml), or floorAlg; with a Dist, skewAlg or upstreamAlg
+	Alg         string // an algorithms Name (the rule key in bench.yaml), or floorAlg; with a Dist, skewAlg, upstreamAlg or noSlicesAlg
 	Keys        int    // 1 (one hot key) or keyspace10k; with a Dist, the keys it draws from
 	Denied      bool   // the *_denied rule (limit 1 per minute) instead of a limit far above the load
 	Descriptors int    // descriptors per request, each its own counter
 	Concurrency int    // workers, each with one request in flight
 	Dist        string // "" (the matrix: one hot key, or uniform over Keys), or distZipf or distUniform (skew.go)
+	Rate        int    // 0: closed loop (or -rate); else the requests/s its Concurrency workers are paced to (latency.go)
 }
 
 // Floor reports whether s is driven by the floor client instead of the
@@ -79,8 +81,12 @@ func modeName(denied bool) string {
 
 // Name is the scenario's name in tables and in -run: alg/keys/mode/desc/conc,
 // e.g. log/hot/allowed/1d/c200; a floor has no mode: floor/hot/1d/c200; a
-// skewed-keys scenario is dist/target/desc/conc, e.g. zipf/service/1d/c64.
+// skewed-keys scenario is dist/target/desc/conc, e.g. zipf/service/1d/c64;
+// a latency scenario latency/<rate>rps/target, e.g. latency/1000rps/service.
 func (s Scenario) Name() string {
+	if s.Rate > 0 {
+		return fmt.Sprintf("latency/%drps/%s", s.Rate, targetName(s.Alg))
+	}
 	if s.Dist != "" {
 		return fmt.Sprintf("%s/%s/%dd/c%d", s.Dist, targetName(s.Alg), s.Descriptors, s.Concurrency)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -107,11 +108,19 @@ func (s Scenario) UpstreamOf() Scenario {
 }
 
 // selectSkew returns the skewed-keys scenarios whose name matches run (all
-// when run is empty). A selected service scenario brings its floor (with
-// floors) and its envoyproxy/ratelimit scenario (with upstreams) before it,
-// as a matrix scenario brings its floor; without them, they are left out
-// even when run matches them.
+// when run is empty), -quick's with quick (see selectTargets).
 func selectSkew(quick bool, run string, floors, upstreams bool) ([]Scenario, error) {
+	return selectTargets(skewScenarios(quick), run, floors, upstreams)
+}
+
+// selectTargets returns the scenarios of list whose name matches run (all
+// when run is empty). A selected scenario of the service (at its defaults
+// or with slices off) brings the floor (with floors) and the
+// envoyproxy/ratelimit scenario (with upstreams) of its keys and rate
+// before it, when list has them, as a matrix scenario brings its floor;
+// without floors or upstreams, they are left out even when run matches
+// them.
+func selectTargets(list []Scenario, run string, floors, upstreams bool) ([]Scenario, error) {
 	re, err := regexp.Compile(run)
 	if err != nil {
 		return nil, fmt.Errorf("-run: %w", err)
@@ -125,13 +134,16 @@ func selectSkew(quick bool, run string, floors, upstreams bool) ([]Scenario, err
 			have[s] = true
 		}
 	}
-	for _, s := range skewScenarios(quick) {
+	for _, s := range list {
 		if !re.MatchString(s.Name()) {
 			continue
 		}
-		if s.Alg == skewAlg {
-			add(s.FloorOf())
-			add(s.UpstreamOf())
+		if !s.Floor() && !s.Upstream() {
+			for _, ref := range []Scenario{s.FloorOf(), s.UpstreamOf()} {
+				if slices.Contains(list, ref) {
+					add(ref)
+				}
+			}
 		}
 		add(s)
 	}
@@ -211,11 +223,13 @@ func (f *floorClient) skewCaller(s Scenario) func(w int) ClassedCall {
 	}
 }
 
-// skewRig is what the skewed-keys scenarios run on: the bench's Redis,
-// floor client and service, and envoyproxy/ratelimit's binary ("" when it
-// could not be built).
+// skewRig is what the skewed-keys and latency scenarios run on: the
+// bench's Redis, floor client and service, the service's binary (for the
+// one with slices off) and envoyproxy/ratelimit's ("" when it could not be
+// built).
 type skewRig struct {
 	dir, redisAddr string
+	bin            string
 	redis          *process
 	rdb            *redis.Client
 	floor          *floorClient
@@ -225,21 +239,29 @@ type skewRig struct {
 	tick           float64
 }
 
-// runSkew measures the skewed-keys scenarios, adding them to rep.Skew.
-// envoyproxy/ratelimit is started before its first scenario and stopped
-// after the last; when it cannot be started, or fails during a scenario,
-// rep.UpstreamErr says why and its remaining scenarios are left out. The
-// other targets' scenarios run whatever happens to it.
-func runSkew(ctx context.Context, o options, rep *Report, list []Scenario, rig skewRig, stderr io.Writer) error {
+// runTargets measures the skewed-keys and the latency scenarios, adding
+// them to rep.Skew and rep.Latency. envoyproxy/ratelimit is started before
+// its first scenario and stopped after the last; when it cannot be
+// started, or fails during a scenario, rep.UpstreamErr says why and its
+// remaining scenarios are left out. The other targets' scenarios run
+// whatever happens to it. The service with slices off is started before
+// its first scenario and stopped after the last.
+func runTargets(ctx context.Context, o options, rep *Report, list []Scenario, rig skewRig, stderr io.Writer) error {
 	reqs := map[string][]*rlsv3.RateLimitRequest{}
 	var up *upstream
-	var upLoad *Load
+	var upLoad, offLoad *Load
+	var off *service
 	defer func() {
-		if upLoad != nil {
-			upLoad.Close()
+		for _, l := range []*Load{upLoad, offLoad} {
+			if l != nil {
+				l.Close()
+			}
 		}
 		if up != nil {
 			up.stop(5 * time.Second)
+		}
+		if off != nil {
+			off.stop(15 * time.Second)
 		}
 	}()
 	upstreamFailed := func(err error) {
@@ -274,6 +296,18 @@ func runSkew(ctx context.Context, o options, rep *Report, list []Scenario, rig s
 				}
 			}
 			newCall, t = upLoad.skewCaller(s, reqs[s.Dist]), target{proc: up.process}
+		case s.Alg == noSlicesAlg:
+			if off == nil {
+				var err error
+				args := slices.Concat(o.svcArgs, noSlicesArgs)
+				if off, _, err = startService(rig.bin, rig.dir, o.configPath, rig.redisAddr, args, o.svcEnv, o.cpuprofile != ""); err != nil {
+					return fmt.Errorf("%s: %w", s.Name(), err)
+				}
+				if offLoad, err = dial(ctx, off.grpcAddr, o.conns); err != nil {
+					return err
+				}
+			}
+			newCall, t = offLoad.skewCaller(s, reqs[s.Dist]), off.target()
 		default:
 			newCall = rig.load.skewCaller(s, reqs[s.Dist])
 		}
@@ -286,7 +320,17 @@ func runSkew(ctx context.Context, o options, rep *Report, list []Scenario, rig s
 			return fmt.Errorf("%s: %w", s.Name(), err)
 		}
 		fmt.Fprintf(stderr, "        %s\n", m.summary())
-		rep.Skew = append(rep.Skew, m)
+		if s.Rate == 0 {
+			rep.Skew = append(rep.Skew, m)
+			continue
+		}
+		if m.Busy, err = settle(ctx, t.proc.pid(), rig.tick); err != nil {
+			return fmt.Errorf("%s: %w", s.Name(), err)
+		}
+		if m.Busy > 0 {
+			fmt.Fprintf(stderr, "        %s stayed busy %s after its load stopped\n", targetName(s.Alg), m.Busy)
+		}
+		rep.Latency = append(rep.Latency, m)
 	}
 	return nil
 }
@@ -363,11 +407,6 @@ func writeSkew(w io.Writer, rep *Report) {
 	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	var marked []string
 	for _, m := range rep.Skew {
-		mark := ""
-		if m.failed() {
-			mark = "!"
-			marked = append(marked, m.Name())
-		}
 		failures, denied, svcCPU, vsFloor := m.failureSummary(), percent(m.deniedShare()), us(m.svcPerDecision()), "-"
 		switch {
 		case m.Floor():
@@ -379,27 +418,12 @@ func writeSkew(w io.Writer, rep *Report) {
 			vsFloor = ratio(float64(m.redisPerDecision()), float64(f.redisPerDecision()))
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %s |\n",
-			mark, m.Name(), count(m.perSecond(m.Decisions)), ms(m.Latency.Quantile(0.5)), ms(m.Latency.Quantile(0.99)),
+			markOf(m, &marked), m.Name(), count(m.perSecond(m.Decisions)), ms(m.Latency.Quantile(0.5)), ms(m.Latency.Quantile(0.99)),
 			m.misses(), m.ErrorSummary(), failures, denied, svcCPU, us(m.redisPerDecision()), m.commandsPerDecision(), vsFloor)
 	}
 	fmt.Fprintln(w)
-	if len(marked) == 0 {
-		fmt.Fprintf(w, "No skewed-keys scenario had a failure-mode answer, a store error, a gRPC error or a missed deadline (%s).\n", o.timeout)
-	} else {
-		fmt.Fprintf(w, "**%d of %d skewed-keys scenarios (!) had failure-mode answers, store errors, gRPC errors or missed deadlines (%s):** %s.\n",
-			len(marked), len(rep.Skew), o.timeout, strings.Join(marked, ", "))
-	}
-
-	var edges []string
-	for _, m := range rep.Skew {
-		if m.Alg == skewAlg && holdsMinuteStart(m.Start, m.Elapsed) {
-			edges = append(edges, m.Name())
-		}
-	}
-	if len(edges) > 0 {
-		fmt.Fprintf(w, "\n%s measured across a minute's start, where the rule's windows end: every slice of them ends, gives back and is "+
-			"leased again then (docs/bench.md, \"Skewed keys\").\n", strings.Join(edges, ", "))
-	}
+	writeMarked(w, "skewed-keys scenario", marked, len(rep.Skew), o.timeout)
+	writeMinuteEdges(w, rep.Skew)
 
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "The service relative to envoyproxy/ratelimit (its figure divided by the reference's) and to the floor, per decision, in this run:")
