@@ -53,12 +53,17 @@ func checkAlgorithms(hits []Hit) error {
 // lua.FlagShadow for a shadow hit, lua.FlagRecord for a cost recorded even
 // when it does not fit, lua.FlagRefund for a refund (with lua.FlagOldest
 // when it gives back the oldest units first), and lua.FlagQuota for a quota
-// hit. With quotas false, a quota hit goes as a shadow hit.
-func hitCode(h *Hit, d *algorithm.Descriptor, quotas bool) int {
-	code := d.ID
+// hit, with its group times lua.QuotaGroupUnit, and lua.FlagQuotaOver when
+// quotas (the request's rule before the store) has its quota over. With
+// quotas nil, a quota hit goes as a shadow hit.
+func hitCode(h *Hit, d *algorithm.Descriptor, quotas *requestRule) int64 {
+	code := int64(d.ID)
 	switch {
-	case h.quota() && quotas:
-		code += lua.FlagQuota
+	case h.quota() && quotas != nil:
+		code += lua.FlagQuota + int64(h.QuotaGroup)*lua.QuotaGroupUnit
+		if quotas.quotaOver(h.QuotaGroup) {
+			code += lua.FlagQuotaOver
+		}
 	case h.Shadow, h.quota():
 		code += lua.FlagShadow
 	}
@@ -86,13 +91,13 @@ func hitCode(h *Hit, d *algorithm.Descriptor, quotas bool) int {
 // decide.lua parses each distinct string once. A calendar's window is the
 // edges of the windows around now instead of a length (see
 // config.Calendar.Edges): the script picks the one holding Redis TIME.
-func hitArg(h *Hit, quotas bool, now time.Time) (string, error) {
+func hitArg(h *Hit, quotas *requestRule, now time.Time) (string, error) {
 	d, err := describe(h.Algorithm)
 	if err != nil {
 		return "", err
 	}
 	var b [96]byte
-	s := strconv.AppendInt(b[:0], int64(hitCode(h, d, quotas)), 10)
+	s := strconv.AppendInt(b[:0], hitCode(h, d, quotas), 10)
 	s = append(s, ':')
 	s = strconv.AppendUint(s, uint64(h.Limit), 10)
 	s = append(s, ':')

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,7 +56,7 @@ func TestUnknownAlgorithmIsAnError(t *testing.T) {
 				t.Fatalf("describe(%d) = %v, want errUnknownAlgorithm", a, err)
 			}
 			h := hit(a, "k", 10, time.Minute, 1)
-			if _, err := hitArg(&h, true, epoch); !errors.Is(err, errUnknownAlgorithm) {
+			if _, err := hitArg(&h, &requestRule{}, epoch); !errors.Is(err, errUnknownAlgorithm) {
 				t.Fatalf("hitArg: %v, want errUnknownAlgorithm", err)
 			}
 			if _, err := refundArgs(nil, &h, 0); !errors.Is(err, errUnknownAlgorithm) {
@@ -91,23 +92,29 @@ func TestUnknownAlgorithmIsAnError(t *testing.T) {
 // TestHitArgs: what each kind of hit sends decide.lua.
 func TestHitArgs(t *testing.T) {
 	big := uint64(1) << 60
+	quotas := &requestRule{}                                            // none over
+	over3 := &requestRule{quotas: []quotaTally{{group: 3, over: true}}} // group 3's over before the store
 	for _, tt := range []struct {
 		name   string
 		h      Hit
-		quotas bool
+		quotas *requestRule
 		want   string
 	}{
-		{"log", Hit{Algorithm: config.SlidingWindowLog, Limit: 5, Window: time.Minute, Cost: 2}, true, "1:5:60:2"},
-		{"counter shadow", Hit{Algorithm: config.SlidingWindowCounter, Limit: 5, Window: time.Second, Cost: 1, Shadow: true}, true, "10:5:1:1"},
-		{"fixed record", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 9, Record: true}, true, "19:5:3600:9"},
-		{"fixed refund", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 3, Refund: true}, true, "35:5:3600:3"},
-		{"quota", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true}, true, "67:5:3600:1"},
-		{"quota as shadow", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true}, false, "11:5:3600:1"},
-		{"shadow quota", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, Shadow: true}, true, "11:5:3600:1"},
-		{"gcra burst", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: 1, Burst: 7}, true, "4:5:60:1:7"},
-		{"gcra no burst", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: 1}, true, "4:5:60:1:5"},
-		{"log cost capped", Hit{Algorithm: config.SlidingWindowLog, Limit: 5, Window: time.Minute, Cost: big}, true, "1:5:60:9007199254740992"},
-		{"gcra cost capped", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: big}, true, "4:5:60:4294967296:5"},
+		{"log", Hit{Algorithm: config.SlidingWindowLog, Limit: 5, Window: time.Minute, Cost: 2}, quotas, "1:5:60:2"},
+		{"counter shadow", Hit{Algorithm: config.SlidingWindowCounter, Limit: 5, Window: time.Second, Cost: 1, Shadow: true}, quotas, "10:5:1:1"},
+		{"fixed record", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 9, Record: true}, quotas, "19:5:3600:9"},
+		{"fixed refund", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 3, Refund: true}, quotas, "35:5:3600:3"},
+		{"quota", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true}, quotas, "67:5:3600:1"},
+		{"quota as shadow", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true}, nil, "11:5:3600:1"},
+		{"shadow quota", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, Shadow: true}, quotas, "11:5:3600:1"},
+		{"quota group 3", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 3}, quotas, "6211:5:3600:1"},
+		{"quota group 3 over", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 3}, over3, "7235:5:3600:1"},
+		{"quota group 2, 3 over", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 2}, over3, "4163:5:3600:1"},
+		{"quota group 3 as shadow", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 3}, nil, "11:5:3600:1"},
+		{"gcra burst", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: 1, Burst: 7}, quotas, "4:5:60:1:7"},
+		{"gcra no burst", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: 1}, quotas, "4:5:60:1:5"},
+		{"log cost capped", Hit{Algorithm: config.SlidingWindowLog, Limit: 5, Window: time.Minute, Cost: big}, quotas, "1:5:60:9007199254740992"},
+		{"gcra cost capped", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: big}, quotas, "4:5:60:4294967296:5"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := hitArg(&tt.h, tt.quotas, epoch)
@@ -120,8 +127,8 @@ func TestHitArgs(t *testing.T) {
 
 // TestHitCodesDecodeInLua: what hitArg sends, decide.lua reads back as the
 // hit it came from: the algorithm (by its Lua table), each flag, the
-// limit, window, cost and burst. decide.lua's parse_rule runs in a plain
-// Lua state.
+// limit, window, cost and burst, a quota hit's group and whether its quota
+// is over already. decide.lua's parse_rule runs in a plain Lua state.
 func TestHitCodesDecodeInLua(t *testing.T) {
 	const call = "return decide(KEYS, ARGV)\n"
 	if !strings.HasSuffix(lua.Decide(), call) {
@@ -143,7 +150,7 @@ return function(s)
       name = n
     end
   end
-  return name, r.shadow, r.record, r.refund, r.quota, r.limit, r.window, r.cost, r.burst
+  return name, r.shadow, r.record, r.refund, r.quota, r.limit, r.window, r.cost, r.burst, r.group, r.over
 end`)
 	if err != nil {
 		t.Fatal(err)
@@ -151,30 +158,41 @@ end`)
 	parse := L.Get(-1)
 	L.Pop(1)
 	for _, a := range config.Algorithms() {
-		for flags := range 32 {
+		for flags := range 128 {
 			h := Hit{Algorithm: a, Limit: 7, Window: 3 * time.Minute, Cost: 5, Burst: 9,
 				Shadow: flags&1 != 0, Record: flags&2 != 0, Refund: flags&4 != 0, Quota: flags&8 != 0}
-			quotas := flags&16 != 0
+			if flags&32 != 0 {
+				h.QuotaGroup = math.MaxUint32
+			}
+			var quotas *requestRule
+			if flags&16 != 0 {
+				quotas = &requestRule{quotas: []quotaTally{{group: math.MaxUint32, over: flags&64 != 0}}}
+			}
 			arg, err := hitArg(&h, quotas, epoch)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := L.CallByParam(glua.P{Fn: parse, NRet: 9, Protect: true}, glua.LString(arg)); err != nil {
+			if err := L.CallByParam(glua.P{Fn: parse, NRet: 11, Protect: true}, glua.LString(arg)); err != nil {
 				t.Fatalf("%s: %v", arg, err)
 			}
-			got := make([]string, 9)
+			got := make([]string, 11)
 			for i := range got {
-				got[i] = L.Get(i - 9).String()
+				got[i] = L.Get(i - 11).String()
 			}
-			L.Pop(9)
+			L.Pop(11)
 			burst := "nil"
 			if describeT(t, a).Bucket {
 				burst = "9"
 			}
-			want := []string{a.String(), fmt.Sprint(h.Shadow || h.quota() && !quotas), fmt.Sprint(h.Record), fmt.Sprint(h.Refund),
-				fmt.Sprint(h.quota() && quotas), "7", "180000000", "5", burst}
+			quota := h.quota() && quotas != nil
+			group := uint32(0)
+			if quota {
+				group = h.QuotaGroup
+			}
+			want := []string{a.String(), fmt.Sprint(h.Shadow || h.quota() && !quota), fmt.Sprint(h.Record), fmt.Sprint(h.Refund),
+				fmt.Sprint(quota), "7", "180000000", "5", burst, fmt.Sprint(group), fmt.Sprint(quota && quotas.quotaOver(h.QuotaGroup))}
 			if !slices.Equal(got, want) {
-				t.Errorf("%+v (quotas %v) sent as %q reads back as %q, want %q", h, quotas, arg, got, want)
+				t.Errorf("%+v (quotas %+v) sent as %q reads back as %q, want %q", h, quotas, arg, got, want)
 			}
 		}
 	}

@@ -31,7 +31,7 @@ func decideCall(t *testing.T, client *redis.Client, reqs ...request) [][4]int64 
 		args = append(args, n)
 		for _, h := range r.hits {
 			keys = append(keys, h.Key)
-			arg, err := hitArg(&h, true, epoch)
+			arg, err := hitArg(&h, &requestRule{}, epoch)
 			if err != nil {
 				t.Fatal(err)
 			}

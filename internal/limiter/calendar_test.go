@@ -219,7 +219,7 @@ func TestCalendarKeys(t *testing.T) {
 // clock, in place of the window's length.
 func TestCalendarHitArg(t *testing.T) {
 	h := calendarHit(config.Calendar{Months: 1}, config.Month, 5, 2)
-	got, err := hitArg(&h, true, utcTime(t, "2026-12-15T00:00:00Z"))
+	got, err := hitArg(&h, &requestRule{}, utcTime(t, "2026-12-15T00:00:00Z"))
 	if err != nil {
 		t.Fatal(err)
 	}

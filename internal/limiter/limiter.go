@@ -109,11 +109,18 @@ type Hit struct {
 	// Shadow marks a hit that is evaluated and accounted as usual, but whose
 	// denial does not deny the request.
 	Shadow bool
-	// Quota marks a hit of a quota-mode limit (the reference's quota_mode):
-	// a request with quota hits fits only when at least one of them fits,
-	// besides every enforced hit that is not one. A quota hit that does not
-	// fit is not charged, as a shadow hit. Shadow wins over Quota.
+	// Quota marks a hit of a quota-mode limit (the reference's quota_mode).
+	// The quota hits with one QuotaGroup are one quota, which fits only when
+	// each of them fits: a request with quota hits fits only when at least
+	// one of its quotas does, besides every enforced hit that is not a
+	// quota hit. A quota that does not fit charges none of its hits (but a
+	// Record one), as a denied request charges none of its own. Shadow wins
+	// over Quota.
 	Quota bool
+	// QuotaGroup names the quota a Quota hit is part of: the service gives
+	// each descriptor's limits its index in the request, so that a
+	// descriptor over one of its limits is charged on none.
+	QuotaGroup uint32
 	// Record marks a cost that was spent before it was reported (Envoy's
 	// apply_on_stream_done: tokens streamed, bytes sent): it is charged
 	// whether it fits or not, and whatever the request's other hits say. Past
@@ -402,9 +409,14 @@ const FailureRetry = time.Second
 // per hit, in the order of hits.
 //
 // All or nothing: when any enforced hit that is not a Quota hit does not
-// fit, or when the request has Quota hits and none of them fits, none is
-// charged. Hits on the same Key are one demand on one counter: their costs add up against
-// the smallest of their limits, and each of them gets the merged verdict.
+// fit, or when the request has quotas (Hit.QuotaGroup) and none of them
+// fits whole, none is charged; nor is any hit of a quota that does not fit.
+// Hits on the same Key are one demand on one counter: their costs add up
+// against the smallest of their limits, and each of them gets the merged
+// verdict. Two quotas with such a demand in common are charged together
+// or not at all, so they are one quota: when it does not fit, the common
+// demand is answered denied (it was not charged), with the longest wait of
+// its quota's denials.
 //
 // When the store cannot answer, Decide returns an error wrapping ErrStore,
 // or ErrOverloaded when the deadline passed before the request was sent,
@@ -448,7 +460,7 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 			m.Limit, m.Burst = min(m.Limit, h.Limit), min(m.burst(), h.burst())
 			m.Quota = m.Quota && h.Quota // an ordinary limit denies on its own
 		case m.Shadow: // an enforced limit applies, never a shadow one
-			m.Limit, m.Burst, m.Quota = h.Limit, h.Burst, h.Quota
+			m.Limit, m.Burst, m.Quota, m.QuotaGroup = h.Limit, h.Burst, h.Quota, h.QuotaGroup
 		}
 		m.Shadow = m.Shadow && h.Shadow
 		m.Record = m.Record || h.Record // a cost already spent is counted
@@ -462,12 +474,78 @@ func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		}
 		groupOf[i] = g
 	}
+	common := joinQuotas(hits, merged, groupOf)
 	decided, err := l.decide(ctx, merged)
+	if common != nil {
+		denyCommon(merged, decided, common)
+	}
 	verdicts := make([]Verdict, len(hits))
 	for i, g := range groupOf {
 		verdicts[i] = decided[g]
 	}
 	return verdicts, err
+}
+
+// joinQuotas makes one quota of the quotas with a demand in common, which
+// is charged for both or for neither: each quota hit of merged gets the
+// group of the quotas it joined. It returns those demands, by index in
+// merged; nil when there are none.
+func joinQuotas(hits, merged []Hit, groupOf []int) []int {
+	var joined map[uint32]uint32 // a quota to the one it joined
+	root := func(q uint32) uint32 {
+		for {
+			next, ok := joined[q]
+			if !ok {
+				return q
+			}
+			q = next
+		}
+	}
+	var common []int
+	for i, g := range groupOf {
+		m, h := &merged[g], &hits[i]
+		if !m.quota() || !h.quota() || m.QuotaGroup == h.QuotaGroup {
+			continue
+		}
+		if a, b := root(m.QuotaGroup), root(h.QuotaGroup); a != b {
+			if joined == nil {
+				joined = map[uint32]uint32{}
+			}
+			joined[b] = a
+		}
+		if !slices.Contains(common, g) {
+			common = append(common, g)
+		}
+	}
+	if joined != nil {
+		for i := range merged {
+			if merged[i].quota() {
+				merged[i].QuotaGroup = root(merged[i].QuotaGroup)
+			}
+		}
+	}
+	return common
+}
+
+// denyCommon answers denied each demand in common of joined quotas
+// (joinQuotas) whose quota is over: it was not charged, and every quota
+// that has it must say so. Its wait is the longest of the quota's denials:
+// the quota fits only when each of them does.
+func denyCommon(merged []Hit, decided []Verdict, common []int) {
+	r := ruleOf(merged, decided)
+	for _, c := range common {
+		q := merged[c].QuotaGroup
+		if !decided[c].Admitted || !r.quotaOver(q) {
+			continue
+		}
+		var wait time.Duration
+		for k := range merged {
+			if merged[k].quota() && merged[k].QuotaGroup == q && !decided[k].Admitted {
+				wait = max(wait, decided[k].ResetAfter)
+			}
+		}
+		decided[c].Admitted, decided[c].ResetAfter = false, wait
+	}
 }
 
 // sharesKeys reports whether two hits are one demand on the same counter.
@@ -484,8 +562,9 @@ func sharesKeys(hits []Hit) bool {
 
 // decide decides hits with distinct keys: one script per slot group (a
 // script's keys must share a slot), all groups at once. Across groups, all or nothing holds by refunding: each
-// group charges what fits in it, and when any enforced hit turned out denied,
-// the charges of the other groups are taken back.
+// group charges what fits in it, and when the request turned out denied,
+// the charges of the other groups are taken back, as are those of a quota
+// that turned out over.
 func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	verdicts := make([]Verdict, len(hits))
 	sent := make([]int, 0, len(hits))
@@ -506,8 +585,8 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 			rule.add(h, false)
 		case h.quota(), h.Lease:
 			// Not from the deny cache: a quota hit's denial alone does not
-			// deny the request, the store's answer for the other quota hits
-			// decides; and a settlement, on any instance, frees a lease at
+			// deny the request, the store's answers for the other quotas
+			// decide; and a settlement, on any instance, frees a lease at
 			// any moment.
 			sent = append(sent, i)
 			rule.add(h, true)
@@ -531,7 +610,7 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	if slot := l.router.slot(hits[sent[0]].Key); l.inSlot(hits, sent, slot) {
 		// Nearly always (always outside a cluster): one group, which needs
 		// no refund tokens.
-		return verdicts, l.run(ctx, deadline, hits, slot, sent, charge, true, verdicts, nil)
+		return verdicts, l.run(ctx, deadline, hits, slot, sent, charge, &rule, verdicts, nil)
 	}
 
 	tokens := make([]int64, len(hits))
@@ -541,11 +620,13 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	for g, group := range groups {
 		// A slot does not see the quota hits of the others: its quota hits go
 		// as shadow hits, and the refund below applies the quota rule.
-		wg.Go(func() { errs[g] = l.run(ctx, deadline, hits, slots[g], group, charge, false, verdicts, tokens) })
+		wg.Go(func() { errs[g] = l.run(ctx, deadline, hits, slots[g], group, charge, nil, verdicts, tokens) })
 	}
 	wg.Wait()
-	if charge && requestDenied(hits, verdicts) {
-		l.refund(ctx, hits, groups, verdicts, tokens)
+	if charge {
+		if back := takenBack(hits, verdicts); back != nil {
+			l.refund(ctx, hits, groups, verdicts, tokens, back)
+		}
 	}
 	return verdicts, errors.Join(errs...)
 }
@@ -593,9 +674,10 @@ func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 
 // run decides the hits at indexes group, which share slot, as one request
 // of a batch, and writes their verdicts, and their refund tokens when
-// tokens is not nil. With quotas false, quota hits go as shadow hits. On an
-// error the verdicts follow each hit's failure mode.
-func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge, quotas bool,
+// tokens is not nil. quotas is the request's rule as known before the
+// store (which quotas are over already); nil sends quota hits as shadow
+// hits. On an error the verdicts follow each hit's failure mode.
+func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge bool, quotas *requestRule,
 	verdicts []Verdict, tokens []int64) error {
 	keys := make([]string, len(group))
 	var nonces []string // of the group's leases, by index in group

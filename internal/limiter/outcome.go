@@ -10,21 +10,29 @@ package limiter
 // Per hit, by its flags (see Hit):
 //   - a Refund never denies: it is applied whatever the request's fate;
 //   - a Shadow hit never denies (Shadow wins over Quota);
-//   - a Quota hit denies only together with the request's other quota hits:
-//     a request that has quota hits needs at least one of them to fit;
+//   - the Quota hits of one QuotaGroup are one quota, over when any of them
+//     does not fit; a quota denies only together with the request's other
+//     quotas: a request that has quotas needs at least one of them whole;
 //   - any other hit, a Record hit included, denies its request when it does
 //     not fit.
 //
 // A request that the rule denies is charged nothing, but for its Record hits
-// (a cost already spent) and its refunds. The service's global modes
-// (SHADOW_MODE, QUOTA_MODE) reach the rule only as these per-hit flags.
+// (a cost already spent) and its refunds; nor is a quota that is over, but
+// for its Record hits. The service's global modes (SHADOW_MODE, QUOTA_MODE)
+// reach the rule only as these per-hit flags.
 
 // requestRule tallies a request's hits under the rule; the zero value is a
 // request with no hits, which is not denied.
 type requestRule struct {
-	enforcedDenied bool // a hit that denies on its own did not fit
-	quotas         bool // the request has quota hits
-	quotaFits      bool // one of them fits
+	enforcedDenied bool         // a hit that denies on its own did not fit
+	quotas         []quotaTally // the request's quotas: nil, nothing allocated, without quota hits
+}
+
+// quotaTally is one quota of a request: its group, and whether one of its
+// hits did not fit.
+type quotaTally struct {
+	group uint32
+	over  bool
 }
 
 // add counts h, which fits or not.
@@ -32,24 +40,70 @@ func (r *requestRule) add(h *Hit, fits bool) {
 	switch {
 	case h.givesBack() || h.Shadow:
 	case h.Quota:
-		r.quotas = true
-		r.quotaFits = r.quotaFits || fits
+		for i := range r.quotas {
+			if r.quotas[i].group == h.QuotaGroup {
+				r.quotas[i].over = r.quotas[i].over || !fits
+				return
+			}
+		}
+		r.quotas = append(r.quotas, quotaTally{group: h.QuotaGroup, over: !fits})
 	case !fits:
 		r.enforcedDenied = true
 	}
 }
 
 // denied reports whether the hits counted deny their request.
-func (r *requestRule) denied() bool { return r.enforcedDenied || r.quotas && !r.quotaFits }
+func (r *requestRule) denied() bool {
+	if r.enforcedDenied {
+		return true
+	}
+	for _, q := range r.quotas {
+		if !q.over {
+			return false
+		}
+	}
+	return len(r.quotas) > 0
+}
 
-// requestDenied reports whether verdicts, one per hit, deny their request.
-// Across Redis Cluster slots and across Split's two stores, each part
-// decides its own hits with its quota hits as shadow ones (it does not see
-// the others); this decides the whole request from all the verdicts.
-func requestDenied(hits []Hit, verdicts []Verdict) bool {
+// quotaOver reports whether the quota of group is over: one of its hits
+// counted did not fit.
+func (r *requestRule) quotaOver(group uint32) bool {
+	for _, q := range r.quotas {
+		if q.group == group {
+			return q.over
+		}
+	}
+	return false
+}
+
+// ruleOf tallies hits by their verdicts, one per hit.
+func ruleOf(hits []Hit, verdicts []Verdict) requestRule {
 	var r requestRule
 	for i := range hits {
 		r.add(&hits[i], verdicts[i].Admitted)
 	}
-	return r.denied()
+	return r
+}
+
+// takenBack reports, of a request decided in parts (across Redis Cluster
+// slots, or Split's two stores), which charges must be taken back once all
+// its verdicts are in: each part decides its own hits with its quota hits
+// as shadow ones (it does not see the others), charging those that fit.
+// Every charge goes back when the request is denied; a quota hit's also
+// when its quota turns out over. A recorded cost and a refund stay
+// (owesBack). It returns nil when nothing goes back.
+func takenBack(hits []Hit, verdicts []Verdict) []bool {
+	r := ruleOf(hits, verdicts)
+	denied := r.denied()
+	var back []bool
+	for i := range hits {
+		h := &hits[i]
+		if owesBack(h, &verdicts[i]) && (denied || h.quota() && r.quotaOver(h.QuotaGroup)) {
+			if back == nil {
+				back = make([]bool, len(hits))
+			}
+			back[i] = true
+		}
+	}
+	return back
 }

@@ -9,11 +9,13 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
-// ruleHit is a kind of hit for TestRequestRuleTwins: its flags, whether it
-// fits, and whether its cost exceeds its limit (denied in Go, before Redis).
+// ruleHit is a kind of hit for TestRequestRuleTwins: its flags (and quota
+// group), whether it fits, and whether its cost exceeds its limit (denied in
+// Go, before Redis).
 type ruleHit struct {
 	name                          string
 	shadow, quota, record, refund bool
+	group                         uint32
 	fits, exceeds                 bool
 }
 
@@ -21,6 +23,7 @@ var ruleHits = func() []ruleHit {
 	var kinds []ruleHit
 	for _, k := range []ruleHit{
 		{name: "enforced"}, {name: "shadow", shadow: true}, {name: "quota", quota: true},
+		{name: "quota 1", quota: true, group: 1},
 		{name: "shadow+quota", shadow: true, quota: true}, {name: "record", record: true},
 		{name: "record+quota", record: true, quota: true},
 	} {
@@ -41,9 +44,10 @@ var ruleHits = func() []ruleHit {
 // Limiter.decide applies to what it denies before Redis and Split and the
 // Cluster refund apply to whole requests, and decide.lua's check loop, its
 // twin, which decides on Redis whether a request is charged. For every mix
-// of up to three kinds of hits (shadow, quota, record, refund, enforced;
-// fitting, on a full counter, or with a cost past the limit), the hits that
-// fit are charged exactly when requestDenied says the request is not denied.
+// of up to three kinds of hits (shadow, quota of two groups, record, refund,
+// enforced; fitting, on a full counter, or with a cost past the limit), the
+// hits that fit are charged exactly when requestRule says the request is not
+// denied, and, for a quota hit, its quota not over.
 func TestRequestRuleTwins(t *testing.T) {
 	l, _ := newTestLimiter(t, epoch)
 	ctx := context.Background()
@@ -62,7 +66,7 @@ func TestRequestRuleTwins(t *testing.T) {
 			if rh.exceeds {
 				h.Cost = limit + 1
 			}
-			h.Shadow, h.Quota, h.Record, h.Refund = rh.shadow, rh.quota, rh.record, rh.refund
+			h.Shadow, h.Quota, h.Record, h.Refund, h.QuotaGroup = rh.shadow, rh.quota, rh.record, rh.refund, rh.group
 			if !rh.fits && !rh.exceeds {
 				f := h
 				f.Shadow, f.Quota, f.Record, f.Refund, f.Cost = false, false, false, false, limit
@@ -79,7 +83,8 @@ func TestRequestRuleTwins(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v", names, err)
 		}
-		denied := requestDenied(hits, verdicts)
+		rule := ruleOf(hits, verdicts)
+		denied := rule.denied()
 		for j, h := range hits {
 			v, rh := verdicts[j], ruleHits[kinds[j]]
 			if v.Admitted != (rh.fits && !rh.exceeds) {
@@ -92,11 +97,11 @@ func TestRequestRuleTwins(t *testing.T) {
 			case h.Record:
 				want = true // spent whatever the request's fate
 			default:
-				want = v.Admitted && !denied
+				want = v.Admitted && !denied && (!h.quota() || !rule.quotaOver(h.QuotaGroup))
 			}
 			if v.Charged != want {
-				t.Errorf("%v: hit %d (%s) charged=%v, want %v: Go's rule says denied=%v, decide.lua did otherwise",
-					names, j, rh.name, v.Charged, want, denied)
+				t.Errorf("%v: hit %d (%s) charged=%v, want %v: Go's rule says denied=%v (quotas %+v), decide.lua did otherwise",
+					names, j, rh.name, v.Charged, want, denied, rule.quotas)
 			}
 		}
 		outcomes[denied]++

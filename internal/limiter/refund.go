@@ -13,23 +13,26 @@ import (
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
-// refundScript undoes the charges of a request denied across cluster slots.
+// refundScript undoes the charges of a request denied across cluster slots,
+// and those of its quotas that turned out over.
 var refundScript = redis.NewScript(lua.Refund())
 
 // All or nothing across Redis Cluster slots is this refund, not one atomic
 // call: a script's keys must share a slot, and the slots of a request live
 // on masters that no transaction spans. Each slot's group is decided
 // atomically at once (decide.lua), and when the whole request turns out
-// denied the charges are undone by the tokens decide.lua returned, which
-// name the very charge (the log's members, the counter's window): exact,
-// where a Refund hit would give back to whatever window is current. Split
-// cannot do the same across its two stores (see Split.giveBack): the
-// tokens stay inside each Limiter.
+// denied, or one of its quotas over (a slot sees only its own quota hits,
+// and charges those that fit), the charges are undone by the tokens
+// decide.lua returned, which name the very charge (the log's members, the
+// counter's window): exact, where a Refund hit would give back to whatever
+// window is current. Split cannot do the same across its two stores (see
+// Split.giveBack): the tokens stay inside each Limiter.
 
 // owesBack reports whether hit h, with verdict v, made a charge to take back
-// when its request turns out denied. A recorded cost was spent whatever the
-// request's fate, and a refund is always applied: neither is taken back.
-// The Cluster refund and Split.giveBack share it, with takeBack.
+// when its request turns out denied (or its quota over). A recorded cost was
+// spent whatever the request's fate, and a refund is always applied: neither
+// is taken back. The Cluster refund and Split.giveBack share it (through
+// takenBack), with takeBack.
 func owesBack(h *Hit, v *Verdict) bool { return v.Charged && !h.Record && !h.givesBack() }
 
 // takeBack says in v, the verdict of h, that its charge was given back: not
@@ -39,20 +42,21 @@ func takeBack(h *Hit, v *Verdict) {
 	v.Remaining = min(v.Remaining+h.Cost, uint64(h.capacity()))
 }
 
-// refund takes back, in the background, the charges of a request that was
-// denied, so that its answer waits for no more than its deadline. The
-// verdicts say uncharged at once; until the refund lands (one round trip)
-// other requests can see the charge. The refund has a deadline of its own
-// and outlives the caller's cancellation. A charge that cannot be taken back
-// stays counted until its window forgets it; the failure reaches Observe.
-func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64) {
+// refund takes back, in the background, the charges of the hits back
+// marks (takenBack), so that the answer waits for no more than its
+// deadline. The verdicts say uncharged at once; until the refund lands (one
+// round trip) other requests can see the charge. The refund has a deadline
+// of its own and outlives the caller's cancellation. A charge that cannot be
+// taken back stays counted until its window forgets it; the failure reaches
+// Observe.
+func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64, back []bool) {
 	ctx = context.WithoutCancel(ctx)
 	for _, group := range groups {
 		var keys []string
 		var args []any
 		for _, i := range group {
 			h, v := &hits[i], &verdicts[i]
-			if !owesBack(h, v) {
+			if !back[i] {
 				continue
 			}
 			var err error

@@ -338,21 +338,21 @@ func TestCloseWaitsForCallsInFlight(t *testing.T) {
 }
 
 // TestAcrossSlotsQuotaHits: across slots, a request is kept charged when one
-// of its quota hits fits on another slot, and refunded when none fits.
+// of its quotas fits on another slot, and refunded when none fits.
 func TestAcrossSlotsQuotaHits(t *testing.T) {
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {
 			s := newShards(t, 2, epoch.Add(time.Second), nil)
-			quota := func(name string, i int, limit uint32) Hit {
+			quota := func(name string, i int, group uint32, limit uint32) Hit {
 				h := hitOn(name, i, 2, a, limit, 1)
-				h.Quota = true
+				h.Quota, h.QuotaGroup = true, group
 				return h
 			}
 			ordinary := hitOn("ordinary", 0, 2, a, 10, 1)
-			full, free := quota("full", 0, 1), quota("free", 1, 10)
+			full, free := quota("full", 0, 0, 1), quota("free", 1, 1, 10)
 			decide1(t, s.l, full)
 			decide(t, s.l, []Hit{ordinary, full, free}, []bool{true, false, true}) // the fit is on slot 1
-			overThere := quota("full-there", 1, 1)
+			overThere := quota("full-there", 1, 1, 1)
 			decide1(t, s.l, overThere)
 			decide(t, s.l, []Hit{ordinary, full, overThere}, []bool{false, false, false})
 			s.l.refunds.Wait()
@@ -360,5 +360,34 @@ func TestAcrossSlotsQuotaHits(t *testing.T) {
 				t.Fatalf("ordinary counter has %d left, want 9: the request denied by its quotas was refunded", got)
 			}
 		})
+	}
+}
+
+// TestAcrossSlotsQuotaGroups: TestQuotaGroups's requests across two slots,
+// a quota's counters on one slot (as a descriptor's, which share a hash
+// tag) or spread over both: a slot charges its quota hits that fit, and
+// what a quota over or a request denied charged is refunded.
+func TestAcrossSlotsQuotaGroups(t *testing.T) {
+	byQuota := map[byte]int{'a': 0, 'b': 1, 'c': 0, 'o': 1, 's': 1}
+	for _, a := range algorithms {
+		for _, layout := range []string{"by quota", "spread"} {
+			for _, c := range append(quotaCases, sharedQuotaCases...) {
+				t.Run(a.String()+"/"+layout+"/"+c.name, func(t *testing.T) {
+					s := newShards(t, 2, epoch.Add(time.Second), nil)
+					slotOf := map[string]int{}
+					checkQuotaCase(t, s.l, s.l.refunds.Wait, c, func(key string, limit uint32, cost uint64) Hit {
+						slot, ok := slotOf[key]
+						if !ok {
+							slot = len(slotOf) % 2 // spread: each new counter on the other slot
+							if layout == "by quota" {
+								slot = byQuota[key[0]]
+							}
+							slotOf[key] = slot
+						}
+						return hitOn(key, slot, 2, a, limit, cost)
+					})
+				})
+			}
+		}
 	}
 }

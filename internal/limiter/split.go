@@ -95,7 +95,7 @@ func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		for j, i := range part.idx {
 			sub[j] = hits[i]
 			// A part does not see the quota hits of the other: its quota
-			// hits go as shadow hits, and requestDenied below applies the quota
+			// hits go as shadow hits, and takenBack below applies the quota
 			// rule to the whole request.
 			if sub[j].quota() {
 				sub[j].Shadow = true
@@ -110,18 +110,22 @@ func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 			verdicts[i] = part.verdicts[j]
 		}
 	}
-	if requestDenied(hits, verdicts) {
+	// Two quotas with a counter in common (which Limiter.Decide makes one)
+	// stay two here: a part decides them as shadow hits, and each takes
+	// back its own share.
+	if back := takenBack(hits, verdicts); back != nil {
 		for _, part := range parts {
-			s.giveBack(ctx, part.lim, hits, part.idx, verdicts)
+			s.giveBack(ctx, part.lim, hits, part.idx, verdicts, back)
 		}
 	}
 	return verdicts, errors.Join(parts[0].err, parts[1].err)
 }
 
 // giveBack takes back, in the background, the charges the hits at idx made
-// on lim for a request that was denied, and says so in their verdicts. A
-// recorded cost was spent whatever the request's fate, and a refund is
-// always applied: both stay (owesBack, shared with the Cluster refund).
+// on lim that back marks (takenBack: those of a request that was denied, or
+// of a quota that was over), and says so in their verdicts. A recorded cost
+// was spent whatever the request's fate, and a refund is always applied:
+// back never marks them (owesBack, shared with the Cluster refund).
 //
 // Why Refund hits and not the Cluster refund's tokens: each part is decided
 // by its store's Limiter.Decide, a whole request on its own (itself all or
@@ -129,11 +133,11 @@ func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 // A Refund hit gives back to the counter's current window, as Envoy's
 // is_negative_hits does, and drops the deny cache's entry of the counter.
 // Moving this to tokens would change what is given back at a window's edge.
-func (s *Split) giveBack(ctx context.Context, lim *Limiter, hits []Hit, idx []int, verdicts []Verdict) {
+func (s *Split) giveBack(ctx context.Context, lim *Limiter, hits []Hit, idx []int, verdicts []Verdict, owed []bool) {
 	var back []Hit
 	for _, i := range idx {
 		h, v := &hits[i], &verdicts[i]
-		if !owesBack(h, v) {
+		if !owed[i] {
 			continue
 		}
 		if v.Lease != "" { // a lease is settled at nothing: exactly its own units go

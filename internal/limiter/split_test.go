@@ -106,12 +106,12 @@ func TestSplitAllOrNothing(t *testing.T) {
 	}
 }
 
-// TestSplitQuotaAcrossStores: quota hits on both stores are one quota: the
-// request fits when one of them does.
+// TestSplitQuotaAcrossStores: quotas on both stores are the request's
+// quotas: the request fits when one of them does.
 func TestSplitQuotaAcrossStores(t *testing.T) {
 	s, _, _ := newTestSplit(t, epoch.Add(100*time.Millisecond))
 	second, minute := hit(config.FixedWindow, "q", 1, time.Second, 1), hit(config.FixedWindow, "q", 5, time.Minute, 1)
-	second.Quota, minute.Quota = true, true
+	second.Quota, minute.Quota, minute.QuotaGroup = true, true, 1
 	decideSplit(t, s, second)
 	v, err := s.Decide(context.Background(), []Hit{second, minute})
 	if err != nil {
@@ -126,11 +126,31 @@ func TestSplitQuotaAcrossStores(t *testing.T) {
 	}
 	// Neither fits: nothing charged.
 	exhausted := hit(config.FixedWindow, "q2", 1, time.Minute, 2)
-	exhausted.Quota = true
+	exhausted.Quota, exhausted.QuotaGroup = true, 1
 	v, _ = s.Decide(context.Background(), []Hit{second, exhausted, hit(config.FixedWindow, "e", 5, time.Minute, 1)})
 	s.refunds.Wait()
 	if v[2].Charged || decideSplit(t, s, hit(config.FixedWindow, "e", 5, time.Minute, 0)).Remaining != 5 {
 		t.Fatalf("verdicts %+v: an enforced hit was charged though no quota hit fits", v)
+	}
+}
+
+// TestSplitQuotaGroups: TestQuotaGroups's requests with a counter of each
+// quota on the per-second store: a quota over on one store charges nothing
+// on the other either.
+func TestSplitQuotaGroups(t *testing.T) {
+	perSecond := map[string]bool{"a1": true, "b": true}
+	for _, a := range algorithms {
+		for _, c := range quotaCases {
+			t.Run(a.String()+"/"+c.name, func(t *testing.T) {
+				s, _, _ := newTestSplit(t, epoch.Add(100*time.Millisecond))
+				checkQuotaCase(t, s, s.refunds.Wait, c, func(key string, limit uint32, cost uint64) Hit {
+					if perSecond[key] {
+						return hit(a, key, limit, time.Second, cost)
+					}
+					return hit(a, key, limit, time.Minute, cost)
+				})
+			})
+		}
 	}
 }
 

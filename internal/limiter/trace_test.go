@@ -59,7 +59,7 @@ func TestBatchSpanLinksItsRequests(t *testing.T) {
 		ctx, span := tracer.Start(context.Background(), "request")
 		defer span.End()
 		h := hit(config.FixedWindow, fmt.Sprint(i), 5, time.Minute, 1)
-		arg, err := hitArg(&h, true, epoch)
+		arg, err := hitArg(&h, &requestRule{}, epoch)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -239,6 +239,59 @@ func TestQuotaDenialChargesNothing(t *testing.T) {
 	}
 }
 
+// TestQuotaDescriptorOverChargesNone: a quota descriptor answered
+// OVER_LIMIT charges none of its limits, as every denial: api's per-second
+// limit is over, its per-minute one would fit and stays as it was. The
+// request passes when another quota descriptor fits (charging it and the
+// ordinary ones), and is denied, charging nothing, when none does.
+func TestQuotaDescriptorOverChargesNone(t *testing.T) {
+	const yaml = `domain: svc
+descriptors:
+  - key: api
+    quota_mode: true
+    rate_limits:
+      - {unit: second, requests_per_unit: 3}
+      - {unit: minute, requests_per_unit: 5}
+  - key: backup
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`
+	for _, tt := range []struct {
+		name       string
+		backupFull bool                           // backup's one a minute spent beforehand
+		want       []rlsv3.RateLimitResponse_Code // overall, api, backup, user
+		left       [3]uint32                      // then api's per-minute remaining, backup's, user's
+	}{
+		{"another quota fits", false, []rlsv3.RateLimitResponse_Code{ok, over, ok, ok}, [3]uint32{2, 0, 9}},
+		{"every quota over", true, []rlsv3.RateLimitResponse_Code{over, over, over, ok}, [3]uint32{2, 0, 10}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, m, _ := miniService(t, "q.yaml", yaml, nil)
+			// api's per-second limit spent: 3 of its per-minute 5 too.
+			askRequest(t, s, &rlsv3.RateLimitRequest{Domain: "svc", Descriptors: []*rlcommon.RateLimitDescriptor{desc("api", "a")}, HitsAddend: 3})
+			if tt.backupFull {
+				ask(t, s, desc("backup", "b"))
+			}
+			resp := ask(t, s, desc("api", "a"), desc("backup", "b"), desc("user", "u"))
+			if got := answerCodes(resp); !equalCodes(got, tt.want) {
+				t.Fatalf("codes %v, want %v", got, tt.want)
+			}
+			// Two seconds on, api's per-second window is empty again, and a
+			// check shows its per-minute remaining, the least of the two.
+			m.SetTime(time.Unix(1_700_006_402, 0))
+			for i, key := range []string{"api", "backup", "user"} {
+				check := desc(key, key[:1])
+				check.HitsAddend = wrapperspb.UInt64(0)
+				if got := ask(t, s, check).Statuses[0].LimitRemaining; got != tt.left[i] {
+					t.Errorf("%s: %d remaining, want %d", key, got, tt.left[i])
+				}
+			}
+		})
+	}
+}
+
 // TestShadowQuotaKeepsTheRequestCharged: a quota descriptor in shadow mode
 // always passes, so the other quotas cannot deny the request, and its
 // ordinary descriptors are charged even when they are all over.

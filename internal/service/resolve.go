@@ -229,7 +229,8 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		Burst:     l.burst,
 		Shadow:    l.shadow,
 		// A quota hit's denial alone does not deny its request: the limiter
-		// charges the request when one of its quota hits fits.
+		// charges the request when one of its quotas (QuotaGroup, a
+		// descriptor's limits) fits whole.
 		Quota:       l.quota,
 		FailureMode: l.failureMode,
 		// A concurrency rule's acquisitions are seats: a slice would hold

@@ -38,9 +38,9 @@ import (
 // status shows, rather than taken from the limiter's rule on the hits
 // (limiter's requestRule), which decides what is charged: under the global
 // shadow mode every hit is a shadow one, yet the would-be denial must be
-// shown and counted; and a descriptor with several quota limits is over when
-// the one it shows is, where the limiter charges a request when any of its
-// quota hits fits.
+// shown and counted. On quotas the two agree: a descriptor with several
+// quota limits shows a denial first, so it is over when any of them is, as
+// the limiter's quota of its limits (one QuotaGroup) is.
 func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) (
 	resp *rlsv3.RateLimitResponse, deferred *limit, shadowed bool,
 ) {

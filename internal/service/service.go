@@ -257,6 +257,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			a.hit = len(hits)
 			hits = append(hits, a.costHit(&kb, req.Domain, d, requestCost))
 		}
+		// A quota descriptor's limits are one quota: over on one of them,
+		// it is charged on none, as its status says OVER_LIMIT.
+		for j := l.hit; j < len(hits); j++ {
+			hits[j].QuotaGroup = uint32(i)
+		}
 	}
 
 	s.applyModes(limits, hits)

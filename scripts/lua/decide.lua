@@ -19,23 +19,27 @@
 --          + FLAG_QUOTA for a quota hit (quota_mode) + FLAG_OLDEST for a
 --          refund of the oldest units first + FLAG_LEASE for a lease (the
 --          log only) + FLAG_SETTLE (with FLAG_REFUND) for a lease's
---          settlement; algorithms.go declares them all. A lease's hit
---          ends in ":<ttl in ms>:<nonce>" after an empty burst and ahead
---          ("code:limit:window:cost:::ttl:nonce"), a settlement's in
---          ":<units reserved>:<nonce>" (an empty nonce names no lease); see
---          sliding_window_log.lua's commit and settle
+--          settlement; for a quota hit, + FLAG_QUOTA_OVER when its quota
+--          is over already (Go denied another of its hits) and + its group
+--          times QUOTA_GROUP_UNIT; algorithms.go declares them all. A
+--          lease's hit ends in ":<ttl in ms>:<nonce>" after an empty burst
+--          and ahead ("code:limit:window:cost:::ttl:nonce"), a settlement's
+--          in ":<units reserved>:<nonce>" (an empty nonce names no lease);
+--          see sliding_window_log.lua's commit and settle
 --
 -- A request is charged only when every enforced (non-shadow, non-quota) hit
--- fits and, when it has quota hits, at least one of them fits. This rule is
--- the twin of Go's requestRule (internal/limiter/outcome.go): the check loop
--- below applies it, atomically, where the charges depend on it; a change to
--- one is a change to the other, and TestRequestRuleTwins checks them against
--- each other. A shadow hit,
--- or a quota hit, that does not fit is not charged, and a shadow hit never
--- denies its request. A recorded hit (a cost reported after the fact) is
--- charged whatever its request's fate, even past its limit: the debt then
--- denies later hits until the window has slid past it. A check (cost 0) asks
--- for one unit: it is denied while nothing remains.
+-- fits and, when it has quota hits, at least one of its quotas fits: the
+-- quota hits of one group (a descriptor's limits) are one quota, which fits
+-- when each of them fits. This rule is the twin of Go's requestRule
+-- (internal/limiter/outcome.go): the check loop below applies it,
+-- atomically, where the charges depend on it; a change to one is a change
+-- to the other, and TestRequestRuleTwins checks them against each other. A
+-- shadow hit that does not fit is not charged, nor is any hit of a quota
+-- that does not fit, and a shadow hit never denies its request. A recorded
+-- hit (a cost reported after the fact) is charged whatever its request's
+-- fate, even past its limit: the debt then denies later hits until the
+-- window has slid past it. A check (cost 0) asks for one unit: it is denied
+-- while nothing remains.
 --
 -- Order within a request: its refunds first. A refund gives units back (see
 -- each algorithm's refund), never denies, and is applied whatever its
@@ -70,6 +74,8 @@ local function parse_rule(s)
   if not code then
     error('decide: malformed hit argument ' .. s)
   end
+  local group = math.floor(code / QUOTA_GROUP_UNIT) -- math.floor: see need's math.max
+  code = code % QUOTA_GROUP_UNIT
   local alg = code % FLAG_SHADOW
   if string.find(window, ',', 1, true) then
     if alg ~= ALG_FIXED_WINDOW then
@@ -95,6 +101,8 @@ local function parse_rule(s)
     record = code % FLAG_REFUND >= FLAG_RECORD,
     refund = code % FLAG_QUOTA >= FLAG_REFUND,
     quota = code % FLAG_OLDEST >= FLAG_QUOTA,
+    group = group, -- a quota hit's: its quota
+    over = code >= FLAG_QUOTA_OVER, -- a quota hit's: its quota is over already
     oldest = code % FLAG_LEASE >= FLAG_OLDEST,
     lease = false, -- a lease's { ttl (microseconds), nonce }
     settle = false, -- a settlement's { units reserved, nonce }
@@ -105,11 +113,11 @@ local function parse_rule(s)
   if not rule.alg then
     error('decide: unknown algorithm in hit argument ' .. s)
   end
-  if code >= FLAG_LEASE then
+  if code % FLAG_QUOTA_OVER >= FLAG_LEASE then
     -- A lease's nonce is its own: the argument is never seen again, and is
     -- not kept among the rules.
     local n = tonumber(extra) or 0
-    if code >= FLAG_SETTLE then
+    if code % FLAG_QUOTA_OVER >= FLAG_SETTLE then
       rule.settle = { reserved = n, nonce = nonce }
     else
       rule.lease = { ttl = n * 1000, nonce = nonce }
@@ -134,10 +142,16 @@ local refunded = { admit = true, token = 0 }
 local hit_rules, starts, strings, states, reply = {}, {}, {}, {}, {}
 local replied = 0
 
+-- quota_over[group] is q while request q of this call has a hit of that
+-- quota group that does not fit (the quota is over); emptied as a call
+-- begins, and written only for quota hits.
+local quota_over = {}
+
 local function decide(keys, args)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   begin_call()
+  clear(quota_over)
   -- Parse every request first, to read every string counter of the batch
   -- with one MGET (see prefetch); the log's sorted sets are read one by one.
   -- Hit h (keys[h]) has the rule hit_rules[h]; request q holds hits
@@ -217,9 +231,9 @@ local function decide(keys, args)
       end
     end
     -- The request's rule, twin of Go's requestRule: refunds and shadow
-    -- hits never deny, a quota hit denies only with every other quota hit,
-    -- any other hit denies when it does not fit.
-    local quotas, quota_fits = false, false
+    -- hits never deny, a quota denies only with every other quota, any
+    -- other hit denies when it does not fit.
+    local quotas = false
     for i = first, last do
       local rule = hit_rules[i]
       if not rule.refund then
@@ -232,19 +246,31 @@ local function decide(keys, args)
         states[i] = st
         if rule.quota then
           quotas = true
-          quota_fits = quota_fits or st.admit
+          if rule.over or not st.admit then
+            quota_over[rule.group] = q
+          end
         elseif not st.admit and not rule.shadow then
           charge = false
         end
       end
     end
-    if quotas and not quota_fits then
+    if quotas and charge then
+      -- One quota whole is enough: a hit of a group not over.
       charge = false
+      for i = first, last do
+        local rule = hit_rules[i]
+        if rule.quota and quota_over[rule.group] ~= q then
+          charge = true
+          break
+        end
+      end
     end
     for i = first, last do
       local rule, key, st = hit_rules[i], keys[i], states[i]
       local alg = rule.alg
-      local charged = rule.charges and (rule.record or charge and st.admit)
+      -- A quota over charges none of its hits, as a denied request.
+      local charged = rule.charges and
+        (rule.record or charge and st.admit and not (rule.quota and quota_over[rule.group] == q))
       local remaining, reset
       if st.again then
         remaining, reset = st.remaining, st.reset
