@@ -28,14 +28,16 @@ import (
 // batch. The batch's calls (one per slot, and the other scripts) go in one
 // pipeline: one write and one read.
 //
-// It batches naturally: a worker takes the first waiting call and whatever
-// else is already queued (up to maxBatchHits hits). One worker collects at
-// a time (collect), so that the calls of a moment go to one batch, not
-// shared out between workers; the others are sending theirs meanwhile. When
-// calls come about once a batchLinger or faster (arrivals), a small batch
-// waits up to batchLinger for more (linger); at a slower pace none waits, so
-// an idle server adds no latency and a busy one gets deeper batches.
-// Several workers keep several batches in flight.
+// It batches naturally, as auto-pipelining Redis clients do: a worker takes
+// the first waiting call and whatever else is already queued (up to
+// maxBatchHits hits). One worker collects at a time (collect), so that the
+// calls of a moment go to one batch, not shared out between workers. With
+// no batch in flight, the batch goes at once: an idle or moderately loaded
+// server adds no wait. With one in flight, the collecting worker keeps
+// gathering until that batch's answer lands (gather): Redis runs one call
+// at a time, so a batch sent then would only wait behind it there, and the
+// calls that come meanwhile ride along. No batch waits on a timer, only on
+// another in flight, and never past a call's deadline.
 //
 // A call Redis ran is never sent again: after a lost connection its result
 // is an error, because a decide run twice would charge twice. Redis refuses
@@ -59,10 +61,13 @@ type batcher struct {
 	scriptsOnly atomic.Bool
 	stop        chan struct{}
 	workers     sync.WaitGroup
-	// collect is held by the worker taking calls from the queue; arrivals
-	// is its measure of their pace.
+	// collect is held by the worker taking calls from the queue. inflight
+	// counts the batches sent and not yet answered; landed is told when
+	// one is answered (a token at most: the gathering worker drains it
+	// before it looks at inflight).
 	collect  sync.Mutex
-	arrivals arrivals
+	inflight atomic.Int32
+	landed   chan struct{}
 }
 
 // call is one store call waiting for its batch.
@@ -118,6 +123,7 @@ func newBatcher(server redis.UniversalClient, timeout time.Duration,
 		tracer:  tracer,
 		node:    node,
 		stop:    make(chan struct{}),
+		landed:  make(chan struct{}, 1),
 	}
 	for range batchWorkers {
 		b.workers.Go(b.work)
@@ -214,7 +220,13 @@ func (b *batcher) work() {
 			return
 		}
 		if len(batch) > 0 {
+			b.inflight.Add(1)
 			b.exec(batch)
+			b.inflight.Add(-1)
+			select {
+			case b.landed <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
@@ -240,70 +252,36 @@ more:
 			break more
 		}
 	}
-	if linger(hits, b.arrivals.gap) {
+	// A token from a batch that landed before now would end the gathering
+	// early: only one landing after the look at inflight counts.
+	select {
+	case <-b.landed:
+	default:
+	}
+	if b.inflight.Load() > 0 {
 		batch = b.gather(batch, hits)
 	}
 	return batch, false
 }
 
-// A small batch waits a moment for more while calls come often: once hot
-// keys are decided from slices, the calls that still reach Redis are few
-// at a time, and a decide call's own cost (its round trip, the script's
-// entry) then outweighs its hits' (docs/bench.md, "A batcher that
-// lingers"). Calls further apart than batchLinger on average never wait.
-const (
-	batchLinger = time.Millisecond
-	lingerHits  = 16 // a batch this large goes at once
-)
-
-// linger reports whether a batch of hits waits for more, calls having
-// come gap apart on average.
-func linger(hits int, gap time.Duration) bool {
-	return hits > 0 && hits < lingerHits && gap < batchLinger
-}
-
-// arrivals measures the pace of the queue's calls: the time between one
-// call's queueing and the next's, averaged over about the last eight. The
-// collecting worker keeps it (under the batcher's collect).
-type arrivals struct {
-	last time.Time     // the latest call's queueing
-	gap  time.Duration // the average; idleGap before a second call
-}
-
-// arrivalWeight is the inverse of the newest gap's weight in the average.
-// A gap counts as at most arrivalWeight lingers (idleGap): one pause then
-// makes a busy queue idle, and sixteen calls in quick succession make an
-// idle one busy.
-const (
-	arrivalWeight = 8
-	idleGap       = arrivalWeight * batchLinger
-)
-
-// saw counts a call queued at queued. Calls reach the collector in about
-// the order they were queued; one queued before the latest came with it,
-// a gap of none.
-func (a *arrivals) saw(queued time.Time) {
-	if a.last.IsZero() {
-		a.last, a.gap = queued, idleGap
-		return
-	}
-	var gap time.Duration
-	if queued.After(a.last) {
-		gap = min(queued.Sub(a.last), idleGap)
-		a.last = queued
-	}
-	a.gap += (gap - a.gap) / arrivalWeight
-}
-
-// gather adds the calls that arrive within batchLinger to batch, of hits
-// hits, until it holds lingerHits hits, and no later than the deadline of
-// any call in it (lingerEnd): a call sent after its caller stopped waiting
-// would be charged for a request answered by failure mode.
+// gather adds the calls that come while another batch is in flight to
+// batch, of hits hits, until that batch lands or this one holds
+// maxBatchHits, and no later than the deadline of any call in it: a call
+// sent after its caller stopped waiting would be charged for a request
+// answered by failure mode.
 func (b *batcher) gather(batch []*call, hits int) []*call {
-	end := lingerEnd(time.Now(), batch)
+	if len(batch) == 0 {
+		return batch
+	}
+	end := batch[0].deadline
+	for _, c := range batch[1:] {
+		if c.deadline.Before(end) {
+			end = c.deadline
+		}
+	}
 	t := time.NewTimer(time.Until(end))
 	defer t.Stop()
-	for hits < lingerHits {
+	for hits < maxBatchHits {
 		select {
 		case c := <-b.calls:
 			n := len(batch)
@@ -312,6 +290,8 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 				end = c.deadline
 				t.Reset(time.Until(end))
 			}
+		case <-b.landed:
+			return batch
 		case <-t.C:
 			return batch
 		case <-b.stop:
@@ -321,23 +301,10 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 	return batch
 }
 
-// lingerEnd is when a batch gathered from now stops waiting: batchLinger
-// later, or at the earliest deadline of its calls.
-func lingerEnd(now time.Time, batch []*call) time.Time {
-	end := now.Add(batchLinger)
-	for _, c := range batch {
-		if c.deadline.Before(end) {
-			end = c.deadline
-		}
-	}
-	return end
-}
-
 // add appends c to batch unless its caller has already been answered (it
 // left, or its deadline passed while it queued): sending it now would
 // charge a request that was answered by failure mode.
 func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
-	b.arrivals.saw(c.queued)
 	c.sent.Store(true) // before the check: a caller that saw it unset was not sent
 	err := c.ctx.Err()
 	if err == nil && !time.Now().Before(c.deadline) {
