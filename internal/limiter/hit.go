@@ -1,0 +1,124 @@
+package limiter
+
+import (
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+)
+
+// Hit asks whether Cost more units fit Limit per Window on the counter Key.
+type Hit struct {
+	// Key is the store key, built with KeyBuilder.
+	Key string
+	// Algorithm decides how the window slides.
+	Algorithm config.Algorithm
+	// Limit is the number of units the window admits.
+	Limit uint32
+	// Window is the length of the window, a whole number of seconds. With
+	// a Calendar it is the unit's nominal length (30 days for a month),
+	// which the store's answers do not use.
+	Window time.Duration
+	// Calendar aligns a fixed window to the calendar (its weeks, months and
+	// years, in a time zone); zero for windows of the length Window. The
+	// limiter sends the edges of the windows around its clock (Options.Now)
+	// and the store counts in the one holding Redis TIME.
+	Calendar config.Calendar
+	// Cost is the number of units this hit consumes; 0 checks without
+	// consuming, and is denied while nothing remains.
+	Cost uint64
+	// Burst is, for GCRA, the size of the bucket in units; 0 means Limit.
+	// Other algorithms ignore it.
+	Burst uint32
+	// Shadow marks a hit that is evaluated and accounted as usual, but whose
+	// denial does not deny the request.
+	Shadow bool
+	// Quota marks a hit of a quota-mode limit (the reference's quota_mode).
+	// The quota hits with one QuotaGroup are one quota, which fits only when
+	// each of them fits: a request with quota hits fits only when at least
+	// one of its quotas does, besides every enforced hit that is not a
+	// quota hit. A quota that does not fit charges none of its hits (but a
+	// Record one), as a denied request charges none of its own. Shadow wins
+	// over Quota.
+	Quota bool
+	// QuotaGroup names the quota a Quota hit is part of: the service gives
+	// each descriptor's limits its index in the request, so that a
+	// descriptor over one of its limits is charged on none.
+	QuotaGroup uint32
+	// Record marks a cost that was spent before it was reported (Envoy's
+	// apply_on_stream_done: tokens streamed, bytes sent): it is charged
+	// whether it fits or not, and whatever the request's other hits say. Past
+	// the limit it is a debt, which denies later hits until the window has
+	// slid past it; the hit is then denied, and still Charged.
+	Record bool
+	// Refund marks a hit that gives Cost units back to the counter instead of
+	// taking them (Envoy's is_negative_hits): never below zero, and never
+	// units of another window than the current one (see scripts/lua). It is
+	// always admitted and applied whatever the request's other hits say, and
+	// it drops the deny cache's entry of the counter.
+	Refund bool
+	// RefundOldest makes a Refund of the sliding window log give back its
+	// oldest units instead of its newest: the release of a concurrency limit
+	// (refund_order: oldest). Other algorithms' counts have no order.
+	RefundOldest bool
+	// NoSlices keeps the hit off the slices of hot keys (internal/quota's
+	// Slices): decided on the store every time, as a rule with
+	// hot_key_slices: false, or a concurrency rule, asks.
+	NoSlices bool
+	// Ahead records a charge of the sliding window log that far ahead of
+	// Redis's now: a lease (internal/quota's Slices) whose units are used
+	// over the Ahead that follows is recorded at the last instant one can
+	// be, so that every window holding a use holds its members too. Other
+	// algorithms ignore it: their slices end where their window does.
+	Ahead time.Duration
+	// Lease makes the hit's charge a lease (the sliding window log only,
+	// Decide refuses it on another algorithm): its units are named by a
+	// random id, Verdict.Lease, that only Settle frees, and they leave the
+	// count by themselves LeaseTTL after the charge when no settlement came
+	// (a concurrency limit's seat, a reservation of an estimated cost). A
+	// lease is never answered from the deny cache: a settlement on another
+	// instance may free it at any moment.
+	Lease bool
+	// LeaseTTL is how long a lease lives unsettled; 0 means Window.
+	LeaseTTL time.Duration
+	// Settle closes the lease this id names (a Verdict.Lease), on the same
+	// Key: its units leave the count, and Cost, the actual cost, is
+	// recorded in their place at once, even past the limit (a cost already
+	// spent). It never denies and is applied whatever the request's other
+	// hits say, as a Refund. An id that names no lease (settled already,
+	// expired, or made up: whatever a client sent) frees nothing, and Cost
+	// is recorded all the same.
+	Settle string
+	// FailureMode answers the hit when the store cannot. Deny gives a
+	// denial; allow and FailureDefer (zero) give an admission that charged
+	// nothing, and the caller tells those two apart.
+	FailureMode config.FailureMode
+}
+
+// Verdict is the answer for one Hit.
+type Verdict struct {
+	// Admitted reports that the hit fits its limit.
+	Admitted bool
+	// Charged reports that the hit's cost was recorded. An admitted hit is
+	// not charged when another enforced hit of the same request was denied;
+	// a Record hit is charged even when denied.
+	Charged bool
+	// CostExceedsLimit reports a hit whose cost is larger than its limit:
+	// it can never be admitted, so it was denied without asking the store.
+	CostExceedsLimit bool
+	// FailureVerdict reports an answer by the hit's FailureMode, given
+	// because the store could not answer.
+	FailureVerdict bool
+	// Remaining is the number of units still available after this decision.
+	Remaining uint64
+	// ResetAfter is, for an admitted hit, the time until the window is
+	// empty again; for a denied hit, the time until its cost would fit,
+	// provided nothing else arrives meanwhile; for a Record hit that was
+	// denied, and for a Refund that left nothing, until one unit fits.
+	ResetAfter time.Duration
+	// Token names a charge the store made, for GiveBack: the log's score,
+	// the counters' window index; 0 for GCRA and when nothing was charged.
+	Token int64
+	// Lease is the id of the lease a Lease hit's charge took, for Settle;
+	// empty when nothing was charged.
+	Lease string
+}
