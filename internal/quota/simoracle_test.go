@@ -1,0 +1,149 @@
+package quota
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+)
+
+// The simulator's oracle (see sim_test.go): what was admitted and refunded,
+// what faults and reloads allow past the limit, and each algorithm's bound
+// checked at every admission.
+
+// simAdmission is units the fleet admitted at an instant.
+type simAdmission struct {
+	at              time.Time
+	units, refunded uint64
+}
+
+// simFault is what a failover lost, at an instant.
+type simFault struct {
+	at    time.Time
+	units uint64
+}
+
+// simReload is a reload of the limit: the windows that hold it are bound by
+// the larger of the two limits.
+type simReload struct {
+	at   time.Time
+	from uint32
+}
+
+// inWindow reports whether an admission at at counts in the window the
+// oracle checks at now: the log's and GCRA's sliding window, the counters'
+// current window.
+func (r *simRun) inWindow(i int) bool {
+	if i < r.since {
+		return false
+	}
+	at := r.admitted[i].at
+	w := r.rule.window
+	switch r.rule.alg {
+	case config.FixedWindow, config.SlidingWindowCounter:
+		return at.Sub(simEpoch)/w == r.now.Sub(simEpoch)/w
+	}
+	return at.After(r.now.Add(-w))
+}
+
+func (r *simRun) refundable() uint64 {
+	var n uint64
+	for i, a := range r.admitted {
+		if r.inWindow(i) {
+			n += a.units - a.refunded
+		}
+	}
+	return n
+}
+
+// cancel takes n refunded units off the newest admissions in the window.
+func (r *simRun) cancel(n uint64) {
+	for i := len(r.admitted) - 1; i >= 0 && n > 0; i-- {
+		a := &r.admitted[i]
+		if !r.inWindow(i) {
+			break
+		}
+		back := min(n, a.units-a.refunded)
+		a.refunded += back
+		n -= back
+	}
+}
+
+// admit records n units admitted now and checks the algorithm's bound.
+func (r *simRun) admit(n uint64) string {
+	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n})
+	w := r.rule.window
+	// A fault's units count while a window can hold them: a slice ends
+	// within its window or a period after it, and the sliding counter
+	// weighs its previous window in.
+	reach := w + time.Second
+	if r.rule.alg == config.SlidingWindowCounter {
+		reach += w
+	}
+	// Across a reload, a count holds the larger limit; a GCRA bucket, whose
+	// TAT the new rate reads, the two rules' bounds together.
+	limit, reloaded := r.limit, uint64(0)
+	for _, l := range r.reloads {
+		if l.at.After(r.now.Add(-2 * w)) {
+			limit = max(limit, l.from)
+			reloaded += uint64(bucket(r.rule.burst, l.from)) + uint64(l.from)
+		}
+	}
+	var slack uint64
+	for _, f := range r.faults {
+		if f.at.After(r.now.Add(-reach)) {
+			slack += f.units
+		}
+	}
+	// Each token bucket an Envoy held in the window lets its fill through
+	// unleased (docs/rlqs.md, "The bound"); on a fixed window, a lease made
+	// before the window's edge counts in the old window only, while its
+	// refills come in the new one.
+	if len(r.envoys) > 0 && r.rule.alg == config.FixedWindow {
+		slack += uint64(math.Ceil(float64(limit) * (DefaultLease + deliveryMargin).Seconds() / w.Seconds()))
+	}
+	for _, e := range r.envoys {
+		for _, b := range e.buckets {
+			if b.end.IsZero() || b.end.After(r.now.Add(-reach)) {
+				slack += b.first
+			}
+		}
+	}
+	count := r.refundable() // what the window holds, less refunds
+	switch r.rule.alg {
+	case config.SlidingWindowLog, config.FixedWindow:
+		if count > uint64(limit)+slack {
+			return fmt.Sprintf("%d units in the window, limit %d (+%d lost)", count, limit, slack)
+		}
+	case config.GCRA:
+		bound := uint64(bucket(r.rule.burst, r.limit)) + uint64(r.limit) + reloaded
+		if count > bound+slack {
+			return fmt.Sprintf("%d units in a window, burst + limit %d (+%d lost)", count, bound, slack)
+		}
+	case config.SlidingWindowCounter:
+		// Its own estimate: the previous window weighed by what the
+		// sliding window still covers of it, plus the current one.
+		idx := r.now.Sub(simEpoch) / w
+		var prev uint64
+		for _, a := range r.admitted[r.since:] {
+			if a.at.Sub(simEpoch)/w == idx-1 {
+				prev += a.units - a.refunded
+			}
+		}
+		elapsed := r.now.Sub(simEpoch) - idx*w
+		est := float64(prev)*float64(w-elapsed)/float64(w) + float64(count)
+		if est > float64(uint64(limit)+slack)+1e-9 {
+			return fmt.Sprintf("estimate %.3f (previous %d, current %d), limit %d (+%d lost)", est, prev, count, limit, slack)
+		}
+	}
+	return ""
+}
+
+// bucket is a GCRA rule's bucket size: its burst, 0 meaning the limit.
+func bucket(burst, limit uint32) uint32 {
+	if burst == 0 {
+		return limit
+	}
+	return burst
+}

@@ -1,0 +1,509 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+)
+
+// The simulator's run of one schedule (see sim_test.go): the store whose
+// clock and faults it owns, the instances' ledger, the Envoys' RLQS
+// buckets, and each event applied.
+
+// simStore is the store the instances share: a miniredis, its client and
+// limiter, reused across schedules (flushed between them).
+type simStore struct {
+	m   *miniredis.Miniredis
+	lim *limiter.Limiter
+}
+
+func newSimStore(t *testing.T) *simStore {
+	t.Helper()
+	m := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})
+	t.Cleanup(func() { client.Close() })
+	lim := limiter.New(client, &limiter.Options{Timeout: 10 * time.Second, DenyCache: -1})
+	t.Cleanup(lim.Close)
+	return &simStore{m: m, lim: lim}
+}
+
+// simKey is one key of a store snapshot.
+type simKey struct {
+	name, str string
+	members   map[string]float64
+	fields    map[string]string
+	expires   time.Time // zero: none
+}
+
+// snapshot is the store's content at now.
+func (st *simStore) snapshot(now time.Time) []simKey {
+	var keys []simKey
+	for _, name := range st.m.Keys() {
+		k := simKey{name: name}
+		switch st.m.Type(name) {
+		case "string":
+			k.str, _ = st.m.Get(name)
+		case "zset":
+			members, _ := st.m.ZMembers(name)
+			k.members = make(map[string]float64, len(members))
+			for _, mem := range members {
+				k.members[mem], _ = st.m.ZScore(name, mem)
+			}
+		case "hash":
+			fields, _ := st.m.HKeys(name)
+			k.fields = make(map[string]string, len(fields))
+			for _, f := range fields {
+				k.fields[f] = st.m.HGet(name, f)
+			}
+		default:
+			panic("simulator: a key of type " + st.m.Type(name))
+		}
+		if ttl := st.m.TTL(name); ttl > 0 {
+			k.expires = now.Add(ttl)
+		}
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// restore makes the store hold keys at now, less those expired since.
+func (st *simStore) restore(keys []simKey, now time.Time) {
+	st.m.FlushAll()
+	for _, k := range keys {
+		if !k.expires.IsZero() && !k.expires.After(now) {
+			continue
+		}
+		switch {
+		case k.members != nil:
+			for mem, score := range k.members {
+				_, _ = st.m.ZAdd(k.name, score, mem)
+			}
+		case k.fields != nil:
+			for f, v := range k.fields {
+				st.m.HSet(k.name, f, v)
+			}
+		default:
+			_ = st.m.Set(k.name, k.str)
+		}
+		if !k.expires.IsZero() {
+			st.m.SetTTL(k.name, k.expires.Sub(now))
+		}
+	}
+}
+
+// simWrite is a store call acknowledged: the store after it, and the units
+// it charged (what a failover that loses it may add).
+type simWrite struct {
+	keys    []simKey
+	charged uint64
+}
+
+var errSimLost = errors.New("simulator: the reply was lost")
+
+// simRun runs one schedule.
+type simRun struct {
+	st     *simStore
+	rule   simRule
+	limit  uint32
+	now    time.Time // Redis TIME, the truth
+	slices []*Slices
+	alloc  *Allocator
+	envoys []*simEnvoyBucket
+	gather []func() // an instance's gathered leases, waiting to be sent
+	due    []time.Time
+
+	ops  []simOp
+	next int // the next op to run
+
+	writes    []simWrite // the last few acknowledged calls, the oldest first; writes[0] is the base
+	applied   bool       // the last store call applied, its reply lost or not
+	loseReply bool
+	during    []simOp // run between the next lease's write and its answer
+
+	admitted  []simAdmission
+	since     int // the first admission after the last Reset or restart: the count starts again
+	faults    []simFault
+	reloads   []simReload
+	trace     []string // what happened, for a failing schedule
+	local     int      // hits decided from a slice
+	leased    uint64   // units leased
+	leases    int      // leases sent to the store
+	byBuckets uint64   // units Envoys' RLQS buckets admitted
+}
+
+const simKeyName = "{sim}:k"
+
+func (r *simRun) hit(cost uint64) limiter.Hit {
+	return limiter.Hit{Key: simKeyName, Algorithm: r.rule.alg, Limit: r.limit, Window: r.rule.window, Burst: r.rule.burst, Cost: cost}
+}
+
+// simLedger is the instances' ledger: the real Split, with the store's
+// faults and the events run while a lease's answer is on its way.
+type simLedger struct {
+	r     *simRun
+	split *limiter.Split
+}
+
+func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+	for _, s := range l.r.slices {
+		if ctx == s.ctx {
+			l.r.leases++
+		}
+	}
+	v, err := l.split.Decide(ctx, hits)
+	var charged uint64
+	for i := range v {
+		if v[i].Charged && !hits[i].Refund {
+			charged += hits[i].Cost
+		}
+	}
+	if err = l.r.acknowledge(charged, err); err != nil {
+		// Answered as the limiter answers a store failure: by the
+		// failure mode (deny), a refund admitted.
+		for i := range hits {
+			v[i] = limiter.Verdict{FailureVerdict: true, Admitted: hits[i].Refund, ResetAfter: limiter.FailureRetry}
+		}
+		return v, err
+	}
+	if during := l.r.during; during != nil {
+		l.r.during = nil
+		for _, o := range during {
+			l.r.apply(o)
+		}
+	}
+	return v, nil
+}
+
+func (l simLedger) Share(ctx context.Context, req limiter.ShareRequest) (limiter.Share, error) {
+	sh, err := l.split.Share(ctx, req)
+	if err = l.r.acknowledge(0, err); err != nil {
+		return limiter.Share{}, err
+	}
+	return sh, nil
+}
+
+func (l simLedger) ConfirmShare(ctx context.Context, key, member string, window time.Duration, tokens uint64) error {
+	return l.r.acknowledge(0, l.split.ConfirmShare(ctx, key, member, window, tokens))
+}
+
+func (l simLedger) GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error) {
+	n, err := l.split.GiveBack(ctx, returns)
+	if err = l.r.acknowledge(0, err); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+func (l simLedger) Reset(ctx context.Context, h limiter.Hit) (int64, error) {
+	n, err := l.split.Reset(ctx, h)
+	if err = l.r.acknowledge(0, err); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// acknowledge records a store call that applied: a replica's history, and
+// the lost reply the schedule asked for.
+func (r *simRun) acknowledge(charged uint64, err error) error {
+	if err != nil {
+		return err
+	}
+	r.applied = true
+	r.writes = append(r.writes, simWrite{keys: r.st.snapshot(r.now), charged: charged})
+	if len(r.writes) > 8 {
+		r.writes = slices.Delete(r.writes, 0, len(r.writes)-8)
+	}
+	if r.loseReply {
+		r.loseReply = false
+		r.trace = append(r.trace, "  the reply was lost")
+		return errSimLost
+	}
+	return nil
+}
+
+func newSimRun(st *simStore, s simSchedule) *simRun {
+	st.m.FlushAll()
+	st.m.SetTime(simEpoch)
+	r := &simRun{st: st, rule: s.rule, limit: s.rule.limit, now: simEpoch, ops: s.ops}
+	r.writes = []simWrite{{}}
+	for i := range s.rule.instances {
+		opts := &SliceOptions{Threshold: 2, Now: func() time.Time { return r.now }, Observe: SliceObserver{
+			Local:  func(n int) { r.local += n },
+			Leased: func(n uint64) { r.leased += n },
+		}}
+		sl := newSlices(simLedger{r: r, split: limiter.NewSplit(st.lim, nil)}, opts, false)
+		sl.later = func(d time.Duration, f func()) {
+			r.gather[i], r.due[i] = f, r.now.Add(d)
+		}
+		sl.spawn = func(f func()) { f() }
+		r.slices = append(r.slices, sl)
+		r.gather = append(r.gather, nil)
+		r.due = append(r.due, time.Time{})
+	}
+	r.alloc = New(simLedger{r: r, split: limiter.NewSplit(st.lim, nil)}, &Options{Now: func() time.Time { return r.now }})
+	for i := range s.rule.envoys {
+		r.envoys = append(r.envoys, &simEnvoyBucket{lease: Bucket{Member: fmt.Sprint("envoy-", i)}, seen: 1})
+	}
+	for _, e := range r.envoys {
+		r.report(e)
+	}
+	return r
+}
+
+// simEnvoyBucket is one Envoy's RLQS bucket as Envoy runs it: a token
+// bucket refilled continuously, capped, starting full when its assignment
+// changes; denying once its assignment expired (the bucket's expired
+// assignment behavior, deny).
+type simEnvoyBucket struct {
+	lease    Bucket
+	held     Assignment
+	received time.Time
+	tokens   float64
+	refilled time.Time
+	seen     uint64 // requests since the last report
+	buckets  []simBucketLife
+}
+
+// simBucketLife is a token bucket an Envoy started: its first fill is the
+// published bound's own term (docs/rlqs.md), counted while it lives and a
+// window after.
+type simBucketLife struct {
+	end   time.Time // zero: live
+	first uint64
+}
+
+// envoyServe lets n requests through Envoy e's bucket now.
+func (r *simRun) envoyServe(e *simEnvoyBucket, n uint64) uint64 {
+	live := e.held.Kind == TokenBucket && r.now.Before(e.received.Add(e.held.TTL))
+	if live {
+		rate := float64(e.held.TokensPerFill) / e.held.FillInterval.Seconds()
+		e.tokens = min(float64(e.held.MaxTokens), e.tokens+rate*r.now.Sub(e.refilled).Seconds())
+	}
+	e.refilled = r.now
+	var admitted uint64
+	for range n {
+		e.seen++
+		if live && e.tokens >= 1 {
+			e.tokens--
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// report sends Envoy e's report to the allocator and applies the answer.
+func (r *simRun) report(e *simEnvoyBucket) {
+	lim := Limit{Hits: []limiter.Hit{r.hit(0)}, ShareKey: simKeyName + ":rlqs"}
+	a, err := r.alloc.Report(context.Background(), &e.lease, lim, e.seen)
+	if err != nil {
+		return // the held assignment runs out at its time to live
+	}
+	r.trace = append(r.trace, fmt.Sprintf("  report: %+v", a))
+	e.seen = 0
+	r.envoyServe(e, 0) // refilled up to now under the old assignment
+	if a.Kind == TokenBucket && (e.held.Kind != TokenBucket || e.held.MaxTokens != a.MaxTokens ||
+		e.held.TokensPerFill != a.TokensPerFill || e.held.FillInterval != a.FillInterval ||
+		!r.now.Before(e.received.Add(e.held.TTL))) {
+		e.tokens = float64(a.MaxTokens)
+		e.endBucket(r.now)
+		e.buckets = append(e.buckets, simBucketLife{first: a.MaxTokens})
+	} else if a.Kind != TokenBucket {
+		e.endBucket(r.now)
+	}
+	e.held, e.received = a, r.now
+	_ = r.alloc.Confirm(context.Background(), &e.lease, lim)
+}
+
+func (e *simEnvoyBucket) endBucket(now time.Time) {
+	if n := len(e.buckets); n > 0 && e.buckets[n-1].end.IsZero() {
+		e.buckets[n-1].end = now
+	}
+}
+
+// close drops the instances without giving back: the next schedule
+// flushes the store.
+func (r *simRun) close() {
+	for _, s := range r.slices {
+		s.closed.Store(true)
+		s.cancel()
+	}
+}
+
+// run runs the schedule to its end or its first violation.
+func (r *simRun) run() (violation string) {
+	defer r.close()
+	for r.next < len(r.ops) {
+		o := r.ops[r.next]
+		r.next++
+		if o.kind == simLeases {
+			n := min(int(o.n), len(r.ops)-r.next)
+			r.during = r.ops[r.next : r.next+n]
+			r.next += n
+		}
+		if v := r.apply(o); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// apply runs one event; it returns the violation it caused, if any.
+func (r *simRun) apply(o simOp) string {
+	r.trace = append(r.trace, fmt.Sprintf("%6.3fs %v", r.now.Sub(simEpoch).Seconds(), o))
+	ctx := context.Background()
+	switch o.kind {
+	case simHit:
+		v, err := r.slices[o.inst].Decide(ctx, []limiter.Hit{r.hit(o.n)})
+		if err == nil && v[0].Admitted && !v[0].FailureVerdict {
+			r.trace = append(r.trace, fmt.Sprintf("  admitted, remaining %d", v[0].Remaining))
+			return r.admit(o.n)
+		}
+	case simRefund:
+		// A client refunds only units it was admitted: at most what the
+		// oracle holds uncancelled in the window the refund reaches.
+		n := min(o.n, r.refundable())
+		if n == 0 {
+			return ""
+		}
+		h := r.hit(n)
+		h.Refund = true
+		r.applied = false
+		_, _ = r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
+		if r.applied { // its reply lost or not
+			r.cancel(n)
+		}
+	case simEnvoy:
+		if n := r.envoyServe(r.envoys[o.inst], o.n); n > 0 {
+			r.byBuckets += n
+			r.trace = append(r.trace, fmt.Sprintf("  %d admitted by its bucket", n))
+			return r.admit(n)
+		}
+	case simAdvance:
+		r.advance(o.d)
+	case simLeases:
+		r.sendLeases(o.inst)
+		r.during = nil
+	case simReset:
+		// Other instances' slices live on: the log keeps their members
+		// (recorded ahead), the other algorithms' counts forget them, and
+		// each unit they held is then spent or given back uncounted.
+		// The Envoys' leases go with the count.
+		held := r.leasedAhead()
+		if r.rule.alg != config.SlidingWindowLog {
+			held += r.held(o.inst)
+		}
+		r.applied = false
+		_, _ = r.slices[o.inst].Reset(ctx, r.hit(0))
+		if r.applied { // its reply lost or not
+			r.since = len(r.admitted)
+			r.faults = append(r.faults, simFault{at: r.now, units: held})
+		}
+	case simReloadOp:
+		r.reloads = append(r.reloads, simReload{at: r.now, from: r.limit})
+		r.limit = uint32(o.n)
+	case simLoseReply:
+		r.loseReply = true
+	case simFailover:
+		n := min(int(o.n), len(r.writes)-1)
+		var lost uint64
+		for _, w := range r.writes[len(r.writes)-n:] {
+			lost += w.charged
+		}
+		r.writes = r.writes[:len(r.writes)-n]
+		r.st.restore(r.writes[len(r.writes)-1].keys, r.now)
+		r.faults = append(r.faults, simFault{at: r.now, units: lost})
+	case simRestart:
+		r.st.m.FlushAll()
+		r.writes = []simWrite{{}}
+		r.since = len(r.admitted)
+		// The live slices' units are still spent, and no longer counted.
+		r.faults = append(r.faults, simFault{at: r.now, units: r.held(-1) + r.leasedAhead()})
+	}
+	return ""
+}
+
+// leasedAhead is the refills the Envoys' buckets were leased ahead.
+func (r *simRun) leasedAhead() uint64 {
+	var n uint64
+	for _, e := range r.envoys {
+		if b := &e.lease; b.held.Kind == TokenBucket && b.leaseEnd.After(r.now) {
+			rate := float64(b.held.TokensPerFill) / b.held.FillInterval.Seconds()
+			n += uint64(math.Ceil(rate*b.leaseEnd.Sub(r.now).Seconds()+b.carry)) + 1
+		}
+	}
+	return n
+}
+
+// held is the units the slices of every instance but except hold: live,
+// or ended and waiting for the next tick to be given back.
+func (r *simRun) held(except int) uint64 {
+	var n uint64
+	for i, s := range r.slices {
+		if i == except {
+			continue
+		}
+		s.each(func(k *hotKey) { n += k.available(r.now) })
+		for _, ret := range s.returns {
+			n += ret.Units
+		}
+	}
+	return n
+}
+
+// sendLeases sends inst's gathered leases, if any.
+func (r *simRun) sendLeases(inst int) {
+	if f := r.gather[inst]; f != nil {
+		r.gather[inst] = nil
+		f()
+	}
+}
+
+// advance moves the clock d: every instance ticks at each whole second it
+// passes, and leases whose gathering ended go.
+func (r *simRun) advance(d time.Duration) {
+	end := r.now.Add(d)
+	for {
+		next := r.now.Truncate(time.Second).Add(time.Second)
+		for i := range r.due {
+			if r.gather[i] != nil && r.due[i].Before(next) && !r.due[i].After(end) {
+				next = r.due[i]
+			}
+		}
+		if next.After(end) {
+			break
+		}
+		r.setNow(next)
+		for i := range r.gather {
+			if r.gather[i] != nil && !r.due[i].After(r.now) {
+				r.sendLeases(i)
+			}
+		}
+		if r.now.Truncate(time.Second).Equal(r.now) {
+			for _, s := range r.slices {
+				s.turn(r.now)
+				s.flush()
+			}
+		}
+		if r.now.Truncate(DefaultReportInterval).Equal(r.now) {
+			for _, e := range r.envoys {
+				r.report(e)
+			}
+		}
+	}
+	r.setNow(end)
+}
+
+func (r *simRun) setNow(t time.Time) {
+	r.now = t
+	r.st.m.SetTime(t)
+}
