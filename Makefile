@@ -57,9 +57,9 @@ tools:
 
 ## bench: load-test the service at its shipped defaults on a real redis-server, with
 ## Envoy's 20 ms deadline, against an INCRBY+EXPIRE floor: 66 scenarios of 6 s, then
-## Zipf and uniform keys beside envoyproxy/ratelimit itself (go install), RLQS, bursts,
-## 50 callers on 5 seats over two instances;
-## BENCH_QUICK=1: a representative subset (about a minute and a half); BENCH_FLAGS: more flags (docs/bench.md)
+## Zipf and uniform keys beside envoyproxy/ratelimit itself (go install), open-loop latency
+## at 500-10,000 requests/s beside it (about 5 min), RLQS, bursts, 50 callers on 5 seats over two instances;
+## BENCH_QUICK=1: a representative subset (about a minute and a half, and a minute more of latency); BENCH_FLAGS: more flags (docs/bench.md)
 bench:
 	$(GO) run ./cmd/ratelimit-bench $(BENCH_FLAGS)
 
