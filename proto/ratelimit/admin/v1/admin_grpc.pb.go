@@ -52,7 +52,8 @@ type AdminClient interface {
 	// is an ordinary answer with matched = false, not an error.
 	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error)
 	// Reset deletes a descriptor's counter, so that its whole limit is
-	// available again at once: for sliding_window_log the log of hits, for
+	// available again at once: for sliding_window_log the log of hits (but
+	// the members of other instances' live slices of a hot key), for
 	// sliding_window_counter and fixed_window the counters of the current and
 	// the previous window. NOT_FOUND when no rule matches the descriptor or the
 	// rule is unlimited: there is no counter to reset.
@@ -112,7 +113,8 @@ type AdminServer interface {
 	// is an ordinary answer with matched = false, not an error.
 	Inspect(context.Context, *InspectRequest) (*InspectResponse, error)
 	// Reset deletes a descriptor's counter, so that its whole limit is
-	// available again at once: for sliding_window_log the log of hits, for
+	// available again at once: for sliding_window_log the log of hits (but
+	// the members of other instances' live slices of a hot key), for
 	// sliding_window_counter and fixed_window the counters of the current and
 	// the previous window. NOT_FOUND when no rule matches the descriptor or the
 	// rule is unlimited: there is no counter to reset.
