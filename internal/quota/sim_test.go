@@ -65,6 +65,7 @@ const (
 	simFailover                   // a replica n calls behind is promoted
 	simRestart                    // the store restarts empty
 	simEnvoy                      // n requests at Envoy inst, decided by its RLQS token bucket
+	simSettle                     // a seats rule: inst settles the held lease n selects, at cost
 )
 
 type simOp struct {
@@ -72,6 +73,7 @@ type simOp struct {
 	inst int
 	n    uint64
 	d    time.Duration
+	cost uint64 // a settlement's actual cost
 }
 
 func (o simOp) String() string {
@@ -96,6 +98,8 @@ func (o simOp) String() string {
 		return "restart"
 	case simEnvoy:
 		return fmt.Sprintf("envoy(e%d, %d)", o.inst, o.n)
+	case simSettle:
+		return fmt.Sprintf("settle(i%d, lease %d, cost %d)", o.inst, o.n, o.cost)
 	}
 	return "?"
 }
@@ -108,6 +112,12 @@ type simRule struct {
 	window    time.Duration
 	instances int
 	envoys    int // Envoys whose RLQS buckets lease from the counter, reporting every 5 s
+	// seats makes the rule a log with leases (a concurrency limit, or
+	// reservations settled by their actual cost): a hit is an acquisition
+	// that lives leaseTTL unless settled, a refund a settlement. Such a
+	// rule is never decided from a slice.
+	seats    bool
+	leaseTTL time.Duration
 }
 
 type simSchedule struct {
@@ -136,6 +146,10 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 	if alg == config.GCRA && rng.IntN(2) == 0 {
 		r.burst = r.limit / 2
 	}
+	if alg == config.SlidingWindowLog && r.envoys == 0 && rng.IntN(4) == 0 {
+		r.seats = true
+		r.leaseTTL = r.window / time.Duration(1+rng.IntN(2))
+	}
 	// Demand from half to three times the limit's rate.
 	mean := time.Duration(float64(r.window) / float64(r.limit) / (0.5 + 2.5*rng.Float64()))
 	ops := make([]simOp, 0, 400)
@@ -148,6 +162,10 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 		case p < 560:
 			ops = append(ops, simOp{kind: simHit, inst: inst, n: 1 + uint64(rng.IntN(8)/6)})
 			ops = append(ops, simOp{kind: simAdvance, d: time.Duration(rng.ExpFloat64() * float64(mean)).Round(time.Millisecond)})
+		case p < 680 && r.seats:
+			// A seat given back (cost 0), or a reservation settled by its
+			// actual cost, more or less than it took.
+			ops = append(ops, simOp{kind: simSettle, inst: inst, n: uint64(rng.IntN(8)), cost: uint64(max(0, rng.IntN(6)-3))})
 		case p < 680:
 			ops = append(ops, simOp{kind: simRefund, inst: inst, n: 1 + uint64(rng.IntN(3))})
 		case p < 800:
@@ -201,8 +219,12 @@ func shrink(st *simStore, s simSchedule, budget int) simSchedule {
 func (s simSchedule) describe(st *simStore) string {
 	v, r := simulate(st, s)
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: %v limit %d burst %d window %v, %d instances, %d Envoys, %d events: %s\n",
-		s.seed, s.rule.alg, s.rule.limit, s.rule.burst, s.rule.window, s.rule.instances, s.rule.envoys, len(s.ops), v)
+	seats := ""
+	if s.rule.seats {
+		seats = fmt.Sprintf(", leases of %v", s.rule.leaseTTL)
+	}
+	fmt.Fprintf(&b, "seed %d: %v limit %d burst %d window %v%s, %d instances, %d Envoys, %d events: %s\n",
+		s.seed, s.rule.alg, s.rule.limit, s.rule.burst, s.rule.window, seats, s.rule.instances, s.rule.envoys, len(s.ops), v)
 	for _, line := range r.trace {
 		b.WriteString(line + "\n")
 	}
@@ -230,18 +252,18 @@ func TestSimulator(t *testing.T) {
 				return
 			}
 			start := time.Now()
-			seed, n, local, leased, byBuckets := *simFrom, 0, 0, uint64(0), uint64(0)
+			seed, n, local, leased, byBuckets, seats := *simFrom, 0, 0, uint64(0), uint64(0), 0
 			for ; *simFor > 0 && time.Since(start) < *simFor || *simFor == 0 && n < simSlice; seed++ {
 				n++
 				s := newSimSchedule(seed, alg)
 				v, r := simulate(st, s)
-				local, leased, byBuckets = local+r.local, leased+r.leased, byBuckets+r.byBuckets
+				local, leased, byBuckets, seats = local+r.local, leased+r.leased, byBuckets+r.byBuckets, seats+len(r.seats)
 				if v != "" {
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}
-			t.Logf("%d schedules (seeds %d to %d) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets",
-				n, *simFrom, seed-1, time.Since(start).Round(time.Millisecond), local, leased, byBuckets)
+			t.Logf("%d schedules (seeds %d to %d) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired",
+				n, *simFrom, seed-1, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats)
 		})
 	}
 }

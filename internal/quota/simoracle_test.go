@@ -18,6 +18,15 @@ type simAdmission struct {
 	units, refunded uint64
 }
 
+// simSeat is a lease a seats rule's acquisition took: its units count
+// until it is settled or its time to live ends.
+type simSeat struct {
+	id      string
+	units   uint64
+	ends    time.Time
+	settled bool
+}
+
 // simFault is what a failover lost, at an instant.
 type simFault struct {
 	at    time.Time
@@ -73,6 +82,25 @@ func (r *simRun) cancel(n uint64) {
 // admit records n units admitted now and checks the algorithm's bound.
 func (r *simRun) admit(n uint64) string {
 	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n})
+	return r.check(r.refundable())
+}
+
+// admitSeat checks a seats rule's bound after an acquisition: the seats
+// held (acquired since the last Reset, neither settled nor past their time
+// to live) and the settled costs in the window within the limit.
+func (r *simRun) admitSeat() string {
+	count := r.refundable()
+	for _, st := range r.seats[r.seatsFrom:] {
+		if !st.settled && st.ends.After(r.now) {
+			count += st.units
+		}
+	}
+	return r.check(count)
+}
+
+// check checks the algorithm's bound on count, what the window holds
+// now, less refunds.
+func (r *simRun) check(count uint64) string {
 	w := r.rule.window
 	// A fault's units count while a window can hold them: a slice ends
 	// within its window or a period after it, and the sliding counter
@@ -110,7 +138,6 @@ func (r *simRun) admit(n uint64) string {
 			}
 		}
 	}
-	count := r.refundable() // what the window holds, less refunds
 	switch r.rule.alg {
 	case config.SlidingWindowLog, config.FixedWindow:
 		if count > uint64(limit)+slack {

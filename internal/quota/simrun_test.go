@@ -132,6 +132,8 @@ type simRun struct {
 
 	admitted  []simAdmission
 	since     int // the first admission after the last Reset or restart: the count starts again
+	seats     []simSeat // a seats rule's leases, the oldest first
+	seatsFrom int       // the first seat after the last Reset or restart
 	faults    []simFault
 	reloads   []simReload
 	trace     []string // what happened, for a failing schedule
@@ -163,7 +165,8 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	v, err := l.split.Decide(ctx, hits)
 	var charged uint64
 	for i := range v {
-		if v[i].Charged && !hits[i].Refund {
+		// A settlement records its actual cost whatever the verdict says.
+		if v[i].Charged && !hits[i].Refund || hits[i].Settle != "" {
 			charged += hits[i].Cost
 		}
 	}
@@ -363,7 +366,16 @@ func (r *simRun) apply(o simOp) string {
 	ctx := context.Background()
 	switch o.kind {
 	case simHit:
-		v, err := r.slices[o.inst].Decide(ctx, []limiter.Hit{r.hit(o.n)})
+		h := r.hit(o.n)
+		if r.rule.seats {
+			h.Lease, h.LeaseTTL, h.NoSlices = true, r.rule.leaseTTL, true
+		}
+		v, err := r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
+		if err == nil && v[0].Admitted && !v[0].FailureVerdict && r.rule.seats {
+			r.trace = append(r.trace, fmt.Sprintf("  seat %d acquired, remaining %d", len(r.seats), v[0].Remaining))
+			r.seats = append(r.seats, simSeat{id: v[0].Lease, units: o.n, ends: r.now.Add(r.rule.leaseTTL)})
+			return r.admitSeat()
+		}
 		if err == nil && v[0].Admitted && !v[0].FailureVerdict {
 			r.trace = append(r.trace, fmt.Sprintf("  admitted, remaining %d", v[0].Remaining))
 			return r.admit(o.n)
@@ -381,6 +393,28 @@ func (r *simRun) apply(o simOp) string {
 		_, _ = r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
 		if r.applied { // its reply lost or not
 			r.cancel(n)
+		}
+	case simSettle:
+		// The client settles a lease it holds (a seat held past its time
+		// to live frees nothing: it left the count by itself).
+		var held []int
+		for i := range r.seats {
+			if !r.seats[i].settled {
+				held = append(held, i)
+			}
+		}
+		if len(held) == 0 {
+			return ""
+		}
+		i := held[int(o.n)%len(held)]
+		h := r.hit(o.cost)
+		h.Settle = r.seats[i].id
+		r.applied = false
+		_, _ = r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
+		if r.applied { // its reply lost or not
+			r.seats[i].settled = true
+			// The actual cost counts in its window, even past the limit.
+			r.admitted = append(r.admitted, simAdmission{at: r.now, units: o.cost})
 		}
 	case simEnvoy:
 		if n := r.envoyServe(r.envoys[o.inst], o.n); n > 0 {
@@ -405,7 +439,7 @@ func (r *simRun) apply(o simOp) string {
 		r.applied = false
 		_, _ = r.slices[o.inst].Reset(ctx, r.hit(0))
 		if r.applied { // its reply lost or not
-			r.since = len(r.admitted)
+			r.since, r.seatsFrom = len(r.admitted), len(r.seats)
 			r.faults = append(r.faults, simFault{at: r.now, units: held})
 		}
 	case simReloadOp:
@@ -425,7 +459,7 @@ func (r *simRun) apply(o simOp) string {
 	case simRestart:
 		r.st.m.FlushAll()
 		r.writes = []simWrite{{}}
-		r.since = len(r.admitted)
+		r.since, r.seatsFrom = len(r.admitted), len(r.seats)
 		// The live slices' units are still spent, and no longer counted.
 		r.faults = append(r.faults, simFault{at: r.now, units: r.held(-1) + r.leasedAhead()})
 	}
