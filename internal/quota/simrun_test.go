@@ -131,7 +131,7 @@ type simRun struct {
 	during    []simOp // run between the next lease's write and its answer
 
 	admitted  []simAdmission
-	since     int // the first admission after the last Reset or restart: the count starts again
+	since     int       // the first admission after the last Reset or restart: the count starts again
 	seats     []simSeat // a seats rule's leases, the oldest first
 	seatsFrom int       // the first seat after the last Reset or restart
 	faults    []simFault

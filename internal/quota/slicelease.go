@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"math"
 	"slices"
 	"time"
 
@@ -59,6 +60,20 @@ func (k *hotKey) available(now time.Time) uint64 {
 	return n
 }
 
+// held is the units k's slices hold at now that the counter still counts
+// as charged: a live slice's, and an ended one's until a tick gives them
+// back (but a fixed window's that has ended: its count is dead).
+func (k *hotKey) held(now time.Time) uint64 {
+	var n uint64
+	for _, sl := range k.slices {
+		sl.available(now) // GCRA: the units whose slot started are used
+		if sl.windowEnd.IsZero() || now.Before(sl.windowEnd) {
+			n += sl.n - sl.used
+		}
+	}
+	return n
+}
+
 // available is the units sl holds at now; for GCRA it first drops the
 // units whose slot has started.
 func (sl *slice) available(now time.Time) uint64 {
@@ -76,7 +91,8 @@ func (sl *slice) available(now time.Time) uint64 {
 // take takes h's cost from k's slices, the oldest first, and answers h as
 // Redis would have at the last lease, less what this instance used since:
 // remaining is what the counter had left after the lease plus the units
-// the slices still hold; reset is the lease's, less the time since.
+// the slices still hold; reset is the lease's, less the time since (and,
+// for GCRA, less the time the units still held take at its pace).
 func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 	need := h.Cost
 	var last *slice
@@ -91,16 +107,29 @@ func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 			last, sl.lastUse = sl, now
 		}
 	}
-	// The newest lease's answer counted every older slice's units as used.
+	// The newest lease's answer counted every older slice's units as used;
+	// the units the slices still hold, or gave back since, are this
+	// instance's to give.
 	newest := k.slices[len(k.slices)-1]
-	left := newest.available(now)
-	return limiter.Verdict{
-		Admitted:   true,
-		Charged:    true,
-		Remaining:  min(newest.remaining+left, uint64(capacity(*h))),
-		ResetAfter: max(0, last.resetAfter-now.Sub(last.sent)),
+	left := k.held(now)
+	reset := max(0, last.resetAfter-now.Sub(last.sent))
+	remaining := min(newest.remaining+left+k.unlanded+k.landed, uint64(capacity(*h)))
+	if newest.interval > 0 {
+		// GCRA's bucket is whole once what it gave out is paid back at its
+		// pace (the units held here are not given out yet), and what it
+		// has room for grows as it is paid: its answer as decide.lua's,
+		// the bucket less the units owed.
+		reset = max(0, newest.resetAfter-now.Sub(newest.sent)-time.Duration(left)*newest.interval)
+		owed := math.Ceil(float64(reset)*float64(h.Limit)/float64(h.Window) - owedSlack)
+		remaining = uint64(max(0, float64(capacity(*h))-owed))
 	}
+	return limiter.Verdict{Admitted: true, Charged: true, Remaining: remaining, ResetAfter: reset}
 }
+
+// owedSlack is GCRA's units owed read from a reset: the reset was rounded
+// up to the microsecond (and the interval to the nanosecond) on its way,
+// far less than a thousandth of a unit.
+const owedSlack = 1e-3
 
 // pendingLease is a lease waiting to be sent with the others of its moment.
 type pendingLease struct {
@@ -209,6 +238,7 @@ func (s *Slices) lease(l pendingLease) {
 	}
 	k.slices = append(k.slices, sl)
 	k.remaining, k.known, k.answered = v.Remaining, true, now
+	k.landed, k.landedLeasing = k.landedLeasing, 0 // what landed first is in v.Remaining, maybe
 	if s.observe.Leased != nil {
 		s.observe.Leased(sl.n)
 	}
@@ -252,6 +282,7 @@ func (s *Slices) giveBack(k *hotKey, sl *slice, now time.Time) {
 		// for every slice of the window at once, at its end.
 		return
 	}
+	k.unlanded += left
 	s.returnsMu.Lock()
 	s.returns = append(s.returns, limiter.Return{Hit: rule, Token: sl.token, Units: left})
 	s.returnsMu.Unlock()
@@ -270,10 +301,34 @@ func (s *Slices) flush() {
 	s.returns = nil
 	s.returnsMu.Unlock()
 	for chunk := range slices.Chunk(returns, returnsPerCall) {
-		n, _ := s.ledger.GiveBack(context.WithoutCancel(s.ctx), chunk) // a failure: the units stay counted
+		n, err := s.ledger.GiveBack(context.WithoutCancel(s.ctx), chunk) // a failure: the units stay counted
 		if n > 0 && s.observe.GivenBack != nil {
 			s.observe.GivenBack(n)
 		}
+		for _, r := range chunk {
+			s.landed(r, err == nil)
+		}
+	}
+}
+
+// landed notes that r's units are no longer queued: given back, or left
+// counted after a failure.
+func (s *Slices) landed(r limiter.Return, ok bool) {
+	sh := s.shard(r.Hit.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.keys[r.Hit.Key]
+	if k == nil {
+		return
+	}
+	k.unlanded -= min(k.unlanded, r.Units)
+	if !ok {
+		return
+	}
+	k.landed += r.Units
+	if k.leasing {
+		// Whether the lease's answer counted them is not known: as if not.
+		k.landedLeasing += r.Units
 	}
 }
 

@@ -216,23 +216,27 @@ type sliceShard struct {
 
 // hotKey is one tracked key at this instance.
 type hotKey struct {
-	hits, prev uint32      // hits since the last tick, and in the tick before
-	units      uint64      // the units of those hits since the last tick
-	prevUnits  uint64      // and in the tick before
-	seen       float64     // hits per second, averaged over rateTau at the ticks
-	rate       float64     // the same but for the hit that made k tracked (see rates)
-	unitRate   float64     // and their units
-	weight     float64     // the weight of the ticks since k was tracked: 1 - rateDecay^ticks
-	after      uint8       // hits since the one that made k tracked, at most 255
-	slices     []*slice    // live, in the order leased
-	recorded   []recorded  // the log's ended slices whose members may still be ahead of Redis's now
-	leasing    bool        // a lease is on its way
-	resets     uint32      // admin Resets of the counter: a lease sent before one is not installed
-	retryAt    time.Time   // no lease before (after one refused or failed)
-	remaining  uint64      // what the counter had left at the last lease answer
-	known      bool        // remaining is known
-	answered   time.Time   // when remaining was answered
-	rule       limiter.Hit // the hit the slices are of (Cost unset)
+	hits, prev uint32     // hits since the last tick, and in the tick before
+	units      uint64     // the units of those hits since the last tick
+	prevUnits  uint64     // and in the tick before
+	seen       float64    // hits per second, averaged over rateTau at the ticks
+	rate       float64    // the same but for the hit that made k tracked (see rates)
+	unitRate   float64    // and their units
+	weight     float64    // the weight of the ticks since k was tracked: 1 - rateDecay^ticks
+	after      uint8      // hits since the one that made k tracked, at most 255
+	slices     []*slice   // live, in the order leased
+	recorded   []recorded // the log's ended slices whose members may still be ahead of Redis's now
+	leasing    bool       // a lease is on its way
+	resets     uint32     // admin Resets of the counter: a lease sent before one is not installed
+	retryAt    time.Time  // no lease before (after one refused or failed)
+	remaining  uint64     // what the counter had left at the last lease answer
+	// Units of ended slices given back, which the newest slice's lease
+	// answer counted as charged: queued (the store still counts them),
+	// landed since that answer, and landed while a lease was on its way.
+	unlanded, landed, landedLeasing uint64
+	known                           bool        // remaining is known
+	answered                        time.Time   // when remaining was answered
+	rule                            limiter.Hit // the hit the slices are of (Cost unset)
 }
 
 // NewSlices returns Slices leasing from ledger. Close stops them.
@@ -283,11 +287,19 @@ func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
 }
 
 // Decide decides hits as the ledger does: from this instance's slices when
-// every hit has one with units left, else on the ledger, after which the
+// every hit has one with units left, else on the ledger (whose answers then
+// count the units the slices still hold as remaining), after which the
 // hot keys among them lease a slice in the background.
 func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
-	if s.threshold < 0 || s.closed.Load() || len(hits) == 0 || !s.leasable(hits) {
+	if s.threshold < 0 || s.closed.Load() || len(hits) == 0 {
 		return s.ledger.Decide(ctx, hits)
+	}
+	if !s.leasable(hits) {
+		verdicts, err := s.ledger.Decide(ctx, hits)
+		if err == nil {
+			s.withHeld(hits, verdicts, s.now())
+		}
+		return verdicts, err
 	}
 	now := s.now()
 	verdicts, hot := s.local(hits, now)
@@ -297,8 +309,8 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 		if s.observe.Local != nil {
 			s.observe.Local(len(hits))
 		}
-	} else {
-		verdicts, err = s.ledger.Decide(ctx, hits)
+	} else if verdicts, err = s.ledger.Decide(ctx, hits); err == nil {
+		s.withHeld(hits, verdicts, now)
 	}
 	// Slices are leased ahead of need, and only for a request every hit of
 	// which can have one (every key hot or warm): a request that goes to
@@ -313,6 +325,31 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 		}
 	}
 	return verdicts, err
+}
+
+// withHeld adds to the answers the ledger gave the units this instance's
+// slices of their keys still hold, as an answer from a slice does: they
+// are this instance's to give, so that one instance answers what it would
+// without slices. Shadow and quota-mode answers say what Redis says.
+func (s *Slices) withHeld(hits []limiter.Hit, verdicts []limiter.Verdict, now time.Time) {
+	for i := range min(len(hits), len(verdicts)) {
+		h, v := &hits[i], &verdicts[i]
+		if h.NoSlices || h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
+			continue
+		}
+		sh := s.shard(h.Key)
+		sh.mu.Lock()
+		if k := sh.keys[h.Key]; k != nil && k.matches(h) {
+			// The store's answer has what landed, not what is queued.
+			if left := k.held(now) + k.unlanded; left > 0 {
+				v.Remaining = min(v.Remaining+left, uint64(capacity(*h)))
+				if sl := k.slices[0]; sl.interval > 0 && v.Admitted {
+					v.ResetAfter = max(0, v.ResetAfter-time.Duration(left)*sl.interval)
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
 }
 
 // leasable reports whether every hit may be decided from a slice, and no
