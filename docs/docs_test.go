@@ -13,9 +13,11 @@ import (
 	"unicode"
 )
 
-// maxReadmeBytes keeps the README a front door: depth goes to docs/. It
-// holds one whole Go program (Use it from Go), which e2e builds as it is.
-const maxReadmeBytes = 16000
+// maxReadmeBytes keeps the README a front door: what the service is, the
+// two make commands, a first call, Envoy's blocks, a short config and the
+// links; depth goes to docs/ (the whole Go program e2e builds is in go.md).
+// The README was about 9,800 bytes when this was set.
+const maxReadmeBytes = 12000
 
 func TestReadmeSize(t *testing.T) {
 	fi, err := os.Stat(filepath.Join("..", "README.md"))

@@ -21,20 +21,20 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// TestUseItFromGo builds the README's "Use it from Go" program, as it is
-// written there, in a module of its own whose go.mod only requires this one
-// and replaces it with this clone, as a user's module would; then runs it
-// against a redis-server: it decides a limit from Go, then answers
+// TestUseItFromGo builds the program of docs/go.md ("A whole program"), as
+// it is written there, in a module of its own whose go.mod only requires
+// this one and replaces it with this clone, as a user's module would; then
+// runs it against a redis-server: it decides a limit from Go, then answers
 // ShouldRateLimit to a grpc-go client on the counter it just charged.
 func TestUseItFromGo(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../README.md")
+	doc, err := os.ReadFile("../docs/go.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	section := regexp.MustCompile("(?s)\n## Use it from Go\n.*?```go\n(.*?)```").FindSubmatch(readme)
+	section := regexp.MustCompile("(?s)\n## A whole program\n.*?```go\n(.*?)```").FindSubmatch(doc)
 	if section == nil {
-		t.Fatal(`README.md: no "## Use it from Go" section with a go block`)
+		t.Fatal(`docs/go.md: no "## A whole program" section with a go block`)
 	}
 	root, err := filepath.Abs("..")
 	if err != nil {
