@@ -17,7 +17,7 @@ import (
 // instances decide it, and a list of events -- hits at an instance, refunds
 // (Envoy's is_negative_hits), the clock moving, the gathered leases of an
 // instance sent with other events run between their store write and its
-// answer, an admin Reset, a reload that changes the limit, a store reply
+// answer (or the next lease sent, when its gathering ends), an admin Reset, a reload that changes the limit, a store reply
 // lost after its write applied, a failover that loses the last
 // acknowledged writes (a lagging replica promoted) and a restart without
 // persistence. (An instance's wall clock stepping is not one: Slices
@@ -66,6 +66,7 @@ const (
 	simRestart                    // the store restarts empty
 	simEnvoy                      // n requests at Envoy inst, decided by its RLQS token bucket
 	simSettle                     // a seats rule: inst settles the held lease n selects, at cost
+	simHold                       // the next lease sent, however, answers after the n events then next
 )
 
 type simOp struct {
@@ -100,6 +101,8 @@ func (o simOp) String() string {
 		return fmt.Sprintf("envoy(e%d, %d)", o.inst, o.n)
 	case simSettle:
 		return fmt.Sprintf("settle(i%d, lease %d, cost %d)", o.inst, o.n, o.cost)
+	case simHold:
+		return fmt.Sprintf("hold(next lease, during %d)", o.n)
 	}
 	return "?"
 }
@@ -133,7 +136,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 	rng := rand.New(rand.NewPCG(seed, uint64(alg)))
 	r := simRule{
 		alg:       alg,
-		limit:     []uint32{8, 12, 20, 40}[rng.IntN(4)],
+		limit:     []uint32{8, 12, 20, 40, 100}[rng.IntN(5)],
 		window:    []time.Duration{2 * time.Second, 5 * time.Second, 10 * time.Second}[rng.IntN(3)],
 		instances: 1 + rng.IntN(3),
 		envoys:    max(0, rng.IntN(4)-1),
@@ -159,23 +162,31 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 		case p < 560 && r.envoys > 0 && rng.IntN(3) == 0:
 			ops = append(ops, simOp{kind: simEnvoy, inst: rng.IntN(r.envoys), n: 1 + uint64(rng.IntN(3))})
 			ops = append(ops, simOp{kind: simAdvance, d: time.Duration(rng.ExpFloat64() * float64(mean)).Round(time.Millisecond)})
-		case p < 560:
+		case p < 520:
 			ops = append(ops, simOp{kind: simHit, inst: inst, n: 1 + uint64(rng.IntN(8)/6)})
 			ops = append(ops, simOp{kind: simAdvance, d: time.Duration(rng.ExpFloat64() * float64(mean)).Round(time.Millisecond)})
+		case p < 560:
+			// A burst at one instance, back to back: a window filled to
+			// its limit while slices are live is where the bounds bite.
+			for range 1 + rng.IntN(int(r.limit)/2+1) {
+				ops = append(ops, simOp{kind: simHit, inst: inst, n: 1})
+			}
 		case p < 680 && r.seats:
 			// A seat given back (cost 0), or a reservation settled by its
 			// actual cost, more or less than it took.
 			ops = append(ops, simOp{kind: simSettle, inst: inst, n: uint64(rng.IntN(8)), cost: uint64(max(0, rng.IntN(6)-3))})
 		case p < 680:
 			ops = append(ops, simOp{kind: simRefund, inst: inst, n: 1 + uint64(rng.IntN(3))})
-		case p < 800:
+		case p < 740:
 			ops = append(ops, simOp{kind: simLeases, inst: inst, n: uint64(rng.IntN(4))})
+		case p < 800:
+			ops = append(ops, simOp{kind: simHold, n: 1 + uint64(rng.IntN(4))})
 		case p < 840:
 			ops = append(ops, simOp{kind: simAdvance, d: time.Duration(rng.Int64N(int64(r.window)))})
 		case p < 860:
 			ops = append(ops, simOp{kind: simReset, inst: inst})
 		case p < 875:
-			ops = append(ops, simOp{kind: simReloadOp, n: uint64([]uint32{8, 12, 20, 40}[rng.IntN(4)])})
+			ops = append(ops, simOp{kind: simReloadOp, n: uint64([]uint32{8, 12, 20, 40, 100}[rng.IntN(5)])})
 		case p < 940:
 			ops = append(ops, simOp{kind: simLoseReply})
 		case p < 980:

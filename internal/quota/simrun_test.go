@@ -125,10 +125,13 @@ type simRun struct {
 	ops  []simOp
 	next int // the next op to run
 
-	writes    []simWrite // the last few acknowledged calls, the oldest first; writes[0] is the base
-	applied   bool       // the last store call applied, its reply lost or not
-	loseReply bool
-	during    []simOp // run between the next lease's write and its answer
+	writes     []simWrite // the last few acknowledged calls, the oldest first; writes[0] is the base
+	applied    bool       // the last store call applied, its reply lost or not
+	loseReply  bool
+	during     []simOp // run between the next lease's write and its answer
+	hold       int     // the next lease sent answers after this many of the events next
+	inflight   uint64  // the units of a lease written, its answer on its way
+	inflightAt int     // the instance it goes to
 
 	admitted  []simAdmission
 	since     int       // the first admission after the last Reset or restart: the count starts again
@@ -157,9 +160,11 @@ type simLedger struct {
 }
 
 func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
-	for _, s := range l.r.slices {
+	leaser := -1
+	for i, s := range l.r.slices {
 		if ctx == s.ctx {
 			l.r.leases++
+			leaser = i
 		}
 	}
 	v, err := l.split.Decide(ctx, hits)
@@ -180,6 +185,12 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	}
 	if during := l.r.during; during != nil {
 		l.r.during = nil
+		if leaser >= 0 {
+			// A lease on its way is a slice a restart or another
+			// instance's Reset can forget, as a live one.
+			l.r.inflight, l.r.inflightAt = charged, leaser
+			defer func() { l.r.inflight = 0 }()
+		}
 		for _, o := range during {
 			l.r.apply(o)
 		}
@@ -435,6 +446,9 @@ func (r *simRun) apply(o simOp) string {
 		held := r.leasedAhead()
 		if r.rule.alg != config.SlidingWindowLog {
 			held += r.held(o.inst)
+			if r.inflightAt != o.inst {
+				held += r.inflight
+			}
 		}
 		r.applied = false
 		_, _ = r.slices[o.inst].Reset(ctx, r.hit(0))
@@ -447,6 +461,8 @@ func (r *simRun) apply(o simOp) string {
 		r.limit = uint32(o.n)
 	case simLoseReply:
 		r.loseReply = true
+	case simHold:
+		r.hold = int(o.n)
 	case simFailover:
 		n := min(int(o.n), len(r.writes)-1)
 		var lost uint64
@@ -461,7 +477,7 @@ func (r *simRun) apply(o simOp) string {
 		r.writes = []simWrite{{}}
 		r.since, r.seatsFrom = len(r.admitted), len(r.seats)
 		// The live slices' units are still spent, and no longer counted.
-		r.faults = append(r.faults, simFault{at: r.now, units: r.held(-1) + r.leasedAhead()})
+		r.faults = append(r.faults, simFault{at: r.now, units: r.held(-1) + r.leasedAhead() + r.inflight})
 	}
 	return ""
 }
@@ -498,6 +514,11 @@ func (r *simRun) held(except int) uint64 {
 func (r *simRun) sendLeases(inst int) {
 	if f := r.gather[inst]; f != nil {
 		r.gather[inst] = nil
+		if r.during == nil && r.hold > 0 {
+			n := min(r.hold, len(r.ops)-r.next)
+			r.during, r.hold = r.ops[r.next:r.next+n], 0
+			r.next += n
+		}
 		f()
 	}
 }
@@ -511,6 +532,9 @@ func (r *simRun) advance(d time.Duration) {
 		for i := range r.due {
 			if r.gather[i] != nil && r.due[i].Before(next) && !r.due[i].After(end) {
 				next = r.due[i]
+				if next.Before(r.now) { // due while a lease's events ran
+					next = r.now
+				}
 			}
 		}
 		if next.After(end) {
@@ -534,7 +558,11 @@ func (r *simRun) advance(d time.Duration) {
 			}
 		}
 	}
-	r.setNow(end)
+	// Events run while a lease was on its way may have moved the clock
+	// past end: it never goes back.
+	if r.now.Before(end) {
+		r.setNow(end)
+	}
 }
 
 func (r *simRun) setNow(t time.Time) {
