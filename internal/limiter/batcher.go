@@ -77,7 +77,12 @@ type call struct {
 	// shares one decide call with the other requests of its slot.
 	script *redis.Script
 	keys   []string
-	args   []any
+	// records are keys a decide request's calls touch besides its hits'
+	// (a slice's record: see SliceRecordKey), declared after every hit's
+	// key of the call, so that Redis Cluster refuses the call during a
+	// migration that split them.
+	records []string
+	args    []any
 	queued time.Time    // when it was queued
 	sent   atomic.Bool  // the call went into a pipeline
 	done   chan outcome // buffered: a worker never waits for the caller
@@ -127,8 +132,8 @@ func newBatcher(server redis.UniversalClient, timeout time.Duration,
 // decide queues a decide request of the hits at keys, with their args in
 // decide.lua's form, to be answered by deadline, and returns its four values
 // per hit.
-func (b *batcher) decide(ctx context.Context, deadline time.Time, slot int, keys []string, args []any) ([]int64, error) {
-	o := b.enqueue(&call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, args: args})
+func (b *batcher) decide(ctx context.Context, deadline time.Time, slot int, keys, records []string, args []any) ([]int64, error) {
+	o := b.enqueue(&call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args})
 	return o.vals, o.err
 }
 

@@ -81,8 +81,8 @@ func (b *batcher) exec(batch []*call) {
 			continue
 		}
 		vals, err := s.cmd.(*redis.IntSliceCmd).Result()
-		if err == nil && len(vals) != 4*len(s.keys) {
-			err = fmt.Errorf("%w: %d values for %d hits", errBadReply, len(vals), len(s.keys))
+		if hits := s.hits(); err == nil && len(vals) != 4*hits {
+			err = fmt.Errorf("%w: %d values for %d hits", errBadReply, len(vals), hits)
 		}
 		for _, c := range s.calls {
 			if err != nil {
@@ -158,6 +158,15 @@ func (b *batcher) endSpan(span trace.Span, batch []*call, sends []*send) {
 	}
 }
 
+// hits is the number of hits of decide send s: its keys less the records.
+func (s *send) hits() int {
+	n := 0
+	for _, c := range s.calls {
+		n += len(c.keys)
+	}
+	return n
+}
+
 // commandName is the Redis command s went as last: FCALL, EVALSHA or EVAL.
 func (s *send) commandName() string {
 	switch s.form {
@@ -204,6 +213,13 @@ func (b *batcher) sends(batch []*call) []*send {
 		s.calls = append(s.calls, c)
 		s.keys = append(s.keys, c.keys...)
 		s.args = append(s.args, c.args...)
+	}
+	for _, s := range sends {
+		if s.script == nil {
+			for _, c := range s.calls {
+				s.keys = append(s.keys, c.records...) // after every hit's key
+			}
+		}
 	}
 	return sends
 }
@@ -287,7 +303,8 @@ func (s *send) split(ctx context.Context) []*send {
 	for i, c := range s.calls {
 		cmd := redis.NewIntSliceCmd(ctx)
 		cmd.SetErr(s.cmd.Err())
-		parts[i] = &send{calls: []*call{c}, keys: c.keys, args: c.args, form: s.form, target: s.target, asking: s.asking, resends: s.resends, cmd: cmd}
+		keys := append(slices.Clip(c.keys), c.records...)
+		parts[i] = &send{calls: []*call{c}, keys: keys, args: c.args, form: s.form, target: s.target, asking: s.asking, resends: s.resends, cmd: cmd}
 	}
 	return parts
 }

@@ -64,11 +64,15 @@ type Hit struct {
 	// Slices): decided on the store every time, as a rule with
 	// hot_key_slices: false, or a concurrency rule, asks.
 	NoSlices bool
-	// Ahead records a charge of the sliding window log that far ahead of
-	// Redis's now: a lease (internal/quota's Slices) whose units are used
-	// over the Ahead that follows is recorded at the last instant one can
-	// be, so that every window holding a use holds its members too. Other
-	// algorithms ignore it: their slices end where their window does.
+	// Ahead makes the charge a hot key's slice (internal/quota's Slices),
+	// whose units are used over the Ahead that follows. The sliding window
+	// log records it that far ahead of Redis's now, at the last instant a
+	// unit can be used, so that every window holding a use holds its
+	// members too (their slices end where their window does). The
+	// counters and GCRA record the lease beside their count, named by the
+	// negative Verdict.Token, so that its give back (GiveBack) takes back
+	// at most what the store still holds of it: nothing after a failover
+	// lost it, or a Reset deleted it.
 	Ahead time.Duration
 	// Lease makes the hit's charge a lease (the sliding window log only,
 	// Decide refuses it on another algorithm): its units are named by a
@@ -116,7 +120,9 @@ type Verdict struct {
 	// denied, and for a Refund that left nothing, until one unit fits.
 	ResetAfter time.Duration
 	// Token names a charge the store made, for GiveBack: the log's score,
-	// the counters' window index; 0 for GCRA and when nothing was charged.
+	// the counters' window index, 0 for GCRA; for a slice (Hit.Ahead) of a
+	// counter or GCRA, its record's name, negative; 0 when nothing was
+	// charged.
 	Token int64
 	// Lease is the id of the lease a Lease hit's charge took, for Settle;
 	// empty when nothing was charged.

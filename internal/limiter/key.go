@@ -32,7 +32,8 @@ import (
 // (valid UTF-8 or not), except two long components with one SHA-256: a
 // collision nobody knows how to find. A key is at most about 200 bytes per
 // component. The braces are a Redis Cluster hash tag around the whole
-// identity, and every algorithm keeps its whole state at the key itself.
+// identity, and every algorithm keeps its whole state at the key itself,
+// but for the records of a counter's or GCRA's slices (sliceRecordKey).
 //
 // Prefix, when set, comes before the whole key, outside the hash tag: it
 // separates the counters of services sharing one Redis (the reference's
@@ -180,3 +181,19 @@ func unreserved(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
 		c == '-' || c == '.' || c == '_' || c == '~' || c == '/'
 }
+
+// sliceRecordKey is where the counter or GCRA bucket at key records the
+// slices leased from it (scripts/lua's decide record_slice, refund and
+// reset): key and ":slices", in key's hash slot (the hash tag is key's).
+func sliceRecordKey(key string) string { return key + ":slices" }
+
+// recordsSlices reports an algorithm whose counters record the slices
+// leased from them at sliceRecordKey: not the log, which names its members
+// instead, nor the reference's keys, which have no hash tag (and no slices).
+func recordsSlices(a config.Algorithm) bool {
+	return a != config.SlidingWindowLog && !a.ReferenceKeys()
+}
+
+// recordsSlice reports a hit whose charge the store records as a slice: a
+// lease of a hot key's slice (Hit.Ahead) of an algorithm that records them.
+func recordsSlice(h *Hit) bool { return h.Ahead > 0 && recordsSlices(h.Algorithm) }

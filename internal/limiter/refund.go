@@ -86,8 +86,8 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 	}
 }
 
-// Return is a give back: Units of a slice's charge (a Hit with Ahead, for
-// the log) of Hit that Token (its Verdict's) names.
+// Return is a give back: Units of a slice's charge (a Hit with Ahead) of
+// Hit that Token (its Verdict's) names.
 type Return struct {
 	Hit   Hit
 	Token int64
@@ -122,7 +122,7 @@ func (l *Limiter) GiveBack(ctx context.Context, returns []Return) (uint64, error
 	var total uint64
 	var errs []error
 	for _, slot := range slots {
-		var keys []string
+		var keys, records []string
 		var args []any
 		for _, i := range bySlot[slot] {
 			h := returns[i].Hit
@@ -137,10 +137,14 @@ func (l *Limiter) GiveBack(ctx context.Context, returns []Return) (uint64, error
 				continue
 			}
 			keys = append(keys, h.Key)
+			if returns[i].Token < 0 { // a counter's or GCRA's slice, by its record
+				records = append(records, sliceRecordKey(h.Key))
+			}
 		}
 		if len(keys) == 0 {
 			continue
 		}
+		keys = append(keys, records...) // declared after every charge's key, as decide's
 		n, err := l.giveBack(ctx, keys, args)
 		if err != nil {
 			errs = append(errs, err)

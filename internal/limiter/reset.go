@@ -16,7 +16,8 @@ var resetScript = redis.NewScript(lua.Reset())
 // Reset deletes the counter of h, so that its whole limit is available again
 // at once, and returns how many store keys it deleted (0 when the counter was
 // empty). Only h.Key is read, and h.Algorithm checked: every algorithm
-// keeps its whole state at its key.
+// keeps its whole state at its key, but for a counter's or GCRA's slices'
+// records (sliceRecordKey), which go with it.
 //
 // Like Decide it runs one atomic script (EVALSHA, re-sent with EVAL on
 // NOSCRIPT) within the limiter's timeout, and is observed like every store
@@ -39,7 +40,11 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	if l.denied != nil {
 		l.denied.forget(h.Key)
 	}
-	n, err := l.script(ctx, resetScript, []string{h.Key}, nil).Int64()
+	keys := []string{h.Key}
+	if recordsSlices(h.Algorithm) {
+		keys = append(keys, sliceRecordKey(h.Key)) // its slices' records go with it
+	}
+	n, err := l.script(ctx, resetScript, keys, nil).Int64()
 	l.observe(time.Since(start), err)
 	if err != nil {
 		return 0, fmt.Errorf("%w: reset: %w", ErrStore, err)

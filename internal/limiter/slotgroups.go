@@ -140,7 +140,8 @@ func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge bool, quotas *requestRule,
 	verdicts []Verdict, tokens []int64) error {
 	keys := make([]string, len(group))
-	var nonces []string // of the group's leases, by index in group
+	var records []string // the keys of the slices' records the call writes
+	var nonces []string  // of the group's leases, by index in group
 	args := make([]any, 1, 1+len(group))
 	args[0] = len(group)
 	if !charge {
@@ -149,6 +150,9 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	now := l.now()
 	for j, i := range group {
 		keys[j] = hits[i].Key
+		if recordsSlice(&hits[i]) {
+			records = append(records, sliceRecordKey(hits[i].Key))
+		}
 		arg, err := hitArg(&hits[i], quotas, now)
 		if err != nil { // Decide refused such a hit already
 			for _, i := range group {
@@ -171,7 +175,7 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	server, err := l.server(ctx, deadline, keys[0])
 	var reply []int64
 	if err == nil {
-		reply, err = l.batcher(server).decide(ctx, deadline, slot, keys, args)
+		reply, err = l.batcher(server).decide(ctx, deadline, slot, keys, records, args)
 	}
 	defer l.rememberDenials(hits, group, verdicts, sent)
 	if err != nil {

@@ -260,6 +260,7 @@ func newSimRun(st *simStore, s simSchedule) *simRun {
 			r.gather[i], r.due[i] = f, r.now.Add(d)
 		}
 		sl.spawn = func(f func()) { f() }
+		sl.await = func(context.Context, chan struct{}) {} // a lease answers when the schedule says
 		r.slices = append(r.slices, sl)
 		r.gather = append(r.gather, nil)
 		r.due = append(r.due, time.Time{})

@@ -107,23 +107,53 @@ func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 			last, sl.lastUse = sl, now
 		}
 	}
-	// The newest lease's answer counted every older slice's units as used;
-	// the units the slices still hold, or gave back since, are this
-	// instance's to give.
+	v := limiter.Verdict{Admitted: true, Charged: true, ResetAfter: max(0, last.resetAfter-now.Sub(last.sent))}
+	k.answer(h, &v, now)
+	return v
+}
+
+// answer sets v's remaining as this instance sees h's counter at now: the
+// newest lease's answer (rebased on the store's later answers, see
+// rebase), which counted every older slice's units as used, plus the units
+// the slices still hold or gave back since, this instance's to give. For
+// GCRA, whose room grows as the bucket is paid, v's reset too: the newest
+// lease's less the time since and the held units' time at its pace, and
+// remaining the bucket less the units owed then, as decide.lua answers.
+// The caller holds k's shard's lock, and k has slices.
+func (k *hotKey) answer(h *limiter.Hit, v *limiter.Verdict, now time.Time) {
 	newest := k.slices[len(k.slices)-1]
 	left := k.held(now)
-	reset := max(0, last.resetAfter-now.Sub(last.sent))
-	remaining := min(newest.remaining+left+k.unlanded+k.landed, uint64(capacity(*h)))
+	v.Remaining = min(newest.remaining+left+k.unlanded+k.landed, uint64(capacity(*h)))
 	if newest.interval > 0 {
-		// GCRA's bucket is whole once what it gave out is paid back at its
-		// pace (the units held here are not given out yet), and what it
-		// has room for grows as it is paid: its answer as decide.lua's,
-		// the bucket less the units owed.
-		reset = max(0, newest.resetAfter-now.Sub(newest.sent)-time.Duration(left)*newest.interval)
-		owed := math.Ceil(float64(reset)*float64(h.Limit)/float64(h.Window) - owedSlack)
-		remaining = uint64(max(0, float64(capacity(*h))-owed))
+		v.ResetAfter = max(0, newest.resetAfter-now.Sub(newest.sent)-time.Duration(left)*newest.interval)
+		owed := math.Ceil(float64(v.ResetAfter)*float64(h.Limit)/float64(h.Window) - owedSlack)
+		v.Remaining = uint64(max(0, float64(capacity(*h))-owed))
 	}
-	return limiter.Verdict{Admitted: true, Charged: true, Remaining: remaining, ResetAfter: reset}
+}
+
+// rebase takes in an answer v of the store for h's counter, at now, given
+// while k had slices or a lease on its way: the answers of one counter's
+// hits and its lease may come in either order, and the later state has
+// the less left (for GCRA, the later bucket time). A lease then installs,
+// and the slices answer, from the latest. The caller holds k's shard's
+// lock.
+func (k *hotKey) rebase(v limiter.Verdict, now time.Time) {
+	if k.leasing {
+		k.seenRemaining = min(k.seenRemaining, v.Remaining)
+		if tat := now.Add(v.ResetAfter); v.Admitted && tat.After(k.seenTAT) {
+			k.seenTAT = tat
+		}
+	}
+	if len(k.slices) == 0 {
+		return
+	}
+	newest := k.slices[len(k.slices)-1]
+	if v.Remaining < newest.remaining+k.landed {
+		newest.remaining, k.landed = v.Remaining, 0
+	}
+	if tat := now.Add(v.ResetAfter); newest.interval > 0 && v.Admitted && tat.After(newest.sent.Add(newest.resetAfter)) {
+		newest.resetAfter = tat.Sub(newest.sent)
+	}
 }
 
 // owedSlack is GCRA's units owed read from a reset: the reset was rounded
@@ -138,6 +168,7 @@ type pendingLease struct {
 	idle   time.Duration // the slice ends after this long unused
 	warm   bool          // of a warm key
 	resets uint32        // its key's resets when it was queued
+	landed chan struct{} // closed once its answer is in (see hotKey.inFlight)
 }
 
 // leaseGather is how long a lease waits for others: sent together, they
@@ -185,17 +216,26 @@ func (k *hotKey) ends(now time.Time) time.Time {
 // to the hit's key.
 func (s *Slices) lease(l pendingLease) {
 	h, period := l.hit, l.period
+	sh := s.shard(h.Key)
+	sh.mu.Lock()
+	if k := sh.keys[h.Key]; k != nil {
+		k.inFlight = l.landed
+	}
+	sh.mu.Unlock()
+	defer close(l.landed)
 	sent := s.now()
 	verdicts, err := s.ledger.Decide(s.ctx, []limiter.Hit{h})
-	sh := s.shard(h.Key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	k := sh.keys[h.Key]
 	if k == nil { // dropped by a tick while leasing: keep it, to end the slice
-		k = &hotKey{}
+		k = &hotKey{seenRemaining: math.MaxUint64}
 		sh.keys[h.Key] = k
 	}
 	k.leasing = false
+	if k.inFlight == l.landed {
+		k.inFlight = nil
+	}
 	now := s.now()
 	if k.resets != l.resets {
 		// The counter was reset while the lease was on its way: its
@@ -215,7 +255,10 @@ func (s *Slices) lease(l pendingLease) {
 		return
 	}
 	sl := &slice{n: h.Cost, token: v.Token, sent: sent, expires: sent.Add(period), lastUse: now, idle: l.idle,
-		remaining: v.Remaining, resetAfter: v.ResetAfter}
+		remaining: min(v.Remaining, k.seenRemaining), resetAfter: v.ResetAfter}
+	if h.Algorithm == config.GCRA && k.seenTAT.After(sent.Add(v.ResetAfter)) {
+		sl.resetAfter = k.seenTAT.Sub(sent) // a hit charged after the lease answered first
+	}
 	switch h.Algorithm {
 	case config.FixedWindow:
 		sl.expires = sent.Add(v.ResetAfter)

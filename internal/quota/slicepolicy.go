@@ -110,11 +110,10 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 		return
 	}
 	k.leasing = true
+	k.seenRemaining, k.seenTAT = math.MaxUint64, time.Time{} // see rebase
 	h.Cost = want
-	if h.Algorithm == config.SlidingWindowLog {
-		h.Ahead = period
-	}
-	s.queueLease(pendingLease{hit: h, period: period, idle: idle, warm: !hot, resets: k.resets})
+	h.Ahead = period // a slice: see limiter.Hit.Ahead
+	s.queueLease(pendingLease{hit: h, period: period, idle: idle, warm: !hot, resets: k.resets, landed: make(chan struct{})})
 }
 
 // gcraUsable is how many units of a GCRA slice of h this instance can use

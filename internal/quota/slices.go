@@ -114,10 +114,12 @@ type Slices struct {
 	leases    []pendingLease
 	work      sync.WaitGroup
 	// later and spawn start the background work: time.AfterFunc and a
-	// goroutine counted in work, but in the simulator (sim_test.go),
-	// which owns time and the order of events.
+	// goroutine counted in work; await waits for a lease's answer, or
+	// ctx's end. Not in the simulator (sim_test.go), which owns time and
+	// the order of events.
 	later  func(time.Duration, func())
 	spawn  func(func())
+	await  func(ctx context.Context, landed chan struct{})
 	ticker sync.WaitGroup
 	stop   chan struct{}
 	once   sync.Once
@@ -234,9 +236,16 @@ type hotKey struct {
 	// answer counted as charged: queued (the store still counts them),
 	// landed since that answer, and landed while a lease was on its way.
 	unlanded, landed, landedLeasing uint64
-	known                           bool        // remaining is known
-	answered                        time.Time   // when remaining was answered
-	rule                            limiter.Hit // the hit the slices are of (Cost unset)
+	// The least remaining, and the latest GCRA bucket time, the store
+	// answered while a lease was on its way (see rebase).
+	seenRemaining uint64
+	seenTAT       time.Time
+	// inFlight is closed once the lease sent for k, if any, has its answer
+	// in: an answer of the store meanwhile waits for it (see withHeld).
+	inFlight chan struct{}
+	known    bool        // remaining is known
+	answered time.Time   // when remaining was answered
+	rule     limiter.Hit // the hit the slices are of (Cost unset)
 }
 
 // NewSlices returns Slices leasing from ledger. Close stops them.
@@ -280,6 +289,12 @@ func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.later = func(d time.Duration, f func()) { time.AfterFunc(d, f) }
 	s.spawn = s.work.Go
+	s.await = func(ctx context.Context, landed chan struct{}) {
+		select {
+		case <-landed:
+		case <-ctx.Done():
+		}
+	}
 	if s.threshold > 0 && ticking {
 		s.ticker.Go(s.tick)
 	}
@@ -297,7 +312,7 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 	if !s.leasable(hits) {
 		verdicts, err := s.ledger.Decide(ctx, hits)
 		if err == nil {
-			s.withHeld(hits, verdicts, s.now())
+			s.withHeld(ctx, hits, verdicts)
 		}
 		return verdicts, err
 	}
@@ -310,7 +325,7 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 			s.observe.Local(len(hits))
 		}
 	} else if verdicts, err = s.ledger.Decide(ctx, hits); err == nil {
-		s.withHeld(hits, verdicts, now)
+		s.withHeld(ctx, hits, verdicts)
 	}
 	// Slices are leased ahead of need, and only for a request every hit of
 	// which can have one (every key hot or warm): a request that goes to
@@ -330,8 +345,14 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 // withHeld adds to the answers the ledger gave the units this instance's
 // slices of their keys still hold, as an answer from a slice does: they
 // are this instance's to give, so that one instance answers what it would
-// without slices. Shadow and quota-mode answers say what Redis says.
-func (s *Slices) withHeld(hits []limiter.Hit, verdicts []limiter.Verdict, now time.Time) {
+// without slices. Shadow and quota-mode answers say what Redis says. The
+// store may have charged a lease of their keys still on its way before or
+// after them: its answer is awaited, to know (see rebase).
+func (s *Slices) withHeld(ctx context.Context, hits []limiter.Hit, verdicts []limiter.Verdict) {
+	for _, landed := range s.inFlight(hits) {
+		s.await(ctx, landed)
+	}
+	now := s.now()
 	for i := range min(len(hits), len(verdicts)) {
 		h, v := &hits[i], &verdicts[i]
 		if h.NoSlices || h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
@@ -339,17 +360,31 @@ func (s *Slices) withHeld(hits []limiter.Hit, verdicts []limiter.Verdict, now ti
 		}
 		sh := s.shard(h.Key)
 		sh.mu.Lock()
-		if k := sh.keys[h.Key]; k != nil && k.matches(h) {
-			// The store's answer has what landed, not what is queued.
-			if left := k.held(now) + k.unlanded; left > 0 {
-				v.Remaining = min(v.Remaining+left, uint64(capacity(*h)))
-				if sl := k.slices[0]; sl.interval > 0 && v.Admitted {
-					v.ResetAfter = max(0, v.ResetAfter-time.Duration(left)*sl.interval)
-				}
+		if k := sh.keys[h.Key]; k != nil && (k.leasing || k.matches(h)) {
+			k.rebase(*v, now)
+			if k.matches(h) && (v.Admitted || k.slices[0].interval == 0) {
+				k.answer(h, v, now)
 			}
 		}
 		sh.mu.Unlock()
 	}
+}
+
+// inFlight returns the leases of hits' keys sent and not answered yet.
+func (s *Slices) inFlight(hits []limiter.Hit) []chan struct{} {
+	var leases []chan struct{}
+	for i := range hits {
+		if hits[i].NoSlices {
+			continue
+		}
+		sh := s.shard(hits[i].Key)
+		sh.mu.Lock()
+		if k := sh.keys[hits[i].Key]; k != nil && k.inFlight != nil {
+			leases = append(leases, k.inFlight)
+		}
+		sh.mu.Unlock()
+	}
+	return leases
 }
 
 // leasable reports whether every hit may be decided from a slice, and no

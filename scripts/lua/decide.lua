@@ -2,14 +2,16 @@
 -- each atomically (all or nothing), with one Redis TIME as the clock.
 --
 -- keys     the base keys of every hit of every request, request after
---          request (each key carries its hash tag)
+--          request (each key carries its hash tag); after them, the keys of
+--          the slices' records the call writes (see record_slice)
 -- args     per request: n, the number of its hits, negated to only check
 --          (never charge); then one string per hit, its rule:
 --          "code:limit:window:cost", with ":burst" after the cost for a GCRA
 --          hit (the bucket's size in units), and ":ahead" after that (after
---          an empty burst for other algorithms) for a lease whose units are
---          recorded that many milliseconds ahead of now (the sliding log
---          only; see its commit). window is in seconds, or, for a
+--          an empty burst for other algorithms) for a hot key's slice: the
+--          log records its units that many milliseconds ahead of now (see
+--          its commit), the other algorithms record the lease beside their
+--          count (record_slice). window is in seconds, or, for a
 --          fixed window aligned to the calendar, the Unix seconds of four
 --          window edges, comma-separated and ascending (see fixed_window.lua's
 --          span); code =
@@ -56,7 +58,8 @@
 -- algorithm's result; for a recorded cost that did not fit and for a refund,
 -- until one unit fits), and a refund token: what refund.lua needs to undo a
 -- charge (the log's score, the counters' window index; 0 for GCRA, whose
--- undo goes by the hit's limit and window instead).
+-- undo goes by the hit's limit and window instead; for a slice of a counter
+-- or GCRA, its record's name negated: see record_slice).
 
 -- algorithms, generated before this file from algorithms.go, holds each
 -- algorithm's table at its ID.
@@ -129,6 +132,29 @@ local function parse_rule(s)
   end
   rules[s], nrules = rule, nrules + 1
   return rule
+end
+
+-- record_slice records a hot key's slice leased from a counter or GCRA (a
+-- charge with ahead; the log names its members instead, see its commit)
+-- beside the count, in the hash "<key>:slices", under the charge's time:
+-- "<token>:<units>". Its give-back (refund.lua) takes back at most what
+-- the record holds, once, and nothing once the record is gone: a failover
+-- that lost the lease lost its record with it (a call's writes replicate
+-- together), and a Reset deletes it. The record lives while the count can
+-- hold the lease's units. It returns the lease's token for the reply: the
+-- charge's time, negated.
+local function record_slice(key, token, rule, st, now)
+  local h = key .. ':slices' -- declared in the call's keys after the hits' (Go's sliceRecordKey)
+  redis.call('HSET', h, fmt(now), fmt(token) .. ':' .. fmt(rule.cost))
+  local ttl = type(rule.window) == 'number' and 2 * rule.window or rule.window[#rule.window] - now
+  if st.w then -- GCRA: its TAT
+    ttl = max(ttl, st.w - now + rule.window)
+  end
+  ttl = ceil(ttl / 1000)
+  if redis.call('PTTL', h) < ttl then
+    redis.call('PEXPIRE', h, fmt(ttl))
+  end
+  return -now
 end
 
 -- The state of a refund: shared, as nothing writes to it (it is never
@@ -307,7 +333,11 @@ local function decide(keys, args)
       reply[r + 1] = state
       reply[r + 2] = floor(remaining)
       reply[r + 3] = floor(reset)
-      reply[r + 4] = charged and st.token or 0
+      local token = charged and st.token or 0
+      if charged and rule.ahead > 0 and rule.string then
+        token = record_slice(key, token, rule, st, now)
+      end
+      reply[r + 4] = token
       r = r + 4
     end
   end

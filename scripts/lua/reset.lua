@@ -2,6 +2,8 @@
 -- is available again. Run on its own, not with decide.lua.
 --
 -- KEYS[1]  the counter's key: every algorithm keeps its state there
+-- KEYS[2]  for a counter or GCRA, the records of its hot key's slices
+--          (decide.lua's record_slice)
 --
 -- A sliding log keeps the members of a live slice of a hot key ("A<score>",
 -- recorded at its period's end, still ahead of Redis TIME): another
@@ -10,6 +12,11 @@
 -- Reply: the number of keys deleted (0 for an empty counter).
 local key = KEYS[1]
 if redis.call('TYPE', key).ok ~= 'zset' then
+  -- A counter's or GCRA's slices' records go with it: a slice leased
+  -- before gives nothing back to the new count (decide.lua's record_slice).
+  if KEYS[2] then
+    redis.call('DEL', KEYS[2])
+  end
   return redis.call('DEL', key)
 end
 local t = redis.call('TIME')
