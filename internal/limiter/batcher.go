@@ -83,9 +83,9 @@ type call struct {
 	// migration that split them.
 	records []string
 	args    []any
-	queued time.Time    // when it was queued
-	sent   atomic.Bool  // the call went into a pipeline
-	done   chan outcome // buffered: a worker never waits for the caller
+	queued  time.Time    // when it was queued
+	sent    atomic.Bool  // the call went into a pipeline
+	done    chan outcome // buffered: a worker never waits for the caller
 }
 
 // outcome is what a call gets back.
