@@ -33,7 +33,8 @@ import (
 // limit, GCRA burst plus the limit in any window of the limit's length, the
 // sliding counter its own estimate. A Reset or a restart starts the count
 // afresh. A failover may add what it lost: the units the lost writes
-// charged (simFault). The first violation stops the schedule; the test
+// charged, but of a lost slice's lease only the units the slice spends
+// (its give back finds nothing left of it) (simFault). The first violation stops the schedule; the test
 // prints its seed and the schedule shrunk to the events it needs.
 //
 // make test runs a bounded slice of seeds (TestSimulator, simSlice per
@@ -316,6 +317,13 @@ func TestSimulatorCases(t *testing.T) {
 		name: "fixed_window/reset during a lease",
 		rule: simRule{alg: config.FixedWindow, limit: 40, window: 10 * time.Second, instances: 1},
 		ops:  slices.Concat(hits(0, 2), []simOp{{kind: simLeases, inst: 0, n: 1}, {kind: simReset, inst: 0}}, hits(0, 44)),
+	}, {
+		// A failover lost a lease's write: its slice ended unused, and its
+		// give back came off what the counter held of other charges.
+		name: "fixed_window/give back of a lease a failover lost",
+		rule: simRule{alg: config.FixedWindow, limit: 40, window: time.Minute, instances: 2},
+		ops: slices.Concat(hits(0, 3), []simOp{{kind: simLeases, inst: 0}, {kind: simFailover, n: 1}, at(20 * time.Second)},
+			hits(1, 44)),
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := newSimStore(t)

@@ -31,6 +31,7 @@ type simSeat struct {
 type simFault struct {
 	at    time.Time
 	units uint64
+	spent []*slice // lost leases' live slices: the units they spend count too
 }
 
 // simReload is a reload of the limit: the windows that hold it are bound by
@@ -122,6 +123,9 @@ func (r *simRun) check(count uint64) string {
 	for _, f := range r.faults {
 		if f.at.After(r.now.Add(-reach)) {
 			slack += f.units
+			for _, sl := range f.spent {
+				slack += sl.used - sl.returned
+			}
 		}
 	}
 	// Each token bucket an Envoy held in the window lets its fill through

@@ -102,10 +102,31 @@ func (st *simStore) restore(keys []simKey, now time.Time) {
 }
 
 // simWrite is a store call acknowledged: the store after it, and the units
-// it charged (what a failover that loses it may add).
+// it charged (what a failover that loses it may add), and the slice's
+// lease it was, if one.
 type simWrite struct {
 	keys    []simKey
 	charged uint64
+	lease   *simLeaseRef
+}
+
+// simLeaseRef names a slice's lease: its instance, and its token.
+type simLeaseRef struct {
+	inst  int
+	token int64
+}
+
+// slice is the live slice the lease made, or nil.
+func (r *simRun) slice(l *simLeaseRef) *slice {
+	var found *slice
+	r.slices[l.inst].each(func(k *hotKey) {
+		for _, sl := range k.slices {
+			if sl.token == l.token {
+				found = sl
+			}
+		}
+	})
+	return found
 }
 
 var errSimLost = errors.New("simulator: the reply was lost")
@@ -175,7 +196,11 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 			charged += hits[i].Cost
 		}
 	}
-	if err = l.r.acknowledge(charged, err); err != nil {
+	var lease *simLeaseRef
+	if leaser >= 0 && len(v) == 1 && v[0].Charged {
+		lease = &simLeaseRef{inst: leaser, token: v[0].Token}
+	}
+	if err = l.r.acknowledge(charged, lease, err); err != nil {
 		// Answered as the limiter answers a store failure: by the
 		// failure mode (deny), a refund admitted.
 		for i := range hits {
@@ -200,19 +225,19 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 
 func (l simLedger) Share(ctx context.Context, req limiter.ShareRequest) (limiter.Share, error) {
 	sh, err := l.split.Share(ctx, req)
-	if err = l.r.acknowledge(0, err); err != nil {
+	if err = l.r.acknowledge(0, nil, err); err != nil {
 		return limiter.Share{}, err
 	}
 	return sh, nil
 }
 
 func (l simLedger) ConfirmShare(ctx context.Context, key, member string, window time.Duration, tokens uint64) error {
-	return l.r.acknowledge(0, l.split.ConfirmShare(ctx, key, member, window, tokens))
+	return l.r.acknowledge(0, nil, l.split.ConfirmShare(ctx, key, member, window, tokens))
 }
 
 func (l simLedger) GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error) {
 	n, err := l.split.GiveBack(ctx, returns)
-	if err = l.r.acknowledge(0, err); err != nil {
+	if err = l.r.acknowledge(0, nil, err); err != nil {
 		return 0, err
 	}
 	return n, nil
@@ -220,7 +245,7 @@ func (l simLedger) GiveBack(ctx context.Context, returns []limiter.Return) (uint
 
 func (l simLedger) Reset(ctx context.Context, h limiter.Hit) (int64, error) {
 	n, err := l.split.Reset(ctx, h)
-	if err = l.r.acknowledge(0, err); err != nil {
+	if err = l.r.acknowledge(0, nil, err); err != nil {
 		return 0, err
 	}
 	return n, nil
@@ -228,12 +253,12 @@ func (l simLedger) Reset(ctx context.Context, h limiter.Hit) (int64, error) {
 
 // acknowledge records a store call that applied: a replica's history, and
 // the lost reply the schedule asked for.
-func (r *simRun) acknowledge(charged uint64, err error) error {
+func (r *simRun) acknowledge(charged uint64, lease *simLeaseRef, err error) error {
 	if err != nil {
 		return err
 	}
 	r.applied = true
-	r.writes = append(r.writes, simWrite{keys: r.st.snapshot(r.now), charged: charged})
+	r.writes = append(r.writes, simWrite{keys: r.st.snapshot(r.now), charged: charged, lease: lease})
 	if len(r.writes) > 8 {
 		r.writes = slices.Delete(r.writes, 0, len(r.writes)-8)
 	}
@@ -467,12 +492,22 @@ func (r *simRun) apply(o simOp) string {
 	case simFailover:
 		n := min(int(o.n), len(r.writes)-1)
 		var lost uint64
+		var spent []*slice
 		for _, w := range r.writes[len(r.writes)-n:] {
+			// A lost lease adds the units its live slice spends: what it
+			// gives back the store no longer holds (its record, or its log
+			// members, went with it). Else every unit it charged.
+			if w.lease != nil {
+				if sl := r.slice(w.lease); sl != nil {
+					spent = append(spent, sl)
+					continue
+				}
+			}
 			lost += w.charged
 		}
 		r.writes = r.writes[:len(r.writes)-n]
 		r.st.restore(r.writes[len(r.writes)-1].keys, r.now)
-		r.faults = append(r.faults, simFault{at: r.now, units: lost})
+		r.faults = append(r.faults, simFault{at: r.now, units: lost, spent: spent})
 	case simRestart:
 		r.st.m.FlushAll()
 		r.writes = []simWrite{{}}

@@ -39,6 +39,7 @@ type recorded struct {
 // slice is units of a counter this instance leased.
 type slice struct {
 	n, used    uint64
+	returned   uint64 // of used, the units given back when it ended
 	token      int64
 	sent       time.Time     // when its lease was sent
 	expires    time.Time     // no unit used from then on: where the algorithm's bound ends it
@@ -326,6 +327,7 @@ func (s *Slices) giveBack(k *hotKey, sl *slice, now time.Time) {
 		return
 	}
 	k.unlanded += left
+	sl.returned = left
 	s.returnsMu.Lock()
 	s.returns = append(s.returns, limiter.Return{Hit: rule, Token: sl.token, Units: left})
 	s.returnsMu.Unlock()
