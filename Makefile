@@ -70,7 +70,7 @@ SIM_FOR ?= 10m
 ## instances' slices on the real Lua, SIM_FOR per algorithm (the four side by side); a failure
 ## prints its seed and the schedule shrunk (replay: -sim.seed N)
 sim:
-	$(GO) test -count=1 -timeout 0 -run '^TestSimulator$$' -v ./internal/quota -sim.for $(SIM_FOR) | grep -v '^=== '
+	$(GO) test -count=1 -timeout 0 -parallel 4 -run '^TestSimulator$$' -v ./internal/quota -sim.for $(SIM_FOR) | grep -v '^=== '
 
 ## bench-attacks: e2e TestAttack as a measurement: each HTTP/2 attack for 20 s against
 ## both gRPC servers, legitimate calls with Envoy's 50 ms deadline (docs/reliability.md)
