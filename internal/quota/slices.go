@@ -349,10 +349,6 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 // store may have charged a lease of their keys still on its way before or
 // after them: its answer is awaited, to know (see rebase).
 func (s *Slices) withHeld(ctx context.Context, hits []limiter.Hit, verdicts []limiter.Verdict) {
-	for _, landed := range s.inFlight(hits) {
-		s.await(ctx, landed)
-	}
-	now := s.now()
 	for i := range min(len(hits), len(verdicts)) {
 		h, v := &hits[i], &verdicts[i]
 		if h.NoSlices || h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
@@ -360,7 +356,15 @@ func (s *Slices) withHeld(ctx context.Context, hits []limiter.Hit, verdicts []li
 		}
 		sh := s.shard(h.Key)
 		sh.mu.Lock()
-		if k := sh.keys[h.Key]; k != nil && (k.leasing || k.matches(h)) {
+		k := sh.keys[h.Key]
+		if k != nil && k.inFlight != nil {
+			landed := k.inFlight
+			sh.mu.Unlock()
+			s.await(ctx, landed)
+			sh.mu.Lock()
+			k = sh.keys[h.Key]
+		}
+		if now := s.now(); k != nil && (k.leasing || k.matches(h)) {
 			k.rebase(*v, now)
 			if k.matches(h) && (v.Admitted || k.slices[0].interval == 0) {
 				k.answer(h, v, now)
@@ -368,23 +372,6 @@ func (s *Slices) withHeld(ctx context.Context, hits []limiter.Hit, verdicts []li
 		}
 		sh.mu.Unlock()
 	}
-}
-
-// inFlight returns the leases of hits' keys sent and not answered yet.
-func (s *Slices) inFlight(hits []limiter.Hit) []chan struct{} {
-	var leases []chan struct{}
-	for i := range hits {
-		if hits[i].NoSlices {
-			continue
-		}
-		sh := s.shard(hits[i].Key)
-		sh.mu.Lock()
-		if k := sh.keys[hits[i].Key]; k != nil && k.inFlight != nil {
-			leases = append(leases, k.inFlight)
-		}
-		sh.mu.Unlock()
-	}
-	return leases
 }
 
 // leasable reports whether every hit may be decided from a slice, and no
