@@ -4,7 +4,12 @@ import (
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
+
+// FleetSuffix ends the key of an RLQS fleet's own count of what it leased
+// from the counter whose key comes before it (see Hit.RecordIfAlone).
+const FleetSuffix = lua.FleetSuffix
 
 // Hit asks whether Cost more units fit Limit per Window on the counter Key.
 type Hit struct {
@@ -50,6 +55,14 @@ type Hit struct {
 	// the limit it is a debt, which denies later hits until the window has
 	// slid past it; the hit is then denied, and still Charged.
 	Record bool
+	// RecordIfAlone makes a Record conditional, for an RLQS fleet's lease:
+	// the request's RecordIfAlone hits are recorded past their limits only
+	// when each counter holds at most one unit more than the fleet's own
+	// count of it, the request's hit at its Key + FleetSuffix (the fleet is
+	// then the counter's only user, and its shares bound it). Decided in the
+	// store, in the call that charges them: a count read earlier may miss
+	// what others took since. Else they are decided as hits without Record.
+	RecordIfAlone bool
 	// Refund marks a hit that gives Cost units back to the counter instead of
 	// taking them (Envoy's is_negative_hits): never below zero, and never
 	// units of another window than the current one (see scripts/lua). It is

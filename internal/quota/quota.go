@@ -298,7 +298,9 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	// A counter nobody else took from is the fleet's: its lease is recorded
 	// whatever the counter says, as the shares already hold the fleet to
 	// the limit (the counter's own rounding would deny a fleet at 100 %).
-	// On a counter others use, they come first: the lease must fit beside
+	// The store decides it again in the same call (RecordIfAlone): others
+	// may have taken from the counter since b.others was measured, and
+	// then the lease is decided as any hit. On a counter others use, they come first: the lease must fit beside
 	// what they took and what the other Envoys leased ahead, and what a
 	// replaced bucket gives back goes to them, not to its successor in the
 	// same call (the store applies a request's refunds before its charges).
@@ -310,7 +312,7 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	}
 	hits := make([]limiter.Hit, len(lim.Hits)+1)
 	for i, h := range lim.Hits {
-		h.Cost, h.Record = units, alone && units > 0
+		h.Cost, h.Record, h.RecordIfAlone = units, alone && units > 0, true
 		if h.Algorithm.Bucket() {
 			h.Burst = adjust(uint64(cmp.Or(h.Burst, h.Limit)), raise, keep)
 		} else {
@@ -319,7 +321,7 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 		hits[i] = h
 	}
 	fleet := fleetHit(lim.Hits[0])
-	fleet.Cost, fleet.Record = units, alone && units > 0 // charged with the counter, even past it
+	fleet.Cost, fleet.Record, fleet.RecordIfAlone = units, alone && units > 0, true // charged with the counter, even past it
 	hits[len(lim.Hits)] = fleet
 	hits = append(hits, back...)
 	verdicts, err := a.ledger.Decide(ctx, hits)
@@ -341,7 +343,7 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 
 // aloneSlack is what others may hold on a counter that still counts as the
 // fleet's alone: a unit of rounding between the counter and the fleet's
-// count.
+// count. decide.lua's alone_fleet allows the same.
 const aloneSlack = 1
 
 // measureOthers reads b.others off the counter without charging it.
@@ -391,7 +393,7 @@ func (a *Allocator) giveBack(b *Bucket, lim Limit, tokens, maxTokens uint64, now
 // the same window (and, for GCRA, rate), at a key of its own beside h's (in
 // its hash slot), with no bound of its own.
 func fleetHit(h limiter.Hit) limiter.Hit {
-	f := limiter.Hit{Key: h.Key + ":rlqs-leased", Algorithm: h.Algorithm, Limit: math.MaxUint32, Window: h.Window, Calendar: h.Calendar}
+	f := limiter.Hit{Key: h.Key + limiter.FleetSuffix, Algorithm: h.Algorithm, Limit: math.MaxUint32, Window: h.Window, Calendar: h.Calendar}
 	if h.Algorithm.Bucket() {
 		f.Limit, f.Burst = h.Limit, math.MaxUint32
 	}

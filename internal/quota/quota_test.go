@@ -393,3 +393,47 @@ func TestFleetHitKeepsTheCalendar(t *testing.T) {
 		t.Errorf("fleetHit(%+v) = %+v, want its calendar, window and algorithm", h, f)
 	}
 }
+
+// TestAloneDecidedInTheStore: a fleet measured alone at its last lease,
+// whose counter ShouldRateLimit's callers have since taken whole, has its
+// next lease decided as any hit (denied), not recorded past the limit: the
+// store reads the counter and the fleet's own count in the lease's call.
+func TestAloneDecidedInTheStore(t *testing.T) {
+	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.SlidingWindowLog, config.FixedWindow} {
+		t.Run(a.String(), func(t *testing.T) {
+			f := newFleet(t)
+			lim := limitOf(a, 600, time.Minute)
+			e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+			if a := f.report(t, e, lim); a.Kind != TokenBucket || e.lease.others != 0 {
+				t.Fatalf("first assignment %+v, others %d: want a token bucket, alone", a, e.lease.others)
+			}
+			check := lim.Hits[0]
+			check.Cost = 0
+			v, err := f.lim.Decide(context.Background(), []limiter.Hit{check})
+			if err != nil {
+				t.Fatal(err)
+			}
+			take := lim.Hits[0]
+			take.Cost = v[0].Remaining
+			if v, err := f.lim.Decide(context.Background(), []limiter.Hit{take}); err != nil || !v[0].Admitted {
+				t.Fatalf("taking the rest: %+v %v", v, err)
+			}
+			f.advance(5 * time.Second)
+			e.seen = 100
+			f.report(t, e, lim)
+			// 1000 more fit under 1600 only while the counter holds at most
+			// its limit: a lease recorded past it would hold more.
+			past, err := f.lim.Decide(context.Background(), []limiter.Hit{{Key: lim.Hits[0].Key, Algorithm: a,
+				Limit: 600 + 1000, Window: time.Minute, Cost: 1000}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !past[0].Admitted {
+				t.Errorf("the counter holds more than its limit after the lease: recorded beside what others took")
+			}
+			if e.held.Kind == TokenBucket && e.lease.others <= aloneSlack {
+				t.Errorf("the fleet still counts as alone (others %d) with the counter taken", e.lease.others)
+			}
+		})
+	}
+}

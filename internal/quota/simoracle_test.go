@@ -129,10 +129,12 @@ func (r *simRun) check(count uint64) string {
 		}
 	}
 	// Each token bucket an Envoy held in the window lets its fill through
-	// unleased (docs/rlqs.md, "The bound"); on a fixed window, a lease made
-	// before the window's edge counts in the old window only, while its
-	// refills come in the new one.
-	if len(r.envoys) > 0 && r.rule.alg == config.FixedWindow {
+	// unleased (docs/rlqs.md, "The bound"); a lease counts from when it is
+	// made, while its refills come up to a lease later: a window that
+	// starts after the lease (a fixed window's, the sliding counter's
+	// current one, the log's) holds refills it does not count. GCRA's
+	// bucket is a total: what it leased ahead stays charged.
+	if len(r.envoys) > 0 && r.rule.alg != config.GCRA {
 		slack += uint64(math.Ceil(float64(limit) * (DefaultLease + deliveryMargin).Seconds() / w.Seconds()))
 	}
 	for _, e := range r.envoys {

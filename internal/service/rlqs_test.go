@@ -188,19 +188,29 @@ func TestRLQSSharesTheCounter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	left := resp.Statuses[0].LimitRemaining
-	if left >= 599 {
+	if left := resp.Statuses[0].LimitRemaining; left >= 599 {
 		t.Fatalf("ShouldRateLimit sees %d of 600 left after a lease: the lease is elsewhere", left)
 	}
-	resp, err = r.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
-		Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{d}, HitsAddend: left,
-	})
-	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
-		t.Fatalf("taking the %d left: %v %v", left, resp, err)
-	}
-	// The lease in force stays; within two reports the bucket is denied.
+	// ShouldRateLimit's callers take what the counter has left, as it
+	// frees up (a bucket turned to DENY_ALL gives back what it leased
+	// ahead). The lease in force stays; within two reports the bucket is
+	// denied.
 	var got *typev3.RateLimitStrategy
 	for range 2 {
+		check, err := r.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+			Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{d},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left := check.Statuses[0].LimitRemaining; left > 0 {
+			resp, err := r.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+				Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{d}, HitsAddend: left,
+			})
+			if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("taking the %d left: %v %v", left, resp, err)
+			}
+		}
 		r.advance(5 * time.Second)
 		actions := r.report(t, "edge", usage(50, "user", "alice", "name", "quota"))
 		got = strategyOf(actions[bucketKey(map[string]string{"name": "quota", "user": "alice"})])

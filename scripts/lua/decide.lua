@@ -23,7 +23,10 @@
 --          log only) + FLAG_SETTLE (with FLAG_REFUND) for a lease's
 --          settlement; for a quota hit, + FLAG_QUOTA_OVER when its quota
 --          is over already (Go denied another of its hits) and + its group
---          times QUOTA_GROUP_UNIT; algorithms.go declares them all. A
+--          times QUOTA_GROUP_UNIT; + FLAG_ALONE (with FLAG_RECORD) for an
+--          RLQS fleet's lease, recorded only while the fleet is the
+--          counter's only user (see alone_fleet); algorithms.go declares
+--          them all. A
 --          lease's hit ends in ":<ttl in ms>:<nonce>" after an empty burst
 --          and ahead ("code:limit:window:cost:::ttl:nonce"), a settlement's
 --          in ":<units reserved>:<nonce>" (an empty nonce names no lease);
@@ -105,7 +108,8 @@ local function parse_rule(s)
     refund = code % FLAG_QUOTA >= FLAG_REFUND,
     quota = code % FLAG_OLDEST >= FLAG_QUOTA,
     group = group, -- a quota hit's: its quota
-    over = code >= FLAG_QUOTA_OVER, -- a quota hit's: its quota is over already
+    over = code % FLAG_ALONE >= FLAG_QUOTA_OVER, -- a quota hit's: its quota is over already
+    alone = code >= FLAG_ALONE, -- a record only when the fleet is alone: see alone_fleet
     oldest = code % FLAG_LEASE >= FLAG_OLDEST,
     lease = false, -- a lease's { ttl (microseconds), nonce }
     settle = false, -- a settlement's { units reserved, nonce }
@@ -172,6 +176,39 @@ local replied = 0
 -- quota group that does not fit (the quota is over); emptied as a call
 -- begins, and written only for quota hits.
 local quota_over = {}
+
+-- holds is what hit i's counter holds before the request's charges, by its
+-- check (the same reading as Go's answer: its capacity less what remains).
+local function holds(keys, now, i)
+  local rule, st = hit_rules[i], states[i]
+  local remaining = st.remaining
+  if not st.again then
+    remaining = rule.alg.result(keys[i], st, rule.limit, rule.window, rule.need, now)
+  end
+  local capacity = rule.burst or rule.limit
+  return capacity - min(remaining, capacity)
+end
+
+-- alone_fleet reports whether the FLAG_ALONE hits of the request at first
+-- to last are to be recorded: an RLQS fleet's lease is recorded past the
+-- counter's limit only when the counter holds at most a unit (of rounding)
+-- more than the fleet's own count of it (the request's hit at the counter's
+-- key .. FLEET_SUFFIX, not a give back), read now: the fleet is then the counter's only
+-- user, and its shares hold it to the limit. When others took from the
+-- counter, the lease must fit beside them, as any hit.
+local function alone_fleet(keys, now, first, last)
+  for i = first, last do
+    if hit_rules[i].alone then
+      local fleet = keys[i] .. FLEET_SUFFIX
+      for j = first, last do
+        if keys[j] == fleet and not hit_rules[j].refund and holds(keys, now, i) > holds(keys, now, j) + 1 then
+          return false
+        end
+      end
+    end
+  end
+  return true
+end
 
 local function decide(keys, args)
   local t = redis.call('TIME')
@@ -291,12 +328,14 @@ local function decide(keys, args)
         end
       end
     end
+    local recorded = alone_fleet(keys, now, first, last)
     for i = first, last do
       local rule, key, st = hit_rules[i], keys[i], states[i]
       local alg = rule.alg
       -- A quota over charges none of its hits, as a denied request.
       local charged = rule.charges and
-        (rule.record or charge and st.admit and not (rule.quota and quota_over[rule.group] == q))
+        (rule.record and (recorded or not rule.alone) or
+          charge and st.admit and not (rule.quota and quota_over[rule.group] == q))
       local remaining, reset
       if st.again then
         remaining, reset = st.remaining, st.reset

@@ -74,12 +74,12 @@ func TestScripts(t *testing.T) {
 // decide.lua's algorithms table holds each algorithm's own table at its ID.
 func TestLuaConstants(t *testing.T) {
 	got := runLua(t, library+`return FLAG_SHADOW, FLAG_RECORD, FLAG_REFUND, FLAG_QUOTA, FLAG_OLDEST, FLAG_LEASE, FLAG_SETTLE,
-		FLAG_QUOTA_OVER, QUOTA_GROUP_UNIT`, 9)
-	if want := []string{"8", "16", "32", "64", "128", "256", "512", "1024", "2048"}; !slices.Equal(got, want) {
+		FLAG_QUOTA_OVER, FLAG_ALONE, QUOTA_GROUP_UNIT, FLEET_SUFFIX`, 11)
+	if want := []string{"8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096", ":rlqs-leased"}; !slices.Equal(got, want) {
 		t.Errorf("the Lua's flags are %q, want %q", got, want)
 	}
 	want := []string{fmt.Sprint(FlagShadow), fmt.Sprint(FlagRecord), fmt.Sprint(FlagRefund), fmt.Sprint(FlagQuota), fmt.Sprint(FlagOldest),
-		fmt.Sprint(FlagLease), fmt.Sprint(FlagSettle), fmt.Sprint(FlagQuotaOver), fmt.Sprint(QuotaGroupUnit)}
+		fmt.Sprint(FlagLease), fmt.Sprint(FlagSettle), fmt.Sprint(FlagQuotaOver), fmt.Sprint(FlagAlone), fmt.Sprint(QuotaGroupUnit), FleetSuffix}
 	if !slices.Equal(got, want) {
 		t.Errorf("the Lua's flags are %q, Go's %q", got, want)
 	}
