@@ -178,6 +178,19 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			ops = append(ops, simOp{kind: simSettle, inst: inst, n: uint64(rng.IntN(8)), cost: uint64(max(0, rng.IntN(6)-3))})
 		case p < 680:
 			ops = append(ops, simOp{kind: simRefund, inst: inst, n: 1 + uint64(rng.IntN(3))})
+			if rng.IntN(3) == 0 {
+				// Where a refund that took the wrong units shows: another
+				// instance spends, and as the window slides past the units
+				// the refund should have taken, a burst fills it.
+				other := rng.IntN(r.instances)
+				for range 1 + rng.IntN(4) {
+					ops = append(ops, simOp{kind: simHit, inst: other, n: 1})
+				}
+				ops = append(ops, simOp{kind: simAdvance, d: r.window - time.Duration(rng.Int64N(int64(300*time.Millisecond)))})
+				for range r.limit {
+					ops = append(ops, simOp{kind: simHit, inst: inst, n: 1})
+				}
+			}
 		case p < 740:
 			ops = append(ops, simOp{kind: simLeases, inst: inst, n: uint64(rng.IntN(4))})
 		case p < 800:
