@@ -160,6 +160,7 @@ type simRun struct {
 	seatsFrom int       // the first seat after the last Reset or restart
 	faults    []simFault
 	reloads   []simReload
+	violation string   // the first found by an event run during a call (runDuring)
 	trace     []string // what happened, for a failing schedule
 	local     int      // hits decided from a slice
 	leased    uint64   // units leased
@@ -200,14 +201,9 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	if leaser >= 0 && len(v) == 1 && v[0].Charged {
 		lease = &simLeaseRef{inst: leaser, token: v[0].Token}
 	}
-	if err = l.r.acknowledge(charged, lease, err); err != nil {
-		// Answered as the limiter answers a store failure: by the
-		// failure mode (deny), a refund admitted.
-		for i := range hits {
-			v[i] = limiter.Verdict{FailureVerdict: true, Admitted: hits[i].Refund, ResetAfter: limiter.FailureRetry}
-		}
-		return v, err
-	}
+	err = l.r.acknowledge(charged, lease, err)
+	// The events held for this call run between its write and its answer,
+	// a lost one included.
 	if during := l.r.during; during != nil {
 		l.r.during = nil
 		if leaser >= 0 {
@@ -217,8 +213,16 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 			defer func() { l.r.inflight = 0 }()
 		}
 		for _, o := range during {
-			l.r.apply(o)
+			l.r.runDuring(o)
 		}
+	}
+	if err != nil {
+		// Answered as the limiter answers a store failure: by the
+		// failure mode (deny), a refund admitted.
+		for i := range hits {
+			v[i] = limiter.Verdict{FailureVerdict: true, Admitted: hits[i].Refund, ResetAfter: limiter.FailureRetry}
+		}
+		return v, err
 	}
 	return v, nil
 }
@@ -393,8 +397,19 @@ func (r *simRun) run() (violation string) {
 		if v := r.apply(o); v != "" {
 			return v
 		}
+		if r.violation != "" {
+			return r.violation
+		}
 	}
 	return ""
+}
+
+// runDuring runs o while a call is on its way (see simHold), keeping the
+// first violation it finds for run to return.
+func (r *simRun) runDuring(o simOp) {
+	if v := r.apply(o); v != "" && r.violation == "" {
+		r.violation = v
+	}
 }
 
 // apply runs one event; it returns the violation it caused, if any.
@@ -556,6 +571,14 @@ func (r *simRun) sendLeases(inst int) {
 			r.next += n
 		}
 		f()
+		// No lease went (nothing left to lease): the events held run now,
+		// not inside another call, whose answer they would delay.
+		if during := r.during; during != nil {
+			r.during = nil
+			for _, o := range during {
+				r.runDuring(o)
+			}
+		}
 	}
 }
 
