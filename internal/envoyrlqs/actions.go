@@ -10,17 +10,21 @@ import (
 )
 
 // onResponse is GC onQuotaResponseImpl: each action applied or ignored in
-// turn, then one new copy for the workers.
+// turn, then one new copy for the workers. The actions are counted once
+// published, so that a reader who sees the count sees the assignments.
 func (c *Client) onResponse(resp *rlqspb.RateLimitQuotaResponse) {
 	c.stats.responses.Add(1)
+	var applied, ignored uint64
 	for _, a := range resp.GetBucketAction() {
 		if c.applyAction(a) {
-			c.stats.actionsApplied.Add(1)
+			applied++
 		} else {
-			c.stats.actionsIgnored.Add(1)
+			ignored++
 		}
 	}
 	c.publish()
+	c.stats.actionsApplied.Add(applied)
+	c.stats.actionsIgnored.Add(ignored)
 }
 
 // applyAction reports whether Envoy takes a, as GC onQuotaResponseImpl.
