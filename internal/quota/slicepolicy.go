@@ -109,11 +109,46 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	} else if k.matches(&h) && k.available(now) >= max(1, want/4) {
 		return
 	}
+	if spansWindow(h.Algorithm) && !pays(k, &h, want, windowEnd, now) {
+		return
+	}
 	k.leasing = true
 	k.seenRemaining, k.seenTAT = math.MaxUint64, time.Time{} // see rebase
 	h.Cost = want
 	h.Ahead = period // a slice: see limiter.Hit.Ahead
 	s.queueLease(pendingLease{hit: h, period: period, idle: idle, warm: !hot, resets: k.resets, landed: make(chan struct{})})
+}
+
+// sliceHitsToPay is how many hits a window counter's slice must be
+// expected to decide for its lease: the lease's call and its give back
+// cost the store about what two hits' calls do, and a slice that decides
+// fewer than twice that costs more than it saves (a per-second window at a
+// few hits a second). The log's and GCRA's slices live a period, sized to
+// it (and the warm log's, to two hits at least).
+const sliceHitsToPay = 4
+
+// pays reports whether a window counter's slice of want units of h's key
+// is expected to decide at least sliceHitsToPay hits before it ends with
+// its window (windowEnd when the key has live slices, else the window's
+// own end): at the key's rate, and within its units at the key's cost per
+// hit.
+func pays(k *hotKey, h *limiter.Hit, want uint64, windowEnd, now time.Time) bool {
+	hitRate, unitRate := k.rates()
+	if hitRate <= 0 { // young: the last second's count
+		hitRate, unitRate = float64(max(k.hits, k.prev)), float64(max(k.units, k.prevUnits))
+	}
+	if hitRate <= 0 {
+		return false
+	}
+	end := windowEnd
+	if !end.After(now) {
+		if !h.Calendar.IsZero() {
+			return true // a calendar window: months, not seconds
+		}
+		end = now.Truncate(h.Window).Add(h.Window) // fixed windows start at whole multiples of their length
+	}
+	perHit := max(unitRate/hitRate, 1)
+	return min(float64(want)/perHit, hitRate*end.Sub(now).Seconds()) >= sliceHitsToPay
 }
 
 // gcraUsable is how many units of a GCRA slice of h this instance can use

@@ -156,3 +156,39 @@ func TestGCRAUsableAtThePace(t *testing.T) {
 		t.Errorf("at 49 a second under a bucket of 49 a second: %d usable, want all", got)
 	}
 }
+
+// TestSlicePays: a window counter's slice is leased only when the key's
+// rate is expected to decide sliceHitsToPay hits from it before its window
+// ends, within its units: a lease and its give back cost the store what
+// about two hits do.
+func TestSlicePays(t *testing.T) {
+	second, minute := time.Second, time.Minute
+	month := config.CalendarOf(config.FixedWindow, config.Month, 1, time.UTC)
+	at := func(into time.Duration) time.Time { return epoch.Add(into) } // epoch starts every window
+	for _, tc := range []struct {
+		name         string
+		hits, units  float64 // per second
+		window       time.Duration
+		calendar     config.Calendar
+		want         uint64
+		now, liveEnd time.Time
+		pays         bool
+	}{
+		{"a second's window at 3 hits a second", 3, 3, second, config.Calendar{}, 4, at(0), time.Time{}, false},
+		{"a second's window at 20 hits a second, its start", 20, 20, second, config.Calendar{}, 10, at(0), time.Time{}, true},
+		{"a second's window at 20 hits a second, its last 100 ms", 20, 20, second, config.Calendar{}, 10, at(900 * time.Millisecond), time.Time{}, false},
+		{"a minute's window at 3 hits a second", 3, 3, minute, config.Calendar{}, 30, at(10 * time.Second), time.Time{}, true},
+		{"a minute's window, its live slices ending in 500 ms", 3, 3, minute, config.Calendar{}, 30, at(10 * time.Second), at(10*time.Second + 500*time.Millisecond), false},
+		{"units for 3 hits of 10 units", 20, 200, minute, config.Calendar{}, 30, at(0), time.Time{}, false},
+		{"units for 4 hits of 10 units", 20, 200, minute, config.Calendar{}, 40, at(0), time.Time{}, true},
+		{"a month at 3 hits a second", 3, 3, 30 * 24 * time.Hour, month, 30, at(0), time.Time{}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := &hotKey{after: 2, weight: 1, rate: tc.hits, unitRate: tc.units}
+			h := limiter.Hit{Key: "{k}", Algorithm: config.SlidingWindowCounter, Limit: 1 << 30, Window: tc.window, Calendar: tc.calendar, Cost: 1}
+			if got := pays(k, &h, tc.want, tc.liveEnd, tc.now); got != tc.pays {
+				t.Errorf("pays = %v, want %v", got, tc.pays)
+			}
+		})
+	}
+}
