@@ -314,7 +314,7 @@ func TestSimulatorCases(t *testing.T) {
 		// recorded at its period's end, which its instance still spent.
 		name: "log/refund leaves a live slice's members",
 		rule: simRule{alg: config.SlidingWindowLog, limit: 40, window: 10 * time.Second, instances: 2},
-		ops: slices.Concat(hits(0, 2), []simOp{{kind: simLeases, inst: 0}, at(100 * time.Millisecond)}, hits(1, 1),
+		ops: slices.Concat(hits(0, 10), []simOp{{kind: simLeases, inst: 0}, at(100 * time.Millisecond)}, hits(1, 1),
 			[]simOp{{kind: simRefund, inst: 1, n: 1}, at(100 * time.Millisecond)}, hits(0, 4),
 			[]simOp{at(9950 * time.Millisecond)}, hits(1, 40)),
 	}, {
@@ -322,7 +322,7 @@ func TestSimulatorCases(t *testing.T) {
 		// another instance's live slice.
 		name: "log/reset keeps another instance's slice",
 		rule: simRule{alg: config.SlidingWindowLog, limit: 40, window: 10 * time.Second, instances: 2},
-		ops: slices.Concat(hits(0, 2), []simOp{{kind: simLeases, inst: 0}, at(100 * time.Millisecond),
+		ops: slices.Concat(hits(0, 10), []simOp{{kind: simLeases, inst: 0}, at(100 * time.Millisecond),
 			{kind: simReset, inst: 1}}, hits(0, 4), hits(1, 40)),
 	}, {
 		// A Reset while the instance's own lease was on its way: the

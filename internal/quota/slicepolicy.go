@@ -109,7 +109,11 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	} else if k.matches(&h) && k.available(now) >= max(1, want/4) {
 		return
 	}
-	if spansWindow(h.Algorithm) && !pays(k, &h, want, windowEnd, now) {
+	life := period // the log's and GCRA's slices end with their period
+	if spansWindow(h.Algorithm) {
+		life = windowLeft(&h, windowEnd, now)
+	}
+	if !pays(k, &h, want, life) {
 		return
 	}
 	k.leasing = true
@@ -119,20 +123,17 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	s.queueLease(pendingLease{hit: h, period: period, idle: idle, warm: !hot, resets: k.resets, landed: make(chan struct{})})
 }
 
-// sliceHitsToPay is how many hits a window counter's slice must be
-// expected to decide for its lease: the lease's call and its give back
-// cost the store about what two hits' calls do, and a slice that decides
-// fewer than twice that costs more than it saves (a per-second window at a
-// few hits a second). The log's and GCRA's slices live a period, sized to
-// it (and the warm log's, to two hits at least).
+// sliceHitsToPay is how many hits a slice must be expected to decide for
+// its lease: the lease's call and its give back cost the store about what
+// two hits' calls do, and a slice that decides fewer than twice that
+// costs more than it saves (a per-second window at a few hits a second, a
+// log's slice of a short window's twentieth).
 const sliceHitsToPay = 4
 
-// pays reports whether a window counter's slice of want units of h's key
-// is expected to decide at least sliceHitsToPay hits before it ends with
-// its window (windowEnd when the key has live slices, else the window's
-// own end): at the key's rate, and within its units at the key's cost per
-// hit.
-func pays(k *hotKey, h *limiter.Hit, want uint64, windowEnd, now time.Time) bool {
+// pays reports whether a slice of want units of h's key, living life, is
+// expected to decide at least sliceHitsToPay hits: at the key's rate, and
+// within its units at the key's cost per hit.
+func pays(k *hotKey, h *limiter.Hit, want uint64, life time.Duration) bool {
 	hitRate, unitRate := k.rates()
 	if hitRate <= 0 { // young: the last second's count
 		hitRate, unitRate = float64(max(k.hits, k.prev)), float64(max(k.units, k.prevUnits))
@@ -140,15 +141,21 @@ func pays(k *hotKey, h *limiter.Hit, want uint64, windowEnd, now time.Time) bool
 	if hitRate <= 0 {
 		return false
 	}
-	end := windowEnd
-	if !end.After(now) {
-		if !h.Calendar.IsZero() {
-			return true // a calendar window: months, not seconds
-		}
-		end = now.Truncate(h.Window).Add(h.Window) // fixed windows start at whole multiples of their length
+	perHit := max(unitRate/hitRate, float64(h.Cost), 1)
+	return min(float64(want)/perHit, hitRate*life.Seconds()) >= sliceHitsToPay
+}
+
+// windowLeft is how long a window counter's slice leased now lives at most:
+// until its window ends (windowEnd when the key has live slices, else the
+// window's own end; a calendar window's, months, is taken as its length).
+func windowLeft(h *limiter.Hit, windowEnd, now time.Time) time.Duration {
+	if windowEnd.After(now) {
+		return windowEnd.Sub(now)
 	}
-	perHit := max(unitRate/hitRate, 1)
-	return min(float64(want)/perHit, hitRate*end.Sub(now).Seconds()) >= sliceHitsToPay
+	if !h.Calendar.IsZero() {
+		return h.Window
+	}
+	return now.Truncate(h.Window).Add(h.Window).Sub(now) // fixed windows start at whole multiples of their length
 }
 
 // gcraUsable is how many units of a GCRA slice of h this instance can use

@@ -88,7 +88,7 @@ func (in *instances) settle() {
 // fixed window, every window of its own) against the algorithm's bound, and
 // that after the first window at least 90 % of the limit is admitted.
 func TestSlicesHoldTheLimit(t *testing.T) {
-	const limit, window = 100, 10 * time.Second
+	const limit, window = 200, 20 * time.Second
 	for _, tc := range []struct {
 		alg   config.Algorithm
 		burst uint32
@@ -97,15 +97,15 @@ func TestSlicesHoldTheLimit(t *testing.T) {
 		{config.FixedWindow, 0},
 		{config.SlidingWindowCounter, 0},
 		{config.GCRA, 0},
-		{config.GCRA, 20},
+		{config.GCRA, 40},
 	} {
 		t.Run(fmt.Sprintf("%v/burst%d", tc.alg, tc.burst), func(t *testing.T) {
 			in := newInstances(t, 3, SliceOptions{Threshold: 2})
 			hit := limiter.Hit{Key: "{hot}:k", Algorithm: tc.alg, Limit: limit, Window: window, Burst: tc.burst, Cost: 1}
-			const step = 50 * time.Millisecond // 20 requests/s: twice 100 per 10 s
+			const step = 50 * time.Millisecond // 20 requests/s: twice 200 per 20 s
 			var admitted []time.Time
 			start := in.now
-			for i := range 800 { // 40 s: four windows
+			for i := range 1600 { // 80 s: four windows
 				s := in.slices[i%3]
 				if i%20 == 0 {
 					for _, s := range in.slices {
@@ -149,7 +149,7 @@ func TestSlicesHoldTheLimit(t *testing.T) {
 			if in.local.Load() == 0 {
 				t.Errorf("no hit decided from a slice (leased %d units)", in.leased.Load())
 			}
-			t.Logf("%d admitted of 800 in %v; least in a window after the first %d; %d decided locally; %d units leased, %d given back",
+			t.Logf("%d admitted of 1600 in %v; least in a window after the first %d; %d decided locally; %d units leased, %d given back",
 				len(admitted), end.Sub(start), least, in.local.Load(), in.leased.Load(), in.back.Load())
 		})
 	}
