@@ -280,7 +280,9 @@ func newSimRun(st *simStore, s simSchedule) *simRun {
 	r := &simRun{st: st, rule: s.rule, limit: s.rule.limit, now: simEpoch, ops: s.ops}
 	r.writes = []simWrite{{}}
 	for i := range s.rule.instances {
-		opts := &SliceOptions{Threshold: 2, Now: func() time.Time { return r.now }, Observe: SliceObserver{
+		// Slices of any size that decides a hit: the lease's invariants are
+		// searched where the cost policy (pays) would not lease.
+		opts := &SliceOptions{Threshold: 2, HitsToPay: 1, Now: func() time.Time { return r.now }, Observe: SliceObserver{
 			Local:  func(n int) { r.local += n },
 			Leased: func(n uint64) { r.leased += n },
 		}}

@@ -113,7 +113,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if spansWindow(h.Algorithm) {
 		life = windowLeft(&h, windowEnd, now)
 	}
-	if !pays(k, &h, want, life) {
+	if !pays(k, &h, want, life, s.hitsToPay) {
 		return
 	}
 	k.leasing = true
@@ -128,12 +128,13 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 // two hits' calls do, and a slice that decides fewer than twice that
 // costs more than it saves (a per-second window at a few hits a second, a
 // log's slice of a short window's twentieth).
-const sliceHitsToPay = 4
+const sliceHitsToPay = 4.0
 
 // pays reports whether a slice of want units of h's key, living life, is
-// expected to decide at least sliceHitsToPay hits: at the key's rate, and
-// within its units at the key's cost per hit.
-func pays(k *hotKey, h *limiter.Hit, want uint64, life time.Duration) bool {
+// expected to decide at least hitsToPay hits (sliceHitsToPay unless the
+// options say): at the key's rate, and within its units at the key's cost
+// per hit.
+func pays(k *hotKey, h *limiter.Hit, want uint64, life time.Duration, hitsToPay float64) bool {
 	hitRate, unitRate := k.rates()
 	if hitRate <= 0 { // young: the last second's count
 		hitRate, unitRate = float64(max(k.hits, k.prev)), float64(max(k.units, k.prevUnits))
@@ -142,7 +143,7 @@ func pays(k *hotKey, h *limiter.Hit, want uint64, life time.Duration) bool {
 		return false
 	}
 	perHit := max(unitRate/hitRate, float64(h.Cost), 1)
-	return min(float64(want)/perHit, hitRate*life.Seconds()) >= sliceHitsToPay
+	return min(float64(want)/perHit, hitRate*life.Seconds()) >= hitsToPay
 }
 
 // windowLeft is how long a window counter's slice leased now lives at most:

@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"cmp"
 	"context"
 	"hash/maphash"
 	"math"
@@ -97,6 +98,7 @@ type Slices struct {
 	threshold float64
 	warm      float64 // warm keys' threshold (their rate's); <= 0: off
 	period    time.Duration
+	hitsToPay float64 // see SliceOptions.HitsToPay
 	perShard  int
 	now       func() time.Time
 	observe   SliceObserver
@@ -196,6 +198,11 @@ type SliceOptions struct {
 	WarmThreshold float64
 	// Period is a slice's life; zero means DefaultSlicePeriod.
 	Period time.Duration
+	// HitsToPay is how many hits a slice must be expected to decide to be
+	// leased (see pays); zero means 4, what pays for its lease and give
+	// back twice. The simulator lowers it to search the lease's invariants
+	// where the policy would not lease.
+	HitsToPay float64
 	// Keys bounds the keys tracked at once; zero means DefaultSliceKeys.
 	// Past it, a key seen for the first time in a second is not tracked
 	// that second.
@@ -272,6 +279,7 @@ func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
 	if s.threshold < 0 || s.warm >= s.threshold {
 		s.warm = -1 // off: no key is warm short of hot
 	}
+	s.hitsToPay = cmp.Or(opts.HitsToPay, sliceHitsToPay)
 	if s.period <= 0 {
 		s.period = DefaultSlicePeriod
 	}

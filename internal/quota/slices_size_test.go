@@ -186,7 +186,7 @@ func TestSlicePays(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			k := &hotKey{after: 2, weight: 1, rate: tc.hits, unitRate: tc.units}
 			h := limiter.Hit{Key: "{k}", Algorithm: config.SlidingWindowCounter, Limit: 1 << 30, Window: tc.window, Calendar: tc.calendar, Cost: 1}
-			if got := pays(k, &h, tc.want, windowLeft(&h, tc.liveEnd, tc.now)); got != tc.pays {
+			if got := pays(k, &h, tc.want, windowLeft(&h, tc.liveEnd, tc.now), sliceHitsToPay); got != tc.pays {
 				t.Errorf("pays = %v, want %v", got, tc.pays)
 			}
 		})
