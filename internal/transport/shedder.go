@@ -22,11 +22,11 @@ import (
 // DefaultMaxInFlight bounds the requests a server works on at once, where
 // options leave it zero. Past it a request is refused at once: queueing
 // without bound would only answer after Envoy's timeout, with memory growing.
-// 512 is above what an instance needs: at Envoy's 20 ms deadline it is about
-// 25,000 requests a second, more than one instance decides (docs/bench.md
-// has what it does), so only a server already past its capacity refuses;
-// and 512 requests of the largest size (--max-request-bytes) fit in the
-// central manifest's memory limit.
+// 512 is far above what an instance holds at once while it keeps up (its
+// rate times its latency: docs/bench.md has both), so only a server whose
+// latency has grown past its capacity refuses; and 512 requests of the
+// largest size (--max-request-bytes) fit in the central manifest's memory
+// limit.
 const DefaultMaxInFlight = 512
 
 // Shedder bounds the rate limit requests worked on at once, over gRPC and
