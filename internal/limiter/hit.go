@@ -62,8 +62,8 @@ type Hit struct {
 	// then the counter's only user, and its shares bound it). Decided in the
 	// store, in the call that charges them: a count read earlier may miss
 	// what others took since. Else they are decided as hits without Record.
-	// Without the fleet's hit in the request, they are recorded as Record
-	// hits are.
+	// Without the fleet's hit in the store call (another limit of the
+	// rule, on another Cluster slot), they are decided as without Record.
 	RecordIfAlone bool
 	// Refund marks a hit that gives Cost units back to the counter instead of
 	// taking them (Envoy's is_negative_hits): never below zero, and never

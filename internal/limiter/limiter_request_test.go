@@ -128,3 +128,41 @@ func TestMergingShadowAndEnforcedKeepsTheEnforcedLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordIfAlone: a conditional record is recorded past the limit only
+// while its counter holds at most a unit more than the fleet's count in
+// the same call; taken by others, or without the fleet's count in the call
+// (another limit on another Cluster slot), it is decided as a plain hit.
+func TestRecordIfAlone(t *testing.T) {
+	for _, a := range []config.Algorithm{config.FixedWindow, config.SlidingWindowCounter, config.SlidingWindowLog} {
+		t.Run(a.String(), func(t *testing.T) {
+			l, _ := newTestLimiter(t, epoch.Add(time.Second))
+			counter := hit(a, "f", 10, time.Minute, 8)
+			fleet := counter
+			fleet.Key, fleet.Limit = counter.Key+FleetSuffix, 1<<31
+			counter.Record, counter.RecordIfAlone = true, true
+			fleet.Record, fleet.RecordIfAlone = true, true
+			// The fleet alone: 8, then 8 more past the limit of 10.
+			for i, want := range []bool{true, false} {
+				v, err := l.Decide(context.Background(), []Hit{counter, fleet})
+				if err != nil || v[0].Admitted != want || !v[0].Charged {
+					t.Fatalf("lease %d alone: %+v %v, want charged, admitted %v", i+1, v, err, want)
+				}
+			}
+			// Without the fleet's count in the call: a plain hit, denied.
+			if v := decide1(t, l, counter); v.Admitted || v.Charged {
+				t.Fatalf("without the fleet's count: %+v, want denied, not charged", v)
+			}
+			// Others take from a fresh counter: the lease must fit beside them.
+			other := hit(a, "g", 10, time.Minute, 5)
+			counter.Key, fleet.Key = other.Key, other.Key+FleetSuffix
+			if v := decide1(t, l, other); !v.Admitted {
+				t.Fatalf("others' hit: %+v", v)
+			}
+			v, err := l.Decide(context.Background(), []Hit{counter, fleet})
+			if err != nil || v[0].Admitted || v[0].Charged {
+				t.Fatalf("lease beside others: %+v %v, want denied, not charged", v, err)
+			}
+		})
+	}
+}

@@ -156,7 +156,10 @@ func windowLeft(h *limiter.Hit, windowEnd, now time.Time) time.Duration {
 	if !h.Calendar.IsZero() {
 		return h.Window
 	}
-	return now.Truncate(h.Window).Add(h.Window).Sub(now) // fixed windows start at whole multiples of their length
+	// Windows start at whole multiples of their length since the Unix
+	// epoch (time.Truncate counts from year 1: another alignment).
+	w := h.Window.Microseconds()
+	return time.UnixMicro((now.UnixMicro()/w + 1) * w).Sub(now)
 }
 
 // gcraUsable is how many units of a GCRA slice of h this instance can use

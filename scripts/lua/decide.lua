@@ -191,23 +191,30 @@ end
 
 -- alone_fleet reports whether the FLAG_ALONE hits of the request at first
 -- to last are to be recorded: an RLQS fleet's lease is recorded past the
--- counter's limit only when the counter holds at most a unit (of rounding)
--- more than the fleet's own count of it (the request's hit at the counter's
--- key .. FLEET_SUFFIX, not a give back), read now: the fleet is then the counter's only
--- user, and its shares hold it to the limit. When others took from the
--- counter, the lease must fit beside them, as any hit.
+-- counter's limit only when the request holds the fleet's own count of
+-- the counter (its hit at the counter's key .. FLEET_SUFFIX, not a give
+-- back) and the counter holds at most a unit (of rounding) more than it,
+-- read now: the fleet is then the counter's only user, and its shares
+-- hold it to the limit. When others took from the counter, the lease must
+-- fit beside them, as any hit.
 local function alone_fleet(keys, now, first, last)
+  local measured = false
   for i = first, last do
     if hit_rules[i].alone then
       local fleet = keys[i] .. FLEET_SUFFIX
       for j = first, last do
-        if keys[j] == fleet and not hit_rules[j].refund and holds(keys, now, i) > holds(keys, now, j) + 1 then
-          return false
+        if keys[j] == fleet and not hit_rules[j].refund then
+          if holds(keys, now, i) > holds(keys, now, j) + 1 then
+            return false
+          end
+          measured = true
         end
       end
     end
   end
-  return true
+  -- Without the fleet's count in this call (a limit of the rule on
+  -- another Cluster slot), nothing says the fleet is alone.
+  return measured
 end
 
 local function decide(keys, args)
@@ -302,8 +309,9 @@ local function decide(keys, args)
       if not rule.refund then
         local key = keys[i]
         local st = denied and denied[key]
-        -- A denial is never of a recorded hit, so it is never committed.
-        if not st or st.rule ~= rule then
+        -- A denial is never of a recorded hit, so it is never committed
+        -- (a conditional record's may be: it is checked afresh).
+        if not st or st.rule ~= rule or rule.alone then
           st = rule.alg.check(key, rule.limit, rule.window, rule.need, now, rule.burst)
         end
         states[i] = st
