@@ -136,9 +136,10 @@ const sliceHitsToPay = 4.0
 // per hit.
 func pays(k *hotKey, h *limiter.Hit, want uint64, life time.Duration, hitsToPay float64) bool {
 	hitRate, unitRate := k.rates()
-	if hitRate <= 0 { // young: the last second's count
-		hitRate, unitRate = float64(max(k.hits, k.prev)), float64(max(k.units, k.prevUnits))
-	}
+	// The last second's count, as the hot threshold reads it: a key whose
+	// rate jumps is leased at once, not when its average catches up.
+	hitRate = max(hitRate, float64(max(k.hits, k.prev)))
+	unitRate = max(unitRate, float64(max(k.units, k.prevUnits)))
 	if hitRate <= 0 {
 		return false
 	}
