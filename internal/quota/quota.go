@@ -300,10 +300,11 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	// the limit (the counter's own rounding would deny a fleet at 100 %).
 	// The store decides it again in the same call (RecordIfAlone): others
 	// may have taken from the counter since b.others was measured, and
-	// then the lease is decided as any hit. On a counter others use, they come first: the lease must fit beside
-	// what they took and what the other Envoys leased ahead, and what a
-	// replaced bucket gives back goes to them, not to its successor in the
-	// same call (the store applies a request's refunds before its charges).
+	// then the lease is decided as any hit. On a counter others use, they
+	// come first: the lease must fit beside what they took and what the
+	// other Envoys leased ahead, and what a replaced bucket gives back goes
+	// to them, not to its successor in the same call (the store applies a
+	// request's refunds before its charges).
 	alone := b.others <= aloneSlack
 	back, given := a.giveBack(b, lim, tokens, maxTokens, now)
 	raise, keep := lookahead, given

@@ -205,6 +205,26 @@ func TestSteadyDemandKeepsTheBucket(t *testing.T) {
 	}
 }
 
+// takeTheRest charges lim's counter, as ShouldRateLimit's callers would,
+// with whatever it has left.
+func (f *fleet) takeTheRest(t *testing.T, lim Limit) {
+	t.Helper()
+	check := lim.Hits[0]
+	check.Cost = 0
+	v, err := f.lim.Decide(context.Background(), []limiter.Hit{check})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0].Remaining == 0 {
+		return
+	}
+	take := lim.Hits[0]
+	take.Cost = v[0].Remaining
+	if v, err := f.lim.Decide(context.Background(), []limiter.Hit{take}); err != nil || !v[0].Admitted {
+		t.Fatalf("taking the rest: %+v %v", v, err)
+	}
+}
+
 // TestShouldRateLimitTakesTheCounter: what the counter admitted outside
 // RLQS turns the next assignment to DENY_ALL, and the fleet's leases show
 // to the counter's other callers.
@@ -233,17 +253,7 @@ func shouldRateLimitTakes(t *testing.T, a config.Algorithm) {
 	// what the first taking left it.
 	firstTaken := v[0].Remaining
 	for range 2 {
-		v, err := f.lim.Decide(context.Background(), []limiter.Hit{check})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v[0].Remaining > 0 {
-			take := lim.Hits[0]
-			take.Cost = v[0].Remaining
-			if v, err := f.lim.Decide(context.Background(), []limiter.Hit{take}); err != nil || !v[0].Admitted {
-				t.Fatalf("taking the rest: %+v %v", v, err)
-			}
-		}
+		f.takeTheRest(t, lim)
 		f.advance(5 * time.Second)
 		e.seen = 100
 		f.report(t, e, lim)
@@ -407,17 +417,7 @@ func TestAloneDecidedInTheStore(t *testing.T) {
 			if a := f.report(t, e, lim); a.Kind != TokenBucket || e.lease.others != 0 {
 				t.Fatalf("first assignment %+v, others %d: want a token bucket, alone", a, e.lease.others)
 			}
-			check := lim.Hits[0]
-			check.Cost = 0
-			v, err := f.lim.Decide(context.Background(), []limiter.Hit{check})
-			if err != nil {
-				t.Fatal(err)
-			}
-			take := lim.Hits[0]
-			take.Cost = v[0].Remaining
-			if v, err := f.lim.Decide(context.Background(), []limiter.Hit{take}); err != nil || !v[0].Admitted {
-				t.Fatalf("taking the rest: %+v %v", v, err)
-			}
+			f.takeTheRest(t, lim)
 			f.advance(5 * time.Second)
 			e.seen = 100
 			f.report(t, e, lim)
