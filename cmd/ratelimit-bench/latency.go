@@ -145,7 +145,7 @@ func writeLatency(w io.Writer, rep *Report) {
 		return
 	}
 	o := rep.Options
-	fmt.Fprintf(w, "\nLatency below saturation (issue 42): open loop at fixed offered rates, per rate three targets in a row: "+
+	fmt.Fprintf(w, "\nLatency below saturation: open loop at fixed offered rates, per rate three targets in a row: "+
 		"`envoyproxy` (envoyproxy/ratelimit, as above), `service` (the service at its shipped defaults) and `service-noslices` "+
 		"(a second service, with `%s` added: slices off, every hit a Redis call); each cell %s of warm-up, then %s measured. "+
 		"Traffic as `uniform` above: one descriptor per request, its value drawn uniformly over %s keys, rule `%s` (%s per %s: nothing is denied), "+

@@ -173,7 +173,7 @@ func TestLatencyReport(t *testing.T) {
 	writeMarkdown(&b, rep)
 	out := b.String()
 	reportHas(t, out,
-		"Latency below saturation (issue 42)",
+		"Latency below saturation: open loop",
 		"each cell 5s of warm-up, then 2s measured",
 		"with `--hot-key-threshold 0` added",
 		"| ! | offered/s | target | workers | achieved/s | p50 | p99 | p999 | deadline misses | errors |",

@@ -49,6 +49,9 @@ type Scenario struct {
 	Concurrency int    // workers, each with one request in flight
 	Dist        string // "" (the matrix: one hot key, or uniform over Keys), or distZipf or distUniform (skew.go)
 	Rate        int    // 0: closed loop (or -rate); else the requests/s its Concurrency workers are paced to (latency.go)
+	// The skewed keys per algorithm and window (skew.go): the rule's unit
+	// and algorithm (an algorithms Name), "" for the skew rule's own.
+	Window, Algo string
 }
 
 // Floor reports whether s is driven by the floor client instead of the
@@ -81,11 +84,16 @@ func modeName(denied bool) string {
 
 // Name is the scenario's name in tables and in -run: alg/keys/mode/desc/conc,
 // e.g. log/hot/allowed/1d/c200; a floor has no mode: floor/hot/1d/c200; a
-// skewed-keys scenario is dist/target/desc/conc, e.g. zipf/service/1d/c64;
+// skewed-keys scenario is dist/target/desc/conc, e.g. zipf/service/1d/c64,
+// and dist/target/algorithm-window/desc/conc on a rule of its own, e.g.
+// zipf/service/gcra-second/1d/c64 (envoyproxy/ratelimit's: zipf/envoyproxy/second/1d/c64);
 // a latency scenario latency/<rate>rps/target, e.g. latency/1000rps/service.
 func (s Scenario) Name() string {
 	if s.Rate > 0 {
 		return fmt.Sprintf("latency/%drps/%s", s.Rate, targetName(s.Alg))
+	}
+	if s.Dist != "" && s.Window != "" {
+		return fmt.Sprintf("%s/%s/%s/%dd/c%d", s.Dist, targetName(s.Alg), s.ruleTag(), s.Descriptors, s.Concurrency)
 	}
 	if s.Dist != "" {
 		return fmt.Sprintf("%s/%s/%dd/c%d", s.Dist, targetName(s.Alg), s.Descriptors, s.Concurrency)
@@ -99,7 +107,7 @@ func (s Scenario) Name() string {
 // RuleKey is the descriptor entry key that selects the scenario's rule.
 func (s Scenario) RuleKey() string {
 	if s.Dist != "" {
-		return skewRuleKey
+		return skewRuleKey + s.ruleSuffix()
 	}
 	if s.Denied {
 		return s.Alg + "_denied"

@@ -259,7 +259,7 @@ func writeSeats(w io.Writer, o options, runs []*SeatsRun) {
 	if len(runs) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nSeats under contention (issue 33): %d callers retrying at once on a limit of %d seats, "+
+	fmt.Fprintf(w, "\nSeats under contention: %d callers retrying at once on a limit of %d seats, "+
 		"each admitted request holding its seat %s, two instances on one redis-server, each call with a %s deadline: "+
 		"the acquisition on one instance, the stream-done call on the other (with leases, only for an answer carrying a lease id). "+
 		"Ideal: every seat always busy. A failed acquisition is let through (Envoy's failure mode allow).\n\n",

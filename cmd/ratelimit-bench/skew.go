@@ -60,6 +60,11 @@ const (
 	skewRuleKey = "skew"
 	skewUnit    = "minute"
 	skewLimit   = 1_000_000_000
+
+	// The per-second rules' limit, and the log's (config.MaxLogLimit), of
+	// the skewed keys per algorithm and window.
+	skewSecondLimit = 100_000_000
+	skewLogLimit    = 10_000
 )
 
 // skewDists are the distributions in run and report order, with the keys
@@ -103,14 +108,21 @@ func holdsMinuteStart(start time.Time, d time.Duration) bool {
 // UpstreamOf is the envoyproxy/ratelimit scenario a skewed-keys scenario
 // is compared with.
 func (s Scenario) UpstreamOf() Scenario {
-	s.Alg, s.Denied = upstreamAlg, false
+	s.Alg, s.Denied, s.Algo = upstreamAlg, false, ""
+	if s.Window == skewUnit {
+		s.Window = "" // the skewed keys' own rule
+	}
 	return s
 }
 
 // selectSkew returns the skewed-keys scenarios whose name matches run (all
 // when run is empty), -quick's with quick (see selectTargets).
 func selectSkew(quick bool, run string, floors, upstreams bool) ([]Scenario, error) {
-	return selectTargets(skewScenarios(quick), run, floors, upstreams)
+	list := skewScenarios(quick)
+	if !quick {
+		list = append(list, skewAlgoScenarios()...)
+	}
+	return selectTargets(list, run, floors, upstreams)
 }
 
 // selectTargets returns the scenarios of list whose name matches run (all
@@ -179,12 +191,12 @@ func sampler(s Scenario, w int) func(rng *rand.Rand) (int, Class) {
 
 // skewRequests are the requests of a skewed-keys scenario, one per key,
 // shared read-only by the workers of the service and of envoyproxy/ratelimit:
-// request i asks for [{skewRuleKey, i}].
-func skewRequests(keys int) []*rlsv3.RateLimitRequest {
+// request i asks for [{ruleKey, i}].
+func skewRequests(ruleKey string, keys int) []*rlsv3.RateLimitRequest {
 	out := make([]*rlsv3.RateLimitRequest, keys)
 	for i := range out {
 		out[i] = &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlcommon.RateLimitDescriptor{
-			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: skewRuleKey, Value: strconv.Itoa(i)}}},
+			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: ruleKey, Value: strconv.Itoa(i)}}},
 		}}
 	}
 	return out
@@ -273,8 +285,12 @@ func runTargets(ctx context.Context, o options, rep *Report, list []Scenario, ri
 			continue
 		}
 		fmt.Fprintf(stderr, "[%d/%d] %s ...\n", i+1, len(list), s.Name())
-		if !s.Floor() && reqs[s.Dist] == nil {
-			reqs[s.Dist] = skewRequests(s.Keys)
+		id := s.Dist + "/" + s.RuleKey()
+		if !s.Floor() && reqs[id] == nil {
+			if len(reqs) >= 3 { // a rule's requests are 100,000 at most: keep a few
+				clear(reqs)
+			}
+			reqs[id] = skewRequests(s.RuleKey(), s.Keys)
 		}
 		deadline := Deadline{D: o.timeout, Enforce: true}
 		var newCall func(int) ClassedCall
@@ -295,7 +311,7 @@ func runTargets(ctx context.Context, o options, rep *Report, list []Scenario, ri
 					continue
 				}
 			}
-			newCall, t = upLoad.skewCaller(s, reqs[s.Dist]), target{proc: up.process}
+			newCall, t = upLoad.skewCaller(s, reqs[id]), target{proc: up.process}
 		case s.Alg == noSlicesAlg:
 			if off == nil {
 				var err error
@@ -307,9 +323,9 @@ func runTargets(ctx context.Context, o options, rep *Report, list []Scenario, ri
 					return err
 				}
 			}
-			newCall, t = offLoad.skewCaller(s, reqs[s.Dist]), off.target()
+			newCall, t = offLoad.skewCaller(s, reqs[id]), off.target()
 		default:
-			newCall = rig.load.skewCaller(s, reqs[s.Dist])
+			newCall = rig.load.skewCaller(s, reqs[id])
 		}
 		m, err := measure(ctx, o, s, newCall, deadline, t, rig.redis.pid(), rig.rdb, rig.tick)
 		if err != nil {
@@ -377,7 +393,7 @@ func writeSkew(w io.Writer, rep *Report) {
 	if len(rep.Skew) == 0 && rep.UpstreamErr == "" {
 		return
 	}
-	fmt.Fprintf(w, "\nSkewed keys (issue 32): %s measured after %s of warm-up each (-skew-warmup: the service leases a key once it has seen its rate "+
+	fmt.Fprintf(w, "\nSkewed keys: %s measured after %s of warm-up each (-skew-warmup: the service leases a key once it has seen its rate "+
 		"for a few seconds; these are steady-state figures), %d streams over %d gRPC connections, closed loop unless -rate, each call with a %s deadline, "+
 		"one descriptor per request, its value drawn Zipf(s=%.1f) over %s keys (`zipf`, a generator per worker) or uniformly over %s (`uniform`); "+
 		"rule `%s` of the service's config, naming no algorithm (the service's default applies), %s per %s: nothing is denied. "+
@@ -394,19 +410,24 @@ func writeSkew(w io.Writer, rep *Report) {
 		}
 		fmt.Fprintln(w)
 	}
-	if len(rep.Skew) == 0 {
-		return
-	}
 	ix := skewIndex{}
+	var base []*Measurement // the skew rule's; the others in writeSkewAlgos
 	for _, m := range rep.Skew {
 		ix[m.Scenario] = m
+		if m.Window == "" {
+			base = append(base, m)
+		}
+	}
+	defer writeSkewAlgos(w, rep, ix)
+	if len(base) == 0 {
+		return
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| ! | scenario | decisions/s | p50 | p99 | deadline misses | errors | failure-mode answers | denied "+
 		"| service CPU / decision | Redis CPU / decision | Redis commands / decision | Redis CPU vs floor |")
 	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	var marked []string
-	for _, m := range rep.Skew {
+	for _, m := range base {
 		failures, denied, svcCPU, vsFloor := m.failureSummary(), percent(m.deniedShare()), us(m.svcPerDecision()), "-"
 		switch {
 		case m.Floor():
@@ -422,15 +443,15 @@ func writeSkew(w io.Writer, rep *Report) {
 			m.misses(), m.ErrorSummary(), failures, denied, svcCPU, us(m.redisPerDecision()), m.commandsPerDecision(), vsFloor)
 	}
 	fmt.Fprintln(w)
-	writeMarked(w, "skewed-keys scenario", marked, len(rep.Skew), o.timeout)
-	writeMinuteEdges(w, rep.Skew)
+	writeMarked(w, "skewed-keys scenario", marked, len(base), o.timeout)
+	writeMinuteEdges(w, base)
 
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "The service relative to envoyproxy/ratelimit (its figure divided by the reference's) and to the floor, per decision, in this run:")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| keys | Redis commands vs envoyproxy | Redis CPU vs envoyproxy | service CPU vs envoyproxy | Redis CPU vs floor |")
 	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: |")
-	for _, m := range rep.Skew {
+	for _, m := range base {
 		if m.Alg != skewAlg {
 			continue
 		}
@@ -447,7 +468,7 @@ func writeSkew(w io.Writer, rep *Report) {
 	}
 
 	var zipf []*Measurement
-	for _, m := range rep.Skew {
+	for _, m := range base {
 		if m.Dist == distZipf {
 			zipf = append(zipf, m)
 		}

@@ -29,19 +29,39 @@ import (
 // -envoyproxy=false; -quick runs zipf alone.
 func TestSkewScenarios(t *testing.T) {
 	names := nameList[Scenario]
+	// The skewed keys per algorithm and window, per distribution, in run
+	// order: envoyproxy/ratelimit per second first, then the service's (and
+	// on uniform keys the slices-off ones after each).
+	const zipfAlgos = "zipf/envoyproxy/second/1d/c64 zipf/service/log-second/1d/c64 zipf/service/counter-second/1d/c64 " +
+		"zipf/service/fixed-second/1d/c64 zipf/service/gcra-second/1d/c64 zipf/service/log-minute/1d/c64 " +
+		"zipf/service/counter-minute/1d/c64 zipf/service/fixed-minute/1d/c64 zipf/service/gcra-minute/1d/c64"
+	const uniformAlgos = "uniform/envoyproxy/second/1d/c64 " +
+		"uniform/service/log-second/1d/c64 uniform/service-noslices/log-second/1d/c64 " +
+		"uniform/service/counter-second/1d/c64 uniform/service-noslices/counter-second/1d/c64 " +
+		"uniform/service/fixed-second/1d/c64 uniform/service-noslices/fixed-second/1d/c64 " +
+		"uniform/service/gcra-second/1d/c64 uniform/service-noslices/gcra-second/1d/c64 " +
+		"uniform/service/log-minute/1d/c64 uniform/service-noslices/log-minute/1d/c64 " +
+		"uniform/service/counter-minute/1d/c64 uniform/service-noslices/counter-minute/1d/c64 " +
+		"uniform/service/fixed-minute/1d/c64 uniform/service-noslices/fixed-minute/1d/c64 " +
+		"uniform/service/gcra-minute/1d/c64 uniform/service-noslices/gcra-minute/1d/c64"
+	const base = "zipf/floor/1d/c64 zipf/envoyproxy/1d/c64 zipf/service/1d/c64 " +
+		"uniform/floor/1d/c64 uniform/envoyproxy/1d/c64 uniform/service/1d/c64"
 	for _, tc := range []struct {
 		quick, floors, upstreams bool
 		run, want                string
 	}{
-		{false, true, true, "", "zipf/floor/1d/c64 zipf/envoyproxy/1d/c64 zipf/service/1d/c64 " +
-			"uniform/floor/1d/c64 uniform/envoyproxy/1d/c64 uniform/service/1d/c64"},
+		{false, true, true, "", base + " " + zipfAlgos + " " + uniformAlgos},
 		{true, true, true, "", "zipf/floor/1d/c64 zipf/envoyproxy/1d/c64 zipf/service/1d/c64"},
-		{false, true, true, "zipf|uniform", "zipf/floor/1d/c64 zipf/envoyproxy/1d/c64 zipf/service/1d/c64 " +
-			"uniform/floor/1d/c64 uniform/envoyproxy/1d/c64 uniform/service/1d/c64"},
-		{false, true, true, "^uniform/service", "uniform/floor/1d/c64 uniform/envoyproxy/1d/c64 uniform/service/1d/c64"},
-		{false, false, true, "^zipf/", "zipf/envoyproxy/1d/c64 zipf/service/1d/c64"},
-		{false, true, false, "^zipf/", "zipf/floor/1d/c64 zipf/service/1d/c64"},
-		{false, true, true, "envoyproxy", "zipf/envoyproxy/1d/c64 uniform/envoyproxy/1d/c64"},
+		{false, true, true, "^(zipf|uniform)/[^/]+/1d/", base},
+		{false, true, true, "^uniform/service/1d", "uniform/floor/1d/c64 uniform/envoyproxy/1d/c64 uniform/service/1d/c64"},
+		{false, false, true, "^zipf/[^/]+/1d/", "zipf/envoyproxy/1d/c64 zipf/service/1d/c64"},
+		{false, true, false, "^zipf/[^/]+/1d/", "zipf/floor/1d/c64 zipf/service/1d/c64"},
+		{false, true, true, "envoyproxy", "zipf/envoyproxy/1d/c64 uniform/envoyproxy/1d/c64 zipf/envoyproxy/second/1d/c64 uniform/envoyproxy/second/1d/c64"},
+		// A per-algorithm scenario brings the floor and envoyproxy/ratelimit
+		// of its window (per minute, the skewed keys' own), not slices off.
+		{false, true, true, "^zipf/service/gcra-second/", "zipf/floor/1d/c64 zipf/envoyproxy/second/1d/c64 zipf/service/gcra-second/1d/c64"},
+		{false, false, true, "^uniform/service/fixed-minute/", "uniform/envoyproxy/1d/c64 uniform/service/fixed-minute/1d/c64"},
+		{false, false, false, "-noslices/log-second", "uniform/service-noslices/log-second/1d/c64"},
 		{false, true, true, "^log/", ""},
 	} {
 		got, err := selectSkew(tc.quick, tc.run, tc.floors, tc.upstreams)
@@ -69,9 +89,9 @@ func TestSkewScenarios(t *testing.T) {
 		}
 	}
 	var stdout strings.Builder
-	if code := run(context.Background(), []string{"-list", "-run", "zipf"}, &stdout, io.Discard); code != 0 ||
+	if code := run(context.Background(), []string{"-list", "-run", "^zipf/[^/]+/1d/"}, &stdout, io.Discard); code != 0 ||
 		stdout.String() != "zipf/floor/1d/c64\nzipf/envoyproxy/1d/c64\nzipf/service/1d/c64\n" {
-		t.Errorf("-list -run zipf: exit %d, %q", code, stdout.String())
+		t.Errorf("-list -run ^zipf/[^/]+/1d/: exit %d, %q", code, stdout.String())
 	}
 }
 
@@ -177,7 +197,7 @@ func TestZipfSampler(t *testing.T) {
 }
 
 func TestSkewRequests(t *testing.T) {
-	reqs := skewRequests(zipfKeys)
+	reqs := skewRequests(skewRuleKey, zipfKeys)
 	if len(reqs) != zipfKeys {
 		t.Fatalf("%d requests", len(reqs))
 	}
@@ -261,6 +281,68 @@ func TestSkewConfig(t *testing.T) {
 	}
 	if rule := config.Match(cfg, domain, entry); rule == nil || rule.RequestsPerUnit != skewLimit || !strings.EqualFold(rule.Unit.String(), skewUnit) {
 		t.Errorf("envoyproxy/ratelimit's file: rule %+v\n%s", rule, text)
+	}
+}
+
+// TestSkewAlgoConfig checks the rules of the skewed keys per algorithm and
+// window: each service scenario's rule key is a rule of its algorithm and
+// window in bench.yaml, its limit far above the hottest key's share (the
+// log's at its most, 10,000); envoyproxy/ratelimit's per-second scenario
+// asks for a rule of its file, per second, with the service's per-second
+// limit.
+func TestSkewAlgoConfig(t *testing.T) {
+	cfg, err := config.Load("../../bench/config/bench.yaml", config.Defaults{Algorithm: config.SlidingWindowCounter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := t.TempDir() + "/upstream.yaml"
+	if err := os.WriteFile(path, []byte(upstreamConfig()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	upCfg, err := config.Load(path, config.Defaults{Algorithm: config.ReferenceFixedWindow})
+	if err != nil {
+		t.Fatalf("envoyproxy/ratelimit's file: %v", err)
+	}
+	configOf := map[string]string{}
+	for _, a := range algorithms {
+		configOf[a.Name] = a.Config
+	}
+	var services, upstreams int
+	for _, s := range skewAlgoScenarios() {
+		entry := []*rlcommon.RateLimitDescriptor_Entry{{Key: s.RuleKey(), Value: "0"}}
+		c := cfg
+		if s.Upstream() {
+			c = upCfg
+			upstreams++
+		} else {
+			services++
+		}
+		rule := config.Match(c, domain, entry)
+		if rule == nil || rule.Unlimited {
+			t.Errorf("%s: no limited rule for %s", s.Name(), s.RuleKey())
+			continue
+		}
+		if !strings.EqualFold(rule.Unit.String(), s.Window) {
+			t.Errorf("%s: rule %s per %s", s.Name(), s.RuleKey(), rule.Unit)
+		}
+		want := uint32(skewSecondLimit)
+		switch {
+		case s.Algo == "log":
+			want = skewLogLimit
+		case s.Window == "minute":
+			want = skewLimit
+		}
+		if rule.RequestsPerUnit != want {
+			t.Errorf("%s: %s admits %d per %s, want %d", s.Name(), s.RuleKey(), rule.RequestsPerUnit, rule.Unit, want)
+		}
+		if !s.Upstream() && rule.Algorithm.String() != configOf[s.Algo] {
+			t.Errorf("%s: %s is %s", s.Name(), s.RuleKey(), rule.Algorithm)
+		}
+	}
+	// Per distribution: four algorithms by two windows, uniform's twice
+	// (slices off); envoyproxy/ratelimit per second.
+	if services != 8+16 || upstreams != 2 {
+		t.Errorf("%d service scenarios, %d of envoyproxy/ratelimit", services, upstreams)
 	}
 }
 
@@ -420,9 +502,19 @@ func TestSkewReport(t *testing.T) {
 	svc := mk(zipf[2], 1000, 500, 5*time.Millisecond, 20*time.Millisecond)
 	svc.Errors = map[string]uint64{deadlineExceeded: 3}
 	svc.Start = time.Date(2026, 11, 28, 5, 9, 59, 5e8, time.UTC) // its second holds 05:10:00
+	// Per algorithm and window: GCRA per second beside envoyproxy/ratelimit
+	// per second, and the counter per minute on uniform keys beside slices
+	// off and envoyproxy/ratelimit's per-minute row (the skewed keys' own).
+	gcraSecond := Scenario{Alg: skewAlg, Keys: zipfKeys, Descriptors: 1, Concurrency: skewStreams, Dist: distZipf, Window: "second", Algo: "gcra"}
+	counterMinute := Scenario{Alg: skewAlg, Keys: uniformKeys, Descriptors: 1, Concurrency: skewStreams, Dist: distUniform, Window: "minute", Algo: "counter"}
+	upSecond := mk(gcraSecond.UpstreamOf(), 1000, 2000, 10*time.Millisecond, 40*time.Millisecond)
+	svcSecond := mk(gcraSecond, 1000, 250, 2*time.Millisecond, 10*time.Millisecond)
+	upUniform := mk(skewScenarios(false)[4], 1000, 2000, 10*time.Millisecond, 40*time.Millisecond)
+	svcMinute := mk(counterMinute, 1000, 200, 4*time.Millisecond, 20*time.Millisecond)
+	offMinute := mk(counterMinute.NoSlicesOf(), 1000, 1000, 8*time.Millisecond, 30*time.Millisecond)
 	var b strings.Builder
 	writeSkew(&b, &Report{Options: options{timeout: 20 * time.Millisecond, conns: 4, duration: time.Second, skewWarmup: 20 * time.Second},
-		UpstreamEnv: []string{"USE_STATSD=false"}, Skew: []*Measurement{floor, up, svc}})
+		UpstreamEnv: []string{"USE_STATSD=false"}, Skew: []*Measurement{floor, up, svc, upSecond, svcSecond, upUniform, svcMinute, offMinute}})
 	out := b.String()
 	reportHas(t, out,
 		"1s measured after 20s of warm-up each (-skew-warmup",
@@ -432,10 +524,18 @@ func TestSkewReport(t *testing.T) {
 		"|  | zipf/envoyproxy/1d/c64 | 1,000 | 1.01 ms | 1.01 ms | 0 | 0 | - | 0% | 40.0 µs | 10.0 µs | 2.00 | 1.2x |",
 		"| ! | zipf/service/1d/c64 | 1,000 |",
 		"| 20.0 µs | 5.0 µs | 0.50 | 0.62x |",
-		"**1 of 3 skewed-keys scenarios (!) had failure-mode answers, store errors, gRPC errors or missed deadlines (20ms):** zipf/service/1d/c64.",
+		"**1 of 4 skewed-keys scenarios (!) had failure-mode answers, store errors, gRPC errors or missed deadlines (20ms):** zipf/service/1d/c64.",
 		"| zipf | 0.25x | 0.50x | 0.50x | 0.62x |",
 		"| zipf/service/1d/c64 | 50.0% | 0.50 ms | 0.50 ms | 10.0% | 2.02 ms | 2.02 ms | 1.01 ms | 1.01 ms |",
+		"Skewed keys per algorithm and window: as above (20s of warm-up, 1s measured, 64 streams)",
+		"|  | zipf/envoyproxy/second/1d/c64 | 1,000 | 1.01 ms | 1.01 ms | 0 | 0 | 0% | 40.0 µs | 10.0 µs | 2.00 | - | - | - | - |",
+		"|  | zipf/service/gcra-second/1d/c64 | 1,000 | 1.01 ms | 1.01 ms | 0 | 0 | 0% | 10.0 µs | 2.0 µs | 0.25 | 0.12x | 0.20x | 0.25x | - |",
+		"|  | uniform/service/counter-minute/1d/c64 | 1,000 | 1.01 ms | 1.01 ms | 0 | 0 | 0% | 20.0 µs | 4.0 µs | 0.20 | 0.10x | 0.40x | 0.50x | 0.20x |",
+		"|  | uniform/service-noslices/counter-minute/1d/c64 | 1,000 |",
 	)
+	if strings.Contains(out, "| uniform | ") || strings.Contains(out, "gcra-second/1d/c64 | 50.0%") {
+		t.Errorf("the per-algorithm scenarios are in the skewed keys' own tables:\n%s", out)
+	}
 
 	b.Reset()
 	writeSkew(&b, &Report{Options: options{timeout: 20 * time.Millisecond, conns: 4},

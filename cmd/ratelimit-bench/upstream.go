@@ -53,10 +53,13 @@ func lastLines(s string, n int) string {
 // scenarios: the service's rule skewRuleKey of bench.yaml (same domain, key,
 // unit and limit; TestSkewConfig checks that they agree) without what the
 // reference does not read (it refuses a file with a key it does not know,
-// such as algorithm). It only counts fixed windows.
+// such as algorithm), and its per-second sibling skew_second, the limit of
+// the service's per-second rules. It only counts fixed windows.
 func upstreamConfig() string {
-	return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: %s\n    rate_limit:\n      unit: %s\n      requests_per_unit: %d\n",
-		domain, skewRuleKey, skewUnit, skewLimit)
+	rule := "  - key: %s\n    rate_limit:\n      unit: %s\n      requests_per_unit: %d\n"
+	second := Scenario{Dist: distZipf, Window: "second"}
+	return fmt.Sprintf("domain: %s\ndescriptors:\n"+rule+rule,
+		domain, skewRuleKey, skewUnit, skewLimit, second.RuleKey(), second.Window, skewSecondLimit)
 }
 
 // upstreamEnv is envoyproxy/ratelimit's whole environment: its config
