@@ -13,7 +13,9 @@
 // or nothing. refund.lua undoes charges with each algorithm's undo.
 // reset.lua deletes a counter. rlqs_shares.lua keeps the registry of RLQS
 // assignments on a counter and decides one Envoy's share of its limit;
-// rlqs_confirm.lua lowers an entry to the share sent. The decide code
+// rlqs_confirm.lua lowers an entry to the share sent. region_allowance.lua
+// keeps a global limit's registry of regional allowances on the ledger and
+// decides one region's. The decide code
 // reaches Redis in one of two forms: Library, a Redis Functions library
 // (Redis 7 and later: loaded once, called with FCALL as DecideFunction), or
 // Decide, the same code as a script for EVALSHA (older servers and the
@@ -39,6 +41,8 @@ var (
 	rlqsShares string
 	//go:embed rlqs_confirm.lua
 	rlqsConfirm string
+	//go:embed region_allowance.lua
+	regionAllowance string
 )
 
 // library is the code decide.lua and refund.lua run on. The files share
@@ -107,3 +111,8 @@ func RLQSShares() string { return rlqsShares }
 // registry of RLQS assignments to the share it was sent. Its calling
 // convention is documented at the top of rlqs_confirm.lua.
 func RLQSConfirm() string { return rlqsConfirm }
+
+// RegionAllowance returns the script that keeps the ledger's registry of a
+// global counter's regional allowances and decides one region's. Its
+// calling convention is documented at the top of region_allowance.lua.
+func RegionAllowance() string { return regionAllowance }

@@ -53,14 +53,14 @@ func TestAlgorithmTable(t *testing.T) {
 func TestScripts(t *testing.T) {
 	for name, got := range map[string]string{
 		"Constants": Constants(), "Decide": Decide(), "DecideFunction": DecideFunction(), "Library": Library(),
-		"Refund": Refund(), "Reset": Reset(), "RLQSShares": RLQSShares(), "RLQSConfirm": RLQSConfirm(),
+		"Refund": Refund(), "Reset": Reset(), "RLQSShares": RLQSShares(), "RLQSConfirm": RLQSConfirm(), "RegionAllowance": RegionAllowance(),
 	} {
 		if got == "" {
 			t.Errorf("%s() is empty", name)
 		}
 	}
 	if Constants() != constants || Decide() != decideScript || Library() != functionLibrary || Refund() != refundScript ||
-		Reset() != reset || RLQSShares() != rlqsShares || RLQSConfirm() != rlqsConfirm || DecideFunction() != decideFunction {
+		Reset() != reset || RLQSShares() != rlqsShares || RLQSConfirm() != rlqsConfirm || RegionAllowance() != regionAllowance || DecideFunction() != decideFunction {
 		t.Error("an exported function does not return its script")
 	}
 	if !strings.HasPrefix(Library(), "#!lua name=ratelimit_"+version+"\n") ||

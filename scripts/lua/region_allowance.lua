@@ -1,0 +1,103 @@
+-- region_allowance: the ledger's registry of one global counter's regional
+-- allowances, and one region's new allowance, decided atomically with the
+-- ledger's Redis TIME as the clock. Run on its own, on the ledger.
+--
+-- A global limit of L units per window is split among R regions, each
+-- deciding on its own Redis with its allowance as the limit: a floor every
+-- region keeps whatever happens (the rule's share of L, reserved for each
+-- region, reachable or not), and a grant from the rest, D = L - R * floor,
+-- by demand. The grants the regions may be counting under never sum past D,
+-- so the regions' counts never sum past L.
+--
+-- KEYS[1]  the registry: a hash, one field per region, its value
+--          "<demand> <grant> <lease end, ms of Redis TIME> <held> <count>"
+-- ARGV     region, demand (units per window the region asks for, its floor
+--          included; < 0: unknown, the whole limit), count (the units the
+--          region's counter holds now), current (the grant the region
+--          decides with now, 0: none), limit (L), window (ms), lease (ms),
+--          floor (units), regions (R)
+--
+-- What a region may still count under, beyond its floor, is the most of:
+-- its grant; held, the grant it decided with when it asked (it keeps
+-- deciding with that one until the answer reaches it, or for good when
+-- the answer is lost); and its count past the floor (units counted stay
+-- counted: a counter at c under a smaller limit admits nothing until it
+-- falls under it). That is reserved
+-- from the others while the region's lease lives, and for a window after
+-- it ends (its last units stay counted that long); then the entry goes.
+--
+-- The region's grant is its max-min fair share of D among the live
+-- regions' demands past their floors (water-filling), whole units, and
+-- never more than D less what the others reserve: what one gives up goes
+-- to the others at their next call once it no longer counts.
+--
+-- Reply: two whole numbers as strings: the grant (units beyond the floor)
+-- and D less what every region reserves, this one's new grant included
+-- (the room left).
+local key, region = KEYS[1], ARGV[1]
+local demand, count, current = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local limit, window, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local floor_units, regions = tonumber(ARGV[8]), tonumber(ARGV[9])
+if not (demand and count and current and limit and window and lease and floor_units and regions)
+    or window <= 0 or lease <= 0 or regions < 1 or count < 0 or current < 0 or floor_units < 0 then
+  error('region_allowance: bad arguments')
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local room = math.max(0, limit - regions * floor_units)
+
+-- wanted is what a demand asks beyond the floor, at most D.
+local function wanted(d)
+  if d < 0 then
+    return room
+  end
+  return math.min(room, math.max(0, d - floor_units))
+end
+
+local fields = redis.call('HGETALL', key)
+local wants = { wanted(demand) } -- this region's first
+local reserved = 0                -- by the others
+local held = 0
+for i = 1, #fields, 2 do
+  local name = fields[i]
+  local d, grant, lease_end, h, c = string.match(fields[i + 1], '^(%S+) (%d+) (%d+) (%d+) (%d+)$')
+  d, grant, lease_end, h, c = tonumber(d), tonumber(grant), tonumber(lease_end), tonumber(h), tonumber(c)
+  if not (d and grant and lease_end and h and c) then
+    error('region_allowance: bad entry for ' .. name .. ' in ' .. key)
+  end
+  if lease_end + window <= now then
+    redis.call('HDEL', key, name)
+  elseif name == region then
+    if lease_end > now then
+      -- A grant the region holds ends no later than its last lease here
+      -- (it counts a lease from before it asked).
+      held = current
+    end
+  else
+    reserved = reserved + math.max(grant, h, c - floor_units)
+    if lease_end > now then
+      wants[#wants + 1] = wanted(d)
+    end
+  end
+end
+
+-- The max-min fair share of room among wants, of wants[1].
+local mine = wants[1]
+table.sort(wants)
+local left, fair = room, 0
+for i = 1, #wants do
+  local even = left / (#wants - i + 1)
+  if wants[i] >= even then
+    fair = even
+    break
+  end
+  left = left - wants[i]
+  fair = wants[i]
+end
+local grant = math.floor(math.min(mine, fair, math.max(0, room - reserved)))
+
+redis.call('HSET', key, region, string.format('%s %d %d %d %d', ARGV[2], grant, now + lease, held, count))
+redis.call('PEXPIRE', key, lease + window)
+local mine_reserved = math.max(grant, held, count - floor_units)
+return { string.format('%d', grant), string.format('%d', math.max(0, room - reserved - mine_reserved)) }
