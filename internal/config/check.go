@@ -270,6 +270,9 @@ func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rul
 		return nil, err
 	}
 	r.NoSlices = rl.HotKeySlices.Set && !rl.HotKeySlices.V
+	if err := p.global(r, rl); err != nil {
+		return nil, err
+	}
 	if err := r.Algorithm.CheckLimit(r.RequestsPerUnit); err != nil {
 		return nil, p.errorf(rl.RequestsPerUnit.Line, "requests_per_unit %v", err)
 	}
@@ -405,6 +408,47 @@ func (p *parser) leases(r *Rule, rl *rawRateLimit) error {
 	return nil
 }
 
+// global reads rate_limit.global, regional_share and when_cut: a limit
+// across regions, decided in each region within an allowance (see
+// Global). A region's count is one of the window algorithms' (a bucket's
+// is no count), of a window of fixed length, and holds no seats (a lease
+// or an oldest-first refund names units a region's allowance does not).
+func (p *parser) global(r *Rule, rl *rawRateLimit) error {
+	for _, f := range []struct {
+		name string
+		set  bool
+		line int
+	}{{"regional_share", rl.RegionalShare.Set, rl.RegionalShare.Line}, {"when_cut", rl.WhenCut.Set, rl.WhenCut.Line}} {
+		if f.set && !rl.Global.V {
+			return p.errorf(f.line, "%s applies only to a rule with global: true", f.name)
+		}
+	}
+	if !rl.Global.V {
+		return nil
+	}
+	switch {
+	case r.Algorithm != SlidingWindowLog && r.Algorithm != SlidingWindowCounter && r.Algorithm != FixedWindow:
+		return p.errorf(rl.Global.Line, "global applies only to algorithms %s, %s and %s, and this rule's algorithm is %s",
+			SlidingWindowLog, SlidingWindowCounter, FixedWindow, r.Algorithm)
+	case !r.Calendar().IsZero():
+		return p.errorf(rl.Global.Line, "global does not apply to a calendar window (%s): its length varies", strings.ToLower(r.Unit.String()))
+	case r.Leases || r.RefundOldest:
+		return p.errorf(rl.Global.Line, "global does not apply to a rule that holds seats (leases, refund_order: oldest)")
+	}
+	g := &Global{Share: rl.RegionalShare.V, WhenCut: CutShare}
+	if !(g.Share >= 0 && g.Share <= 1) {
+		return p.errorf(rl.RegionalShare.Line, "regional_share %v: want a fraction of the limit from 0 to 1", rl.RegionalShare.V)
+	}
+	if rl.WhenCut.Set {
+		var err error
+		if g.WhenCut, err = ParseCutMode(rl.WhenCut.V); err != nil {
+			return p.errorf(rl.WhenCut.Line, "%v", err)
+		}
+	}
+	r.Global = g
+	return nil
+}
+
 // unlimited refuses the fields that make no sense for an unlimited rule.
 // requests_per_unit is not one of them: the reference ignores it there. Nor
 // is a unit that names none, "" or UNKNOWN: the RateLimitConfig proto's
@@ -427,6 +471,9 @@ func (p *parser) unlimited(rl *rawRateLimit) error {
 		{"time_zone", rl.TimeZone.Set, rl.TimeZone.Line},
 		{"leases", rl.Leases.Set, rl.Leases.Line},
 		{"lease_ttl", rl.LeaseTTL.Set, rl.LeaseTTL.Line},
+		{"global", rl.Global.Set, rl.Global.Line},
+		{"regional_share", rl.RegionalShare.Set, rl.RegionalShare.Line},
+		{"when_cut", rl.WhenCut.Set, rl.WhenCut.Line},
 	} {
 		if f.set {
 			return p.errorf(f.line, "should not specify rate limit %s when unlimited", f.name)

@@ -77,6 +77,7 @@ type Rule struct {
 	Zone            *time.Location // time_zone: the calendar of a fixed window of days or longer (Calendar); nil is UTC
 	Leases          bool           // leases: true (the log only): acquisitions are leases, settled by the id the answer carries
 	LeaseTTL        time.Duration  // lease_ttl: how long a lease lives unsettled; 0: the window
+	Global          *Global        // global: true: one limit across regions (internal/regions); nil otherwise
 	Unlimited       bool
 	ShadowMode      bool
 	// QuotaMode: the rule's denial denies its request only when every
@@ -95,6 +96,47 @@ type Rule struct {
 	replacesAt []string // FILE:LINE of each Replaces entry
 	limits     []*Rule  // every limit of the descriptor, this one among them
 }
+
+// Global is a rule's limit across regions (rate_limit.global): each region
+// decides on its own store, within an allowance leased from the ledger,
+// every region's store holding its count and the ledger their allowances.
+type Global struct {
+	// Share (regional_share, 0 to 1) is the part of the limit each region
+	// keeps whatever happens: reserved for every region on the ledger, it
+	// decides a key's first requests in a region, and a cut region's.
+	Share float64
+	// WhenCut (when_cut) is how a region decides once its allowance ran
+	// out unrenewed, cut from the ledger.
+	WhenCut CutMode
+}
+
+// CutMode is how a region cut from the ledger decides a global rule.
+type CutMode uint8
+
+// The modes of rate_limit.when_cut.
+const (
+	// CutShare, the default: within the region's share (none at a share
+	// of 0), which the ledger keeps for it: the regions together stay
+	// within the limit.
+	CutShare CutMode = iota + 1
+	// CutDeny: nothing, the region's share left unused.
+	CutDeny
+	// CutFailureMode: as the rule's failure mode says when the store
+	// fails: deny denies; allow decides with the whole limit, as a region
+	// alone would, so that each cut region may admit up to the limit.
+	CutFailureMode
+)
+
+var cutModeNames = []string{CutShare: "share", CutDeny: "deny", CutFailureMode: "failure_mode"}
+
+// ParseCutMode returns the mode named s, spelled exactly as in the config
+// file.
+func ParseCutMode(s string) (CutMode, error) {
+	return parseEnum[CutMode]("when_cut", s, cutModeNames, equal)
+}
+
+// String returns the name ParseCutMode accepts.
+func (m CutMode) String() string { return enumString("CutMode", m, cutModeNames) }
 
 // Limits returns every limit of the rule's descriptor node, in file order,
 // the rule among them: one, unless the descriptor has rate_limits. Match

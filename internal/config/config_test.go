@@ -144,7 +144,7 @@ func TestLoadValidDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"a", "ai", "api", "b", "calendar", "envoy", "minimal", "shaping", "zero"} {
+	for _, d := range []string{"a", "ai", "api", "b", "calendar", "envoy", "global", "minimal", "shaping", "zero"} {
 		if !c.HasDomain(d) {
 			t.Errorf("HasDomain(%q) = false", d)
 		}
@@ -186,6 +186,9 @@ func TestLoadValidDirectory(t *testing.T) {
 		"envoy: client_id=internal",
 		"envoy: client_id",
 		"envoy: category",
+		"global: plan",
+		"global: upstream_quota",
+		"global: per_second",
 		"shaping: client",
 		"shaping: tenant",
 		"zero: blocked",
@@ -582,6 +585,40 @@ func TestHotKeySlicesOptOut(t *testing.T) {
 	for _, r := range cfg.Rules() {
 		if want := r.Levels[len(r.Levels)-1].Key == "bulk"; r.NoSlices != want {
 			t.Errorf("%v: NoSlices %v, want %v", r, r.NoSlices, want)
+		}
+	}
+}
+
+// TestGlobalRules: global: true makes a rule's limit one across regions,
+// with its regional share (0 unless said) and what a cut region does
+// (share unless said); other rules have none.
+func TestGlobalRules(t *testing.T) {
+	cfg, err := Load("testdata/valid/global.yaml", Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]*Global{
+		"plan":           {Share: 0, WhenCut: CutShare},
+		"upstream_quota": {Share: 0.1, WhenCut: CutFailureMode},
+		"per_second":     {Share: 0.2, WhenCut: CutDeny},
+	}
+	rules := cfg.Rules()
+	if len(rules) != len(want) {
+		t.Fatalf("%d rules", len(rules))
+	}
+	for _, r := range rules {
+		key := r.Levels[len(r.Levels)-1].Key
+		if w := want[key]; r.Global == nil || *r.Global != *w {
+			t.Errorf("%s: Global %+v, want %+v", key, r.Global, w)
+		}
+	}
+	cfg, err = Load("testdata/valid/minimal.yaml", Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range cfg.Rules() {
+		if r.Global != nil {
+			t.Errorf("%v: Global %+v in a file that names none", r, r.Global)
 		}
 	}
 }

@@ -48,16 +48,19 @@ type (
 		Name            scalar[string] `yaml:"name"`
 		Replaces        []rawReplace   `yaml:"replaces"`
 		// Our extensions.
-		Algorithm      scalar[string] `yaml:"algorithm"`
-		UnitMultiplier scalar[uint32] `yaml:"unit_multiplier"`
-		FailureMode    scalar[string] `yaml:"failure_mode"`
-		RecordCosts    scalar[string] `yaml:"record_costs"`
-		Burst          scalar[uint32] `yaml:"burst"`
-		RefundOrder    scalar[string] `yaml:"refund_order"`
-		HotKeySlices   scalar[bool]   `yaml:"hot_key_slices"`
-		TimeZone       scalar[string] `yaml:"time_zone"`
-		Leases         scalar[bool]   `yaml:"leases"`
-		LeaseTTL       scalar[string] `yaml:"lease_ttl"`
+		Algorithm      scalar[string]  `yaml:"algorithm"`
+		UnitMultiplier scalar[uint32]  `yaml:"unit_multiplier"`
+		FailureMode    scalar[string]  `yaml:"failure_mode"`
+		RecordCosts    scalar[string]  `yaml:"record_costs"`
+		Burst          scalar[uint32]  `yaml:"burst"`
+		RefundOrder    scalar[string]  `yaml:"refund_order"`
+		HotKeySlices   scalar[bool]    `yaml:"hot_key_slices"`
+		TimeZone       scalar[string]  `yaml:"time_zone"`
+		Leases         scalar[bool]    `yaml:"leases"`
+		LeaseTTL       scalar[string]  `yaml:"lease_ttl"`
+		Global         scalar[bool]    `yaml:"global"`
+		RegionalShare  scalar[float64] `yaml:"regional_share"`
+		WhenCut        scalar[string]  `yaml:"when_cut"`
 	}
 	rawReplace struct {
 		Name scalar[string] `yaml:"name"`

@@ -63,7 +63,9 @@ type Grant struct {
 // most of its grant, the grant it decided with when it asked (Current: it
 // keeps deciding with it until the answer reaches it, or for good when the
 // answer is lost) and its count past the floor, while its lease lives and
-// for a window after (what it counted stays counted that long),
+// for a window and a lease after (what it counted stays counted a window;
+// the region's record of the lease may end later than the ledger's by the
+// time the answer took to reach it),
 // so that the regions' counters never sum past Limit, whatever the order
 // of the calls.
 //
@@ -127,4 +129,81 @@ func checkAllowance(r AllowanceRequest) error {
 		return fmt.Errorf("%d regions' floors of %d pass the limit %d", r.Regions, r.Floor, r.Limit)
 	}
 	return nil
+}
+
+var syncScript = redis.NewScript(lua.RegionSync())
+
+// RegionSync is one instance's sync with its region's record of a global
+// counter's grant, on the region's store: the record at Key is shared by
+// the region's instances.
+type RegionSync struct {
+	// Key is the record's key.
+	Key string
+	// Instance names the syncing instance.
+	Instance string
+	// Demand is the units per window the instance sees asked.
+	Demand float64
+	// DemandTTL is how long the instance's demand counts in the region's.
+	DemandTTL time.Duration
+	// RenewAhead: the grant is renewed when its lease ends within it.
+	RenewAhead time.Duration
+	// RenewTTL is how long a renewer has before another may take over.
+	RenewTTL time.Duration
+	// Set writes a renewer's answer from the ledger: Grant, and Lease, the
+	// time left of its lease. Only the instance whose turn it is writes.
+	Set   bool
+	Grant uint64
+	Lease time.Duration
+}
+
+// RegionState is a region's record of a global counter's grant.
+type RegionState struct {
+	// Grant is the region's grant beyond its floor, 0 when its lease ended.
+	Grant uint64
+	// LeaseLeft is the time left of the grant's lease, by the region's
+	// store's clock when it answered.
+	LeaseLeft time.Duration
+	// Demand is the region's: the sum of its instances' live demands.
+	Demand float64
+	// Renew: this instance is to ask the ledger, and to Set its answer.
+	Renew bool
+}
+
+// SyncRegion records r's demand in its region's record and reads the
+// region's grant; it makes the instance the region's renewer when the
+// grant's lease ends within RenewAhead and no other instance renews, and
+// writes a renewer's answer (Set). One atomic script within the limiter's
+// timeout, observed; a failure wraps ErrStore.
+func (l *Limiter) SyncRegion(ctx context.Context, r RegionSync) (RegionState, error) {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.closed {
+		return RegionState{}, ErrClosed
+	}
+	if r.Key == "" || r.Instance == "" || r.DemandTTL < time.Millisecond || r.RenewTTL < time.Millisecond {
+		return RegionState{}, fmt.Errorf("sync region: bad request %+v", r)
+	}
+	args := []any{r.Instance, strconv.FormatFloat(max(0, r.Demand), 'f', 3, 64), r.DemandTTL.Milliseconds(),
+		r.RenewAhead.Milliseconds(), r.RenewTTL.Milliseconds()}
+	if r.Set {
+		args = append(args, r.Grant, max(0, r.Lease.Milliseconds()))
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	start := time.Now()
+	reply, err := l.script(ctx, syncScript, []string{r.Key}, args).StringSlice()
+	l.observe(time.Since(start), err)
+	if err != nil {
+		return RegionState{}, fmt.Errorf("%w: sync region: %w", ErrStore, err)
+	}
+	if len(reply) != 4 {
+		return RegionState{}, fmt.Errorf("%w: sync region: reply %q, want 4 numbers", ErrStore, reply)
+	}
+	var n [4]uint64
+	for i, s := range reply {
+		if n[i], err = strconv.ParseUint(s, 10, 64); err != nil {
+			return RegionState{}, fmt.Errorf("%w: sync region: reply %q: %w", ErrStore, reply, err)
+		}
+	}
+	return RegionState{Grant: n[0], LeaseLeft: time.Duration(n[1]) * time.Millisecond, Demand: float64(n[2]), Renew: n[3] == 1}, nil
 }

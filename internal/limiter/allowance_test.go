@@ -109,8 +109,8 @@ func TestAllowanceShares(t *testing.T) {
 		{"another's count past its floor is reserved", map[string]regionEntry{"r0": {demand: 0, count: 55, leaseEnd: live}}, 100, 5, 35, 0},
 		{"a lease ended within a window: reserved, its demand not counted",
 			map[string]regionEntry{"r0": {demand: 100, grant: 40, leaseEnd: epoch.Add(-30 * time.Second)}}, 100, 0, 60, 0},
-		{"a lease ended a window ago: dropped",
-			map[string]regionEntry{"r0": {demand: 100, grant: 40, leaseEnd: epoch.Add(-time.Minute)}}, 100, 0, 100, 0},
+		{"a lease ended a window and a lease ago: dropped",
+			map[string]regionEntry{"r0": {demand: 100, grant: 40, leaseEnd: epoch.Add(-time.Minute - 2*time.Second)}}, 100, 0, 100, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			l, c := newTestLimiter(t, epoch)
@@ -255,6 +255,54 @@ func TestAllowanceErrors(t *testing.T) {
 	} {
 		if _, err := l.Allowance(context.Background(), r); err == nil || strings.Contains(err.Error(), ErrStore.Error()) {
 			t.Errorf("Allowance(%+v): %v, want a bad request", r, err)
+		}
+	}
+}
+
+// TestSyncRegion: a region's instances share one record: each adds its
+// demand, one at a time renews the grant (another takes over when its turn
+// ends unanswered), and the renewer's answer is what all of them read
+// until its lease ends.
+func TestSyncRegion(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	sync := func(instance string, demand float64, set bool, grant uint64, lease time.Duration) RegionState {
+		t.Helper()
+		s, err := l.SyncRegion(context.Background(), RegionSync{
+			Key: "test:k_v:region", Instance: instance, Demand: demand, DemandTTL: time.Second,
+			RenewAhead: time.Second, RenewTTL: 500 * time.Millisecond, Set: set, Grant: grant, Lease: lease,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	steps := []struct {
+		name     string
+		advance  time.Duration
+		instance string
+		demand   float64
+		set      bool
+		grant    uint64
+		lease    time.Duration
+		want     RegionState
+	}{
+		{"the first to see no grant renews", 0, "a", 10, false, 0, 0, RegionState{Demand: 10, Renew: true}},
+		{"another does not while it does", 0, "b", 5, false, 0, 0, RegionState{Demand: 15}},
+		{"the renewer writes the ledger's answer", 100 * time.Millisecond, "a", 10, true, 40, 3 * time.Second,
+			RegionState{Grant: 40, LeaseLeft: 3 * time.Second, Demand: 15}},
+		{"the others read it", 100 * time.Millisecond, "b", 5, false, 0, 0, RegionState{Grant: 40, LeaseLeft: 2900 * time.Millisecond, Demand: 15}},
+		{"within a second of the lease's end, one renews", 2 * time.Second, "b", 5, false, 0, 0,
+			RegionState{Grant: 40, LeaseLeft: 900 * time.Millisecond, Demand: 5, Renew: true}}, // a's demand expired
+		{"a stale renewer's answer is not written", 0, "a", 10, true, 99, 3 * time.Second, RegionState{Grant: 40, LeaseLeft: 900 * time.Millisecond, Demand: 15}},
+		{"its turn over, another takes it", 600 * time.Millisecond, "a", 10, false, 0, 0,
+			RegionState{Grant: 40, LeaseLeft: 300 * time.Millisecond, Demand: 15, Renew: true}},
+		{"the lease ended: no grant", 400 * time.Millisecond, "b", 5, false, 0, 0, RegionState{Demand: 15}},
+		{"an instance's demand expires", 1100 * time.Millisecond, "a", 10, false, 0, 0, RegionState{Demand: 10, Renew: true}},
+	}
+	for _, s := range steps {
+		c.add(s.advance)
+		if got := sync(s.instance, s.demand, s.set, s.grant, s.lease); got != s.want {
+			t.Fatalf("%s: %+v, want %+v", s.name, got, s.want)
 		}
 	}
 }

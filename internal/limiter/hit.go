@@ -89,6 +89,10 @@ type Hit struct {
 	// at most what the store still holds of it: nothing after a failover
 	// lost it, or a Reset deleted it.
 	Ahead time.Duration
+	// Global marks a hit of a global rule (config.Rule.Global): the
+	// regions' decider (internal/regions) sets its Limit to the region's
+	// allowance and clears it. The limiter ignores it.
+	Global *config.Global
 	// Lease makes the hit's charge a lease (the sliding window log only,
 	// Decide refuses it on another algorithm): its units are named by a
 	// random id, Verdict.Lease, that only Settle frees, and they leave the

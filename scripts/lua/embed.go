@@ -15,7 +15,8 @@
 // assignments on a counter and decides one Envoy's share of its limit;
 // rlqs_confirm.lua lowers an entry to the share sent. region_allowance.lua
 // keeps a global limit's registry of regional allowances on the ledger and
-// decides one region's. The decide code
+// decides one region's; region_sync.lua keeps a region's record of its
+// grant on the region's store. The decide code
 // reaches Redis in one of two forms: Library, a Redis Functions library
 // (Redis 7 and later: loaded once, called with FCALL as DecideFunction), or
 // Decide, the same code as a script for EVALSHA (older servers and the
@@ -43,6 +44,8 @@ var (
 	rlqsConfirm string
 	//go:embed region_allowance.lua
 	regionAllowance string
+	//go:embed region_sync.lua
+	regionSync string
 )
 
 // library is the code decide.lua and refund.lua run on. The files share
@@ -116,3 +119,8 @@ func RLQSConfirm() string { return rlqsConfirm }
 // global counter's regional allowances and decides one region's. Its
 // calling convention is documented at the top of region_allowance.lua.
 func RegionAllowance() string { return regionAllowance }
+
+// RegionSync returns the script that keeps a region's record of a global
+// counter's grant, shared by the region's instances. Its calling
+// convention is documented at the top of region_sync.lua.
+func RegionSync() string { return regionSync }

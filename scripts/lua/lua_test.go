@@ -42,7 +42,7 @@ func TestAlgorithmTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range files {
-		if name := strings.TrimSuffix(f, ".lua"); !names[name] && !slices.Contains([]string{"prelude", "decide", "refund", "reset", "rlqs_shares", "rlqs_confirm"}, name) {
+		if name := strings.TrimSuffix(f, ".lua"); !names[name] && !slices.Contains([]string{"prelude", "decide", "refund", "reset", "rlqs_shares", "rlqs_confirm", "region_allowance", "region_sync"}, name) {
 			t.Errorf("%s is neither an algorithm's file (no entry in internal/algorithm's table) nor a shared one", f)
 		}
 	}
@@ -53,14 +53,14 @@ func TestAlgorithmTable(t *testing.T) {
 func TestScripts(t *testing.T) {
 	for name, got := range map[string]string{
 		"Constants": Constants(), "Decide": Decide(), "DecideFunction": DecideFunction(), "Library": Library(),
-		"Refund": Refund(), "Reset": Reset(), "RLQSShares": RLQSShares(), "RLQSConfirm": RLQSConfirm(), "RegionAllowance": RegionAllowance(),
+		"Refund": Refund(), "Reset": Reset(), "RLQSShares": RLQSShares(), "RLQSConfirm": RLQSConfirm(), "RegionAllowance": RegionAllowance(), "RegionSync": RegionSync(),
 	} {
 		if got == "" {
 			t.Errorf("%s() is empty", name)
 		}
 	}
 	if Constants() != constants || Decide() != decideScript || Library() != functionLibrary || Refund() != refundScript ||
-		Reset() != reset || RLQSShares() != rlqsShares || RLQSConfirm() != rlqsConfirm || RegionAllowance() != regionAllowance || DecideFunction() != decideFunction {
+		Reset() != reset || RLQSShares() != rlqsShares || RLQSConfirm() != rlqsConfirm || RegionAllowance() != regionAllowance || RegionSync() != regionSync || DecideFunction() != decideFunction {
 		t.Error("an exported function does not return its script")
 	}
 	if !strings.HasPrefix(Library(), "#!lua name=ratelimit_"+version+"\n") ||

@@ -23,8 +23,10 @@
 -- the answer is lost); and its count past the floor (units counted stay
 -- counted: a counter at c under a smaller limit admits nothing until it
 -- falls under it). That is reserved
--- from the others while the region's lease lives, and for a window after
--- it ends (its last units stay counted that long); then the entry goes.
+-- from the others while the region's lease lives, and for a window and a
+-- lease after it ends (its last units stay counted a window, and its own
+-- record of the lease may end a little later than this one, by the time
+-- the answer took to reach it); then the entry goes.
 --
 -- The region's grant is its max-min fair share of D among the live
 -- regions' demands past their floors (water-filling), whole units, and
@@ -66,7 +68,7 @@ for i = 1, #fields, 2 do
   if not (d and grant and lease_end and h and c) then
     error('region_allowance: bad entry for ' .. name .. ' in ' .. key)
   end
-  if lease_end + window <= now then
+  if lease_end + window + lease <= now then
     redis.call('HDEL', key, name)
   elseif name == region then
     if lease_end > now then
@@ -98,6 +100,6 @@ end
 local grant = math.floor(math.min(mine, fair, math.max(0, room - reserved)))
 
 redis.call('HSET', key, region, string.format('%s %d %d %d %d', ARGV[2], grant, now + lease, held, count))
-redis.call('PEXPIRE', key, lease + window)
+redis.call('PEXPIRE', key, 2 * lease + window)
 local mine_reserved = math.max(grant, held, count - floor_units)
 return { string.format('%d', grant), string.format('%d', math.max(0, room - reserved - mine_reserved)) }

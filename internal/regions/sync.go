@@ -1,0 +1,176 @@
+package regions
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/slidingwindow/ratelimit/internal/limiter"
+)
+
+// Suffixes of a global counter's key: its region's record on the region's
+// store, its registry on the ledger.
+const (
+	recordSuffix   = ":region"
+	registrySuffix = ":ledger"
+)
+
+// demandWeight is the weight of the last Refresh's rate in an instance's
+// demand: about a second's memory at the default Refresh.
+const demandWeight = 0.25
+
+// syncEvery syncs the keys every Refresh until Close.
+func (r *Regions) syncEvery() {
+	defer r.work.Done()
+	tick := time.NewTicker(r.o.Refresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-tick.C:
+		}
+		r.syncAll()
+	}
+}
+
+// syncAll syncs every key seen within a window and a lease, or whose grant
+// lives, with its region's record, at once (the store's batcher sends them
+// together); a key idle longer is forgotten.
+func (r *Regions) syncAll() {
+	now := r.now()
+	type job struct {
+		k   *globalKey
+		req limiter.RegionSync
+	}
+	var jobs []job
+	r.mu.Lock()
+	for key, k := range r.keys {
+		if now.Sub(k.seen) > k.hit.Window+r.o.Lease && !now.Before(k.leaseEnd) {
+			delete(r.keys, key)
+			continue
+		}
+		elapsed := r.o.Refresh
+		if !k.synced.IsZero() {
+			elapsed = max(now.Sub(k.synced), time.Millisecond)
+		}
+		asked := k.units / elapsed.Seconds() * k.hit.Window.Seconds()
+		if k.synced.IsZero() {
+			k.demand = asked
+		} else {
+			k.demand += demandWeight * (asked - k.demand)
+		}
+		k.units = 0
+		jobs = append(jobs, job{k, r.syncRequest(k)})
+	}
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.sync(j.k, j.req)
+		}()
+	}
+	wg.Wait()
+}
+
+// syncRequest is k's sync with its region's record. The caller holds r.mu.
+func (r *Regions) syncRequest(k *globalKey) limiter.RegionSync {
+	return limiter.RegionSync{
+		Key: k.hit.Key + recordSuffix, Instance: r.o.Instance, Demand: k.demand,
+		DemandTTL: 4 * r.o.Refresh, RenewAhead: r.o.Lease / 2, RenewTTL: r.o.Lease / 2,
+	}
+}
+
+// sync runs req and takes in its answer; the instance asked to renew
+// renews, in the background.
+func (r *Regions) sync(k *globalKey, req limiter.RegionSync) {
+	sent := r.now()
+	st, err := r.o.Local.SyncRegion(context.Background(), req)
+	if err != nil {
+		return // the region's store failed: its hits fail over as any
+	}
+	r.apply(k, st, sent)
+	if !st.Renew {
+		return
+	}
+	r.mu.Lock()
+	if k.renewing {
+		r.mu.Unlock()
+		return
+	}
+	k.renewing = true
+	r.work.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.work.Done()
+		r.renew(k, st, req)
+		r.mu.Lock()
+		k.renewing = false
+		r.mu.Unlock()
+	}()
+}
+
+// apply takes in the region's record of k as answered to a sync sent at
+// sent: the lease is taken to end its time left after the sending, early.
+func (r *Regions) apply(k *globalKey, st limiter.RegionState, sent time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k.synced, k.grant, k.leaseEnd = sent, st.Grant, time.Time{}
+	if st.LeaseLeft > 0 {
+		k.leaseEnd, k.held = sent.Add(st.LeaseLeft), true
+	}
+}
+
+// renew asks the ledger for the region's grant of k, with the region's
+// demand and count and the grant it decides with, and writes the answer
+// to the region's record. A failure leaves the record as it is: another
+// renewal comes when this one's turn ends.
+func (r *Regions) renew(k *globalKey, st limiter.RegionState, req limiter.RegionSync) {
+	ctx := context.Background()
+	r.mu.Lock()
+	check := k.hit
+	floor := k.floor()
+	r.mu.Unlock()
+	verdicts, err := r.counts.Decide(ctx, []limiter.Hit{check})
+	if err != nil || len(verdicts) != 1 || verdicts[0].FailureVerdict {
+		return // the region's count is unknown: no grant can be reserved for it
+	}
+	var count uint64
+	if limit := uint64(check.Limit); verdicts[0].Remaining < limit {
+		count = limit - verdicts[0].Remaining
+	}
+	var current uint64
+	if st.LeaseLeft > 0 {
+		current = st.Grant
+	}
+	sent := r.now()
+	g, err := r.o.Ledger.Allowance(ctx, limiter.AllowanceRequest{
+		Key: check.Key + registrySuffix, Region: r.o.Region, Demand: st.Demand, Count: count, Current: current,
+		Limit: uint64(check.Limit), Window: check.Window, Lease: r.o.Lease, Floor: floor, Regions: r.o.Regions,
+	})
+	took := r.now().Sub(sent)
+	if err != nil {
+		if r.o.Observe.LedgerFailed != nil {
+			r.o.Observe.LedgerFailed(err)
+		}
+		return
+	}
+	if r.o.Observe.Renewed != nil {
+		r.o.Observe.Renewed(g.Units, took)
+	}
+	// The ledger's lease started after sent: what is left of it counts from
+	// the sending of the write.
+	setSent := r.now()
+	left := r.o.Lease - setSent.Sub(sent)
+	if left <= 0 {
+		return
+	}
+	req.Set, req.Grant, req.Lease = true, g.Units, left
+	st2, err := r.o.Local.SyncRegion(ctx, req)
+	if err != nil {
+		return
+	}
+	r.apply(k, st2, setSent)
+}
