@@ -33,6 +33,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/slidingwindow/ratelimit/internal/metrics"
+	"github.com/slidingwindow/ratelimit/internal/regions"
 )
 
 // Paths, relative to this package's directory, where `go test` runs.
@@ -482,6 +483,8 @@ func exportedSeries(t *testing.T) map[string]bool {
 	m.RLQSReport("domain", "rule", 1, 1, "token_bucket")
 	m.RLQSUnmatched()
 	m.SliceObserver().Leased(1)
+	m.RegionsObserver().Renewed(1, time.Millisecond)
+	m.RegionsObserver().Keys(regions.KeyStates{Held: 1})
 	m.Descriptor("domain.key", "domain.key")
 	handler := func(context.Context, any) (any, error) { return nil, nil }
 	if _, err := m.UnaryServerInterceptor()(context.Background(), nil,

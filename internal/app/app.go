@@ -129,7 +129,8 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		a.onClose(func() { _ = perSecondStore.Close() }) // as the main store's
 		perSecond = newLimiter(s, perSecondStore, m, tracerProvider, now)
 	}
-	a.lim = limiter.NewSplit(newLimiter(s, store, m, tracerProvider, now), perSecond)
+	main := newLimiter(s, store, m, tracerProvider, now)
+	a.lim = limiter.NewSplit(main, perSecond)
 	a.onClose(a.lim.Close)
 	// The store gets ready (connections open, code loaded) while the
 	// source brings the first config, which over xDS may take long; a bad
@@ -164,7 +165,13 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 		Threshold: threshold, WarmThreshold: warm, Period: s.HotKeySlicePeriod, Now: now, Observe: m.SliceObserver(),
 	})
 	a.onClose(a.slices.Close) // before the limiters close: it gives back what the slices did not use
-	a.svc = service.New(cfg, a.slices, &service.Options{
+	var decider service.Decider = a.slices
+	if s.Region != "" {
+		if decider, err = openRegions(s, redisTLS, a, main, m, tracerProvider, now, log); err != nil {
+			return nil, err
+		}
+	}
+	a.svc = service.New(cfg, decider, &service.Options{
 		MaxDescriptors:   s.MaxDescriptors,
 		MaxEntries:       s.MaxEntries,
 		MaxRequestBytes:  s.MaxRequestBytes,

@@ -445,6 +445,12 @@ func (p *parser) global(r *Rule, rl *rawRateLimit) error {
 			return p.errorf(rl.WhenCut.Line, "%v", err)
 		}
 	}
+	switch regions := p.defaults.Regions; {
+	case regions == 0:
+		return p.errorf(rl.Global.Line, "global needs a ledger and this instance's region: --ledger-redis-url (or -cluster-url, -sentinel-url) and --region")
+	case g.Share*float64(regions) > 1:
+		return p.errorf(rl.RegionalShare.Line, "regional_share %v for each of %d regions is more than the limit", g.Share, regions)
+	}
 	r.Global = g
 	return nil
 }

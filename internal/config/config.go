@@ -48,6 +48,10 @@ type Defaults struct {
 	MergeDomains bool
 	// Files are the files of a directory that Load reads.
 	Files FileSet
+	// Regions is how many regions share a global rule's limit, each on its
+	// own store with a ledger between them (internal/regions); 0 means no
+	// ledger, and a global rule is refused.
+	Regions int
 }
 
 // Level describes one step of the path from a domain's root to a rule.

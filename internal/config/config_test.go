@@ -144,7 +144,7 @@ func TestLoadValidDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"a", "ai", "api", "b", "calendar", "envoy", "global", "minimal", "shaping", "zero"} {
+	for _, d := range []string{"a", "ai", "api", "b", "calendar", "envoy", "minimal", "shaping", "zero"} {
 		if !c.HasDomain(d) {
 			t.Errorf("HasDomain(%q) = false", d)
 		}
@@ -186,9 +186,6 @@ func TestLoadValidDirectory(t *testing.T) {
 		"envoy: client_id=internal",
 		"envoy: client_id",
 		"envoy: category",
-		"global: plan",
-		"global: upstream_quota",
-		"global: per_second",
 		"shaping: client",
 		"shaping: tenant",
 		"zero: blocked",
@@ -593,7 +590,7 @@ func TestHotKeySlicesOptOut(t *testing.T) {
 // with its regional share (0 unless said) and what a cut region does
 // (share unless said); other rules have none.
 func TestGlobalRules(t *testing.T) {
-	cfg, err := Load("testdata/valid/global.yaml", Defaults{})
+	cfg, err := Load("testdata/global/global.yaml", Defaults{Regions: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -620,5 +617,11 @@ func TestGlobalRules(t *testing.T) {
 		if r.Global != nil {
 			t.Errorf("%v: Global %+v in a file that names none", r, r.Global)
 		}
+	}
+	// Without a ledger a global rule is refused (global_no_ledger.yaml); with
+	// more regions than the regional shares leave room for, too.
+	if _, err := Load("testdata/global/global.yaml", Defaults{Regions: 6}); err == nil ||
+		!strings.Contains(err.Error(), "global.yaml:10: regional_share 0.2 for each of 6 regions is more than the limit") {
+		t.Errorf("six regions of a fifth each: %v", err)
 	}
 }

@@ -56,9 +56,10 @@ type Metrics struct {
 	refusals         *prometheus.CounterVec
 	grpcConns        prometheus.Gauge
 
-	ref    *referenceMetrics
-	rlqs   *rlqsMetrics
-	slices *sliceMetrics
+	ref     *referenceMetrics
+	rlqs    *rlqsMetrics
+	slices  *sliceMetrics
+	regions *regionMetrics
 }
 
 // New registers the service's collectors, and Go's and the process's, on reg.
@@ -121,13 +122,15 @@ func NewWithStats(reg prometheus.Registerer, stats Stats) *Metrics {
 			Name: "ratelimit_grpc_connections",
 			Help: "Connections open on the gRPC port (at most --max-connections).",
 		}),
-		ref:    newReferenceMetrics(stats),
-		rlqs:   newRLQSMetrics(),
-		slices: newSliceMetrics(),
+		ref:     newReferenceMetrics(stats),
+		rlqs:    newRLQSMetrics(),
+		slices:  newSliceMetrics(),
+		regions: newRegionMetrics(),
 	}
 	reg.MustRegister(m.ref.collectors()...)
 	reg.MustRegister(m.rlqs.collectors()...)
 	reg.MustRegister(m.slices.collectors()...)
+	reg.MustRegister(m.regions.collectors()...)
 	reg.MustRegister(m.decisions, m.storeDuration, m.storeErrors, m.invalidRequests, m.shed, m.overloaded,
 		m.configReloads, m.configGeneration, m.configInfo, m.ruleLimits, m.refusals, m.grpcConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -80,7 +80,20 @@ type Observe struct {
 	// the call took.
 	Renewed func(grant uint64, took time.Duration)
 	// LedgerFailed is told of each failed call to the ledger.
-	LedgerFailed func(err error)
+	LedgerFailed func(err error, took time.Duration)
+	// Keys is told, every Refresh, of the global keys this instance
+	// decides.
+	Keys func(KeyStates)
+}
+
+// KeyStates counts the global keys an instance decides by state, and sums
+// their allowances.
+type KeyStates struct {
+	Held    int // a grant lives
+	Cut     int // a grant ended unrenewed: when_cut decides
+	Waiting int // no grant seen yet: the floor decides
+	// Allowance sums the limits the keys are decided with now.
+	Allowance uint64
 }
 
 // Regions decides the hits of global rules within their regions'

@@ -44,12 +44,22 @@ func (r *Regions) syncAll() {
 		req limiter.RegionSync
 	}
 	var jobs []job
+	var states KeyStates
 	r.mu.Lock()
 	for key, k := range r.keys {
 		if now.Sub(k.seen) > k.hit.Window+r.o.Lease && !now.Before(k.leaseEnd) {
 			delete(r.keys, key)
 			continue
 		}
+		switch {
+		case now.Before(k.leaseEnd):
+			states.Held++
+		case k.held:
+			states.Cut++
+		default:
+			states.Waiting++
+		}
+		states.Allowance += uint64(k.allowance(now))
 		elapsed := r.o.Refresh
 		if !k.synced.IsZero() {
 			elapsed = max(now.Sub(k.synced), time.Millisecond)
@@ -64,6 +74,9 @@ func (r *Regions) syncAll() {
 		jobs = append(jobs, job{k, r.syncRequest(k)})
 	}
 	r.mu.Unlock()
+	if r.o.Observe.Keys != nil {
+		r.o.Observe.Keys(states)
+	}
 	var wg sync.WaitGroup
 	for _, j := range jobs {
 		wg.Add(1)
@@ -153,7 +166,7 @@ func (r *Regions) renew(k *globalKey, st limiter.RegionState, req limiter.Region
 	took := r.now().Sub(sent)
 	if err != nil {
 		if r.o.Observe.LedgerFailed != nil {
-			r.o.Observe.LedgerFailed(err)
+			r.o.Observe.LedgerFailed(err, took)
 		}
 		return
 	}

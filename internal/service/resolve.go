@@ -236,7 +236,17 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		// A concurrency rule's acquisitions are seats: a slice would hold
 		// seats no request uses.
 		NoSlices: l.refundOldest || l.leases || l.rule != nil && l.rule.NoSlices,
+		Global:   l.global(),
 	}
+}
+
+// global is the limit's across regions (the rule's global), nil when it is
+// its region's alone.
+func (l *limit) global() *config.Global {
+	if l.rule == nil {
+		return nil
+	}
+	return l.rule.Global
 }
 
 // storeKey names the counter of a descriptor. Entries matched by a

@@ -47,7 +47,14 @@ type Settings struct {
 	RLQSReportInterval, RLQSLease                                            time.Duration
 	HotKeyThreshold, HotKeyWarmThreshold                                     float64
 	HotKeySlicePeriod                                                        time.Duration
-	MemoryLimit                                                              ByteSize
+
+	// One limit across regions: this instance's region, how many regions
+	// share each global limit, and the ledger (empty: none).
+	Region                                         string
+	Regions                                        int
+	LedgerURL, LedgerClusterURL, LedgerSentinelURL string
+	GlobalLease, GlobalRefresh                     time.Duration
+	MemoryLimit                                    ByteSize
 
 	RateLimitHeaders                          bool
 	LimitHeader, RemainingHeader, ResetHeader string
@@ -171,7 +178,11 @@ func (s *Settings) ConfigDefaults() (config.Defaults, error) {
 	if err != nil {
 		return config.Defaults{}, fmt.Errorf("--%s: %w", FlagConfigFiles, err)
 	}
-	return config.Defaults{Algorithm: alg, FailureMode: fm, RecordCosts: rc, MergeDomains: s.MergeDomainConfig, Files: files}, nil
+	var regions int
+	if s.Region != "" {
+		regions = s.Regions
+	}
+	return config.Defaults{Algorithm: alg, FailureMode: fm, RecordCosts: rc, MergeDomains: s.MergeDomainConfig, Files: files, Regions: regions}, nil
 }
 
 // RedisSettingGiven reports a Redis setting: a --redis-* flag or

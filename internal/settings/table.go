@@ -51,7 +51,7 @@ const (
 )
 
 // table is every setting, bound to s, in docs/flags.md's order: the groups'
-// functions, here and in table_conns.go, each a run of that table. A new setting
+// functions, here, in table_conns.go and table_regions.go, each a run of that table. A new setting
 // is one entry in its group (and its field in Settings).
 func table(s *Settings) []Setting {
 	return slices.Concat(
@@ -62,6 +62,7 @@ func table(s *Settings) []Setting {
 		requestSettings(s),
 		rlqsSettings(s),
 		hotKeySettings(s),
+		regionSettings(s),
 		answerSettings(s),
 		tlsSettings(s),
 		grpcPortSettings(s),
