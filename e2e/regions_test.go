@@ -31,7 +31,7 @@ const (
 	regionsLimit  = 60
 	regionsFloor  = 6
 	regionsWindow = 3 * time.Second
-	regionsLease  = time.Second
+	regionsLease  = 2 * time.Second // a turn, half a second, holds a new connection's round trips to the ledger
 )
 
 // regionAdmission is one admitted call: decided between sent and answered.

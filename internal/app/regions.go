@@ -29,9 +29,11 @@ func openRegions(s *settings.Settings, redisTLS *tls.Config, a *App, local *limi
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
 	a.onClose(func() { _ = store.Close() }) // as the main store's
-	// The ledger is off the request path: its calls have the store timeout
-	// whatever a request's deadline, and no deny cache (it decides no hit).
-	ledger := limiter.New(store.Client, &limiter.Options{Timeout: s.StoreTimeout, DenyCache: -1, TracerProvider: tp, Now: now})
+	// The ledger is off the request path, maybe an ocean away: a call has a
+	// renewal's turn, a quarter of a lease, whatever --store-timeout says
+	// for the request path (a new connection alone costs it several round
+	// trips); no deny cache (it decides no hit).
+	ledger := limiter.New(store.Client, &limiter.Options{Timeout: s.GlobalLease / 4, DenyCache: -1, TracerProvider: tp, Now: now})
 	a.onClose(ledger.Close)
 	r, err := regions.New(a.slices, regions.Options{
 		Region: s.Region, Regions: s.Regions, Ledger: ledger, Local: local, Counts: a.lim,

@@ -44,6 +44,10 @@ type AllowanceRequest struct {
 	Floor uint64
 	// Regions is how many regions share Limit.
 	Regions int
+	// Turn is the region's renewal turn, greater with each: a call of a
+	// turn no later than one the ledger ran (one that timed out on its
+	// way, run late) is granted nothing and changes nothing.
+	Turn uint64
 }
 
 // Grant is a region's part of a global limit beyond its floor.
@@ -95,7 +99,7 @@ func (l *Limiter) Allowance(ctx context.Context, r AllowanceRequest) (Grant, err
 	start := time.Now()
 	reply, err := l.script(ctx, allowanceScript, []string{r.Key}, []any{
 		r.Region, strconv.FormatFloat(demand, 'f', -1, 64), r.Count, r.Current, r.Limit,
-		r.Window.Milliseconds(), r.Lease.Milliseconds(), r.Floor, r.Regions,
+		r.Window.Milliseconds(), r.Lease.Milliseconds(), r.Floor, r.Regions, r.Turn,
 	}).StringSlice()
 	l.observe(time.Since(start), err)
 	if err != nil {
@@ -149,11 +153,15 @@ type RegionSync struct {
 	RenewAhead time.Duration
 	// RenewTTL is how long a renewer has before another may take over.
 	RenewTTL time.Duration
-	// Set writes a renewer's answer from the ledger: Grant, and Lease, the
-	// time left of its lease. Only the instance whose turn it is writes.
-	Set   bool
-	Grant uint64
-	Lease time.Duration
+	// Set ends a renewer's Turn, writing the ledger's answer: Grant, and
+	// Lease, the time left of its lease; or, with Release, nothing (the
+	// ledger failed: the next sync renews). Only the instance whose turn
+	// it is, while it lasts, writes.
+	Set     bool
+	Turn    uint64
+	Release bool
+	Grant   uint64
+	Lease   time.Duration
 }
 
 // RegionState is a region's record of a global counter's grant.
@@ -165,8 +173,10 @@ type RegionState struct {
 	LeaseLeft time.Duration
 	// Demand is the region's: the sum of its instances' live demands.
 	Demand float64
-	// Renew: this instance is to ask the ledger, and to Set its answer.
+	// Renew: this instance is to ask the ledger, and to Set its answer,
+	// in its Turn (greater than any before in the region).
 	Renew bool
+	Turn  uint64
 }
 
 // SyncRegion records r's demand in its region's record and reads the
@@ -185,8 +195,11 @@ func (l *Limiter) SyncRegion(ctx context.Context, r RegionSync) (RegionState, er
 	}
 	args := []any{r.Instance, strconv.FormatFloat(max(0, r.Demand), 'f', 3, 64), r.DemandTTL.Milliseconds(),
 		r.RenewAhead.Milliseconds(), r.RenewTTL.Milliseconds()}
-	if r.Set {
-		args = append(args, r.Grant, max(0, r.Lease.Milliseconds()))
+	switch {
+	case r.Set && r.Release:
+		args = append(args, r.Turn, -1, 0)
+	case r.Set:
+		args = append(args, r.Turn, r.Grant, max(0, r.Lease.Milliseconds()))
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
@@ -196,14 +209,14 @@ func (l *Limiter) SyncRegion(ctx context.Context, r RegionSync) (RegionState, er
 	if err != nil {
 		return RegionState{}, fmt.Errorf("%w: sync region: %w", ErrStore, err)
 	}
-	if len(reply) != 4 {
-		return RegionState{}, fmt.Errorf("%w: sync region: reply %q, want 4 numbers", ErrStore, reply)
+	if len(reply) != 5 {
+		return RegionState{}, fmt.Errorf("%w: sync region: reply %q, want 5 numbers", ErrStore, reply)
 	}
-	var n [4]uint64
+	var n [5]uint64
 	for i, s := range reply {
 		if n[i], err = strconv.ParseUint(s, 10, 64); err != nil {
 			return RegionState{}, fmt.Errorf("%w: sync region: reply %q: %w", ErrStore, reply, err)
 		}
 	}
-	return RegionState{Grant: n[0], LeaseLeft: time.Duration(n[1]) * time.Millisecond, Demand: float64(n[2]), Renew: n[3] == 1}, nil
+	return RegionState{Grant: n[0], LeaseLeft: time.Duration(n[1]) * time.Millisecond, Demand: float64(n[2]), Renew: n[3] == 1, Turn: n[4]}, nil
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,9 +21,12 @@ const allowanceKey = "test:k_v:regions"
 func allowanceReq(region string, demand float64, count, current uint64) AllowanceRequest {
 	return AllowanceRequest{
 		Key: allowanceKey, Region: region, Demand: demand, Count: count, Current: current,
-		Limit: 100, Window: time.Minute, Lease: 2 * time.Second, Regions: 3,
+		Limit: 100, Window: time.Minute, Lease: 2 * time.Second, Regions: 3, Turn: turns.Add(1),
 	}
 }
+
+// turns numbers the tests' calls: each a later turn than the last.
+var turns atomic.Uint64
 
 func grant1(t *testing.T, l *Limiter, r AllowanceRequest) Grant {
 	t.Helper()
@@ -35,14 +39,25 @@ func grant1(t *testing.T, l *Limiter, r AllowanceRequest) Grant {
 
 // regionEntry is one region's registry entry as the script writes it.
 type regionEntry struct {
-	demand      float64
-	grant       uint64
-	leaseEnd    time.Time // ms of Redis TIME
-	held, count uint64
+	demand       float64
+	grant        uint64
+	leaseEnd     time.Time // ms of Redis TIME
+	held, count  uint64
+	limit, floor uint64 // 0: allowanceReq's, 100 and 0
+	regions      int    // 0: allowanceReq's, 3
+	turn         uint64
 }
 
 func (e regionEntry) String() string {
-	return fmt.Sprintf("%s %d %d %d %d", strconv.FormatFloat(e.demand, 'f', -1, 64), e.grant, e.leaseEnd.UnixMilli(), e.held, e.count)
+	limit, regions := e.limit, e.regions
+	if limit == 0 {
+		limit = 100
+	}
+	if regions == 0 {
+		regions = 3
+	}
+	return fmt.Sprintf("%s %d %d %d %d %d %d %d %d", strconv.FormatFloat(e.demand, 'f', -1, 64), e.grant, e.leaseEnd.UnixMilli(),
+		e.held, e.count, limit, e.floor, regions, e.turn)
 }
 
 func seedRegions(m *miniredis.Miniredis, entries map[string]regionEntry) {
@@ -64,7 +79,8 @@ func regionEntries(t *testing.T, m *miniredis.Miniredis) map[string]regionEntry 
 	for _, k := range keys {
 		var e regionEntry
 		var end int64
-		if _, err := fmt.Sscanf(m.HGet(allowanceKey, k), "%g %d %d %d %d", &e.demand, &e.grant, &end, &e.held, &e.count); err != nil {
+		if _, err := fmt.Sscanf(m.HGet(allowanceKey, k), "%g %d %d %d %d %d %d %d %d", &e.demand, &e.grant, &end, &e.held, &e.count,
+			&e.limit, &e.floor, &e.regions, &e.turn); err != nil {
 			t.Fatalf("entry %s = %q: %v", k, m.HGet(allowanceKey, k), err)
 		}
 		e.leaseEnd = time.UnixMilli(end)
@@ -162,10 +178,12 @@ func TestAllowanceHoldsWhatTheRegionDecidesWith(t *testing.T) {
 }
 
 // TestAllowanceNeverPassesTheLimit drives random regions (demands moving,
-// answers lost, calls late, regions cut from the ledger) deciding on
-// sliding logs of their own, each with its floor plus the grant it holds
-// while the grant's lease lives (counted from when it asked), and checks
-// that the regions never admit more than the limit in any window.
+// answers lost, calls late and run after later ones, regions cut from the
+// ledger, one region told a larger limit than the others, as a reload
+// reaching it first would) deciding on sliding logs of their own,
+// each with its floor plus the grant it holds while the grant's lease
+// lives (counted from when it asked), and checks that the regions never
+// admit more than the least limit in any window.
 func TestAllowanceNeverPassesTheLimit(t *testing.T) {
 	const window = 10 * time.Second
 	for _, tc := range []struct{ limit, floor uint64 }{{1, 0}, {7, 0}, {100, 0}, {100, 10}, {600, 50}} {
@@ -173,14 +191,21 @@ func TestAllowanceNeverPassesTheLimit(t *testing.T) {
 			rng := rand.New(rand.NewPCG(tc.limit, tc.floor))
 			l, c := newTestLimiter(t, epoch)
 			type region struct {
-				grant    uint64
-				leaseEnd time.Time
-				log      []time.Time // admissions
+				limit, floor uint64
+				grant        uint64
+				leaseEnd     time.Time
+				log          []time.Time       // admissions
+				late         *AllowanceRequest // a call that timed out here, still to run on the ledger
+				turn         uint64
 			}
 			regions := make([]*region, 3)
 			for i := range regions {
-				regions[i] = &region{}
+				regions[i] = &region{limit: tc.limit, floor: tc.floor}
 			}
+			// The last region was told a larger limit. (A larger floor counts
+			// only from its first call: before it, the ledger knows nothing
+			// of it; docs/regions.md says so.)
+			regions[2].limit = tc.limit + tc.limit/4
 			counted := func(r *region, now time.Time) uint64 {
 				var n uint64
 				for _, at := range r.log {
@@ -196,12 +221,23 @@ func TestAllowanceNeverPassesTheLimit(t *testing.T) {
 				if !c.now.Before(r.leaseEnd) {
 					r.grant = 0
 				}
+				if r.late != nil && rng.IntN(3) == 0 { // the late call runs now; its answer is long gone
+					grant1(t, l, *r.late)
+					r.late = nil
+					continue
+				}
 				if rng.IntN(3) == 0 { // ask the ledger
-					demand := rng.Float64() * 1.5 * float64(tc.limit)
+					demand := rng.Float64() * 1.5 * float64(r.limit)
 					req := AllowanceRequest{
 						Key: allowanceKey, Region: fmt.Sprint(regionIndex(regions, r)), Demand: demand,
-						Count: counted(r, c.now), Current: r.grant, Limit: tc.limit, Window: window,
-						Lease: time.Duration(1+rng.IntN(3)) * time.Second, Floor: tc.floor, Regions: len(regions),
+						Count: counted(r, c.now), Current: r.grant, Limit: r.limit, Window: window,
+						Lease: time.Duration(1+rng.IntN(3)) * time.Second, Floor: r.floor, Regions: len(regions),
+					}
+					r.turn++
+					req.Turn = r.turn
+					if r.late == nil && rng.IntN(10) == 0 { // timed out on its way: it runs later
+						r.late = &req
+						continue
 					}
 					sent := c.now
 					g := grant1(t, l, req)
@@ -213,7 +249,7 @@ func TestAllowanceNeverPassesTheLimit(t *testing.T) {
 				}
 				// Admit what the region's limit lets in, up to a burst.
 				for range rng.IntN(int(tc.limit/4) + 2) {
-					limit := tc.floor
+					limit := r.floor
 					if c.now.Before(r.leaseEnd) {
 						limit += r.grant
 					}
@@ -260,49 +296,80 @@ func TestAllowanceErrors(t *testing.T) {
 }
 
 // TestSyncRegion: a region's instances share one record: each adds its
-// demand, one at a time renews the grant (another takes over when its turn
-// ends unanswered), and the renewer's answer is what all of them read
-// until its lease ends.
+// demand, one at a time renews the grant in a turn greater than any before
+// (another takes over when its turn ends unanswered, or when it gives the
+// turn up), and the renewer's answer is what all of them read until its
+// lease ends; an answer out of turn is not written.
 func TestSyncRegion(t *testing.T) {
 	l, c := newTestLimiter(t, epoch)
-	sync := func(instance string, demand float64, set bool, grant uint64, lease time.Duration) RegionState {
+	turns := map[string]uint64{} // each instance's last turn
+	var last uint64
+	sync := func(instance string, demand float64, set, release bool, grant uint64, lease time.Duration) RegionState {
 		t.Helper()
 		s, err := l.SyncRegion(context.Background(), RegionSync{
 			Key: "test:k_v:region", Instance: instance, Demand: demand, DemandTTL: time.Second,
-			RenewAhead: time.Second, RenewTTL: 500 * time.Millisecond, Set: set, Grant: grant, Lease: lease,
+			RenewAhead: time.Second, RenewTTL: 500 * time.Millisecond, Set: set, Turn: turns[instance], Release: release,
+			Grant: grant, Lease: lease,
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
+		if s.Renew != (s.Turn != 0) || s.Renew && s.Turn <= last {
+			t.Fatalf("renew %v in turn %d after turn %d", s.Renew, s.Turn, last)
+		}
+		if s.Renew {
+			turns[instance], last = s.Turn, s.Turn
+		}
+		s.Turn = 0
 		return s
 	}
 	steps := []struct {
-		name     string
-		advance  time.Duration
-		instance string
-		demand   float64
-		set      bool
-		grant    uint64
-		lease    time.Duration
-		want     RegionState
+		name         string
+		advance      time.Duration
+		instance     string
+		demand       float64
+		set, release bool
+		grant        uint64
+		lease        time.Duration
+		want         RegionState
 	}{
-		{"the first to see no grant renews", 0, "a", 10, false, 0, 0, RegionState{Demand: 10, Renew: true}},
-		{"another does not while it does", 0, "b", 5, false, 0, 0, RegionState{Demand: 15}},
-		{"the renewer writes the ledger's answer", 100 * time.Millisecond, "a", 10, true, 40, 3 * time.Second,
+		{"the first to see no grant renews", 0, "a", 10, false, false, 0, 0, RegionState{Demand: 10, Renew: true}},
+		{"another does not while it does", 0, "b", 5, false, false, 0, 0, RegionState{Demand: 15}},
+		{"the renewer gives its turn up", 10 * time.Millisecond, "a", 10, true, true, 0, 0, RegionState{Demand: 15}},
+		{"then the next to sync renews", 10 * time.Millisecond, "b", 5, false, false, 0, 0, RegionState{Demand: 15, Renew: true}},
+		{"the renewer writes the ledger's answer", 80 * time.Millisecond, "b", 5, true, false, 40, 3 * time.Second,
 			RegionState{Grant: 40, LeaseLeft: 3 * time.Second, Demand: 15}},
-		{"the others read it", 100 * time.Millisecond, "b", 5, false, 0, 0, RegionState{Grant: 40, LeaseLeft: 2900 * time.Millisecond, Demand: 15}},
-		{"within a second of the lease's end, one renews", 2 * time.Second, "b", 5, false, 0, 0,
-			RegionState{Grant: 40, LeaseLeft: 900 * time.Millisecond, Demand: 5, Renew: true}}, // a's demand expired
-		{"a stale renewer's answer is not written", 0, "a", 10, true, 99, 3 * time.Second, RegionState{Grant: 40, LeaseLeft: 900 * time.Millisecond, Demand: 15}},
-		{"its turn over, another takes it", 600 * time.Millisecond, "a", 10, false, 0, 0,
+		{"the others read it", 100 * time.Millisecond, "a", 10, false, false, 0, 0, RegionState{Grant: 40, LeaseLeft: 2900 * time.Millisecond, Demand: 15}},
+		{"within a second of the lease's end, one renews", 2 * time.Second, "a", 10, false, false, 0, 0,
+			RegionState{Grant: 40, LeaseLeft: 900 * time.Millisecond, Demand: 10, Renew: true}}, // b's demand expired
+		{"an answer from an ended turn is not written", 0, "b", 5, true, false, 99, 3 * time.Second,
+			RegionState{Grant: 40, LeaseLeft: 900 * time.Millisecond, Demand: 15}},
+		{"its turn over, another takes it", 600 * time.Millisecond, "b", 5, false, false, 0, 0,
 			RegionState{Grant: 40, LeaseLeft: 300 * time.Millisecond, Demand: 15, Renew: true}},
-		{"the lease ended: no grant", 400 * time.Millisecond, "b", 5, false, 0, 0, RegionState{Demand: 15}},
-		{"an instance's demand expires", 1100 * time.Millisecond, "a", 10, false, 0, 0, RegionState{Demand: 10, Renew: true}},
+		{"the one whose turn ended writes nothing", 0, "a", 10, true, false, 77, 3 * time.Second,
+			RegionState{Grant: 40, LeaseLeft: 300 * time.Millisecond, Demand: 15}},
+		{"the lease ended: no grant", 400 * time.Millisecond, "a", 10, false, false, 0, 0, RegionState{Demand: 15}},
+		{"an instance's demand expires", 1100 * time.Millisecond, "b", 5, false, false, 0, 0, RegionState{Demand: 5, Renew: true}},
 	}
 	for _, s := range steps {
 		c.add(s.advance)
-		if got := sync(s.instance, s.demand, s.set, s.grant, s.lease); got != s.want {
+		if got := sync(s.instance, s.demand, s.set, s.release, s.grant, s.lease); got != s.want {
 			t.Fatalf("%s: %+v, want %+v", s.name, got, s.want)
 		}
+	}
+}
+
+// TestAllowanceLateCall: a call of a turn no later than one the ledger ran
+// (one that timed out at the region and ran after a later one) is granted
+// nothing and leaves the region's entry as the later call left it.
+func TestAllowanceLateCall(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	early, later := allowanceReq("a", 30, 0, 0), allowanceReq("a", 90, 0, 0)
+	if g := grant1(t, l, later); g.Units != 90 {
+		t.Fatalf("the later call: %d", g.Units)
+	}
+	entry := c.m.HGet(allowanceKey, "a")
+	if g := grant1(t, l, early); g.Units != 0 || c.m.HGet(allowanceKey, "a") != entry {
+		t.Fatalf("the early call run late: granted %d, entry %q, want 0 and %q", g.Units, c.m.HGet(allowanceKey, "a"), entry)
 	}
 }

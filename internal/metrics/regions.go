@@ -12,7 +12,6 @@ import (
 // grants, and the state of the global keys this instance decides.
 type regionMetrics struct {
 	ledger    *prometheus.HistogramVec
-	granted   prometheus.Counter
 	keys      *prometheus.GaugeVec
 	allowance prometheus.Gauge
 }
@@ -24,10 +23,6 @@ func newRegionMetrics() *regionMetrics {
 			Help:    "Renewals of a region's grant of a global limit on the ledger, by result (ok, error).",
 			Buckets: []float64{.001, .005, .01, .025, .05, .1, .15, .25, .5, 1, 2.5},
 		}, []string{"result"}),
-		granted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimit_global_granted_units_total",
-			Help: "Units of global limits granted to this region by the renewals this instance made, past the regions' floors.",
-		}),
 		keys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ratelimit_global_keys",
 			Help: "Global counters this instance decides, by state: held (a grant lives), cut (a grant ended unrenewed: when_cut decides), waiting (no grant seen yet: the floor decides).",
@@ -40,7 +35,7 @@ func newRegionMetrics() *regionMetrics {
 }
 
 func (r *regionMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.ledger, r.granted, r.keys, r.allowance}
+	return []prometheus.Collector{r.ledger, r.keys, r.allowance}
 }
 
 // RegionsObserver is what the regions' decider tells the metrics.
@@ -51,10 +46,7 @@ func (m *Metrics) RegionsObserver() regions.Observe {
 	ok, failed := m.regions.ledger.WithLabelValues("ok"), m.regions.ledger.WithLabelValues("error")
 	held, cut, waiting := m.regions.keys.WithLabelValues("held"), m.regions.keys.WithLabelValues("cut"), m.regions.keys.WithLabelValues("waiting")
 	return regions.Observe{
-		Renewed: func(grant uint64, took time.Duration) {
-			ok.Observe(took.Seconds())
-			m.regions.granted.Add(float64(grant))
-		},
+		Renewed:      func(_ uint64, took time.Duration) { ok.Observe(took.Seconds()) },
 		LedgerFailed: func(_ error, took time.Duration) { failed.Observe(took.Seconds()) },
 		Keys: func(k regions.KeyStates) {
 			held.Set(float64(k.Held))

@@ -76,8 +76,8 @@ type Options struct {
 
 // Observe receives the events of Regions.
 type Observe struct {
-	// Renewed is told of each answer of the ledger: the grant, and how long
-	// the call took.
+	// Renewed is told of each answer of the ledger: the grant (past the
+	// floor), and how long the call took.
 	Renewed func(grant uint64, took time.Duration)
 	// LedgerFailed is told of each failed call to the ledger.
 	LedgerFailed func(err error, took time.Duration)
@@ -195,11 +195,13 @@ func (r *Regions) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ver
 		}
 		k := r.keys[h.Key]
 		if k == nil {
-			k = &globalKey{hit: *h, global: *h.Global}
-			k.hit.Cost, k.hit.Global = 0, nil
+			k = &globalKey{}
 			r.keys[h.Key] = k
 		}
-		k.hit.Limit = h.Limit // an override may change it
+		// The rule as this hit has it: a reload or a limit override may
+		// change it.
+		k.hit, k.global = *h, *h.Global
+		k.hit.Cost, k.hit.Global = 0, nil
 		k.seen = now
 		k.units += float64(h.Cost)
 		h.Limit = k.allowance(now)

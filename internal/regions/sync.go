@@ -34,9 +34,10 @@ func (r *Regions) syncEvery() {
 	}
 }
 
-// syncAll syncs every key seen within a window and a lease, or whose grant
-// lives, with its region's record, at once (the store's batcher sends them
-// together); a key idle longer is forgotten.
+// syncAll syncs every key seen within a window and a lease with its
+// region's record, at once (the store's batcher sends them together); a
+// key idle longer is forgotten, and its grant lapses unless another
+// instance of the region renews it.
 func (r *Regions) syncAll() {
 	now := r.now()
 	type job struct {
@@ -47,7 +48,7 @@ func (r *Regions) syncAll() {
 	var states KeyStates
 	r.mu.Lock()
 	for key, k := range r.keys {
-		if now.Sub(k.seen) > k.hit.Window+r.o.Lease && !now.Before(k.leaseEnd) {
+		if now.Sub(k.seen) > k.hit.Window+r.o.Lease {
 			delete(r.keys, key)
 			continue
 		}
@@ -92,7 +93,7 @@ func (r *Regions) syncAll() {
 func (r *Regions) syncRequest(k *globalKey) limiter.RegionSync {
 	return limiter.RegionSync{
 		Key: k.hit.Key + recordSuffix, Instance: r.o.Instance, Demand: k.demand,
-		DemandTTL: 4 * r.o.Refresh, RenewAhead: r.o.Lease / 2, RenewTTL: r.o.Lease / 2,
+		DemandTTL: 4 * r.o.Refresh, RenewAhead: r.o.Lease / 2, RenewTTL: r.o.Lease / 4,
 	}
 }
 
@@ -137,18 +138,25 @@ func (r *Regions) apply(k *globalKey, st limiter.RegionState, sent time.Time) {
 }
 
 // renew asks the ledger for the region's grant of k, with the region's
-// demand and count and the grant it decides with, and writes the answer
-// to the region's record. A failure leaves the record as it is: another
-// renewal comes when this one's turn ends.
+// demand and count and the grant it decides with, in the turn st gave, and
+// writes the answer to the region's record. A renewal that fails gives its
+// turn up: the next sync renews (a turn is a quarter of a lease, begun
+// when half of it is left, so a lease sees two at least).
 func (r *Regions) renew(k *globalKey, st limiter.RegionState, req limiter.RegionSync) {
 	ctx := context.Background()
+	req.Set, req.Turn = true, st.Turn
+	release := func() {
+		req.Release = true
+		_, _ = r.o.Local.SyncRegion(ctx, req) // failing too, the turn ends on its own
+	}
 	r.mu.Lock()
 	check := k.hit
 	floor := k.floor()
 	r.mu.Unlock()
 	verdicts, err := r.counts.Decide(ctx, []limiter.Hit{check})
 	if err != nil || len(verdicts) != 1 || verdicts[0].FailureVerdict {
-		return // the region's count is unknown: no grant can be reserved for it
+		release() // the region's count is unknown: no grant can be reserved for it
+		return
 	}
 	var count uint64
 	if limit := uint64(check.Limit); verdicts[0].Remaining < limit {
@@ -161,13 +169,14 @@ func (r *Regions) renew(k *globalKey, st limiter.RegionState, req limiter.Region
 	sent := r.now()
 	g, err := r.o.Ledger.Allowance(ctx, limiter.AllowanceRequest{
 		Key: check.Key + registrySuffix, Region: r.o.Region, Demand: st.Demand, Count: count, Current: current,
-		Limit: uint64(check.Limit), Window: check.Window, Lease: r.o.Lease, Floor: floor, Regions: r.o.Regions,
+		Limit: uint64(check.Limit), Window: check.Window, Lease: r.o.Lease, Floor: floor, Regions: r.o.Regions, Turn: st.Turn,
 	})
 	took := r.now().Sub(sent)
 	if err != nil {
 		if r.o.Observe.LedgerFailed != nil {
 			r.o.Observe.LedgerFailed(err, took)
 		}
+		release()
 		return
 	}
 	if r.o.Observe.Renewed != nil {
@@ -178,9 +187,10 @@ func (r *Regions) renew(k *globalKey, st limiter.RegionState, req limiter.Region
 	setSent := r.now()
 	left := r.o.Lease - setSent.Sub(sent)
 	if left <= 0 {
+		release()
 		return
 	}
-	req.Set, req.Grant, req.Lease = true, g.Units, left
+	req.Grant, req.Lease = g.Units, left
 	st2, err := r.o.Local.SyncRegion(ctx, req)
 	if err != nil {
 		return

@@ -56,8 +56,10 @@ func regionSettings(s *Settings) []Setting {
 			Doc:  "the ledger as a Sentinel-managed master, as `--redis-sentinel-url`"},
 		{Name: "global-lease", bind: durationFlag(&s.GlobalLease, regions.DefaultLease),
 			Help: "how long a region's grant of a global limit lives on the ledger; renewed at half of it",
-			Doc: "how long a region's grant of a global limit lives on the ledger, renewed when half of it is left: a " +
-				"region cut from the ledger decides with its grant that long at most, then by the rule's `when_cut`",
+			Doc: "how long a region's grant of a global limit lives on the ledger, renewed when half of it is left, in turns " +
+				"of a quarter of it, each call to the ledger timing out with its turn: keep a quarter of it several round trips " +
+				"to the ledger long (a new connection alone takes three or four). A region cut from the ledger decides " +
+				"with its grant that long at most, then by the rule's `when_cut`",
 			check: func() error { return want(s.GlobalLease >= 100*time.Millisecond, s.GlobalLease, "at least 100ms") }},
 		{Name: "global-refresh", bind: durationFlag(&s.GlobalRefresh, regions.DefaultRefresh),
 			Help: "how often an instance syncs each global key with its region's record",
