@@ -113,4 +113,11 @@ func writeSkewAlgos(w io.Writer, rep *Report, ix skewIndex) {
 	}
 	fmt.Fprintln(w)
 	writeMarked(w, "per-algorithm skewed-keys scenario", marked, len(rows), o.timeout)
+	var minutes []*Measurement // a per-second rule's windows end within every interval
+	for _, m := range rows {
+		if m.Window == "minute" {
+			minutes = append(minutes, m)
+		}
+	}
+	writeMinuteEdges(w, minutes)
 }

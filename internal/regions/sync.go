@@ -34,10 +34,12 @@ func (r *Regions) syncEvery() {
 	}
 }
 
-// syncAll syncs every key seen within a window and a lease with its
-// region's record, at once (the store's batcher sends them together); a
-// key idle longer is forgotten, and its grant lapses unless another
-// instance of the region renews it.
+// syncAll syncs every key seen within two leases with its region's record,
+// at once (the store's batcher sends them together). A key idle longer is
+// forgotten: its grant lapses unless another instance of the region renews
+// it, and the ledger keeps reserving what the region counted for a window
+// after (its next hit here starts within the floor, and sees the region's
+// grant at the next sync).
 func (r *Regions) syncAll() {
 	now := r.now()
 	type job struct {
@@ -48,7 +50,7 @@ func (r *Regions) syncAll() {
 	var states KeyStates
 	r.mu.Lock()
 	for key, k := range r.keys {
-		if now.Sub(k.seen) > k.hit.Window+r.o.Lease {
+		if now.Sub(k.seen) > 2*r.o.Lease {
 			delete(r.keys, key)
 			continue
 		}
