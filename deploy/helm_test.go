@@ -187,6 +187,12 @@ func TestHelmChecks(t *testing.T) {
 					t.Error("config over xDS, yet the chart renders the rules ConfigMap")
 				}
 			}
+			if s.Region != "" {
+				covered["regions"] = true
+				if ref := s.fromSecret["RATELIMIT_LEDGER_REDIS_URL"]; ref == nil || s.LedgerURL == "" || s.Regions < 1 {
+					t.Errorf("region %s: the ledger's URL from %v (%q), %d regions: want it from its Secret, and a count", s.Region, ref, s.LedgerURL, s.Regions)
+				}
+			}
 			if len(s.Reference.Values) > 0 {
 				covered["reference"] = true
 				for _, st := range settings.Table() {
@@ -215,7 +221,7 @@ func TestHelmChecks(t *testing.T) {
 			want = append(want, layout+"-"+mode)
 		}
 	}
-	want = append(want, "xds", "reference", "servicemonitor")
+	want = append(want, "xds", "reference", "servicemonitor", "regions")
 	for _, w := range want {
 		if !covered[w] {
 			t.Errorf("no values file in %s renders %s", chartCIGlob, w)
@@ -261,6 +267,8 @@ func TestHelmRenderRefuses(t *testing.T) {
 		{[]string{"layout=gateway"}, "at '/layout': value must be one of"},
 		{[]string{"central.autoscaling.enabled=false", "central.replicas=1"}, "would block every drain"},
 		{[]string{"layout=sidecar", "serviceMonitor.enabled=true"}, "central layout's Service"},
+		{[]string{"regions.region=eu", "regions.count=3"}, "regions.region needs regions.ledger.existingSecret.name"},
+		{[]string{"regions.region=eu", "regions.ledger.existingSecret.name=l"}, "regions.region needs regions.count"},
 	} {
 		if _, err := helmRender(values, tt.set...); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("--set %v: error %v, want one containing %q", tt.set, err, tt.want)

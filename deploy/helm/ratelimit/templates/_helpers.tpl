@@ -87,6 +87,21 @@ refuses unknown values and modes.
 {{- end -}}
 {{- end -}}
 
+{{/* The ledger of the global rules as the service's RATELIMIT_LEDGER_REDIS_*URL variable (one of three, by mode), from its Secret. */}}
+{{- define "ratelimit.ledgerEnv" -}}
+{{- $g := .Values.regions -}}
+{{- if $g.region -}}
+{{- if not $g.ledger.existingSecret.name -}}
+{{- fail "regions.region needs regions.ledger.existingSecret.name: the Secret holding the ledger's URL" -}}
+{{- end -}}
+{{- if lt (int $g.count) 1 -}}
+{{- fail "regions.region needs regions.count: how many regions share the global rules" -}}
+{{- end -}}
+{{- $env := get (dict "standalone" "RATELIMIT_LEDGER_REDIS_URL" "sentinel" "RATELIMIT_LEDGER_REDIS_SENTINEL_URL" "cluster" "RATELIMIT_LEDGER_REDIS_CLUSTER_URL") $g.ledger.mode -}}
+{{ include "ratelimit.secretEnv" (dict "env" $env "name" $g.ledger.existingSecret.name "key" $g.ledger.existingSecret.urlKey) }}
+{{- end -}}
+{{- end -}}
+
 {{/* The Redis settings as the reference's REDIS_* variables. */}}
 {{- define "ratelimit.redisReferenceEnv" -}}
 {{- $r := .Values.redis -}}
@@ -156,6 +171,10 @@ stops after them. Its HTTP port is rl-health, as Envoy's is http.
     {{- if not $v.referenceEnvironment }}
     - --log-format=json
     {{- end }}
+    {{- with $v.regions.region }}
+    - --region={{ . }}
+    - --regions={{ $v.regions.count }}
+    {{- end }}
     {{- with $v.extraArgs }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -195,6 +214,9 @@ stops after them. Its HTTP port is rl-health, as Envoy's is http.
     {{- include "ratelimit.redisReferenceEnv" $ | nindent 4 }}
     {{- else }}
     {{- include "ratelimit.redisFlagsEnv" $ | nindent 4 }}
+    {{- end }}
+    {{- with include "ratelimit.ledgerEnv" $ }}
+    {{- . | nindent 4 }}
     {{- end }}
     # The GC runs at a 400% target; a soft limit below the container's makes
     # it collect harder near the limit rather than be killed there.
