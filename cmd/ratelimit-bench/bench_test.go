@@ -126,7 +126,7 @@ func TestScenarios(t *testing.T) {
 	}
 	var stderr strings.Builder
 	code := run(context.Background(), []string{"-run", "nothing"}, io.Discard, &stderr)
-	if code != 2 || !strings.Contains(stderr.String(), "matches no scenario, RLQS run, burst or seats run") {
+	if code != 2 || !strings.Contains(stderr.String(), "matches no scenario, RLQS run, burst, seats or regions run") {
 		t.Errorf("-run matching nothing: exit %d, %q", code, stderr.String())
 	}
 }

@@ -85,6 +85,7 @@ type options struct {
 	bursts      int
 	rlqsDur     time.Duration
 	seatsDur    time.Duration
+	regionsDur  time.Duration
 	latRates    rateList
 	latWarmup   time.Duration
 	latDur      time.Duration
@@ -135,6 +136,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		"measured time of each RLQS run, at least 15s (three report intervals; see rlqs.go; -quick: 15s); 0: no RLQS runs")
 	fs.DurationVar(&o.seatsDur, "seats-duration", 10*time.Second,
 		"measured time of each seats run (see seats.go; -quick: 5s); 0: no seats runs")
+	fs.DurationVar(&o.regionsDur, "regions-duration", 6*regionsWindow,
+		"demand of the regions run before and after its shift, half each, then its cut and heal (see regions.go; -quick: none); 0: no regions run")
 	o.latRates = slices.Clone(latencyRates)
 	fs.Var(&o.latRates, "latency-rates",
 		"offered rates of the latency scenarios, requests/s, comma-separated, each on three targets (see latency.go; -quick: "+
@@ -166,6 +169,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if !set["rlqs-duration"] {
 			o.rlqsDur = 3 * envoyrlqs.DefaultReportInterval
 		}
+		if !set["regions-duration"] {
+			o.regionsDur = 0
+		}
 		if !set["seats-duration"] {
 			o.seatsDur = 5 * time.Second
 		}
@@ -194,6 +200,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-bursts must not be negative")
 	case o.seatsDur < 0:
 		return o, errors.New("-seats-duration must not be negative")
+	case o.regionsDur < 0:
+		return o, errors.New("-regions-duration must not be negative")
 	case o.rlqsDur != 0 && o.rlqsDur < 3*envoyrlqs.DefaultReportInterval:
 		return o, fmt.Errorf("-rlqs-duration must be 0 or at least %s", 3*envoyrlqs.DefaultReportInterval)
 	case o.conns < 1 || o.floorConns < 1:
@@ -242,9 +250,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 2
 	}
+	regions, err := selectRegions(o.run, o.regionsDur)
+	if err != nil {
+		fmt.Fprintln(stderr, "ratelimit-bench:", err)
+		return 2
+	}
+	if !regions {
+		o.regionsDur = 0
+	}
 	targets := slices.Concat(skew, latency) // runTargets runs both, in this order
-	if len(scenarios) == 0 && len(targets) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 && len(seats) == 0 {
-		fmt.Fprintf(stderr, "ratelimit-bench: -run %q matches no scenario, RLQS run, burst or seats run (see -list)\n", o.run)
+	if len(scenarios) == 0 && len(targets) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 && len(seats) == 0 && !regions {
+		fmt.Fprintf(stderr, "ratelimit-bench: -run %q matches no scenario, RLQS run, burst, seats or regions run (see -list)\n", o.run)
 		return 2
 	}
 	if o.list {
@@ -262,6 +278,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		for _, c := range seats {
 			fmt.Fprintln(stdout, c.Name())
+		}
+		if regions {
+			fmt.Fprintln(stdout, regionsRunName)
 		}
 		return 0
 	}
@@ -316,6 +335,7 @@ type Report struct {
 	RLQS         []*RLQSRun
 	Bursts       []*BurstResult
 	Seats        []*SeatsRun
+	Regions      *RegionsRun
 	Profiles     []Profile
 	Began        time.Time
 	Took         time.Duration
@@ -448,6 +468,12 @@ func bench(ctx context.Context, o options, scenarios, targets []Scenario, rlqsCa
 		}
 		fmt.Fprintf(stderr, "        %s\n", r.summary())
 		rep.Seats = append(rep.Seats, r)
+	}
+	if o.regionsDur > 0 {
+		fmt.Fprintf(stderr, "%s ...\n", regionsRunName)
+		if rep.Regions, err = measureRegions(ctx, o, bin, dir, o.regionsDur, stderr); err != nil {
+			return fmt.Errorf("%s: %w", regionsRunName, err)
+		}
 	}
 	for _, m := range slices.Concat(rep.Measurements, rep.Skew, rep.Latency) {
 		if m.Profile == "" {

@@ -234,6 +234,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 	writeRLQS(w, rep.RLQS)
 	writeBursts(w, o, rep.Bursts)
 	writeSeats(w, o, rep.Seats)
+	writeRegions(w, rep.Regions)
 
 	for _, p := range rep.Profiles {
 		fmt.Fprintf(w, "\nService CPU profile of %s (`go tool pprof -top -nodecount=%d` of %s):\n\n```\n%s\n```\n",

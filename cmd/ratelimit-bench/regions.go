@@ -1,0 +1,402 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sync"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/status"
+)
+
+// One limit across regions (docs/regions.md): three regions, each its own
+// redis-server and service instance, and a ledger redis-server every
+// region reaches through a proxy adding regionsLinkDelay each way. Demand
+// at twice the global limit, spread unevenly over the regions, shifts
+// midway; then the region with the most demand is cut from the ledger for
+// regionsCutWindows windows, and healed for two. Each region sends, at
+// every tick of its demand, one call on the global rule and one on a
+// regional rule of the same numbers, whose latencies are compared.
+const (
+	regionsLimit     = 600              // per regionsWindow
+	regionsWindow    = 10 * time.Second // the rules' window
+	regionsShare     = 0.05             // regional_share: a floor of 30 each
+	regionsLinkDelay = 50 * time.Millisecond
+	// regionsLease is --global-lease: a quarter of it, a renewal's turn,
+	// holds the round trips of a new connection to the ledger.
+	regionsLease       = 4 * time.Second
+	regionsCutWindows  = 3
+	regionsHealWindows = 2
+)
+
+// regionsNames, and each region's share of the demand before and after the
+// shift.
+var (
+	regionsNames  = []string{"us", "eu", "ap"}
+	regionsBefore = []float64{0.6, 0.3, 0.1}
+	regionsAfter  = []float64{0.1, 0.3, 0.6}
+)
+
+// regionsConfig is the services' config: the global rule and its regional
+// twin.
+func regionsConfig() string {
+	rule := "    rate_limit: {unit: second, unit_multiplier: %d, requests_per_unit: %d, algorithm: sliding_window_log%s}\n"
+	mult := int(regionsWindow / time.Second)
+	return "domain: regions\ndescriptors:\n" +
+		"  - key: global_customer\n" + fmt.Sprintf(rule, mult, regionsLimit,
+		fmt.Sprintf(", global: true, regional_share: %g, when_cut: share", regionsShare)) +
+		"  - key: regional_customer\n" + fmt.Sprintf(rule, mult, regionsLimit, "")
+}
+
+// regionAdmission is an admitted global call: decided between sent and
+// answered.
+type regionAdmission struct {
+	region         int
+	sent, answered time.Time
+}
+
+// RegionsPhase is one phase of the regions run, measured.
+type RegionsPhase struct {
+	Name     string
+	From, To time.Time
+	Windows  int
+	Admitted int
+	// Most is the most admissions certainly within one window (sent at or
+	// after its start, answered by its end) over windows ending in the
+	// phase.
+	Most int
+	// LeastUse and MeanUse are the admissions answered in each whole window
+	// of the phase after its first, over the limit.
+	LeastUse, MeanUse float64
+}
+
+// RegionsRun is the regions run's result.
+type RegionsRun struct {
+	Phases           []RegionsPhase
+	Global, Regional Histogram // latency of every call, failed ones included
+	Errors           map[string]int
+}
+
+// linkProxy forwards TCP connections to target, each chunk delay later
+// than it came, both ways; cut drops every connection and refuses new
+// ones until heal.
+type linkProxy struct {
+	addr, target string
+	delay        time.Duration
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]bool
+	wg    sync.WaitGroup
+}
+
+func startLink(target string, delay time.Duration) (*linkProxy, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	p := &linkProxy{addr: addr, target: target, delay: delay, conns: map[net.Conn]bool{}}
+	return p, p.heal()
+}
+
+// heal listens again.
+func (p *linkProxy) heal() error {
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	p.wg.Go(func() { p.serve(ln) })
+	return nil
+}
+
+func (p *linkProxy) serve(ln net.Listener) {
+	for {
+		client, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = client.Close() // the target is down: so is the link
+			continue
+		}
+		p.mu.Lock()
+		p.conns[client], p.conns[server] = true, true
+		p.mu.Unlock()
+		p.wg.Go(func() { p.forward(server, client) })
+		p.wg.Go(func() { p.forward(client, server) })
+	}
+}
+
+// forward copies src to dst, each chunk delay after it was read.
+func (p *linkProxy) forward(dst, src net.Conn) {
+	type chunk struct {
+		b  []byte
+		at time.Time
+	}
+	chunks := make(chan chunk, 256)
+	go func() {
+		defer close(chunks)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				chunks <- chunk{slices.Clone(buf[:n]), time.Now()}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for c := range chunks {
+		time.Sleep(time.Until(c.at.Add(p.delay)))
+		if _, err := dst.Write(c.b); err != nil {
+			break
+		}
+	}
+	// Either side closing ends both: that is how a proxied connection ends.
+	_ = src.Close()
+	_ = dst.Close()
+	for range chunks {
+	}
+}
+
+// cut closes the listener and every connection.
+func (p *linkProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_ = p.ln.Close() // closing is the point
+	for c := range p.conns {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+}
+
+// close cuts the link for good and waits for its goroutines.
+func (p *linkProxy) close() {
+	p.cut()
+	p.wg.Wait()
+}
+
+// measureRegions runs the regions run: duration of demand before and after
+// the shift (half each), then the cut and the heal.
+func measureRegions(ctx context.Context, o options, bin, dir string, duration time.Duration, stderr io.Writer) (*RegionsRun, error) {
+	var cleanup []func()
+	defer func() {
+		for _, f := range slices.Backward(cleanup) {
+			f()
+		}
+	}()
+	cfg := filepath.Join(dir, "regions.yaml")
+	if err := os.WriteFile(cfg, []byte(regionsConfig()), 0o644); err != nil {
+		return nil, err
+	}
+	ledgerDir := filepath.Join(dir, "ledger")
+	if err := os.MkdirAll(ledgerDir, 0o755); err != nil {
+		return nil, err
+	}
+	ledger, ledgerClient, ledgerAddr, err := startRedis(ledgerDir)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: %w", err)
+	}
+	cleanup = append(cleanup, func() { _ = ledgerClient.Close(); ledger.stop(time.Second) })
+	links := make([]*linkProxy, len(regionsNames))
+	clients := make([]rlsv3.RateLimitServiceClient, len(regionsNames))
+	for i, name := range regionsNames {
+		rdir := filepath.Join(dir, "region-"+name)
+		if err := os.MkdirAll(rdir, 0o755); err != nil {
+			return nil, err
+		}
+		r, rc, raddr, err := startRedis(rdir)
+		if err != nil {
+			return nil, fmt.Errorf("region %s: %w", name, err)
+		}
+		cleanup = append(cleanup, func() { _ = rc.Close(); r.stop(time.Second) })
+		if links[i], err = startLink(ledgerAddr, regionsLinkDelay); err != nil {
+			return nil, err
+		}
+		cleanup = append(cleanup, links[i].close)
+		args := slices.Concat([]string{"--region", name, "--regions", fmt.Sprint(len(regionsNames)),
+			"--ledger-redis-url", "redis://" + links[i].addr, "--global-lease", regionsLease.String()}, o.svcArgs)
+		s, _, err := startService(bin, rdir, cfg, raddr, args, o.svcEnv, false)
+		if err != nil {
+			return nil, fmt.Errorf("region %s: %w", name, err)
+		}
+		cleanup = append(cleanup, func() { s.stop(15 * time.Second) })
+		l, err := dial(ctx, s.grpcAddr, 1)
+		if err != nil {
+			return nil, err
+		}
+		cleanup = append(cleanup, l.Close)
+		clients[i] = l.rls[0]
+	}
+
+	run := &RegionsRun{Errors: map[string]int{}}
+	var mu sync.Mutex
+	var admitted []regionAdmission
+	request := func(key string) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "regions", Descriptors: []*rlcommon.RateLimitDescriptor{
+			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: "acme"}}}}}
+	}
+	global, regional := request("global_customer"), request("regional_customer")
+	call := func(region int, req *rlsv3.RateLimitRequest, h *Histogram, record bool) {
+		cctx, cancel := context.WithTimeout(ctx, o.timeout)
+		sent := time.Now()
+		resp, err := clients[region].ShouldRateLimit(cctx, req)
+		cancel()
+		answered := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		h.Record(answered.Sub(sent))
+		switch {
+		case err != nil:
+			run.Errors[status.Code(err).String()]++
+		case record && resp.OverallCode == rlsv3.RateLimitResponse_OK:
+			admitted = append(admitted, regionAdmission{region, sent, answered})
+		}
+	}
+	// drive offers twice the limit's rate for d, shared as shares says.
+	drive := func(shares []float64, d time.Duration, during func()) {
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		for i, share := range shares {
+			every := time.Duration(float64(regionsWindow) / (2 * regionsLimit * share))
+			wg.Go(func() {
+				tick := time.NewTicker(every)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+					}
+					wg.Go(func() { call(i, global, &run.Global, true) })
+					wg.Go(func() { call(i, regional, &run.Regional, false) })
+				}
+			})
+		}
+		if during != nil {
+			during()
+		}
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+		close(stop)
+		wg.Wait()
+	}
+	phase := func(name string, shares []float64, d time.Duration, during func()) {
+		from := time.Now()
+		fmt.Fprintf(stderr, "        regions: %s, %s\n", name, d)
+		drive(shares, d, during)
+		run.Phases = append(run.Phases, RegionsPhase{Name: name, From: from, To: time.Now(), Windows: int(d / regionsWindow)})
+	}
+	half := max(regionsWindow, duration/2/regionsWindow*regionsWindow)
+	phase("before the shift", regionsBefore, half, nil)
+	phase("after the shift", regionsAfter, half, nil)
+	cut := slices.Index(regionsAfter, slices.Max(regionsAfter))
+	phase(regionsNames[cut]+" cut from the ledger", regionsAfter, regionsCutWindows*regionsWindow, links[cut].cut)
+	phase("healed", regionsAfter, regionsHealWindows*regionsWindow, func() {
+		if err := links[cut].heal(); err != nil {
+			fmt.Fprintf(stderr, "        regions: healing %s's link: %v\n", regionsNames[cut], err)
+		}
+	})
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	for i := range run.Phases {
+		run.Phases[i].measure(admitted)
+	}
+	return run, nil
+}
+
+// measure fills p's counts from every admission of the run.
+func (p *RegionsPhase) measure(all []regionAdmission) {
+	for _, a := range all {
+		if !a.answered.Before(p.From) && a.answered.Before(p.To) {
+			p.Admitted++
+		}
+	}
+	for _, end := range all {
+		if end.answered.Before(p.From) || !end.answered.Before(p.To) {
+			continue
+		}
+		n := 0
+		for _, a := range all {
+			if !a.sent.Before(end.answered.Add(-regionsWindow)) && !a.answered.After(end.answered) {
+				n++
+			}
+		}
+		p.Most = max(p.Most, n)
+	}
+	var uses []float64
+	for k := 1; k < p.Windows; k++ {
+		from := p.From.Add(time.Duration(k) * regionsWindow)
+		n := 0
+		for _, a := range all {
+			if !a.answered.Before(from) && a.answered.Before(from.Add(regionsWindow)) {
+				n++
+			}
+		}
+		uses = append(uses, float64(n)/regionsLimit)
+	}
+	if len(uses) > 0 {
+		p.LeastUse = slices.Min(uses)
+		for _, u := range uses {
+			p.MeanUse += u / float64(len(uses))
+		}
+	}
+}
+
+// writeRegions adds the regions run's table to the report.
+func writeRegions(w io.Writer, run *RegionsRun) {
+	if run == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nOne limit across regions (docs/regions.md): three regions (%v), each its own redis-server and service "+
+		"instance, a ledger redis-server each reaches through a proxy adding %s each way; a global sliding_window_log of %d per %s "+
+		"(regional_share %g, when_cut share, --global-lease %s), demand at twice its rate, shared %v before the shift and %v after; "+
+		"then the region with the most demand cut from the ledger for %d windows, and healed. Each tick of a region's demand also "+
+		"sends a call on a regional rule of the same numbers. Most in a window: admissions certainly within one (sent after its "+
+		"start, answered by its end); use: admissions answered in each whole window of the phase after its first, over the limit.\n\n",
+		regionsNames, regionsLinkDelay, regionsLimit, regionsWindow, regionsShare, regionsLease, regionsBefore, regionsAfter, regionsCutWindows)
+	fmt.Fprintln(w, "| phase | windows | admitted | most in a window | limit | least use of a window | mean use |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+	for _, p := range run.Phases {
+		least, mean := "-", "-"
+		if p.Windows > 1 {
+			least, mean = percent1(p.LeastUse), percent1(p.MeanUse)
+		}
+		fmt.Fprintf(w, "| %s | %d | %d | %d | %d | %s | %s |\n", p.Name, p.Windows, p.Admitted, p.Most, regionsLimit, least, mean)
+	}
+	fmt.Fprintf(w, "\nLatency of every call, all regions and phases: global rule p50 %s, p99 %s (%d calls); regional rule p50 %s, p99 %s (%d calls). Errors: %v.\n",
+		ms(run.Global.Quantile(0.5)), ms(run.Global.Quantile(0.99)), run.Global.Count(),
+		ms(run.Regional.Quantile(0.5)), ms(run.Regional.Quantile(0.99)), run.Regional.Count(), run.Errors)
+}
+
+// regionsRunName is the regions run's name in -run and -list.
+const regionsRunName = "regions/log"
+
+// selectRegions reports whether the regions run is selected: run matches
+// its name (or is empty), and duration is not 0.
+func selectRegions(run string, duration time.Duration) (bool, error) {
+	if duration == 0 {
+		return false, nil
+	}
+	re, err := regexp.Compile(run)
+	if err != nil {
+		return false, fmt.Errorf("-run: %w", err)
+	}
+	return re.MatchString(regionsRunName), nil
+}

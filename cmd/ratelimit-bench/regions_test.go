@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bufio"
+	"math"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+)
+
+// TestRegionsConfig: the regions run's config loads with regions, its
+// global rule the global limit with its share, its regional twin the same
+// numbers, and it is refused without regions (the service would refuse it).
+func TestRegionsConfig(t *testing.T) {
+	path := t.TempDir() + "/regions.yaml"
+	if err := os.WriteFile(path, []byte(regionsConfig()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := config.Load(path, config.Defaults{}); err == nil {
+		t.Error("loaded without regions")
+	}
+	cfg, err := config.Load(path, config.Defaults{Regions: len(regionsNames)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"global_customer", "regional_customer"} {
+		r := config.Match(cfg, "regions", []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: "acme"}})
+		if r == nil || r.RequestsPerUnit != regionsLimit || r.Window() != regionsWindow || r.Algorithm != config.SlidingWindowLog {
+			t.Fatalf("%s: %+v", key, r)
+		}
+		if global := key == "global_customer"; (r.Global != nil) != global || global && r.Global.Share != regionsShare {
+			t.Errorf("%s: Global %+v", key, r.Global)
+		}
+	}
+}
+
+// TestRegionsPhaseMeasure: a phase counts what was answered within it, the
+// most certainly within one window, and each whole window's use after its
+// first.
+func TestRegionsPhaseMeasure(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(d time.Duration, n int, latency time.Duration) []regionAdmission {
+		out := make([]regionAdmission, n)
+		for i := range out {
+			out[i] = regionAdmission{sent: t0.Add(d), answered: t0.Add(d + latency)}
+		}
+		return out
+	}
+	var all []regionAdmission
+	all = append(all, at(time.Second, 300, time.Millisecond)...)                 // first window
+	all = append(all, at(regionsWindow+time.Second, 540, time.Millisecond)...)   // second: 90 %
+	all = append(all, at(2*regionsWindow+time.Second, 480, time.Millisecond)...) // third: 80 %
+	all = append(all, at(-time.Second, 50, 2*time.Second)...)                    // sent before, answered in the first
+	p := RegionsPhase{From: t0, To: t0.Add(3 * regionsWindow), Windows: 3}
+	p.measure(all)
+	if p.Admitted != 300+540+480+50 || p.Most != 540 || p.LeastUse != 0.8 || math.Abs(p.MeanUse-0.85) > 1e-9 {
+		t.Errorf("%+v: want 1370 admitted, most 540, least use 80 %%, mean 85 %%", p)
+	}
+}
+
+// TestLinkProxy: the link delays what it forwards each way, cut drops its
+// connections and refuses new ones, heal serves again.
+func TestLinkProxy(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	const delay = 30 * time.Millisecond
+	p, err := startLink(ln.Addr().String(), delay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	echo := func() (time.Duration, error) {
+		c, err := net.DialTimeout("tcp", p.addr, time.Second)
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		start := time.Now()
+		if _, err := c.Write([]byte("ping\n")); err != nil {
+			return 0, err
+		}
+		if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+			return 0, err
+		}
+		return time.Since(start), nil
+	}
+	if took, err := echo(); err != nil || took < 2*delay {
+		t.Fatalf("echo through the link: %v, %v; want at least %v (both ways)", took, err, 2*delay)
+	}
+	p.cut()
+	if _, err := echo(); err == nil {
+		t.Error("an echo went through a cut link")
+	}
+	if err := p.heal(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := echo(); err != nil {
+		t.Errorf("echo once healed: %v", err)
+	}
+}
