@@ -109,6 +109,9 @@ type Regions struct {
 
 	stop chan struct{}
 	work sync.WaitGroup
+	// inline runs the syncs one after another and a renewal within its
+	// sync: the simulator's schedules replay exactly.
+	inline bool
 }
 
 // globalKey is what this instance knows of a global counter.
@@ -127,6 +130,18 @@ type globalKey struct {
 
 // New returns Regions deciding through inner, started: call Close to stop.
 func New(inner Decider, o Options) (*Regions, error) {
+	r, err := newRegions(inner, o)
+	if err != nil {
+		return nil, err
+	}
+	r.work.Add(1)
+	go r.syncEvery()
+	return r, nil
+}
+
+// newRegions returns Regions with its options checked and filled, not
+// started.
+func newRegions(inner Decider, o Options) (*Regions, error) {
 	switch {
 	case o.Region == "":
 		return nil, errors.New("regions: no region named")
@@ -156,8 +171,6 @@ func New(inner Decider, o Options) (*Regions, error) {
 	if r.now == nil {
 		r.now = time.Now
 	}
-	r.work.Add(1)
-	go r.syncEvery()
 	return r, nil
 }
 

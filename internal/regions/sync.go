@@ -2,6 +2,8 @@ package regions
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,6 +82,13 @@ func (r *Regions) syncAll() {
 	if r.o.Observe.Keys != nil {
 		r.o.Observe.Keys(states)
 	}
+	if r.inline {
+		slices.SortFunc(jobs, func(a, b job) int { return strings.Compare(a.req.Key, b.req.Key) })
+		for _, j := range jobs {
+			r.sync(j.k, j.req)
+		}
+		return
+	}
 	var wg sync.WaitGroup
 	for _, j := range jobs {
 		wg.Add(1)
@@ -117,8 +126,15 @@ func (r *Regions) sync(k *globalKey, req limiter.RegionSync) {
 		return
 	}
 	k.renewing = true
-	r.work.Add(1)
 	r.mu.Unlock()
+	if r.inline {
+		r.renew(k, st, req)
+		r.mu.Lock()
+		k.renewing = false
+		r.mu.Unlock()
+		return
+	}
+	r.work.Add(1)
 	go func() {
 		defer r.work.Done()
 		r.renew(k, st, req)
