@@ -28,7 +28,7 @@ import (
 // when_cut share).
 var (
 	simSeed  = flag.Uint64("regions.seed", 0, "replay one schedule of TestRegionsSimulator (0: the suite's seeds)")
-	simSteps = flag.Int("regions.steps", 300, "steps of each schedule of TestRegionsSimulator")
+	simSteps = flag.Int("regions.steps", 200, "steps of each schedule of TestRegionsSimulator")
 )
 
 // simClock is the simulator's clock: every instance's Now and every
@@ -99,7 +99,7 @@ func deadLedger(t *testing.T) *limiter.Limiter {
 }
 
 func TestRegionsSimulator(t *testing.T) {
-	seeds := []uint64{1, 5, 6, 7}
+	seeds := []uint64{1, 6, 7}
 	if *simSeed != 0 {
 		seeds = []uint64{*simSeed}
 	}
