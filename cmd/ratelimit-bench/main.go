@@ -255,11 +255,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 2
 	}
-	if !regions {
+	if len(regions) == 0 {
 		o.regionsDur = 0
 	}
 	targets := slices.Concat(skew, latency) // runTargets runs both, in this order
-	if len(scenarios) == 0 && len(targets) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 && len(seats) == 0 && !regions {
+	if len(scenarios) == 0 && len(targets) == 0 && len(bursts) == 0 && len(rlqsCases) == 0 && len(seats) == 0 && len(regions) == 0 {
 		fmt.Fprintf(stderr, "ratelimit-bench: -run %q matches no scenario, RLQS run, burst, seats or regions run (see -list)\n", o.run)
 		return 2
 	}
@@ -279,12 +279,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		for _, c := range seats {
 			fmt.Fprintln(stdout, c.Name())
 		}
-		if regions {
-			fmt.Fprintln(stdout, regionsRunName)
+		for _, a := range regions {
+			fmt.Fprintln(stdout, regionsRunName(a))
 		}
 		return 0
 	}
-	if err := bench(ctx, o, scenarios, targets, rlqsCases, bursts, seats, stdout, stderr); err != nil {
+	if err := bench(ctx, o, scenarios, targets, rlqsCases, bursts, seats, regions, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "ratelimit-bench:", err)
 		return 1
 	}
@@ -335,7 +335,7 @@ type Report struct {
 	RLQS         []*RLQSRun
 	Bursts       []*BurstResult
 	Seats        []*SeatsRun
-	Regions      *RegionsRun
+	Regions      []*RegionsRun
 	Profiles     []Profile
 	Began        time.Time
 	Took         time.Duration
@@ -345,7 +345,7 @@ type Report struct {
 // (the skewed-keys and latency scenarios, runTargets), the RLQS runs, the
 // bursts and the seats runs; then it writes the report.
 func bench(ctx context.Context, o options, scenarios, targets []Scenario, rlqsCases []RLQSCase, bursts []Algorithm,
-	seats []SeatsCase, stdout, stderr io.Writer) error {
+	seats []SeatsCase, regions []Algorithm, stdout, stderr io.Writer) error {
 	began := time.Now()
 	root, err := moduleRoot()
 	if err != nil {
@@ -469,10 +469,10 @@ func bench(ctx context.Context, o options, scenarios, targets []Scenario, rlqsCa
 		fmt.Fprintf(stderr, "        %s\n", r.summary())
 		rep.Seats = append(rep.Seats, r)
 	}
-	if o.regionsDur > 0 {
-		fmt.Fprintf(stderr, "%s ...\n", regionsRunName)
-		if rep.Regions, err = measureRegions(ctx, o, bin, dir, o.regionsDur, stderr); err != nil {
-			return fmt.Errorf("%s: %w", regionsRunName, err)
+	if len(regions) > 0 {
+		fmt.Fprintln(stderr, "regions ...")
+		if rep.Regions, err = measureRegions(ctx, o, bin, dir, regions, o.regionsDur, stderr); err != nil {
+			return fmt.Errorf("regions: %w", err)
 		}
 	}
 	for _, m := range slices.Concat(rep.Measurements, rep.Skew, rep.Latency) {

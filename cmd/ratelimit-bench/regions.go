@@ -45,15 +45,22 @@ var (
 	regionsAfter  = []float64{0.1, 0.3, 0.6}
 )
 
-// regionsConfig is the services' config: the global rule and its regional
-// twin.
+// regionsAlgorithms are the algorithms a global rule takes, each measured
+// in a run of its own, in this order.
+var regionsAlgorithms = []Algorithm{{"log", "sliding_window_log"}, {"counter", "sliding_window_counter"}, {"fixed", "fixed_window"}}
+
+// regionsConfig is the services' config: per algorithm, the global rule
+// (global_<name>) and its regional twin (regional_<name>).
 func regionsConfig() string {
-	rule := "    rate_limit: {unit: second, unit_multiplier: %d, requests_per_unit: %d, algorithm: sliding_window_log%s}\n"
+	rule := "  - key: %s_%s\n    rate_limit: {unit: second, unit_multiplier: %d, requests_per_unit: %d, algorithm: %s%s}\n"
 	mult := int(regionsWindow / time.Second)
-	return "domain: regions\ndescriptors:\n" +
-		"  - key: global_customer\n" + fmt.Sprintf(rule, mult, regionsLimit,
-		fmt.Sprintf(", global: true, regional_share: %g, when_cut: share", regionsShare)) +
-		"  - key: regional_customer\n" + fmt.Sprintf(rule, mult, regionsLimit, "")
+	out := "domain: regions\ndescriptors:\n"
+	for _, a := range regionsAlgorithms {
+		out += fmt.Sprintf(rule, "global", a.Name, mult, regionsLimit, a.Config,
+			fmt.Sprintf(", global: true, regional_share: %g, when_cut: share", regionsShare))
+		out += fmt.Sprintf(rule, "regional", a.Name, mult, regionsLimit, a.Config, "")
+	}
+	return out
 }
 
 // regionAdmission is an admitted global call: decided between sent and
@@ -76,10 +83,15 @@ type RegionsPhase struct {
 	// LeastUse and MeanUse are the admissions answered in each whole window
 	// of the phase after its first, over the limit.
 	LeastUse, MeanUse float64
+	// MostAligned is the most admissions certainly within one window
+	// aligned as a fixed window's (from a multiple of its length since the
+	// Unix epoch), over those ending in the phase.
+	MostAligned int
 }
 
-// RegionsRun is the regions run's result.
+// RegionsRun is the regions run's result, for one algorithm.
 type RegionsRun struct {
+	Algorithm        string
 	Phases           []RegionsPhase
 	Global, Regional Histogram // latency of every call, failed ones included
 	Errors           map[string]int
@@ -189,9 +201,11 @@ func (p *linkProxy) close() {
 	p.wg.Wait()
 }
 
-// measureRegions runs the regions run: duration of demand before and after
-// the shift (half each), then the cut and the heal.
-func measureRegions(ctx context.Context, o options, bin, dir string, duration time.Duration, stderr io.Writer) (*RegionsRun, error) {
+// measureRegions runs the regions run of each of algs, one after another
+// on the same processes: duration of demand before and after the shift
+// (half each), then the cut and the heal.
+func measureRegions(ctx context.Context, o options, bin, dir string, algs []Algorithm, duration time.Duration,
+	stderr io.Writer) ([]*RegionsRun, error) {
 	var cleanup []func()
 	defer func() {
 		for _, f := range slices.Backward(cleanup) {
@@ -242,14 +256,30 @@ func measureRegions(ctx context.Context, o options, bin, dir string, duration ti
 		clients[i] = l.rls[0]
 	}
 
-	run := &RegionsRun{Errors: map[string]int{}}
+	var runs []*RegionsRun
+	for _, alg := range algs {
+		fmt.Fprintf(stderr, "        regions: %s\n", alg.Name)
+		run, err := regionsRun(ctx, o, alg, clients, links, duration, stderr)
+		if err != nil {
+			return nil, err
+		}
+		runs = append(runs, run)
+	}
+	return runs, nil
+}
+
+// regionsRun runs the phases of one algorithm's global rule on the
+// regions' services (clients) and their links to the ledger.
+func regionsRun(ctx context.Context, o options, alg Algorithm, clients []rlsv3.RateLimitServiceClient, links []*linkProxy,
+	duration time.Duration, stderr io.Writer) (*RegionsRun, error) {
+	run := &RegionsRun{Algorithm: alg.Name, Errors: map[string]int{}}
 	var mu sync.Mutex
 	var admitted []regionAdmission
 	request := func(key string) *rlsv3.RateLimitRequest {
 		return &rlsv3.RateLimitRequest{Domain: "regions", Descriptors: []*rlcommon.RateLimitDescriptor{
 			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: "acme"}}}}}
 	}
-	global, regional := request("global_customer"), request("regional_customer")
+	global, regional := request("global_"+alg.Name), request("regional_"+alg.Name)
 	call := func(region int, req *rlsv3.RateLimitRequest, h *Histogram, record bool) {
 		cctx, cancel := context.WithTimeout(ctx, o.timeout)
 		sent := time.Now()
@@ -321,6 +351,12 @@ func measureRegions(ctx context.Context, o options, bin, dir string, duration ti
 	return run, nil
 }
 
+// alignedStart is the start of the fixed window holding t.
+func alignedStart(t time.Time) time.Time {
+	w := regionsWindow.Nanoseconds()
+	return time.Unix(0, t.UnixNano()/w*w)
+}
+
 // measure fills p's counts from every admission of the run.
 func (p *RegionsPhase) measure(all []regionAdmission) {
 	for _, a := range all {
@@ -339,6 +375,13 @@ func (p *RegionsPhase) measure(all []regionAdmission) {
 			}
 		}
 		p.Most = max(p.Most, n)
+		from, aligned := alignedStart(end.answered), 0
+		for _, a := range all {
+			if !a.sent.Before(from) && !a.answered.After(end.answered) {
+				aligned++
+			}
+		}
+		p.MostAligned = max(p.MostAligned, aligned)
 	}
 	var uses []float64
 	for k := 1; k < p.Windows; k++ {
@@ -359,44 +402,58 @@ func (p *RegionsPhase) measure(all []regionAdmission) {
 	}
 }
 
-// writeRegions adds the regions run's table to the report.
-func writeRegions(w io.Writer, run *RegionsRun) {
-	if run == nil {
+// writeRegions adds the regions runs' table to the report.
+func writeRegions(w io.Writer, runs []*RegionsRun) {
+	if len(runs) == 0 {
 		return
 	}
 	fmt.Fprintf(w, "\nOne limit across regions (docs/regions.md): three regions (%v), each its own redis-server and service "+
-		"instance, a ledger redis-server each reaches through a proxy adding %s each way; a global sliding_window_log of %d per %s "+
-		"(regional_share %g, when_cut share, --global-lease %s), demand at twice its rate, shared %v before the shift and %v after; "+
-		"then the region with the most demand cut from the ledger for %d windows, and healed. Each tick of a region's demand also "+
-		"sends a call on a regional rule of the same numbers. Most in a window: admissions certainly within one (sent after its "+
-		"start, answered by its end); use: admissions answered in each whole window of the phase after its first, over the limit.\n\n",
+		"instance, a ledger redis-server each reaches through a proxy adding %s each way; a global rule of %d per %s of each "+
+		"algorithm in a run of its own (regional_share %g, when_cut share, --global-lease %s), demand at twice its rate, shared %v "+
+		"before the shift and %v after; then the region with the most demand cut from the ledger for %d windows, and healed. Each "+
+		"tick of a region's demand also sends a call on a regional rule of the same numbers. Most in a window: admissions certainly "+
+		"within one (sent after its start, answered by its end), of any window, and of a window aligned as a fixed window's; use: "+
+		"admissions answered in each whole window of the phase after its first, over the limit.\n\n",
 		regionsNames, regionsLinkDelay, regionsLimit, regionsWindow, regionsShare, regionsLease, regionsBefore, regionsAfter, regionsCutWindows)
-	fmt.Fprintln(w, "| phase | windows | admitted | most in a window | limit | least use of a window | mean use |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-	for _, p := range run.Phases {
-		least, mean := "-", "-"
-		if p.Windows > 1 {
-			least, mean = percent1(p.LeastUse), percent1(p.MeanUse)
+	fmt.Fprintln(w, "| algorithm | phase | windows | admitted | most in a window | most in an aligned window | limit | least use of a window | mean use |")
+	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	for _, run := range runs {
+		for _, p := range run.Phases {
+			least, mean := "-", "-"
+			if p.Windows > 1 {
+				least, mean = percent1(p.LeastUse), percent1(p.MeanUse)
+			}
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %d | %s | %s |\n", run.Algorithm, p.Name, p.Windows, p.Admitted, p.Most,
+				p.MostAligned, regionsLimit, least, mean)
 		}
-		fmt.Fprintf(w, "| %s | %d | %d | %d | %d | %s | %s |\n", p.Name, p.Windows, p.Admitted, p.Most, regionsLimit, least, mean)
 	}
-	fmt.Fprintf(w, "\nLatency of every call, all regions and phases: global rule p50 %s, p99 %s (%d calls); regional rule p50 %s, p99 %s (%d calls). Errors: %v.\n",
-		ms(run.Global.Quantile(0.5)), ms(run.Global.Quantile(0.99)), run.Global.Count(),
-		ms(run.Regional.Quantile(0.5)), ms(run.Regional.Quantile(0.99)), run.Regional.Count(), run.Errors)
+	fmt.Fprintln(w, "\nLatency of every call, all regions and phases:")
+	fmt.Fprintln(w)
+	for _, run := range runs {
+		fmt.Fprintf(w, "- %s: global rule p50 %s, p99 %s (%d calls); regional rule p50 %s, p99 %s (%d calls); errors %v\n", run.Algorithm,
+			ms(run.Global.Quantile(0.5)), ms(run.Global.Quantile(0.99)), run.Global.Count(),
+			ms(run.Regional.Quantile(0.5)), ms(run.Regional.Quantile(0.99)), run.Regional.Count(), run.Errors)
+	}
 }
 
-// regionsRunName is the regions run's name in -run and -list.
-const regionsRunName = "regions/log"
+// regionsRunName is an algorithm's regions run's name in -run and -list.
+func regionsRunName(a Algorithm) string { return "regions/" + a.Name }
 
-// selectRegions reports whether the regions run is selected: run matches
-// its name (or is empty), and duration is not 0.
-func selectRegions(run string, duration time.Duration) (bool, error) {
+// selectRegions returns the algorithms whose regions run is selected: run
+// matches its name (or is empty); none when duration is 0.
+func selectRegions(run string, duration time.Duration) ([]Algorithm, error) {
 	if duration == 0 {
-		return false, nil
+		return nil, nil
 	}
 	re, err := regexp.Compile(run)
 	if err != nil {
-		return false, fmt.Errorf("-run: %w", err)
+		return nil, fmt.Errorf("-run: %w", err)
 	}
-	return re.MatchString(regionsRunName), nil
+	var out []Algorithm
+	for _, a := range regionsAlgorithms {
+		if re.MatchString(regionsRunName(a)) {
+			out = append(out, a)
+		}
+	}
+	return out, nil
 }

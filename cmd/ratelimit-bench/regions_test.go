@@ -5,6 +5,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,13 +29,36 @@ func TestRegionsConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{"global_customer", "regional_customer"} {
-		r := config.Match(cfg, "regions", []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: "acme"}})
-		if r == nil || r.RequestsPerUnit != regionsLimit || r.Window() != regionsWindow || r.Algorithm != config.SlidingWindowLog {
-			t.Fatalf("%s: %+v", key, r)
+	for _, a := range regionsAlgorithms {
+		for _, key := range []string{"global_" + a.Name, "regional_" + a.Name} {
+			r := config.Match(cfg, "regions", []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: "acme"}})
+			if r == nil || r.RequestsPerUnit != regionsLimit || r.Window() != regionsWindow || r.Algorithm.String() != a.Config {
+				t.Fatalf("%s: %+v", key, r)
+			}
+			if global := key == "global_"+a.Name; (r.Global != nil) != global || global && r.Global.Share != regionsShare {
+				t.Errorf("%s: Global %+v", key, r.Global)
+			}
 		}
-		if global := key == "global_customer"; (r.Global != nil) != global || global && r.Global.Share != regionsShare {
-			t.Errorf("%s: Global %+v", key, r.Global)
+	}
+	names := func(algs []Algorithm) string {
+		var out []string
+		for _, a := range algs {
+			out = append(out, a.Name)
+		}
+		return strings.Join(out, " ")
+	}
+	for _, tc := range []struct {
+		run      string
+		duration time.Duration
+		want     string
+	}{
+		{"", time.Minute, "log counter fixed"},
+		{"^regions/(log|fixed)", time.Minute, "log fixed"},
+		{"", 0, ""},
+		{"^seats/", time.Minute, ""},
+	} {
+		if got, err := selectRegions(tc.run, tc.duration); err != nil || names(got) != tc.want {
+			t.Errorf("selectRegions(%q, %v): %q, %v; want %q", tc.run, tc.duration, names(got), err, tc.want)
 		}
 	}
 }
@@ -58,8 +82,8 @@ func TestRegionsPhaseMeasure(t *testing.T) {
 	all = append(all, at(-time.Second, 50, 2*time.Second)...)                    // sent before, answered in the first
 	p := RegionsPhase{From: t0, To: t0.Add(3 * regionsWindow), Windows: 3}
 	p.measure(all)
-	if p.Admitted != 300+540+480+50 || p.Most != 540 || p.LeastUse != 0.8 || math.Abs(p.MeanUse-0.85) > 1e-9 {
-		t.Errorf("%+v: want 1370 admitted, most 540, least use 80 %%, mean 85 %%", p)
+	if p.Admitted != 300+540+480+50 || p.Most != 540 || p.LeastUse != 0.8 || math.Abs(p.MeanUse-0.85) > 1e-9 || p.MostAligned != 540 {
+		t.Errorf("%+v: want 1370 admitted, most 540 (and 540 aligned), least use 80 %%, mean 85 %%", p)
 	}
 }
 
