@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"time"
 
@@ -87,32 +86,12 @@ func (l *Limiter) Allowance(ctx context.Context, r AllowanceRequest) (Grant, err
 	if err := checkAllowance(r); err != nil {
 		return Grant{}, fmt.Errorf("allowance: %w", err)
 	}
-	demand := r.Demand
-	switch {
-	case math.IsNaN(demand) || demand < 0:
-		demand = -1
-	case demand > float64(r.Limit): // +Inf too: the script reads no "+Inf"
-		demand = float64(r.Limit)
-	}
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	start := time.Now()
-	reply, err := l.script(ctx, allowanceScript, []string{r.Key}, []any{
-		r.Region, strconv.FormatFloat(demand, 'f', -1, 64), r.Count, r.Current, r.Limit,
+	n, err := l.numbers(ctx, "allowance", allowanceScript, r.Key, []any{
+		r.Region, demandArg(r.Demand, r.Limit), r.Count, r.Current, r.Limit,
 		r.Window.Milliseconds(), r.Lease.Milliseconds(), r.Floor, r.Regions, r.Turn,
-	}).StringSlice()
-	l.observe(time.Since(start), err)
+	}, 2)
 	if err != nil {
-		return Grant{}, fmt.Errorf("%w: allowance: %w", ErrStore, err)
-	}
-	if len(reply) != 2 {
-		return Grant{}, fmt.Errorf("%w: allowance: reply %q, want 2 numbers", ErrStore, reply)
-	}
-	var n [2]uint64
-	for i, s := range reply {
-		if n[i], err = strconv.ParseUint(s, 10, 64); err != nil {
-			return Grant{}, fmt.Errorf("%w: allowance: reply %q: %w", ErrStore, reply, err)
-		}
+		return Grant{}, err
 	}
 	return Grant{Units: n[0], Room: n[1]}, nil
 }
@@ -201,22 +180,9 @@ func (l *Limiter) SyncRegion(ctx context.Context, r RegionSync) (RegionState, er
 	case r.Set:
 		args = append(args, r.Turn, r.Grant, max(0, r.Lease.Milliseconds()))
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	start := time.Now()
-	reply, err := l.script(ctx, syncScript, []string{r.Key}, args).StringSlice()
-	l.observe(time.Since(start), err)
+	n, err := l.numbers(ctx, "sync region", syncScript, r.Key, args, 5)
 	if err != nil {
-		return RegionState{}, fmt.Errorf("%w: sync region: %w", ErrStore, err)
-	}
-	if len(reply) != 5 {
-		return RegionState{}, fmt.Errorf("%w: sync region: reply %q, want 5 numbers", ErrStore, reply)
-	}
-	var n [5]uint64
-	for i, s := range reply {
-		if n[i], err = strconv.ParseUint(s, 10, 64); err != nil {
-			return RegionState{}, fmt.Errorf("%w: sync region: reply %q: %w", ErrStore, reply, err)
-		}
+		return RegionState{}, err
 	}
 	return RegionState{Grant: n[0], LeaseLeft: time.Duration(n[1]) * time.Millisecond, Demand: float64(n[2]), Renew: n[3] == 1, Turn: n[4]}, nil
 }

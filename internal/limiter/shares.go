@@ -83,29 +83,50 @@ func (l *Limiter) Share(ctx context.Context, r ShareRequest) (Share, error) {
 	if r.Limit == 0 {
 		return Share{}, nil
 	}
-	demand := r.Demand
+	n, err := l.numbers(ctx, "share", sharesScript, r.Key, []any{
+		r.Member, demandArg(r.Demand, r.Limit), r.Limit, r.Window.Milliseconds(),
+		r.Current, r.ReportInterval.Milliseconds(), r.Lease.Milliseconds(),
+	}, 3)
+	if err != nil {
+		return Share{}, err
+	}
+	return Share{Tokens: n[0], MaxTokens: n[1], Lookahead: n[2]}, nil
+}
+
+// demandArg is a demand as the share scripts read it: -1 when unknown (< 0
+// or NaN), at most limit (+Inf too: the scripts read no "+Inf").
+func demandArg(demand float64, limit uint64) string {
 	switch {
 	case math.IsNaN(demand) || demand < 0:
 		demand = -1
-	case demand > float64(r.Limit): // +Inf too: the script reads no "+Inf"
-		demand = float64(r.Limit)
+	case demand > float64(limit):
+		demand = float64(limit)
 	}
+	return strconv.FormatFloat(demand, 'f', -1, 64)
+}
+
+// numbers runs s on key with args within the limiter's timeout, observed
+// like every store call, and reads its reply of n whole numbers. A failure
+// wraps ErrStore; what names the call in the error.
+func (l *Limiter) numbers(ctx context.Context, what string, s *redis.Script, key string, args []any, n int) ([]uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	start := time.Now()
-	reply, err := l.script(ctx, sharesScript, []string{r.Key}, []any{
-		r.Member, strconv.FormatFloat(demand, 'f', -1, 64), r.Limit, r.Window.Milliseconds(),
-		r.Current, r.ReportInterval.Milliseconds(), r.Lease.Milliseconds(),
-	}).StringSlice()
+	reply, err := l.script(ctx, s, []string{key}, args).StringSlice()
 	l.observe(time.Since(start), err)
 	if err != nil {
-		return Share{}, fmt.Errorf("%w: share: %w", ErrStore, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrStore, what, err)
 	}
-	s, err := parseShare(reply)
-	if err != nil {
-		return Share{}, fmt.Errorf("%w: share: %w", ErrStore, err)
+	if len(reply) != n {
+		return nil, fmt.Errorf("%w: %s: reply %q, want %d numbers", ErrStore, what, reply, n)
 	}
-	return s, nil
+	out := make([]uint64, n)
+	for i, v := range reply {
+		if out[i], err = strconv.ParseUint(v, 10, 64); err != nil {
+			return nil, fmt.Errorf("%w: %s: reply %q: %w", ErrStore, what, reply, err)
+		}
+	}
+	return out, nil
 }
 
 func checkShare(r ShareRequest) error {
@@ -122,21 +143,6 @@ func checkShare(r ShareRequest) error {
 		return fmt.Errorf("report interval %v is under a millisecond", r.ReportInterval)
 	}
 	return nil
-}
-
-func parseShare(reply []string) (Share, error) {
-	if len(reply) != 3 {
-		return Share{}, fmt.Errorf("reply %q, want 3 numbers", reply)
-	}
-	var n [3]uint64
-	for i, s := range reply {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return Share{}, fmt.Errorf("reply %q: %w", reply, err)
-		}
-		n[i] = v
-	}
-	return Share{Tokens: n[0], MaxTokens: n[1], Lookahead: n[2]}, nil
 }
 
 var confirmScript = redis.NewScript(lua.RLQSConfirm())
