@@ -86,6 +86,10 @@ type call struct {
 	queued  time.Time    // when it was queued
 	sent    atomic.Bool  // the call went into a pipeline
 	done    chan outcome // buffered: a worker never waits for the caller
+	// orphan, when set, is handed done when the caller stops waiting for
+	// a call already sent: what Redis did for no one to hear (a seat
+	// taken, see Limiter.releaseOrphans) can still be undone.
+	orphan func(done <-chan outcome)
 }
 
 // outcome is what a call gets back.
@@ -131,9 +135,10 @@ func newBatcher(server redis.UniversalClient, timeout time.Duration,
 
 // decide queues a decide request of the hits at keys, with their args in
 // decide.lua's form, to be answered by deadline, and returns its four values
-// per hit.
-func (b *batcher) decide(ctx context.Context, deadline time.Time, slot int, keys, records []string, args []any) ([]int64, error) {
-	o := b.enqueue(&call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args})
+// per hit. orphan, when not nil, is the call's (see call.orphan).
+func (b *batcher) decide(ctx context.Context, deadline time.Time, slot int, keys, records []string, args []any,
+	orphan func(<-chan outcome)) ([]int64, error) {
+	o := b.enqueue(&call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, orphan: orphan})
 	return o.vals, o.err
 }
 
@@ -195,6 +200,9 @@ func (c *call) late(err error) outcome {
 	default:
 	}
 	if c.sent.Load() {
+		if c.orphan != nil {
+			c.orphan(c.done) // every call taken from the queue gets an outcome
+		}
 		return outcome{err: err} // the store was too slow
 	}
 	return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -114,3 +115,44 @@ func leaseArg(arg string, h *Hit) (string, string) {
 // givesBack reports a hit that is applied whatever its request's fate and
 // never denies it: a refund, or a lease's settlement.
 func (h *Hit) givesBack() bool { return h.Refund || h.Settle != "" }
+
+// orphanedLeases returns the orphan handler (see call.orphan) of a decide
+// call of the hits at indexes group whose leases have the nonces given (by
+// index in group, "" for a hit that is no lease). A caller that stopped
+// waiting never hears of the leases its call took: Envoy answered the
+// request by its failure mode, and no stream-done call will name them, so
+// each would hold its seat until its lease TTL (a minute, by default)
+// while nothing runs in it. The handler waits for the call's answer in the
+// background and settles, by its nonce, every lease it took. What it needs
+// of the hits is copied now: the caller's hits do not outlive its call.
+func (l *Limiter) orphanedLeases(hits []Hit, group []int, nonces []string) func(<-chan outcome) {
+	return func(done <-chan outcome) {
+		var leased []Hit
+		var at []int // of each leased hit, its place in the call's reply
+		for j, i := range group {
+			if nonces[j] != "" {
+				leased = append(leased, hits[i])
+				at = append(at, j)
+			}
+		}
+		l.refunds.Go(func() {
+			o := <-done
+			if o.err != nil {
+				return // a call that failed took nothing, or cannot say what
+			}
+			verdicts := make([]Verdict, len(leased))
+			back := make([]bool, len(leased))
+			var taken []int
+			for k, h := range leased {
+				if o.vals[4*at[k]] == 2 { // admitted and charged
+					verdicts[k] = Verdict{Admitted: true, Charged: true, Lease: leaseID(min(h.Cost, uint64(h.Limit)), nonces[at[k]])}
+					back[k] = true
+					taken = append(taken, k)
+				}
+			}
+			if taken != nil {
+				l.refund(context.Background(), leased, [][]int{taken}, verdicts, make([]int64, len(leased)), back)
+			}
+		})
+	}
+}

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 )
@@ -288,5 +292,63 @@ func TestLeaseMergedWithACheck(t *testing.T) {
 				t.Fatalf("settling the lease: %+v, want its seat free", v)
 			}
 		})
+	}
+}
+
+// lateAnswers holds back a pipeline's answers, once Redis has run it, while
+// hold is set: a caller with a shorter deadline leaves before the answer.
+type lateAnswers struct{ hold atomic.Bool }
+
+func (*lateAnswers) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (*lateAnswers) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (a *lateAnswers) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if a.hold.Load() {
+			time.Sleep(100 * time.Millisecond)
+		}
+		return err
+	}
+}
+
+// TestOrphanedLeaseFreesItsSeat: an acquisition Redis ran but whose answer
+// came after its caller left (Envoy answered by failure mode, and will
+// never name the lease) gives its seat back once the answer lands, rather
+// than holding it until its TTL with nothing running in it. A hit that is
+// no lease keeps its charge, as the request it counts went by failure mode.
+func TestOrphanedLeaseFreesItsSeat(t *testing.T) {
+	const limit, window = 1, time.Minute
+	m := miniredis.RunT(t)
+	m.SetTime(epoch)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { client.Close() })
+	var late lateAnswers
+	client.AddHook(&late)
+	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1})
+	t.Cleanup(l.Close)
+
+	decide1(t, l, seat("warm-up", limit, window, 0)) // the script is loaded: the next call is sent once
+	counted := hit(config.SlidingWindowLog, "plain", limit, window, 1)
+	late.hold.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	v, err := l.Decide(ctx, []Hit{seat("u", limit, window, 0), counted})
+	cancel()
+	late.hold.Store(false)
+	if !errors.Is(err, ErrStore) || !v[0].FailureVerdict || v[0].Lease != "" {
+		t.Fatalf("an acquisition answered after its deadline: %+v, %v; want a failure verdict, no lease, and ErrStore", v[0], err)
+	}
+	// The answer lands 100 ms after the call ran; its seat is given back
+	// in the background then.
+	for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, "u", limit, window) != 1; {
+		if time.Now().After(end) {
+			t.Fatal("the orphaned lease still holds its seat 5 s after its answer was due")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if left := seatsLeft(t, l, "plain", limit, window); left != 0 {
+		t.Fatalf("the request's plain hit: %d left, want its charge kept (0 left)", left)
+	}
+	if v := decide1(t, l, seat("u", limit, window, 0)); !v.Admitted || v.Lease == "" {
+		t.Fatalf("a seat after the orphan's release: %+v, want admitted with a lease", v)
 	}
 }

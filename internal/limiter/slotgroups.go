@@ -175,7 +175,11 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	server, err := l.server(ctx, deadline, keys[0])
 	var reply []int64
 	if err == nil {
-		reply, err = l.batcher(server).decide(ctx, deadline, slot, keys, records, args)
+		var orphan func(<-chan outcome)
+		if nonces != nil {
+			orphan = l.orphanedLeases(hits, group, nonces)
+		}
+		reply, err = l.batcher(server).decide(ctx, deadline, slot, keys, records, args, orphan)
 	}
 	defer l.rememberDenials(hits, group, verdicts, sent)
 	if err != nil {
