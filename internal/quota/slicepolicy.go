@@ -136,16 +136,28 @@ const sliceHitsToPay = 4.0
 // per hit.
 func pays(k *hotKey, h *limiter.Hit, want uint64, life time.Duration, hitsToPay float64) bool {
 	hitRate, unitRate := k.rates()
-	// The last second's count, as the hot threshold reads it: a key whose
-	// rate jumps is leased at once, not when its average catches up.
-	hitRate = max(hitRate, float64(max(k.hits, k.prev)))
-	unitRate = max(unitRate, float64(max(k.units, k.prevUnits)))
+	// The last second's count, as the hot threshold reads it, when the key
+	// is too young for an average or the count is a jump: a key whose rate
+	// jumps is leased at once, not when its average catches up. A count
+	// within chance of the average (a key at 1.5 hits a second sees 5 in
+	// one second now and then) is not: such a slice decides a hit or two
+	// and costs what several do.
+	if last := float64(max(k.hits, k.prev)); hitRate == 0 || last > jumpFrom(hitRate) {
+		hitRate = last
+		unitRate = max(unitRate, float64(max(k.units, k.prevUnits)))
+	}
 	if hitRate <= 0 {
 		return false
 	}
 	perHit := max(unitRate/hitRate, float64(h.Cost), 1)
 	return min(float64(want)/perHit, hitRate*life.Seconds()) >= hitsToPay
 }
+
+// jumpFrom is the most hits in one second that chance gives a key whose
+// hits come at random at rate a second (Poisson: the rate and three of its
+// standard deviations, and two more for a small rate); a count above it is
+// a jump in the key's rate.
+func jumpFrom(rate float64) float64 { return rate + 3*math.Sqrt(rate) + 2 }
 
 // windowLeft is how long a window counter's slice leased now lives at most:
 // until its window ends (windowEnd when the key has live slices, else the

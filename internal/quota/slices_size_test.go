@@ -160,31 +160,40 @@ func TestGCRAUsableAtThePace(t *testing.T) {
 // TestSlicePays: a window counter's slice is leased only when the key's
 // rate is expected to decide sliceHitsToPay hits from it before its window
 // ends, within its units: a lease and its give back cost the store what
-// about two hits do.
+// about two hits do. The rate is the averaged one, or the last second's
+// count when that is a jump (jumpFrom): not a chance burst.
 func TestSlicePays(t *testing.T) {
 	second, minute := time.Second, time.Minute
 	month := config.CalendarOf(config.FixedWindow, config.Month, 1, time.UTC)
 	at := func(into time.Duration) time.Time { return epoch.Add(into) } // epoch starts every window
 	for _, tc := range []struct {
 		name         string
-		hits, units  float64 // per second
+		hits, units  float64 // per second, averaged
+		last         uint32  // hits (of one unit) in the last second
 		window       time.Duration
 		calendar     config.Calendar
 		want         uint64
 		now, liveEnd time.Time
 		pays         bool
 	}{
-		{"a second's window at 3 hits a second", 3, 3, second, config.Calendar{}, 4, at(0), time.Time{}, false},
-		{"a second's window at 20 hits a second, its start", 20, 20, second, config.Calendar{}, 10, at(0), time.Time{}, true},
-		{"a second's window at 20 hits a second, its last 100 ms", 20, 20, second, config.Calendar{}, 10, at(900 * time.Millisecond), time.Time{}, false},
-		{"a minute's window at 3 hits a second", 3, 3, minute, config.Calendar{}, 30, at(10 * time.Second), time.Time{}, true},
-		{"a minute's window, its live slices ending in 500 ms", 3, 3, minute, config.Calendar{}, 30, at(10 * time.Second), at(10*time.Second + 500*time.Millisecond), false},
-		{"units for 3 hits of 10 units", 20, 200, minute, config.Calendar{}, 30, at(0), time.Time{}, false},
-		{"units for 4 hits of 10 units", 20, 200, minute, config.Calendar{}, 40, at(0), time.Time{}, true},
-		{"a month at 3 hits a second", 3, 3, 30 * 24 * time.Hour, month, 30, at(0), time.Time{}, true},
+		{"a second's window at 3 hits a second", 3, 3, 0, second, config.Calendar{}, 4, at(0), time.Time{}, false},
+		{"a second's window at 20 hits a second, its start", 20, 20, 0, second, config.Calendar{}, 10, at(0), time.Time{}, true},
+		{"a second's window at 20 hits a second, its last 100 ms", 20, 20, 0, second, config.Calendar{}, 10, at(900 * time.Millisecond), time.Time{}, false},
+		{"a minute's window at 3 hits a second", 3, 3, 0, minute, config.Calendar{}, 30, at(10 * time.Second), time.Time{}, true},
+		{"a minute's window, its live slices ending in 500 ms", 3, 3, 0, minute, config.Calendar{}, 30, at(10 * time.Second), at(10*time.Second + 500*time.Millisecond), false},
+		{"units for 3 hits of 10 units", 20, 200, 0, minute, config.Calendar{}, 30, at(0), time.Time{}, false},
+		{"units for 4 hits of 10 units", 20, 200, 0, minute, config.Calendar{}, 40, at(0), time.Time{}, true},
+		{"a month at 3 hits a second", 3, 3, 0, 30 * 24 * time.Hour, month, 30, at(0), time.Time{}, true},
+		{"a second's window at 1.5 hits a second, 5 in the last (chance)", 1.5, 1.5, 5, second, config.Calendar{}, 4, at(0), time.Time{}, false},
+		{"a second's window at 1.5 hits a second, 20 in the last (a jump)", 1.5, 1.5, 20, second, config.Calendar{}, 10, at(0), time.Time{}, true},
+		{"a minute's window at 1.5 hits a second, 5 in the last", 1.5, 1.5, 5, minute, config.Calendar{}, 30, at(10 * time.Second), time.Time{}, true},
+		{"a young key, no average yet, 5 in the last second", 0, 0, 5, second, config.Calendar{}, 4, at(0), time.Time{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			k := &hotKey{after: 2, weight: 1, rate: tc.hits, unitRate: tc.units}
+			k := &hotKey{after: 2, weight: 1, rate: tc.hits, unitRate: tc.units, prev: tc.last, prevUnits: uint64(tc.last)}
+			if tc.hits == 0 {
+				k.after, k.weight = 0, 0 // young: rates says nothing yet
+			}
 			h := limiter.Hit{Key: "{k}", Algorithm: config.SlidingWindowCounter, Limit: 1 << 30, Window: tc.window, Calendar: tc.calendar, Cost: 1}
 			if got := pays(k, &h, tc.want, windowLeft(&h, tc.liveEnd, tc.now), sliceHitsToPay); got != tc.pays {
 				t.Errorf("pays = %v, want %v", got, tc.pays)
