@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,7 +31,11 @@ import (
 // gathering until that batch's answer lands (gather): Redis runs one call
 // at a time, so a batch sent then would only wait behind it there, and the
 // calls that come meanwhile ride along. No batch waits on a timer, only on
-// another in flight, and never past a call's deadline.
+// another in flight, and never past a call's deadline; a call whose
+// deadline passed meanwhile is not sent, but for a give back (a seat's
+// release), which no caller waits for and which would hold what it gives
+// back if dropped. A caller that left after its call was sent can still
+// undo what the call did (call.orphan).
 //
 // A call Redis ran is never sent again: after a lost connection its result
 // is an error, because a decide run twice would charge twice. Redis refuses
@@ -88,8 +93,13 @@ type call struct {
 	done    chan outcome // buffered: a worker never waits for the caller
 	// orphan, when set, is handed done when the caller stops waiting for
 	// a call already sent: what Redis did for no one to hear (a seat
-	// taken, see Limiter.releaseOrphans) can still be undone.
+	// taken, see Limiter.orphanedLeases) can still be undone.
 	orphan func(done <-chan outcome)
+	// givesBack marks a decide request that only gives units back (a
+	// seat's release): it is sent even once its caller left, as no one
+	// waits for its answer (Envoy's stream-done call) and dropping it
+	// would hold what it gives back.
+	givesBack bool
 }
 
 // outcome is what a call gets back.
@@ -133,12 +143,10 @@ func newBatcher(server redis.UniversalClient, timeout time.Duration,
 	return b
 }
 
-// decide queues a decide request of the hits at keys, with their args in
-// decide.lua's form, to be answered by deadline, and returns its four values
-// per hit. orphan, when not nil, is the call's (see call.orphan).
-func (b *batcher) decide(ctx context.Context, deadline time.Time, slot int, keys, records []string, args []any,
-	orphan func(<-chan outcome)) ([]int64, error) {
-	o := b.enqueue(&call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, orphan: orphan})
+// decide queues c, a decide request (its script nil), and returns its four
+// values per hit.
+func (b *batcher) decide(c *call) ([]int64, error) {
+	o := b.enqueue(c)
 	return o.vals, o.err
 }
 
@@ -265,9 +273,23 @@ more:
 	default:
 	}
 	if b.inflight.Load() > 0 {
-		batch = b.gather(batch, hits)
+		batch = b.dropLate(b.gather(batch, hits))
 	}
 	return batch, false
+}
+
+// dropLate answers, and takes out of batch, the calls whose deadline passed
+// while it gathered (but give backs): sent now, they would charge requests
+// their callers answered by failure mode.
+func (b *batcher) dropLate(batch []*call) []*call {
+	now := time.Now()
+	return slices.DeleteFunc(batch, func(c *call) bool {
+		if c.givesBack || now.Before(c.deadline) {
+			return false
+		}
+		c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, context.DeadlineExceeded)}
+		return true
+	})
 }
 
 // gather adds the calls that come while another batch is in flight to
@@ -279,9 +301,9 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 	if len(batch) == 0 {
 		return batch
 	}
-	end := batch[0].deadline
-	for _, c := range batch[1:] {
-		if c.deadline.Before(end) {
+	end := time.Now().Add(b.timeout) // a give back waits for no caller
+	for _, c := range batch {
+		if !c.givesBack && c.deadline.Before(end) {
 			end = c.deadline
 		}
 	}
@@ -292,7 +314,7 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 		case c := <-b.calls:
 			n := len(batch)
 			batch, hits = b.add(batch, c, hits)
-			if len(batch) > n && c.deadline.Before(end) {
+			if len(batch) > n && !c.givesBack && c.deadline.Before(end) {
 				end = c.deadline
 				t.Reset(time.Until(end))
 			}
@@ -309,14 +331,15 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 
 // add appends c to batch unless its caller has already been answered (it
 // left, or its deadline passed while it queued): sending it now would
-// charge a request that was answered by failure mode.
+// charge a request that was answered by failure mode. A give back goes
+// all the same.
 func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
 	c.sent.Store(true) // before the check: a caller that saw it unset was not sent
 	err := c.ctx.Err()
 	if err == nil && !time.Now().Before(c.deadline) {
 		err = context.DeadlineExceeded
 	}
-	if err != nil {
+	if err != nil && !c.givesBack {
 		c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}
 		return batch, hits
 	}

@@ -26,11 +26,15 @@ import (
 
 // deadline is the latest of the batch's callers' deadlines, at most the
 // store timeout from now: past it, every caller has been answered, and a
-// call still sent would charge requests answered by failure mode.
+// call still sent would charge requests answered by failure mode. A give
+// back, which no caller needs to hear, has the whole store timeout.
 func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
 	for _, c := range batch {
+		if c.givesBack {
+			return limit
+		}
 		if c.deadline.After(latest) {
 			latest = c.deadline
 		}

@@ -297,7 +297,11 @@ func TestLeaseMergedWithACheck(t *testing.T) {
 
 // lateAnswers holds back a pipeline's answers, once Redis has run it, while
 // hold is set: a caller with a shorter deadline leaves before the answer.
-type lateAnswers struct{ hold atomic.Bool }
+// held, when set, is told as each holding starts.
+type lateAnswers struct {
+	hold atomic.Bool
+	held chan struct{}
+}
 
 func (*lateAnswers) DialHook(next redis.DialHook) redis.DialHook          { return next }
 func (*lateAnswers) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
@@ -305,6 +309,9 @@ func (a *lateAnswers) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		if a.hold.Load() {
+			if a.held != nil {
+				a.held <- struct{}{}
+			}
 			time.Sleep(100 * time.Millisecond)
 		}
 		return err
@@ -318,16 +325,7 @@ func (a *lateAnswers) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // no lease keeps its charge, as the request it counts went by failure mode.
 func TestOrphanedLeaseFreesItsSeat(t *testing.T) {
 	const limit, window = 1, time.Minute
-	m := miniredis.RunT(t)
-	m.SetTime(epoch)
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { client.Close() })
-	var late lateAnswers
-	client.AddHook(&late)
-	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1})
-	t.Cleanup(l.Close)
-
-	decide1(t, l, seat("warm-up", limit, window, 0)) // the script is loaded: the next call is sent once
+	l, late := newLateLimiter(t)
 	counted := hit(config.SlidingWindowLog, "plain", limit, window, 1)
 	late.hold.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -350,5 +348,62 @@ func TestOrphanedLeaseFreesItsSeat(t *testing.T) {
 	}
 	if v := decide1(t, l, seat("u", limit, window, 0)); !v.Admitted || v.Lease == "" {
 		t.Fatalf("a seat after the orphan's release: %+v, want admitted with a lease", v)
+	}
+}
+
+// newLateLimiter returns a limiter on a fresh miniredis whose answers
+// lateAnswers holds back on demand, its script loaded (a later call is
+// sent once).
+func newLateLimiter(t *testing.T) (*Limiter, *lateAnswers) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.SetTime(epoch)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { client.Close() })
+	late := &lateAnswers{}
+	client.AddHook(late)
+	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1})
+	t.Cleanup(l.Close)
+	decide1(t, l, seat("warm-up", 1, time.Minute, 0))
+	return l, late
+}
+
+// TestLateReleaseFreesItsSeat: a release (Envoy's stream-done call, whose
+// answer no one waits for) still queued when its deadline passes, behind
+// a batch in flight, is sent all the same: dropped, it would hold its seat
+// until the window forgets it. A charge in the same place is not sent.
+func TestLateReleaseFreesItsSeat(t *testing.T) {
+	const limit, window = 2, time.Minute
+	l, late := newLateLimiter(t)
+	decide1(t, l, acquisition("s", limit, window))
+	late.held = make(chan struct{}, 1)
+	late.hold.Store(true)
+	inFlight := make(chan error, 1)
+	go func() {
+		_, err := l.Decide(context.Background(), []Hit{hit(config.SlidingWindowLog, "other", limit, window, 1)})
+		inFlight <- err
+	}()
+	<-late.held // a batch is in flight for 100 ms: later calls gather behind it
+	late.hold.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	_, releaseErr := l.Decide(ctx, []Hit{release("s", limit, window, true)})
+	cancel()
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Millisecond)
+	_, chargeErr := l.Decide(ctx, []Hit{acquisition("dropped", limit, window)})
+	cancel()
+	if err := <-inFlight; err != nil {
+		t.Fatalf("the call in flight: %v", err)
+	}
+	if releaseErr == nil || chargeErr == nil {
+		t.Fatalf("the release and the charge behind a batch held 100 ms, with 20 ms deadlines: %v, %v; want both late", releaseErr, chargeErr)
+	}
+	for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, "s", limit, window) != limit; {
+		if time.Now().After(end) {
+			t.Fatal("the late release was not applied 5 s after it was due")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if left := seatsLeft(t, l, "dropped", limit, window); left != limit {
+		t.Fatalf("the late charge: %d left, want it never sent (%d left)", left, limit)
 	}
 }

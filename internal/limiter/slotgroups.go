@@ -175,11 +175,14 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	server, err := l.server(ctx, deadline, keys[0])
 	var reply []int64
 	if err == nil {
-		var orphan func(<-chan outcome)
-		if nonces != nil {
-			orphan = l.orphanedLeases(hits, group, nonces)
+		c := &call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, givesBack: true}
+		for _, i := range group {
+			c.givesBack = c.givesBack && hits[i].givesBack()
 		}
-		reply, err = l.batcher(server).decide(ctx, deadline, slot, keys, records, args, orphan)
+		if nonces != nil {
+			c.orphan = l.orphanedLeases(hits, group, nonces)
+		}
+		reply, err = l.batcher(server).decide(c)
 	}
 	defer l.rememberDenials(hits, group, verdicts, sent)
 	if err != nil {
