@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,10 +31,10 @@ import (
 // at a time, so a batch sent then would only wait behind it there, and the
 // calls that come meanwhile ride along. No batch waits on a timer, only on
 // another in flight, and never past a call's deadline; a call whose
-// deadline passed meanwhile is not sent, but for a give back (a seat's
-// release), which no caller waits for and which would hold what it gives
-// back if dropped. A caller that left after its call was sent can still
-// undo what the call did (call.orphan).
+// deadline passed while it queued is not sent, but for a lease's
+// settlement (a seat's release by its id), which no caller waits for and
+// which would hold its seat if dropped. A caller that left after its call
+// was sent can still undo what the call did (call.orphan).
 //
 // A call Redis ran is never sent again: after a lost connection its result
 // is an error, because a decide run twice would charge twice. Redis refuses
@@ -95,11 +94,15 @@ type call struct {
 	// a call already sent: what Redis did for no one to hear (a seat
 	// taken, see Limiter.orphanedLeases) can still be undone.
 	orphan func(done <-chan outcome)
-	// givesBack marks a decide request that only gives units back (a
-	// seat's release): it is sent even once its caller left, as no one
-	// waits for its answer (Envoy's stream-done call) and dropping it
-	// would hold what it gives back.
-	givesBack bool
+	// settles marks a decide request that only settles leases (a seat's
+	// release by its lease id): it is sent even once its caller left, as
+	// no one waits for its answer (Envoy's stream-done call) and dropping
+	// it would hold the seat until its TTL. Sent late, it frees at most
+	// what its id names, which an acquisition took or never did. A
+	// release that names no seat (a refund) is not sent late: its
+	// acquisition may have gone unsent as well, and freeing another's
+	// seat would admit past the limit.
+	settles bool
 }
 
 // outcome is what a call gets back.
@@ -273,23 +276,9 @@ more:
 	default:
 	}
 	if b.inflight.Load() > 0 {
-		batch = b.dropLate(b.gather(batch, hits))
+		batch = b.gather(batch, hits)
 	}
 	return batch, false
-}
-
-// dropLate answers, and takes out of batch, the calls whose deadline passed
-// while it gathered (but give backs): sent now, they would charge requests
-// their callers answered by failure mode.
-func (b *batcher) dropLate(batch []*call) []*call {
-	now := time.Now()
-	return slices.DeleteFunc(batch, func(c *call) bool {
-		if c.givesBack || now.Before(c.deadline) {
-			return false
-		}
-		c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, context.DeadlineExceeded)}
-		return true
-	})
 }
 
 // gather adds the calls that come while another batch is in flight to
@@ -301,9 +290,9 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 	if len(batch) == 0 {
 		return batch
 	}
-	end := time.Now().Add(b.timeout) // a give back waits for no caller
+	end := time.Now().Add(b.timeout) // a settlement waits for no caller
 	for _, c := range batch {
-		if !c.givesBack && c.deadline.Before(end) {
+		if !c.settles && c.deadline.Before(end) {
 			end = c.deadline
 		}
 	}
@@ -314,7 +303,7 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 		case c := <-b.calls:
 			n := len(batch)
 			batch, hits = b.add(batch, c, hits)
-			if len(batch) > n && !c.givesBack && c.deadline.Before(end) {
+			if len(batch) > n && !c.settles && c.deadline.Before(end) {
 				end = c.deadline
 				t.Reset(time.Until(end))
 			}
@@ -331,7 +320,7 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 
 // add appends c to batch unless its caller has already been answered (it
 // left, or its deadline passed while it queued): sending it now would
-// charge a request that was answered by failure mode. A give back goes
+// charge a request that was answered by failure mode. A settlement goes
 // all the same.
 func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
 	c.sent.Store(true) // before the check: a caller that saw it unset was not sent
@@ -339,7 +328,7 @@ func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
 	if err == nil && !time.Now().Before(c.deadline) {
 		err = context.DeadlineExceeded
 	}
-	if err != nil && !c.givesBack {
+	if err != nil && !c.settles {
 		c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}
 		return batch, hits
 	}

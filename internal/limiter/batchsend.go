@@ -26,13 +26,13 @@ import (
 
 // deadline is the latest of the batch's callers' deadlines, at most the
 // store timeout from now: past it, every caller has been answered, and a
-// call still sent would charge requests answered by failure mode. A give
-// back, which no caller needs to hear, has the whole store timeout.
+// call still sent would charge requests answered by failure mode. A
+// settlement, which no caller needs to hear, has the whole store timeout.
 func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
 	for _, c := range batch {
-		if c.givesBack {
+		if c.settles {
 			return limit
 		}
 		if c.deadline.After(latest) {
@@ -43,6 +43,29 @@ func (b *batcher) deadline(batch []*call) time.Time {
 		return limit
 	}
 	return latest
+}
+
+// sendable is batch less the calls that a pipeline on their own deadlines
+// could no longer send: when every call that is no settlement is past its
+// deadline, those are answered so, and the settlements go alone (they go
+// whatever their deadline: see call.settles).
+func (b *batcher) sendable(batch []*call) []*call {
+	now := time.Now()
+	settles, live := false, false
+	for _, c := range batch {
+		settles = settles || c.settles
+		live = live || !c.settles && now.Before(c.deadline)
+	}
+	if !settles || live {
+		return batch
+	}
+	return slices.DeleteFunc(batch, func(c *call) bool {
+		if c.settles {
+			return false
+		}
+		c.done <- outcome{err: context.DeadlineExceeded}
+		return true
+	})
 }
 
 // send is one command of a batch: a decide call for the requests of one
@@ -74,6 +97,9 @@ const (
 
 // exec sends a batch and gives every call its outcome.
 func (b *batcher) exec(batch []*call) {
+	if batch = b.sendable(batch); len(batch) == 0 {
+		return
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), b.deadline(batch))
 	defer cancel()
 	ctx, span := b.startSpan(ctx, batch)

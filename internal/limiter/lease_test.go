@@ -312,7 +312,7 @@ func (a *lateAnswers) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 			if a.held != nil {
 				a.held <- struct{}{}
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(time.Second)
 		}
 		return err
 	}
@@ -335,7 +335,7 @@ func TestOrphanedLeaseFreesItsSeat(t *testing.T) {
 	if !errors.Is(err, ErrStore) || !v[0].FailureVerdict || v[0].Lease != "" {
 		t.Fatalf("an acquisition answered after its deadline: %+v, %v; want a failure verdict, no lease, and ErrStore", v[0], err)
 	}
-	// The answer lands 100 ms after the call ran; its seat is given back
+	// The answer lands a second after the call ran; its seat is given back
 	// in the background then.
 	for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, "u", limit, window) != 1; {
 		if time.Now().After(end) {
@@ -368,14 +368,18 @@ func newLateLimiter(t *testing.T) (*Limiter, *lateAnswers) {
 	return l, late
 }
 
-// TestLateReleaseFreesItsSeat: a release (Envoy's stream-done call, whose
-// answer no one waits for) still queued when its deadline passes, behind
-// a batch in flight, is sent all the same: dropped, it would hold its seat
-// until the window forgets it. A charge in the same place is not sent.
+// TestLateReleaseFreesItsSeat: a lease's settlement (Envoy's stream-done
+// call, whose answer no one waits for) still queued when its deadline
+// passes, behind a batch in flight, is sent all the same: dropped, it would
+// hold its seat until its TTL, and sent late it frees only the seat its id
+// names. A release that names no seat is not sent late: its acquisition
+// may have gone unsent too, and freeing another's seat would admit past
+// the limit.
 func TestLateReleaseFreesItsSeat(t *testing.T) {
 	const limit, window = 2, time.Minute
 	l, late := newLateLimiter(t)
-	decide1(t, l, acquisition("s", limit, window))
+	leased := decide1(t, l, seat("s", limit, window, 0))
+	decide1(t, l, acquisition("anonymous", limit, window))
 	late.held = make(chan struct{}, 1)
 	late.hold.Store(true)
 	inFlight := make(chan error, 1)
@@ -383,27 +387,26 @@ func TestLateReleaseFreesItsSeat(t *testing.T) {
 		_, err := l.Decide(context.Background(), []Hit{hit(config.SlidingWindowLog, "other", limit, window, 1)})
 		inFlight <- err
 	}()
-	<-late.held // a batch is in flight for 100 ms: later calls gather behind it
+	<-late.held // a batch is in flight for a second: later calls gather behind it
 	late.hold.Store(false)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	_, releaseErr := l.Decide(ctx, []Hit{release("s", limit, window, true)})
-	cancel()
-	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Millisecond)
-	_, chargeErr := l.Decide(ctx, []Hit{acquisition("dropped", limit, window)})
-	cancel()
+	for _, h := range []Hit{settle("s", limit, window, leased.Lease, 0), release("anonymous", limit, window, true)} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		_, err := l.Decide(ctx, []Hit{h})
+		cancel()
+		if err == nil {
+			t.Fatalf("%+v behind a batch held a second, with a 20 ms deadline: answered, want late", h)
+		}
+	}
 	if err := <-inFlight; err != nil {
 		t.Fatalf("the call in flight: %v", err)
 	}
-	if releaseErr == nil || chargeErr == nil {
-		t.Fatalf("the release and the charge behind a batch held 100 ms, with 20 ms deadlines: %v, %v; want both late", releaseErr, chargeErr)
-	}
 	for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, "s", limit, window) != limit; {
 		if time.Now().After(end) {
-			t.Fatal("the late release was not applied 5 s after it was due")
+			t.Fatal("the late settlement was not applied 5 s after it was due")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if left := seatsLeft(t, l, "dropped", limit, window); left != limit {
-		t.Fatalf("the late charge: %d left, want it never sent (%d left)", left, limit)
+	if left := seatsLeft(t, l, "anonymous", limit, window); left != limit-1 {
+		t.Fatalf("the late anonymous release: %d left, want it never sent (%d left)", left, limit-1)
 	}
 }

@@ -175,9 +175,9 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	server, err := l.server(ctx, deadline, keys[0])
 	var reply []int64
 	if err == nil {
-		c := &call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, givesBack: true}
+		c := &call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, settles: true}
 		for _, i := range group {
-			c.givesBack = c.givesBack && hits[i].givesBack()
+			c.settles = c.settles && hits[i].Settle != ""
 		}
 		if nonces != nil {
 			c.orphan = l.orphanedLeases(hits, group, nonces)
