@@ -79,7 +79,7 @@ bench-attacks:
 
 ## bench-micro: the Go micro-benchmarks, with allocations
 bench-micro:
-	$(GO) test -run '^$$' -bench . -benchmem ./internal/config ./internal/limiter ./internal/service ./internal/grpcunary
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/config ./internal/limiter ./internal/service ./internal/grpcunary ./scripts/lua
 
 FUZZTIME ?= 30s
 FUZZFLAGS ?= -fuzztime=$(FUZZTIME) -fuzzminimizetime=5s
