@@ -33,8 +33,10 @@ import (
 // another in flight, and never past a call's deadline; a call whose
 // deadline passed while it queued is not sent, but for a lease's
 // settlement (a seat's release by its id), which no caller waits for and
-// which would hold its seat if dropped. A caller that left after its call
-// was sent can still undo what the call did (call.orphan).
+// which would hold its seat if dropped: settlements go on a deadline of
+// their own, apart from the other calls. A caller that left after its
+// call was taken from the queue can still undo what the call did
+// (call.orphan).
 //
 // A call Redis ran is never sent again: after a lost connection its result
 // is an error, because a decide run twice would charge twice. Redis refuses
@@ -69,12 +71,13 @@ type batcher struct {
 
 // call is one store call waiting for its batch.
 type call struct {
-	// ctx is the caller's: a call whose caller left is not sent. Its span,
-	// if any, is linked from the span of the batch that carries the call.
+	// ctx is the caller's: a call whose caller left is not sent (but a
+	// settlement). Its span, if any, is linked from the span of the batch
+	// that carries the call.
 	ctx context.Context
 	// deadline is when the answer stops being of use, at most the caller's
-	// own deadline: a call not sent by then is not sent, and its caller
-	// stops waiting then.
+	// own deadline: a call not sent by then is not sent (but a
+	// settlement), and its caller stops waiting then.
 	deadline time.Time
 	slot     int
 	// script is the script to run, or nil for a decide request, which
@@ -91,8 +94,9 @@ type call struct {
 	sent    atomic.Bool  // the call went into a pipeline
 	done    chan outcome // buffered: a worker never waits for the caller
 	// orphan, when set, is handed done when the caller stops waiting for
-	// a call already sent: what Redis did for no one to hear (a seat
-	// taken, see Limiter.orphanedLeases) can still be undone.
+	// a call taken from the queue: what Redis did for no one to hear (a
+	// seat taken, see Limiter.orphanedLeases) can still be undone. The
+	// outcome says ErrOverloaded when the call was not sent after all.
 	orphan func(done <-chan outcome)
 	// settles marks a decide request that only settles leases (a seat's
 	// release by its lease id): it is sent even once its caller left, as
@@ -177,14 +181,8 @@ func (b *batcher) enqueue(c *call) outcome {
 	c.queued = time.Now()
 	expiry := time.NewTimer(time.Until(c.deadline))
 	defer expiry.Stop()
-	select {
-	case b.calls <- c:
-	case <-c.ctx.Done():
-		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, c.ctx.Err())}
-	case <-expiry.C:
-		return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, context.DeadlineExceeded)}
-	case <-b.stop:
-		return outcome{err: errBatcherStopped}
+	if err := b.queue(c, expiry.C); err != nil {
+		return outcome{err: err}
 	}
 	select {
 	case o := <-c.done:
@@ -194,12 +192,31 @@ func (b *batcher) enqueue(c *call) outcome {
 	case <-expiry.C:
 		return c.late(context.DeadlineExceeded)
 	case <-b.stop:
-		select {
-		case o := <-c.done:
-			return o
-		default:
-		}
-		return outcome{err: errBatcherStopped}
+		// The workers finish the batches they took: a call sent still
+		// gets its outcome.
+		return c.late(errBatcherStopped)
+	}
+}
+
+// queue puts c in the queue, unless its caller leaves or expired fires
+// first. A settlement waits for room up to the store timeout whatever its
+// caller does (see call.settles).
+func (b *batcher) queue(c *call, expired <-chan time.Time) error {
+	left := c.ctx.Done()
+	if c.settles {
+		t := time.NewTimer(b.timeout)
+		defer t.Stop()
+		left, expired = nil, t.C
+	}
+	select {
+	case b.calls <- c:
+		return nil
+	case <-left:
+		return fmt.Errorf("%w: %w", ErrOverloaded, c.ctx.Err())
+	case <-expired:
+		return fmt.Errorf("%w: %w", ErrOverloaded, context.DeadlineExceeded)
+	case <-b.stop:
+		return errBatcherStopped
 	}
 }
 
@@ -215,6 +232,9 @@ func (c *call) late(err error) outcome {
 			c.orphan(c.done) // every call taken from the queue gets an outcome
 		}
 		return outcome{err: err} // the store was too slow
+	}
+	if errors.Is(err, errBatcherStopped) {
+		return outcome{err: err}
 	}
 	return outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}
 }
@@ -283,9 +303,9 @@ more:
 
 // gather adds the calls that come while another batch is in flight to
 // batch, of hits hits, until that batch lands or this one holds
-// maxBatchHits, and no later than the deadline of any call in it: a call
-// sent after its caller stopped waiting would be charged for a request
-// answered by failure mode.
+// maxBatchHits, and no later than the deadline of any call in it but its
+// settlements: a call sent after its caller stopped waiting would be
+// charged for a request answered by failure mode.
 func (b *batcher) gather(batch []*call, hits int) []*call {
 	if len(batch) == 0 {
 		return batch

@@ -26,8 +26,9 @@ import (
 
 // deadline is the latest of the batch's callers' deadlines, at most the
 // store timeout from now: past it, every caller has been answered, and a
-// call still sent would charge requests answered by failure mode. A
-// settlement, which no caller needs to hear, has the whole store timeout.
+// call still sent would charge requests answered by failure mode.
+// Settlements, which no caller needs to hear, have the whole store
+// timeout: they go apart from the other calls (exec).
 func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
@@ -43,29 +44,6 @@ func (b *batcher) deadline(batch []*call) time.Time {
 		return limit
 	}
 	return latest
-}
-
-// sendable is batch less the calls that a pipeline on their own deadlines
-// could no longer send: when every call that is no settlement is past its
-// deadline, those are answered so, and the settlements go alone (they go
-// whatever their deadline: see call.settles).
-func (b *batcher) sendable(batch []*call) []*call {
-	now := time.Now()
-	settles, live := false, false
-	for _, c := range batch {
-		settles = settles || c.settles
-		live = live || !c.settles && now.Before(c.deadline)
-	}
-	if !settles || live {
-		return batch
-	}
-	return slices.DeleteFunc(batch, func(c *call) bool {
-		if c.settles {
-			return false
-		}
-		c.done <- outcome{err: context.DeadlineExceeded}
-		return true
-	})
 }
 
 // send is one command of a batch: a decide call for the requests of one
@@ -95,11 +73,34 @@ const (
 	formEval                 // EVAL, which also caches the script
 )
 
-// exec sends a batch and gives every call its outcome.
+// exec sends a batch and gives every call its outcome. Its settlements go
+// after its other calls, on a deadline of their own (see deadline): a
+// re-send of another call stops at its callers' deadlines.
 func (b *batcher) exec(batch []*call) {
-	if batch = b.sendable(batch); len(batch) == 0 {
-		return
+	settles := 0
+	for _, c := range batch {
+		if c.settles {
+			settles++
+		}
 	}
+	if settles > 0 && settles < len(batch) {
+		own := make([]*call, 0, settles)
+		others := batch[:0]
+		for _, c := range batch {
+			if c.settles {
+				own = append(own, c)
+			} else {
+				others = append(others, c)
+			}
+		}
+		b.execPart(others)
+		batch = own
+	}
+	b.execPart(batch)
+}
+
+// execPart sends calls that all settle, or none of which does.
+func (b *batcher) execPart(batch []*call) {
 	ctx, cancel := context.WithDeadline(context.Background(), b.deadline(batch))
 	defer cancel()
 	ctx, span := b.startSpan(ctx, batch)

@@ -123,8 +123,11 @@ func (h *Hit) givesBack() bool { return h.Refund || h.Settle != "" }
 // request by its failure mode, and no stream-done call will name them, so
 // each would hold its seat until its lease TTL (a minute, by default)
 // while nothing runs in it. The handler waits for the call's answer in the
-// background and settles, by its nonce, every lease it took. What it needs
-// of the hits is copied now: the caller's hits do not outlive its call.
+// background and settles, by its nonce, every lease it took; when the
+// answer is an error but the call may have run (the client stops reading
+// at the deadline), every lease it asked for: a settlement frees only what
+// its nonce names, nothing if the lease was never taken. What it needs of
+// the hits is copied now: the caller's hits do not outlive its call.
 func (l *Limiter) orphanedLeases(hits []Hit, group []int, nonces []string) func(<-chan outcome) {
 	return func(done <-chan outcome) {
 		var leased []Hit
@@ -137,21 +140,23 @@ func (l *Limiter) orphanedLeases(hits []Hit, group []int, nonces []string) func(
 		}
 		l.refunds.Go(func() {
 			o := <-done
-			if o.err != nil {
-				return // a call that failed took nothing, or cannot say what
+			if errors.Is(o.err, ErrOverloaded) {
+				return // never sent
 			}
 			verdicts := make([]Verdict, len(leased))
 			back := make([]bool, len(leased))
 			var taken []int
 			for k, h := range leased {
-				if o.vals[4*at[k]] == 2 { // admitted and charged
-					verdicts[k] = Verdict{Admitted: true, Charged: true, Lease: leaseID(min(h.Cost, uint64(h.Limit)), nonces[at[k]])}
-					back[k] = true
-					taken = append(taken, k)
+				if o.err == nil && o.vals[4*at[k]] != 2 { // not admitted and charged: no lease
+					continue
 				}
+				verdicts[k] = Verdict{Admitted: true, Charged: true, Lease: leaseID(min(h.Cost, uint64(h.Limit)), nonces[at[k]])}
+				back[k] = true
+				taken = append(taken, k)
 			}
 			if taken != nil {
-				l.refund(context.Background(), leased, [][]int{taken}, verdicts, make([]int64, len(leased)), back)
+				l.refund(context.Background(), "settlement of leases whose answer came too late",
+					leased, [][]int{taken}, verdicts, make([]int64, len(leased)), back)
 			}
 		})
 	}

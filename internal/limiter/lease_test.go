@@ -3,7 +3,9 @@ package limiter
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -295,51 +297,126 @@ func TestLeaseMergedWithACheck(t *testing.T) {
 	}
 }
 
-// lateAnswers holds back a pipeline's answers, once Redis has run it, while
-// hold is set: a caller with a shorter deadline leaves before the answer.
-// held, when set, is told as each holding starts.
-type lateAnswers struct {
-	hold atomic.Bool
-	held chan struct{}
+// slowAnswers is a TCP proxy in front of a store that, while slow is set,
+// holds each answer back a second: the store runs every command at once,
+// and the way back is slow. forwarded, when set, is told (if it has room)
+// of each write from a client while slow.
+type slowAnswers struct {
+	ln        net.Listener
+	to        string
+	slow      atomic.Bool
+	forwarded chan struct{}
+	mu        sync.Mutex
+	conns     []net.Conn
+	wg        sync.WaitGroup
 }
 
-func (*lateAnswers) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (*lateAnswers) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (a *lateAnswers) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		if a.hold.Load() {
-			if a.held != nil {
-				a.held <- struct{}{}
-			}
-			time.Sleep(time.Second)
-		}
-		return err
+func newSlowAnswers(t *testing.T, to string) *slowAnswers {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	p := &slowAnswers{ln: ln, to: to}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *slowAnswers) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.to)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, client, server)
+		p.mu.Unlock()
+		p.wg.Go(func() { p.pipe(client, server, false) })
+		p.wg.Go(func() { p.pipe(server, client, true) })
+	}
+}
+
+// pipe copies from to to, slowly while slow for answers.
+func (p *slowAnswers) pipe(from, to net.Conn, answers bool) {
+	defer func() { _ = to.Close(); _ = from.Close() }()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := from.Read(buf)
+		if n > 0 {
+			if p.slow.Load() {
+				if answers {
+					time.Sleep(time.Second)
+				} else if p.forwarded != nil {
+					select {
+					case p.forwarded <- struct{}{}:
+					default:
+					}
+				}
+			}
+			if _, err := to.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// newSlowLimiter returns a limiter as the service makes it (its client
+// stops reading at the deadline, and never retries) on a fresh miniredis
+// behind slowAnswers, its script loaded (a later call is sent once).
+func newSlowLimiter(t *testing.T) (*Limiter, *slowAnswers) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.SetTime(epoch)
+	p := newSlowAnswers(t, m.Addr())
+	opts := &redis.Options{Addr: p.ln.Addr().String()}
+	configure(&opts.ContextTimeoutEnabled, &opts.MaxRetries)
+	client := redis.NewClient(opts)
+	t.Cleanup(func() { _ = client.Close() })
+	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1})
+	t.Cleanup(l.Close)
+	decide1(t, l, seat("warm-up", 1, time.Minute, 0))
+	return l, p
 }
 
 // TestOrphanedLeaseFreesItsSeat: an acquisition Redis ran but whose answer
 // came after its caller left (Envoy answered by failure mode, and will
-// never name the lease) gives its seat back once the answer lands, rather
-// than holding it until its TTL with nothing running in it. A hit that is
-// no lease keeps its charge, as the request it counts went by failure mode.
+// never name the lease) gives its seat back, rather than holding it until
+// its TTL with nothing running in it. The client stops reading at the
+// deadline, so the call's outcome is an error: every lease it asked for is
+// settled then. A hit that is no lease keeps its charge, as the request it
+// counts went by failure mode.
 func TestOrphanedLeaseFreesItsSeat(t *testing.T) {
 	const limit, window = 1, time.Minute
-	l, late := newLateLimiter(t)
+	l, slow := newSlowLimiter(t)
 	counted := hit(config.SlidingWindowLog, "plain", limit, window, 1)
-	late.hold.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	slow.slow.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	v, err := l.Decide(ctx, []Hit{seat("u", limit, window, 0), counted})
 	cancel()
-	late.hold.Store(false)
+	slow.slow.Store(false)
 	if !errors.Is(err, ErrStore) || !v[0].FailureVerdict || v[0].Lease != "" {
 		t.Fatalf("an acquisition answered after its deadline: %+v, %v; want a failure verdict, no lease, and ErrStore", v[0], err)
 	}
-	// The answer lands a second after the call ran; its seat is given back
-	// in the background then.
 	for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, "u", limit, window) != 1; {
 		if time.Now().After(end) {
-			t.Fatal("the orphaned lease still holds its seat 5 s after its answer was due")
+			t.Fatal("the orphaned lease still holds its seat 5 s after its deadline")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -351,23 +428,6 @@ func TestOrphanedLeaseFreesItsSeat(t *testing.T) {
 	}
 }
 
-// newLateLimiter returns a limiter on a fresh miniredis whose answers
-// lateAnswers holds back on demand, its script loaded (a later call is
-// sent once).
-func newLateLimiter(t *testing.T) (*Limiter, *lateAnswers) {
-	t.Helper()
-	m := miniredis.RunT(t)
-	m.SetTime(epoch)
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { client.Close() })
-	late := &lateAnswers{}
-	client.AddHook(late)
-	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1})
-	t.Cleanup(l.Close)
-	decide1(t, l, seat("warm-up", 1, time.Minute, 0))
-	return l, late
-}
-
 // TestLateReleaseFreesItsSeat: a lease's settlement (Envoy's stream-done
 // call, whose answer no one waits for) still queued when its deadline
 // passes, behind a batch in flight, is sent all the same: dropped, it would
@@ -377,18 +437,17 @@ func newLateLimiter(t *testing.T) (*Limiter, *lateAnswers) {
 // the limit.
 func TestLateReleaseFreesItsSeat(t *testing.T) {
 	const limit, window = 2, time.Minute
-	l, late := newLateLimiter(t)
+	l, slow := newSlowLimiter(t)
 	leased := decide1(t, l, seat("s", limit, window, 0))
 	decide1(t, l, acquisition("anonymous", limit, window))
-	late.held = make(chan struct{}, 1)
-	late.hold.Store(true)
+	slow.forwarded = make(chan struct{}, 1)
+	slow.slow.Store(true)
 	inFlight := make(chan error, 1)
 	go func() {
 		_, err := l.Decide(context.Background(), []Hit{hit(config.SlidingWindowLog, "other", limit, window, 1)})
 		inFlight <- err
 	}()
-	<-late.held // a batch is in flight for a second: later calls gather behind it
-	late.hold.Store(false)
+	<-slow.forwarded // a batch is in flight for a second: later calls gather behind it
 	for _, h := range []Hit{settle("s", limit, window, leased.Lease, 0), release("anonymous", limit, window, true)} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		_, err := l.Decide(ctx, []Hit{h})
@@ -397,6 +456,7 @@ func TestLateReleaseFreesItsSeat(t *testing.T) {
 			t.Fatalf("%+v behind a batch held a second, with a 20 ms deadline: answered, want late", h)
 		}
 	}
+	slow.slow.Store(false)
 	if err := <-inFlight; err != nil {
 		t.Fatalf("the call in flight: %v", err)
 	}
@@ -408,5 +468,24 @@ func TestLateReleaseFreesItsSeat(t *testing.T) {
 	}
 	if left := seatsLeft(t, l, "anonymous", limit, window); left != limit-1 {
 		t.Fatalf("the late anonymous release: %d left, want it never sent (%d left)", left, limit-1)
+	}
+}
+
+// TestSettlementOfACallerGone: a settlement whose caller has already gone
+// (Envoy's stream-done call cancelled) is queued and sent all the same.
+func TestSettlementOfACallerGone(t *testing.T) {
+	const limit, window = 1, time.Minute
+	l, _ := newSlowLimiter(t)
+	for range 20 {
+		v := decide1(t, l, seat("c", limit, window, 0))
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, _ = l.Decide(ctx, []Hit{settle("c", limit, window, v.Lease, 0)}) // answered or not, its seat goes
+		for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, "c", limit, window) != 1; {
+			if time.Now().After(end) {
+				t.Fatal("a settlement whose caller had gone was not applied within 5 s")
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 }

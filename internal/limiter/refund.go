@@ -43,13 +43,13 @@ func takeBack(h *Hit, v *Verdict) {
 }
 
 // refund takes back, in the background, the charges of the hits back
-// marks (takenBack), so that the answer waits for no more than its
+// marks (takenBack; what names the refund in a failure), so that the answer waits for no more than its
 // deadline. The verdicts say uncharged at once; until the refund lands (one
 // round trip) other requests can see the charge. The refund has a deadline
 // of its own and outlives the caller's cancellation. A charge that cannot be
 // taken back stays counted until its window forgets it; the failure reaches
 // Observe.
-func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64, back []bool) {
+func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64, back []bool) {
 	ctx = context.WithoutCancel(ctx)
 	for _, group := range groups {
 		var keys []string
@@ -79,7 +79,7 @@ func (l *Limiter) refund(ctx context.Context, hits []Hit, groups [][]int, verdic
 			start := time.Now()
 			err := l.script(ctx, refundScript, keys, args).Err()
 			if err != nil {
-				err = fmt.Errorf("%w: refund of a request denied across slots: %w", ErrStore, err)
+				err = fmt.Errorf("%w: %s: %w", ErrStore, what, err)
 			}
 			l.observe(time.Since(start), err)
 		})

@@ -85,7 +85,7 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	wg.Wait()
 	if charge {
 		if back := takenBack(hits, verdicts); back != nil {
-			l.refund(ctx, hits, groups, verdicts, tokens, back)
+			l.refund(ctx, "refund of a request denied across slots", hits, groups, verdicts, tokens, back)
 		}
 	}
 	return verdicts, errors.Join(errs...)
@@ -172,13 +172,17 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 		args = append(args, arg)
 	}
 	start, sent := time.Now(), l.now()
-	server, err := l.server(ctx, deadline, keys[0])
+	c := &call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, settles: true}
+	for _, i := range group {
+		c.settles = c.settles && hits[i].Settle != ""
+	}
+	lookup, lookupBy := ctx, deadline
+	if c.settles { // see call.settles
+		lookup, lookupBy = context.WithoutCancel(ctx), time.Now().Add(l.timeout)
+	}
+	server, err := l.server(lookup, lookupBy, keys[0])
 	var reply []int64
 	if err == nil {
-		c := &call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, settles: true}
-		for _, i := range group {
-			c.settles = c.settles && hits[i].Settle != ""
-		}
 		if nonces != nil {
 			c.orphan = l.orphanedLeases(hits, group, nonces)
 		}
