@@ -31,10 +31,9 @@ import (
 // at a time, so a batch sent then would only wait behind it there, and the
 // calls that come meanwhile ride along. No batch waits on a timer, only on
 // another in flight, and never past a call's deadline; a call whose
-// deadline passed while it queued is not sent, but for a lease's
-// settlement (a seat's release by its id), which no caller waits for and
-// which would hold its seat if dropped: settlements go on a deadline of
-// their own, apart from the other calls. A caller that left after its
+// deadline passed while it queued is not sent, but for one owed to the
+// store (call.owed: a seat's release by its id, a cost already spent),
+// which goes on a deadline of its own, apart from the other calls. A caller that left after its
 // call was taken from the queue can still undo what the call did
 // (call.orphan).
 //
@@ -71,13 +70,13 @@ type batcher struct {
 
 // call is one store call waiting for its batch.
 type call struct {
-	// ctx is the caller's: a call whose caller left is not sent (but a
-	// settlement). Its span, if any, is linked from the span of the batch
+	// ctx is the caller's: a call whose caller left is not sent (but an
+	// owed one). Its span, if any, is linked from the span of the batch
 	// that carries the call.
 	ctx context.Context
 	// deadline is when the answer stops being of use, at most the caller's
-	// own deadline: a call not sent by then is not sent (but a
-	// settlement), and its caller stops waiting then.
+	// own deadline: a call not sent by then is not sent (but an owed
+	// one), and its caller stops waiting then.
 	deadline time.Time
 	slot     int
 	// script is the script to run, or nil for a decide request, which
@@ -98,15 +97,17 @@ type call struct {
 	// seat taken, see Limiter.orphanedLeases) can still be undone. The
 	// outcome says ErrOverloaded when the call was not sent after all.
 	orphan func(done <-chan outcome)
-	// settles marks a decide request that only settles leases (a seat's
-	// release by its lease id): it is sent even once its caller left, as
-	// no one waits for its answer (Envoy's stream-done call) and dropping
-	// it would hold the seat until its TTL. Sent late, it frees at most
-	// what its id names, which an acquisition took or never did. A
-	// release that names no seat (a refund) is not sent late: its
-	// acquisition may have gone unsent as well, and freeing another's
-	// seat would admit past the limit.
-	settles bool
+	// owed marks a decide request whose hits are owed to the store
+	// whatever its caller does (see owed, slotgroups.go): a lease's settlement (a
+	// seat's release by its id) and a cost already spent (a concurrency
+	// limit's acquisition, recorded even when denied). It is queued and
+	// sent even once its caller left, apart from the batch's other calls
+	// (exec), as dropping it would unbalance the count: a seat held until
+	// its TTL, or a metadata-free release, which Envoy sends whatever its
+	// acquisition's fate, freeing another's seat, past the limit. Sent
+	// late, a settlement frees at most what its id names. A release that
+	// names no seat is not owed: its acquisition may have gone unsent.
+	owed bool
 }
 
 // outcome is what a call gets back.
@@ -199,11 +200,11 @@ func (b *batcher) enqueue(c *call) outcome {
 }
 
 // queue puts c in the queue, unless its caller leaves or expired fires
-// first. A settlement waits for room up to the store timeout whatever its
-// caller does (see call.settles).
+// first. An owed call waits for room up to the store timeout whatever its
+// caller does (see call.owed).
 func (b *batcher) queue(c *call, expired <-chan time.Time) error {
 	left := c.ctx.Done()
-	if c.settles {
+	if c.owed {
 		t := time.NewTimer(b.timeout)
 		defer t.Stop()
 		left, expired = nil, t.C
@@ -303,16 +304,16 @@ more:
 
 // gather adds the calls that come while another batch is in flight to
 // batch, of hits hits, until that batch lands or this one holds
-// maxBatchHits, and no later than the deadline of any call in it but its
-// settlements: a call sent after its caller stopped waiting would be
+// maxBatchHits, and no later than the deadline of any call in it but the
+// owed ones: a call sent after its caller stopped waiting would be
 // charged for a request answered by failure mode.
 func (b *batcher) gather(batch []*call, hits int) []*call {
 	if len(batch) == 0 {
 		return batch
 	}
-	end := time.Now().Add(b.timeout) // a settlement waits for no caller
+	end := time.Now().Add(b.timeout) // an owed call waits for no caller
 	for _, c := range batch {
-		if !c.settles && c.deadline.Before(end) {
+		if !c.owed && c.deadline.Before(end) {
 			end = c.deadline
 		}
 	}
@@ -323,7 +324,7 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 		case c := <-b.calls:
 			n := len(batch)
 			batch, hits = b.add(batch, c, hits)
-			if len(batch) > n && !c.settles && c.deadline.Before(end) {
+			if len(batch) > n && !c.owed && c.deadline.Before(end) {
 				end = c.deadline
 				t.Reset(time.Until(end))
 			}
@@ -340,7 +341,7 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 
 // add appends c to batch unless its caller has already been answered (it
 // left, or its deadline passed while it queued): sending it now would
-// charge a request that was answered by failure mode. A settlement goes
+// charge a request that was answered by failure mode. An owed call goes
 // all the same.
 func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
 	c.sent.Store(true) // before the check: a caller that saw it unset was not sent
@@ -348,7 +349,7 @@ func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
 	if err == nil && !time.Now().Before(c.deadline) {
 		err = context.DeadlineExceeded
 	}
-	if err != nil && !c.settles {
+	if err != nil && !c.owed {
 		c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}
 		return batch, hits
 	}

@@ -27,13 +27,13 @@ import (
 // deadline is the latest of the batch's callers' deadlines, at most the
 // store timeout from now: past it, every caller has been answered, and a
 // call still sent would charge requests answered by failure mode.
-// Settlements, which no caller needs to hear, have the whole store
-// timeout: they go apart from the other calls (exec).
+// Owed calls (call.owed), which go whatever their callers do, have the
+// whole store timeout: they go apart from the other calls (exec).
 func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
 	for _, c := range batch {
-		if c.settles {
+		if c.owed {
 			return limit
 		}
 		if c.deadline.After(latest) {
@@ -73,33 +73,37 @@ const (
 	formEval                 // EVAL, which also caches the script
 )
 
-// exec sends a batch and gives every call its outcome. Its settlements go
-// after its other calls, on a deadline of their own (see deadline): a
-// re-send of another call stops at its callers' deadlines.
+// exec sends a batch and gives every call its outcome. Its owed calls go
+// beside its other calls, in a pipeline of their own on a deadline of
+// their own (see deadline): a re-send of another call stops at its
+// callers' deadlines.
 func (b *batcher) exec(batch []*call) {
-	settles := 0
+	owed := 0
 	for _, c := range batch {
-		if c.settles {
-			settles++
+		if c.owed {
+			owed++
 		}
 	}
-	if settles > 0 && settles < len(batch) {
-		own := make([]*call, 0, settles)
+	if owed > 0 && owed < len(batch) {
+		own := make([]*call, 0, owed)
 		others := batch[:0]
 		for _, c := range batch {
-			if c.settles {
+			if c.owed {
 				own = append(own, c)
 			} else {
 				others = append(others, c)
 			}
 		}
+		var owedSent sync.WaitGroup
+		owedSent.Go(func() { b.execPart(own) })
 		b.execPart(others)
-		batch = own
+		owedSent.Wait()
+		return
 	}
 	b.execPart(batch)
 }
 
-// execPart sends calls that all settle, or none of which does.
+// execPart sends calls that are all owed, or none of which is.
 func (b *batcher) execPart(batch []*call) {
 	ctx, cancel := context.WithDeadline(context.Background(), b.deadline(batch))
 	defer cancel()

@@ -471,21 +471,34 @@ func TestLateReleaseFreesItsSeat(t *testing.T) {
 	}
 }
 
-// TestSettlementOfACallerGone: a settlement whose caller has already gone
-// (Envoy's stream-done call cancelled) is queued and sent all the same.
-func TestSettlementOfACallerGone(t *testing.T) {
+// TestOwedCallsOfACallerGone: a lease's settlement and a cost already
+// spent (a metadata-free acquisition, recorded even when denied) whose
+// caller has already gone (Envoy's call cancelled) are queued and sent all
+// the same: Envoy sends the acquisition's release whatever its fate, and
+// a release without its acquisition would free another's seat.
+func TestOwedCallsOfACallerGone(t *testing.T) {
 	const limit, window = 1, time.Minute
 	l, _ := newSlowLimiter(t)
-	for range 20 {
-		v := decide1(t, l, seat("c", limit, window, 0))
+	gone := func(h Hit) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		_, _ = l.Decide(ctx, []Hit{settle("c", limit, window, v.Lease, 0)}) // answered or not, its seat goes
-		for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, "c", limit, window) != 1; {
+		_, _ = l.Decide(ctx, []Hit{h}) // answered or not, it is applied
+	}
+	applied := func(key string, left uint64) {
+		t.Helper()
+		for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, key, limit, window) != left; {
 			if time.Now().After(end) {
-				t.Fatal("a settlement whose caller had gone was not applied within 5 s")
+				t.Fatalf("%s: not %d left 5 s after a call whose caller had gone", key, left)
 			}
 			time.Sleep(time.Millisecond)
 		}
+	}
+	for range 20 {
+		v := decide1(t, l, seat("leased", limit, window, 0))
+		gone(settle("leased", limit, window, v.Lease, 0))
+		applied("leased", 1)
+		gone(acquisition("recorded", limit, window))
+		applied("recorded", 0)
+		decide1(t, l, release("recorded", limit, window, true))
 	}
 }

@@ -172,12 +172,9 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 		args = append(args, arg)
 	}
 	start, sent := time.Now(), l.now()
-	c := &call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, settles: true}
-	for _, i := range group {
-		c.settles = c.settles && hits[i].Settle != ""
-	}
+	c := &call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, owed: owed(hits, group)}
 	lookup, lookupBy := ctx, deadline
-	if c.settles { // see call.settles
+	if c.owed { // see call.owed
 		lookup, lookupBy = context.WithoutCancel(ctx), time.Now().Add(l.timeout)
 	}
 	server, err := l.server(lookup, lookupBy, keys[0])
@@ -221,6 +218,22 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 		}
 	}
 	return nil
+}
+
+// owed reports whether the hits at indexes group are owed to the store
+// whatever their caller does (see call.owed): a lease's settlement, a cost
+// already spent (Record), and nothing that gives back units it does not
+// name (a Refund).
+func owed(hits []Hit, group []int) bool {
+	some := false
+	for _, i := range group {
+		h := &hits[i]
+		if h.Refund {
+			return false
+		}
+		some = some || h.Settle != "" || h.Record
+	}
+	return some
 }
 
 // server returns the server of key's slot. On a cluster that can wait for
