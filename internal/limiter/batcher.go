@@ -31,11 +31,11 @@ import (
 // at a time, so a batch sent then would only wait behind it there, and the
 // calls that come meanwhile ride along. No batch waits on a timer, only on
 // another in flight, and never past a call's deadline; a call whose
-// deadline passed while it queued is not sent, but for one owed to the
-// store (call.owed: a seat's release by its id, a cost already spent),
-// which goes on a deadline of its own, apart from the other calls. A caller that left after its
-// call was taken from the queue can still undo what the call did
-// (call.orphan).
+// caller left or whose deadline passed is not sent (send.build), but for
+// one owed to the store (call.owed: a seat's release by its id, a cost
+// already spent), which goes as a check. A caller that left after its
+// call was taken from the queue, or that took an error after which the
+// call may have run, can still undo what the call did (call.orphan).
 //
 // A call Redis ran is never sent again: after a lost connection its result
 // is an error, because a decide run twice would charge twice. Redis refuses
@@ -97,16 +97,18 @@ type call struct {
 	// seat taken, see Limiter.orphanedLeases) can still be undone. The
 	// outcome says ErrOverloaded when the call was not sent after all.
 	orphan func(done <-chan outcome)
-	// owed marks a decide request whose hits are owed to the store
-	// whatever its caller does (see owed, slotgroups.go): a lease's settlement (a
-	// seat's release by its id) and a cost already spent (a concurrency
-	// limit's acquisition, recorded even when denied). It is queued and
-	// sent even once its caller left, apart from the batch's other calls
-	// (exec), as dropping it would unbalance the count: a seat held until
-	// its TTL, or a metadata-free release, which Envoy sends whatever its
-	// acquisition's fate, freeing another's seat, past the limit. Sent
-	// late, a settlement frees at most what its id names. A release that
-	// names no seat is not owed: its acquisition may have gone unsent.
+	// owed marks a decide request that holds hits owed to the store
+	// whatever its caller does (see owed, slotgroups.go): a lease's
+	// settlement (a seat's release by its id) or a cost already spent (a
+	// concurrency limit's acquisition, recorded even when denied). It is
+	// queued (waiting for room up to the store timeout) and sent even once
+	// its caller left, as dropping it would unbalance the count: a seat
+	// held until its TTL, or a metadata-free release, which Envoy sends
+	// whatever its acquisition's fate, freeing another's seat, past the
+	// limit. Sent then, it goes as a check (send.build): its owed hits are
+	// applied, nothing else is charged. A settlement frees at most what its
+	// id names. A release that names no seat is not owed: its acquisition
+	// may have gone unsent.
 	owed bool
 }
 
@@ -127,6 +129,7 @@ const (
 
 // ErrOverloaded reports a call whose deadline passed while it waited in the
 // service, before it was sent: the service, not the store, was too slow.
+// (A call owed to the store still goes, as a check: see call.owed.)
 var ErrOverloaded = errors.New("rate limit store queue: the deadline passed before the call was sent")
 
 // newBatcher starts the batcher of server. tracer starts the span of each
@@ -187,7 +190,7 @@ func (b *batcher) enqueue(c *call) outcome {
 	}
 	select {
 	case o := <-c.done:
-		return o
+		return c.answered(o)
 	case <-c.ctx.Done():
 		return c.late(c.ctx.Err())
 	case <-expiry.C:
@@ -221,11 +224,23 @@ func (b *batcher) queue(c *call, expired <-chan time.Time) error {
 	}
 }
 
+// answered is o, the outcome c's caller takes. When it is an error after
+// which the call may have run, the caller cannot use what the call did: o
+// goes to c's orphan handler too.
+func (c *call) answered(o outcome) outcome {
+	if o.err != nil && c.orphan != nil && !errors.Is(o.err, ErrOverloaded) {
+		done := make(chan outcome, 1)
+		done <- o
+		c.orphan(done)
+	}
+	return o
+}
+
 // late is the outcome of a queued call whose wait ended by err.
 func (c *call) late(err error) outcome {
 	select {
 	case o := <-c.done: // decided (and maybe charged) just in time
-		return o
+		return c.answered(o)
 	default:
 	}
 	if c.sent.Load() {
@@ -344,7 +359,7 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 // charge a request that was answered by failure mode. An owed call goes
 // all the same.
 func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
-	c.sent.Store(true) // before the check: a caller that saw it unset was not sent
+	c.sent.Store(true) // before the check: a caller that saw it unset was not sent (but an owed call: see call.owed)
 	err := c.ctx.Err()
 	if err == nil && !time.Now().Before(c.deadline) {
 		err = context.DeadlineExceeded

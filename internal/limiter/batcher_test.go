@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -175,7 +176,7 @@ func TestSendsGroupDecidesBySlot(t *testing.T) {
 			batch := make([]*call, len(tc.slots))
 			index := map[*call]int{}
 			for i, slot := range tc.slots {
-				c := &call{slot: slot, keys: []string{fmt.Sprint(i)}, args: []any{i}}
+				c := &call{ctx: context.Background(), deadline: time.Now().Add(time.Hour), slot: slot, keys: []string{fmt.Sprint(i)}, args: []any{i}}
 				if slot == script {
 					c.script = refundScript
 				}
@@ -186,6 +187,9 @@ func TestSendsGroupDecidesBySlot(t *testing.T) {
 				t.Fatalf("%d sends, want %d", len(sends), len(tc.want))
 			}
 			for j, s := range sends {
+				if !s.build(time.Now()) {
+					t.Fatalf("send %d: no call left to send", j)
+				}
 				var got []int
 				var keys []string
 				var args []any
@@ -202,5 +206,56 @@ func TestSendsGroupDecidesBySlot(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBuildLeavesOutLateCalls: a decide send is built, each time it goes,
+// from the calls still worth sending: one whose caller left or whose
+// deadline passed is answered ErrOverloaded and left out, but an owed one,
+// which goes as a check (its hit count negative), its owed hits applied
+// and nothing else charged.
+func TestBuildLeavesOutLateCalls(t *testing.T) {
+	now := time.Now()
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	live := context.Background()
+	mk := func(key string, ctx context.Context, deadline time.Time, owed bool, n int) *call {
+		return &call{ctx: ctx, deadline: deadline, keys: []string{key}, records: []string{key + ":slices"},
+			args: []any{n, "3:10:1:1"}, owed: owed, done: make(chan outcome, 1)}
+	}
+	calls := []*call{
+		mk("live", live, now.Add(time.Second), false, 1),
+		mk("past", live, now.Add(-time.Millisecond), false, 1),
+		mk("left", gone, now.Add(time.Second), false, 1),
+		mk("owed-past", live, now.Add(-time.Millisecond), true, 1),
+		mk("owed-left", gone, now.Add(time.Second), true, 1),
+		mk("owed-live", live, now.Add(time.Second), true, 1),
+		mk("check", live, now.Add(time.Second), false, -1),
+	}
+	s := &send{calls: slices.Clone(calls)}
+	if !s.build(now) {
+		t.Fatal("build left no call")
+	}
+	want := []any{1, "3:10:1:1", -1, "3:10:1:1", -1, "3:10:1:1", 1, "3:10:1:1", -1, "3:10:1:1"}
+	wantKeys := []string{"live", "owed-past", "owed-left", "owed-live", "check",
+		"live:slices", "owed-past:slices", "owed-left:slices", "owed-live:slices", "check:slices"}
+	if fmt.Sprint(s.args) != fmt.Sprint(want) || fmt.Sprint(s.keys) != fmt.Sprint(wantKeys) {
+		t.Fatalf("built args %v keys %v, want %v %v", s.args, s.keys, want, wantKeys)
+	}
+	for _, c := range calls {
+		dropped := c.keys[0] == "past" || c.keys[0] == "left"
+		select {
+		case o := <-c.done:
+			if !dropped || !errors.Is(o.err, ErrOverloaded) {
+				t.Errorf("%s: answered %v at build", c.keys[0], o.err)
+			}
+		default:
+			if dropped {
+				t.Errorf("%s: left out without an answer", c.keys[0])
+			}
+		}
+	}
+	if (&send{calls: []*call{mk("past", live, now.Add(-time.Millisecond), false, 1)}}).build(now) {
+		t.Error("a send of late calls only: built, want none left")
 	}
 }

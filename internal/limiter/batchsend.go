@@ -27,8 +27,9 @@ import (
 // deadline is the latest of the batch's callers' deadlines, at most the
 // store timeout from now: past it, every caller has been answered, and a
 // call still sent would charge requests answered by failure mode.
-// Owed calls (call.owed), which go whatever their callers do, have the
-// whole store timeout: they go apart from the other calls (exec).
+// A batch holding an owed call (call.owed), which goes whatever its caller
+// does, has the whole store timeout: its other calls are left out once
+// their own deadlines pass (send.build).
 func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
@@ -73,38 +74,8 @@ const (
 	formEval                 // EVAL, which also caches the script
 )
 
-// exec sends a batch and gives every call its outcome. Its owed calls go
-// beside its other calls, in a pipeline of their own on a deadline of
-// their own (see deadline): a re-send of another call stops at its
-// callers' deadlines.
+// exec sends a batch and gives every call its outcome.
 func (b *batcher) exec(batch []*call) {
-	owed := 0
-	for _, c := range batch {
-		if c.owed {
-			owed++
-		}
-	}
-	if owed > 0 && owed < len(batch) {
-		own := make([]*call, 0, owed)
-		others := batch[:0]
-		for _, c := range batch {
-			if c.owed {
-				own = append(own, c)
-			} else {
-				others = append(others, c)
-			}
-		}
-		var owedSent sync.WaitGroup
-		owedSent.Go(func() { b.execPart(own) })
-		b.execPart(others)
-		owedSent.Wait()
-		return
-	}
-	b.execPart(batch)
-}
-
-// execPart sends calls that are all owed, or none of which is.
-func (b *batcher) execPart(batch []*call) {
 	ctx, cancel := context.WithDeadline(context.Background(), b.deadline(batch))
 	defer cancel()
 	ctx, span := b.startSpan(ctx, batch)
@@ -246,17 +217,50 @@ func (b *batcher) sends(batch []*call) []*send {
 			last = s
 		}
 		s.calls = append(s.calls, c)
+	}
+	return sends
+}
+
+// build makes a decide send's keys and args from its calls as they stand
+// at now, before each time it goes (a re-send too): a call whose caller
+// left or whose deadline passed is answered and left out, as it would
+// charge a request its caller answered by failure mode; but an owed one
+// (call.owed), which goes as a check: its settlements and recorded costs
+// are applied whatever its request's fate (decide.lua), and nothing else
+// is charged. It reports whether any call is left. A script send is
+// built already.
+func (s *send) build(now time.Time) bool {
+	if s.script != nil {
+		return true
+	}
+	calls := s.calls[:0]
+	s.keys, s.args = s.keys[:0], s.args[:0]
+	for _, c := range s.calls {
+		late := c.ctx.Err() != nil || !now.Before(c.deadline)
+		if late && !c.owed {
+			c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, context.DeadlineExceeded)}
+			continue
+		}
+		if late {
+			c.args[0] = -abs(c.args[0].(int)) // the request's hit count: negative, only checks
+		}
+		calls = append(calls, c)
 		s.keys = append(s.keys, c.keys...)
 		s.args = append(s.args, c.args...)
 	}
-	for _, s := range sends {
-		if s.script == nil {
-			for _, c := range s.calls {
-				s.keys = append(s.keys, c.records...) // after every hit's key
-			}
-		}
+	for _, c := range calls {
+		s.keys = append(s.keys, c.records...) // after every hit's key
 	}
-	return sends
+	clear(s.calls[len(calls):])
+	s.calls = calls
+	return len(calls) > 0
+}
+
+func abs(n int) int {
+	if n < 0 {
+		return -n
+	}
+	return n
 }
 
 // maxResends bounds the times one command is re-sent for NOSCRIPT, a
@@ -276,6 +280,11 @@ func (b *batcher) perform(ctx context.Context, ss []*send) []*send {
 	var last []*send
 	wait := time.Millisecond
 	for len(ss) > 0 {
+		now := time.Now()
+		ss = slices.DeleteFunc(ss, func(s *send) bool { return !s.build(now) })
+		if len(ss) == 0 {
+			break
+		}
 		for _, group := range byTarget(ss) {
 			b.pipeline(ctx, group[0].target, group)
 		}
@@ -338,8 +347,7 @@ func (s *send) split(ctx context.Context) []*send {
 	for i, c := range s.calls {
 		cmd := redis.NewIntSliceCmd(ctx)
 		cmd.SetErr(s.cmd.Err())
-		keys := append(slices.Clip(c.keys), c.records...)
-		parts[i] = &send{calls: []*call{c}, keys: keys, args: c.args, form: s.form, target: s.target, asking: s.asking, resends: s.resends, cmd: cmd}
+		parts[i] = &send{calls: []*call{c}, form: s.form, target: s.target, asking: s.asking, resends: s.resends, cmd: cmd} // built before it goes
 	}
 	return parts
 }

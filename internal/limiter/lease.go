@@ -125,7 +125,8 @@ func (h *Hit) givesBack() bool { return h.Refund || h.Settle != "" }
 // while nothing runs in it. The handler waits for the call's answer in the
 // background and settles, by its nonce, every lease it took; when the
 // answer is an error but the call may have run (the client stops reading
-// at the deadline), every lease it asked for: a settlement frees only what
+// at the deadline; the caller may take that error itself, see
+// call.answered), every lease it asked for: a settlement frees only what
 // its nonce names, nothing if the lease was never taken. What it needs of
 // the hits is copied now: the caller's hits do not outlive its call.
 func (l *Limiter) orphanedLeases(hits []Hit, group []int, nonces []string) func(<-chan outcome) {

@@ -299,13 +299,15 @@ func TestLeaseMergedWithACheck(t *testing.T) {
 
 // slowAnswers is a TCP proxy in front of a store that, while slow is set,
 // holds each answer back a second: the store runs every command at once,
-// and the way back is slow. forwarded, when set, is told (if it has room)
-// of each write from a client while slow.
+// and the way back is slow. forwarded and holding, when set, are told (if
+// they have room) of each write from a client while slow, and of each
+// answer held.
 type slowAnswers struct {
 	ln        net.Listener
 	to        string
 	slow      atomic.Bool
 	forwarded chan struct{}
+	holding   chan struct{}
 	mu        sync.Mutex
 	conns     []net.Conn
 	wg        sync.WaitGroup
@@ -359,12 +361,10 @@ func (p *slowAnswers) pipe(from, to net.Conn, answers bool) {
 		if n > 0 {
 			if p.slow.Load() {
 				if answers {
+					tell(p.holding)
 					time.Sleep(time.Second)
-				} else if p.forwarded != nil {
-					select {
-					case p.forwarded <- struct{}{}:
-					default:
-					}
+				} else {
+					tell(p.forwarded)
 				}
 			}
 			if _, err := to.Write(buf[:n]); err != nil {
@@ -373,6 +373,16 @@ func (p *slowAnswers) pipe(from, to net.Conn, answers bool) {
 		}
 		if err != nil {
 			return
+		}
+	}
+}
+
+// tell sends on c if it is set and has room.
+func tell(c chan struct{}) {
+	if c != nil {
+		select {
+		case c <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -474,15 +484,17 @@ func TestLateReleaseFreesItsSeat(t *testing.T) {
 // TestOwedCallsOfACallerGone: a lease's settlement and a cost already
 // spent (a metadata-free acquisition, recorded even when denied) whose
 // caller has already gone (Envoy's call cancelled) are queued and sent all
-// the same: Envoy sends the acquisition's release whatever its fate, and
-// a release without its acquisition would free another's seat.
+// the same, once: Envoy sends the acquisition's release whatever its fate,
+// and a release without its acquisition would free another's seat. Sent
+// for a caller gone, the call is a check: a plain hit and a lease beside
+// the recorded cost are not charged.
 func TestOwedCallsOfACallerGone(t *testing.T) {
-	const limit, window = 1, time.Minute
+	const limit, window = 2, time.Minute
 	l, _ := newSlowLimiter(t)
-	gone := func(h Hit) {
+	gone := func(hits ...Hit) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		_, _ = l.Decide(ctx, []Hit{h}) // answered or not, it is applied
+		_, _ = l.Decide(ctx, hits) // answered or not, it is applied
 	}
 	applied := func(key string, left uint64) {
 		t.Helper()
@@ -493,12 +505,51 @@ func TestOwedCallsOfACallerGone(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	for range 20 {
+	for range 10 {
 		v := decide1(t, l, seat("leased", limit, window, 0))
 		gone(settle("leased", limit, window, v.Lease, 0))
-		applied("leased", 1)
-		gone(acquisition("recorded", limit, window))
-		applied("recorded", 0)
+		applied("leased", limit)
+		gone(acquisition("recorded", limit, window), hit(config.SlidingWindowLog, "plain", limit, window, 1), seat("seat", limit, window, 0))
+		applied("recorded", limit-1)
 		decide1(t, l, release("recorded", limit, window, true))
+		if left := seatsLeft(t, l, "recorded", limit, window); left != limit {
+			t.Fatalf("recorded: %d left after its release, want %d (the acquisition applied once)", left, limit)
+		}
+	}
+	for _, key := range []string{"plain", "seat"} {
+		if left := seatsLeft(t, l, key, limit, window); left != limit {
+			t.Fatalf("%s, beside a recorded cost whose caller had gone: %d left, want %d (not charged)", key, left, limit)
+		}
+	}
+}
+
+// TestOwedCallKeepsItsPlace: an acquisition whose caller has gone and its
+// release, queued behind a batch in flight, run in their queue order: the
+// release frees the acquisition's seat, not another's, and never comes
+// first (on an empty log it would free nothing, and the acquisition would
+// then hold a seat until the window forgets it).
+func TestOwedCallKeepsItsPlace(t *testing.T) {
+	const limit, window = 2, time.Minute
+	l, slow := newSlowLimiter(t)
+	slow.holding = make(chan struct{}, 1)
+	slow.slow.Store(true)
+	inFlight := make(chan error, 1)
+	go func() {
+		_, err := l.Decide(context.Background(), []Hit{hit(config.SlidingWindowLog, "other", limit, window, 1)})
+		inFlight <- err
+	}()
+	<-slow.holding // a batch is in flight for a second: later calls gather behind it
+	slow.slow.Store(false)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, _ = l.Decide(ctx, []Hit{acquisition("kept", limit, window)})
+	if _, err := l.Decide(context.Background(), []Hit{release("kept", limit, window, true)}); err != nil {
+		t.Fatalf("the release: %v", err)
+	}
+	if err := <-inFlight; err != nil {
+		t.Fatalf("the call in flight: %v", err)
+	}
+	if left := seatsLeft(t, l, "kept", limit, window); left != limit {
+		t.Fatalf("an acquisition and its release, in that order: %d left, want %d", left, limit)
 	}
 }

@@ -14,7 +14,8 @@ import (
 )
 
 // refundScript undoes the charges of a request denied across cluster slots,
-// and those of its quotas that turned out over.
+// those of its quotas that turned out over, and the leases whose caller
+// never heard of them (Limiter.orphanedLeases).
 var refundScript = redis.NewScript(lua.Refund())
 
 // All or nothing across Redis Cluster slots is this refund, not one atomic
@@ -43,8 +44,8 @@ func takeBack(h *Hit, v *Verdict) {
 }
 
 // refund takes back, in the background, the charges of the hits back
-// marks (takenBack; what names the refund in a failure), so that the answer waits for no more than its
-// deadline. The verdicts say uncharged at once; until the refund lands (one
+// marks (takenBack, or orphaned leases; what names the refund in a
+// failure), so that the answer waits for no more than its deadline. The verdicts say uncharged at once; until the refund lands (one
 // round trip) other requests can see the charge. The refund has a deadline
 // of its own and outlives the caller's cancellation. A charge that cannot be
 // taken back stays counted until its window forgets it; the failure reaches

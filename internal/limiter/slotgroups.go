@@ -220,15 +220,18 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	return nil
 }
 
-// owed reports whether the hits at indexes group are owed to the store
-// whatever their caller does (see call.owed): a lease's settlement, a cost
-// already spent (Record), and nothing that gives back units it does not
-// name (a Refund).
+// owed reports whether the call of the hits at indexes group is owed to
+// the store whatever its caller does (see call.owed): it holds a lease's
+// settlement or a cost already spent (Record), and nothing that gives
+// back units it does not name (a Refund) or records only on a condition
+// (an RLQS fleet's lease, RecordIfAlone: no cost spent yet). Sent once its
+// caller left, it goes as a check (send.build): its other hits are not
+// charged.
 func owed(hits []Hit, group []int) bool {
 	some := false
 	for _, i := range group {
 		h := &hits[i]
-		if h.Refund {
+		if h.Refund || h.RecordIfAlone {
 			return false
 		}
 		some = some || h.Settle != "" || h.Record
