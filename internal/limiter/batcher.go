@@ -110,6 +110,10 @@ type call struct {
 	// id names. A release that names no seat is not owed: its acquisition
 	// may have gone unsent.
 	owed bool
+	// checked marks an owed call sent as a check (send.build; the worker's
+	// alone): its reply decides nothing for its caller, who is answered
+	// ErrOverloaded, as for a call not sent.
+	checked bool
 }
 
 // outcome is what a call gets back.

@@ -29,7 +29,8 @@ import (
 // call still sent would charge requests answered by failure mode.
 // A batch holding an owed call (call.owed), which goes whatever its caller
 // does, has the whole store timeout: its other calls are left out once
-// their own deadlines pass (send.build).
+// their own deadlines pass (send.build), though a connection dialled
+// inside the pipeline can still write one a little past its deadline.
 func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
@@ -91,13 +92,17 @@ func (b *batcher) exec(batch []*call) {
 			err = fmt.Errorf("%w: %d values for %d hits", errBadReply, len(vals), hits)
 		}
 		for _, c := range s.calls {
-			if err != nil {
-				c.done <- outcome{err: err}
-				continue
-			}
 			n := 4 * len(c.keys)
-			c.done <- outcome{vals: vals[:n:n]}
-			vals = vals[n:]
+			switch {
+			case err != nil:
+				c.done <- outcome{err: err}
+			case c.checked: // a caller still waiting answers by its failure mode
+				c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, context.DeadlineExceeded)}
+				vals = vals[n:]
+			default:
+				c.done <- outcome{vals: vals[:n:n]}
+				vals = vals[n:]
+			}
 		}
 	}
 }
@@ -243,6 +248,7 @@ func (s *send) build(now time.Time) bool {
 		}
 		if late {
 			c.args[0] = -abs(c.args[0].(int)) // the request's hit count: negative, only checks
+			c.checked = true
 		}
 		calls = append(calls, c)
 		s.keys = append(s.keys, c.keys...)

@@ -553,3 +553,36 @@ func TestOwedCallKeepsItsPlace(t *testing.T) {
 		t.Fatalf("an acquisition and its release, in that order: %d left, want %d", left, limit)
 	}
 }
+
+// TestCheckedCallAnswersNothing: an owed call sent as a check (its
+// deadline passed; its caller may still be waiting, within the margin the
+// limiter keeps) applies its recorded cost and charges nothing else, and
+// its caller is answered ErrOverloaded, never the check's admissions as if
+// decided: its request goes by failure mode.
+func TestCheckedCallAnswersNothing(t *testing.T) {
+	const limit, window = 2, time.Minute
+	l, _ := newSlowLimiter(t)
+	b := newBatcher(l.router.(singleRouter).client, 5*time.Second, nil, nil)
+	t.Cleanup(b.close)
+	hits := []Hit{acquisition("recorded", limit, window), hit(config.SlidingWindowLog, "plain", limit, window, 1)}
+	args := []any{len(hits)}
+	for i := range hits {
+		arg, err := hitArg(&hits[i], nil, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, arg)
+	}
+	c := &call{ctx: context.Background(), deadline: time.Now().Add(-time.Millisecond), keys: []string{hits[0].Key, hits[1].Key},
+		args: args, owed: true, done: make(chan outcome, 1)}
+	b.exec([]*call{c})
+	if o := <-c.done; !errors.Is(o.err, ErrOverloaded) {
+		t.Fatalf("the caller of an owed call sent as a check: %v %v, want ErrOverloaded", o.vals, o.err)
+	}
+	if left := seatsLeft(t, l, "recorded", limit, window); left != limit-1 {
+		t.Fatalf("recorded: %d left, want its cost applied (%d left)", left, limit-1)
+	}
+	if left := seatsLeft(t, l, "plain", limit, window); left != limit {
+		t.Fatalf("plain: %d left, want nothing charged (%d left)", left, limit)
+	}
+}
