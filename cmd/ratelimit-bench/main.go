@@ -313,6 +313,7 @@ type Measurement struct {
 	SvcCPU, RedisCPU, ClientCPU time.Duration
 	Counters                    map[string]float64 // the service's failure counters over the interval (parseCounters)
 	Commands                    int64              // commands redis-server ran over the interval (INFO commandstats, less INFO)
+	CommandMix                  map[string]int64   // the same, by command
 	Profile                     string
 	Busy                        time.Duration // a latency scenario's target after the load stopped (settle)
 }
@@ -557,7 +558,7 @@ func measure(ctx context.Context, o options, s Scenario, newCall func(int) Class
 		profile = make(chan error, 1)
 		go func() { profile <- fetchProfile(t.pprofAddr, secs, m.Profile) }()
 	}
-	commands0, err := redisCommands(ctx, rdb)
+	commands0, err := redisCommandCounts(ctx, rdb)
 	if err != nil {
 		return nil, err
 	}
@@ -581,14 +582,20 @@ func measure(ctx context.Context, o options, s Scenario, newCall func(int) Class
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return nil, err
 	}
-	commands1, err := redisCommands(ctx, rdb)
+	commands1, err := redisCommandCounts(ctx, rdb)
 	if err != nil {
 		return nil, err
 	}
 	m.Result = r.Stop()
 	stopped = true
 	m.SvcCPU, m.RedisCPU, m.ClientCPU = svc1-svc0, redis1-redis0, self1-self0
-	m.Commands = commands1 - commands0
+	m.CommandMix = map[string]int64{}
+	for name, n := range commands1 {
+		if d := n - commands0[name]; d > 0 {
+			m.CommandMix[name] = d
+			m.Commands += d
+		}
+	}
 	after, err := t.counters()
 	if err != nil {
 		return nil, err

@@ -230,6 +230,7 @@ func writeMarkdown(w io.Writer, rep *Report) {
 		writeMatrix(w, rep)
 	}
 	writeSkew(w, rep)
+	writeCommandMix(w, rep.Skew)
 	writeLatency(w, rep)
 	writeRLQS(w, rep.RLQS)
 	writeBursts(w, o, rep.Bursts)

@@ -126,7 +126,18 @@ func (r *RLQSRun) perAdmitted() float64 {
 // commandCalls is the number of commands redis-server ran by INFO
 // commandstats (lines cmdstat_<name>:calls=N,...), less the INFO calls.
 func commandCalls(info string) (int64, error) {
+	counts, err := commandCounts(info)
 	var n int64
+	for _, c := range counts {
+		n += c
+	}
+	return n, err
+}
+
+// commandCounts is the calls of each command redis-server ran by INFO
+// commandstats, by its name in upper case, but INFO.
+func commandCounts(info string) (map[string]int64, error) {
+	counts := map[string]int64{}
 	for line := range strings.Lines(info) {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
 		if !ok || name == "cmdstat_info" {
@@ -135,19 +146,28 @@ func commandCalls(info string) (int64, error) {
 		calls, _, _ := strings.Cut(rest, ",")
 		c, err := strconv.ParseInt(calls, 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("commandstats line %q: %w", line, err)
+			return nil, fmt.Errorf("commandstats line %q: %w", line, err)
 		}
-		n += c
+		counts[strings.ToUpper(strings.TrimPrefix(name, "cmdstat_"))] = c
 	}
-	return n, nil
+	return counts, nil
 }
 
 func redisCommands(ctx context.Context, rdb *redis.Client) (int64, error) {
+	counts, err := redisCommandCounts(ctx, rdb)
+	var n int64
+	for _, c := range counts {
+		n += c
+	}
+	return n, err
+}
+
+func redisCommandCounts(ctx context.Context, rdb *redis.Client) (map[string]int64, error) {
 	info, err := rdb.Info(ctx, "commandstats").Result()
 	if err != nil {
-		return 0, fmt.Errorf("INFO commandstats: %w", err)
+		return nil, fmt.Errorf("INFO commandstats: %w", err)
 	}
-	return commandCalls(info)
+	return commandCounts(info)
 }
 
 // tally counts a run's requests while it is measuring.

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"regexp"
 	"slices"
@@ -489,4 +491,43 @@ func writeSkew(w io.Writer, rep *Report) {
 			percent1(float64(m.Cold.Count())/calls), ms(m.Cold.Quantile(0.5)), ms(m.Cold.Quantile(0.99)),
 			ms(m.Latency.Quantile(0.5)), ms(m.Latency.Quantile(0.99)))
 	}
+}
+
+// writeCommandMix writes, for each skewed-keys scenario, the Redis commands
+// per decision by command: where a decision's commands go (a decide call,
+// the reads and writes its script makes, a slice's record and give back).
+func writeCommandMix(w io.Writer, ms []*Measurement) {
+	if !slices.ContainsFunc(ms, func(m *Measurement) bool { return len(m.CommandMix) > 0 }) {
+		return
+	}
+	fmt.Fprintln(w, "\nRedis commands per decision by command, in the same measured intervals (INFO commandstats; "+
+		"the commands a script or function runs counted under their own names, the call itself under FCALL or EVALSHA):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| scenario | commands / decision | by command |")
+	fmt.Fprintln(w, "| --- | ---: | --- |")
+	for _, m := range ms {
+		if m.Decisions == 0 || len(m.CommandMix) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %.2f | %s |\n", m.Name(), m.commandsPerDecision(), commandMix(m.CommandMix, m.Decisions))
+	}
+}
+
+// commandMix is mix per decision, the most called first, those under one
+// call in a thousand decisions left out.
+func commandMix(mix map[string]int64, decisions uint64) string {
+	names := slices.Collect(maps.Keys(mix))
+	slices.SortFunc(names, func(a, b string) int {
+		if c := cmp.Compare(mix[b], mix[a]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	var parts []string
+	for _, name := range names {
+		if per := float64(mix[name]) / float64(decisions); per >= 0.001 {
+			parts = append(parts, fmt.Sprintf("%s %.3f", name, per))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

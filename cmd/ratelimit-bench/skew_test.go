@@ -579,3 +579,13 @@ func TestHoldsMinuteStart(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandMix: the commands per decision, the most called first, those
+// under one in a thousand decisions left out.
+func TestCommandMix(t *testing.T) {
+	mix := map[string]int64{"SET": 2500, "FCALL": 420, "MGET": 420, "TIME": 420, "HSET": 44, "PING": 5}
+	want := "SET 0.250, FCALL 0.042, MGET 0.042, TIME 0.042, HSET 0.004"
+	if got := commandMix(mix, 10_000); got != want {
+		t.Fatalf("commandMix = %q, want %q", got, want)
+	}
+}
