@@ -7,19 +7,17 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/netproxy"
 )
 
 // freePorts returns n distinct free loopback ports (freePort).
@@ -53,7 +51,7 @@ type redisProc struct {
 	cmd    *exec.Cmd
 	out    *syncBuffer
 	exited chan struct{}
-	proxy  *delayProxy // nil when clients connect directly
+	proxy  *netproxy.Proxy // nil when clients connect directly
 	client *redis.Client
 }
 
@@ -95,7 +93,7 @@ func (p *redisProc) kill() {
 	_ = p.cmd.Process.Kill() // it may have exited already; p.exited is what counts
 	<-p.exited
 	if p.proxy != nil {
-		p.proxy.close()
+		p.proxy.Close()
 	}
 }
 
@@ -116,7 +114,7 @@ type redisCluster struct {
 }
 
 type clusterOptions struct {
-	// proxied puts a delayProxy in front of every node and makes the nodes
+	// proxied puts a proxy (startProxy) in front of every node and makes the nodes
 	// announce the proxies' addresses, so that every client (the service's,
 	// the test's, the replicas') goes through them. The cluster bus does
 	// not.
@@ -158,8 +156,8 @@ func startClusterWith(t *testing.T, opts clusterOptions) *redisCluster {
 		}
 		node := startProc(t, fmt.Sprintf("cluster node %d", i), server, port, args...)
 		if opts.proxied {
-			node.proxy = startDelayProxy(t, proxyPort, node.addr)
-			node.addr = node.proxy.addr
+			node.proxy = startProxy(t, proxyPort, node.addr)
+			node.addr = node.proxy.Addr()
 		}
 		node.client = redis.NewClient(&redis.Options{Addr: node.addr, MaxRetries: -1})
 		c.nodes = append(c.nodes, node)
@@ -202,7 +200,7 @@ func (c *redisCluster) url() string {
 // nodes by d (0: none).
 func (c *redisCluster) setDelay(d time.Duration) {
 	for _, node := range c.nodes {
-		node.proxy.delay.Store(int64(d))
+		setDelay(node.proxy, d)
 	}
 }
 
@@ -393,140 +391,22 @@ func (c *redisCluster) spread(t *testing.T, prefix string, keyOf func(value stri
 	return values
 }
 
-// delayProxy forwards TCP connections to a Redis node; what clients send
-// reaches the node delay later (answers are not delayed), so a command
-// costs one round trip of delay more. Order is kept: chunks are forwarded
-// in the order they came, each at its arrival time plus the delay.
-type delayProxy struct {
-	addr   string
-	ln     net.Listener
-	target string
-	delay  atomic.Int64 // nanoseconds
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
-}
-
-func startDelayProxy(t *testing.T, port int, target string) *delayProxy {
+// startProxy puts a proxy on port (0: any) in front of a Redis node at
+// target, stopped when the test ends. setDelay delays what clients send by
+// d (answers are not delayed), so a command costs one round trip of d
+// more.
+func startProxy(t *testing.T, port int, target string) *netproxy.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	p, err := netproxy.Start("127.0.0.1:"+strconv.Itoa(port), target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &delayProxy{addr: ln.Addr().String(), ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.serve()
-	t.Cleanup(p.close)
+	t.Cleanup(p.Close)
 	return p
 }
 
-func (p *delayProxy) serve() {
-	defer p.wg.Done()
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			drop(client)
-			continue
-		}
-		if !p.track(client, server) {
-			return
-		}
-		p.wg.Add(2)
-		go func() {
-			defer p.wg.Done()
-			// Either side closing ends the copy: that is how a proxied
-			// connection ends, not a failure.
-			_, _ = io.Copy(client, server)
-			drop(client)
-			drop(server)
-		}()
-		go func() {
-			defer p.wg.Done()
-			p.forward(server, client)
-			drop(client)
-			drop(server)
-		}()
-	}
-}
-
-// track records a connection pair, or closes it when the proxy is closed.
-func (p *delayProxy) track(conns ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		for _, c := range conns {
-			drop(c)
-		}
-		return false
-	}
-	for _, c := range conns {
-		p.conns[c] = struct{}{}
-	}
-	return true
-}
-
-type chunk struct {
-	data []byte
-	at   time.Time
-}
-
-// forward copies from src to dst, each chunk delayed from its arrival.
-func (p *delayProxy) forward(dst, src net.Conn) {
-	chunks := make(chan chunk, 1024)
-	go func() {
-		defer close(chunks)
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				chunks <- chunk{data: slices.Clone(buf[:n]), at: time.Now()}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	for c := range chunks {
-		if d := time.Duration(p.delay.Load()); d > 0 {
-			waitUntil(c.at.Add(d))
-		}
-		if _, err := dst.Write(c.data); err != nil {
-			drop(src)
-			for range chunks {
-			}
-			return
-		}
-	}
-}
-
-// close stops accepting and drops every connection, as a killed process's
-// sockets would be.
-func (p *delayProxy) close() {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return
-	}
-	p.closed = true
-	drop(p.ln)
-	for c := range p.conns {
-		drop(c)
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-// drop closes a proxied connection or the listener, as a killed process's
-// sockets close; an error means it was closed already, which is the end wanted.
-func drop(c io.Closer) {
-	_ = c.Close()
-}
+// setDelay delays what clients send through p by d.
+func setDelay(p *netproxy.Proxy, d time.Duration) { p.SetDelays(d, 0) }
 
 // redisSentinel is a master, its replica, and 3 sentinels monitoring them.
 type redisSentinel struct {
@@ -537,7 +417,7 @@ type redisSentinel struct {
 	// link carries the replica's replication from the master: closing it
 	// cuts the replica off, so that the writes the master acknowledges
 	// from then on are never replicated (a lagging replica).
-	link *delayProxy
+	link *netproxy.Proxy
 }
 
 // startSentinel starts a master, a replica of it, and 3 sentinels (quorum
@@ -556,7 +436,7 @@ func startSentinel(t *testing.T) *redisSentinel {
 		"--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1"}
 	s.master = startProc(t, "master", server, ports[0],
 		append([]string{"--port", strconv.Itoa(ports[0]), "--dir", t.TempDir()}, common...)...)
-	s.link = startDelayProxy(t, ports[5], s.master.addr)
+	s.link = startProxy(t, ports[5], s.master.addr)
 	s.replica = startProc(t, "replica", server, ports[1],
 		append([]string{"--port", strconv.Itoa(ports[1]), "--dir", t.TempDir(), "--replicaof", "127.0.0.1", strconv.Itoa(ports[5])}, common...)...)
 	for _, p := range []*redisProc{s.master, s.replica} {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/slidingwindow/ratelimit/internal/netproxy"
 )
 
 // regionsConfig is one global limit of 60 per 3 s, each region keeping a
@@ -85,15 +87,15 @@ func TestRegionsOneLimit(t *testing.T) {
 	type region struct {
 		name    string
 		redis   *redisServer
-		proxy   *delayProxy
+		proxy   *netproxy.Proxy
 		port    int
 		servers []*server
 	}
 	var regions []*region
 	for _, name := range []string{"us", "eu", "ap"} {
 		r := &region{name: name, redis: startRedis(t), port: freePort(t)}
-		r.proxy = startDelayProxy(t, r.port, ledger.addr)
-		r.proxy.delay.Store(int64(50 * time.Millisecond))
+		r.proxy = startProxy(t, r.port, ledger.addr)
+		setDelay(r.proxy, 50*time.Millisecond)
 		instances := 1
 		if name == "us" {
 			instances = 2
@@ -153,11 +155,11 @@ func TestRegionsOneLimit(t *testing.T) {
 	drive(ap, perSecond(4), 6*regionsWindow, &wg)
 	time.Sleep(2 * regionsWindow)
 	cut := time.Now()
-	eu.proxy.close() // eu's link to the ledger is cut
+	eu.proxy.Close() // eu's link to the ledger is cut
 	time.Sleep(2 * regionsWindow)
 	healed := time.Now()
-	eu.proxy = startDelayProxy(t, eu.port, ledger.addr)
-	eu.proxy.delay.Store(int64(50 * time.Millisecond))
+	eu.proxy = startProxy(t, eu.port, ledger.addr)
+	setDelay(eu.proxy, 50*time.Millisecond)
 	wg.Wait()
 	end := time.Now()
 

@@ -85,7 +85,7 @@ func TestSentinelFailoverToALaggingReplica(t *testing.T) {
 	}
 	send(80) // hot: decided from slices too
 
-	sn.link.close() // the replica hears nothing more of the master
+	sn.link.Close() // the replica hears nothing more of the master
 	send(60)
 	// A lease the last hits started lands on the master before its count
 	// is read: one landing after the read would be installed uncounted in

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +14,8 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/status"
+
+	"github.com/slidingwindow/ratelimit/internal/netproxy"
 )
 
 // One limit across regions (docs/regions.md): three regions, each its own
@@ -97,110 +98,6 @@ type RegionsRun struct {
 	Errors           map[string]int
 }
 
-// linkProxy forwards TCP connections to target, each chunk delay later
-// than it came, both ways; cut drops every connection and refuses new
-// ones until heal.
-type linkProxy struct {
-	addr, target string
-	delay        time.Duration
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
-}
-
-func startLink(target string, delay time.Duration) (*linkProxy, error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	p := &linkProxy{addr: addr, target: target, delay: delay, conns: map[net.Conn]bool{}}
-	return p, p.heal()
-}
-
-// heal listens again.
-func (p *linkProxy) heal() error {
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		return err
-	}
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	p.wg.Go(func() { p.serve(ln) })
-	return nil
-}
-
-func (p *linkProxy) serve(ln net.Listener) {
-	for {
-		client, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = client.Close() // the target is down: so is the link
-			continue
-		}
-		p.mu.Lock()
-		p.conns[client], p.conns[server] = true, true
-		p.mu.Unlock()
-		p.wg.Go(func() { p.forward(server, client) })
-		p.wg.Go(func() { p.forward(client, server) })
-	}
-}
-
-// forward copies src to dst, each chunk delay after it was read.
-func (p *linkProxy) forward(dst, src net.Conn) {
-	type chunk struct {
-		b  []byte
-		at time.Time
-	}
-	chunks := make(chan chunk, 256)
-	go func() {
-		defer close(chunks)
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				chunks <- chunk{slices.Clone(buf[:n]), time.Now()}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	for c := range chunks {
-		time.Sleep(time.Until(c.at.Add(p.delay)))
-		if _, err := dst.Write(c.b); err != nil {
-			break
-		}
-	}
-	// Either side closing ends both: that is how a proxied connection ends.
-	_ = src.Close()
-	_ = dst.Close()
-	for range chunks {
-	}
-}
-
-// cut closes the listener and every connection.
-func (p *linkProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_ = p.ln.Close() // closing is the point
-	for c := range p.conns {
-		_ = c.Close()
-		delete(p.conns, c)
-	}
-}
-
-// close cuts the link for good and waits for its goroutines.
-func (p *linkProxy) close() {
-	p.cut()
-	p.wg.Wait()
-}
-
 // measureRegions runs the regions run of each of algs, one after another
 // on the same processes: duration of demand before and after the shift
 // (half each), then the cut and the heal.
@@ -225,7 +122,7 @@ func measureRegions(ctx context.Context, o options, bin, dir string, algs []Algo
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
 	cleanup = append(cleanup, func() { _ = ledgerClient.Close(); ledger.stop(time.Second) })
-	links := make([]*linkProxy, len(regionsNames))
+	links := make([]*netproxy.Proxy, len(regionsNames))
 	clients := make([]rlsv3.RateLimitServiceClient, len(regionsNames))
 	for i, name := range regionsNames {
 		rdir := filepath.Join(dir, "region-"+name)
@@ -237,12 +134,13 @@ func measureRegions(ctx context.Context, o options, bin, dir string, algs []Algo
 			return nil, fmt.Errorf("region %s: %w", name, err)
 		}
 		cleanup = append(cleanup, func() { _ = rc.Close(); r.stop(time.Second) })
-		if links[i], err = startLink(ledgerAddr, regionsLinkDelay); err != nil {
+		if links[i], err = netproxy.Start("127.0.0.1:0", ledgerAddr); err != nil {
 			return nil, err
 		}
-		cleanup = append(cleanup, links[i].close)
+		links[i].SetDelay(regionsLinkDelay)
+		cleanup = append(cleanup, links[i].Close)
 		args := slices.Concat([]string{"--region", name, "--regions", fmt.Sprint(len(regionsNames)),
-			"--ledger-redis-url", "redis://" + links[i].addr, "--global-lease", regionsLease.String()}, o.svcArgs)
+			"--ledger-redis-url", "redis://" + links[i].Addr(), "--global-lease", regionsLease.String()}, o.svcArgs)
 		s, _, err := startService(bin, rdir, cfg, raddr, args, o.svcEnv, false)
 		if err != nil {
 			return nil, fmt.Errorf("region %s: %w", name, err)
@@ -270,7 +168,7 @@ func measureRegions(ctx context.Context, o options, bin, dir string, algs []Algo
 
 // regionsRun runs the phases of one algorithm's global rule on the
 // regions' services (clients) and their links to the ledger.
-func regionsRun(ctx context.Context, o options, alg Algorithm, clients []rlsv3.RateLimitServiceClient, links []*linkProxy,
+func regionsRun(ctx context.Context, o options, alg Algorithm, clients []rlsv3.RateLimitServiceClient, links []*netproxy.Proxy,
 	duration time.Duration, stderr io.Writer) (*RegionsRun, error) {
 	run := &RegionsRun{Algorithm: alg.Name, Errors: map[string]int{}}
 	var mu sync.Mutex
@@ -336,9 +234,9 @@ func regionsRun(ctx context.Context, o options, alg Algorithm, clients []rlsv3.R
 	phase("before the shift", regionsBefore, half, nil)
 	phase("after the shift", regionsAfter, half, nil)
 	cut := slices.Index(regionsAfter, slices.Max(regionsAfter))
-	phase(regionsNames[cut]+" cut from the ledger", regionsAfter, regionsCutWindows*regionsWindow, links[cut].cut)
+	phase(regionsNames[cut]+" cut from the ledger", regionsAfter, regionsCutWindows*regionsWindow, links[cut].Cut)
 	phase("healed", regionsAfter, regionsHealWindows*regionsWindow, func() {
-		if err := links[cut].heal(); err != nil {
+		if err := links[cut].Heal(); err != nil {
 			fmt.Fprintf(stderr, "        regions: healing %s's link: %v\n", regionsNames[cut], err)
 		}
 	})

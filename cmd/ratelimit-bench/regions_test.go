@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"math"
-	"net"
 	"os"
 	"strings"
 	"testing"
@@ -84,71 +82,5 @@ func TestRegionsPhaseMeasure(t *testing.T) {
 	p.measure(all)
 	if p.Admitted != 300+540+480+50 || p.Most != 540 || p.LeastUse != 0.8 || math.Abs(p.MeanUse-0.85) > 1e-9 || p.MostAligned != 540 {
 		t.Errorf("%+v: want 1370 admitted, most 540 (and 540 aligned), least use 80 %%, mean 85 %%", p)
-	}
-}
-
-// TestLinkProxy: the link delays what it forwards each way, cut drops its
-// connections and refuses new ones, heal serves again.
-func TestLinkProxy(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if _, err := c.Write([]byte(line)); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	const delay = 30 * time.Millisecond
-	p, err := startLink(ln.Addr().String(), delay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	echo := func() (time.Duration, error) {
-		c, err := net.DialTimeout("tcp", p.addr, time.Second)
-		if err != nil {
-			return 0, err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-		start := time.Now()
-		if _, err := c.Write([]byte("ping\n")); err != nil {
-			return 0, err
-		}
-		if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
-			return 0, err
-		}
-		return time.Since(start), nil
-	}
-	if took, err := echo(); err != nil || took < 2*delay {
-		t.Fatalf("echo through the link: %v, %v; want at least %v (both ways)", took, err, 2*delay)
-	}
-	p.cut()
-	if _, err := echo(); err == nil {
-		t.Error("an echo went through a cut link")
-	}
-	if err := p.heal(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := echo(); err != nil {
-		t.Errorf("echo once healed: %v", err)
 	}
 }

@@ -3,10 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/netproxy"
+	"github.com/slidingwindow/ratelimit/internal/waitfor"
 )
 
 // Leases on a frozen clock (miniredis, whose TIME the test sets): seats that
@@ -297,112 +296,68 @@ func TestLeaseMergedWithACheck(t *testing.T) {
 	}
 }
 
-// slowAnswers is a TCP proxy in front of a store that, while slow is set,
-// holds each answer back a second: the store runs every command at once,
-// and the way back is slow. forwarded and holding, when set, are told (if
-// they have room) of each write from a client while slow, and of each
-// answer held.
-type slowAnswers struct {
-	ln        net.Listener
-	to        string
-	slow      atomic.Bool
-	forwarded chan struct{}
-	holding   chan struct{}
-	mu        sync.Mutex
-	conns     []net.Conn
-	wg        sync.WaitGroup
-}
-
-func newSlowAnswers(t *testing.T, to string) *slowAnswers {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &slowAnswers{ln: ln, to: to}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *slowAnswers) accept() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.to)
-		if err != nil {
-			_ = client.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, client, server)
-		p.mu.Unlock()
-		p.wg.Go(func() { p.pipe(client, server, false) })
-		p.wg.Go(func() { p.pipe(server, client, true) })
-	}
-}
-
-// pipe copies from to to, slowly while slow for answers.
-func (p *slowAnswers) pipe(from, to net.Conn, answers bool) {
-	defer func() { _ = to.Close(); _ = from.Close() }()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := from.Read(buf)
-		if n > 0 {
-			if p.slow.Load() {
-				if answers {
-					tell(p.holding)
-					time.Sleep(time.Second)
-				} else {
-					tell(p.forwarded)
-				}
-			}
-			if _, err := to.Write(buf[:n]); err != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// tell sends on c if it is set and has room.
-func tell(c chan struct{}) {
-	if c != nil {
-		select {
-		case c <- struct{}{}:
-		default:
-		}
-	}
-}
-
 // newSlowLimiter returns a limiter as the service makes it (its client
 // stops reading at the deadline, and never retries) on a fresh miniredis
-// behind slowAnswers, its script loaded (a later call is sent once).
-func newSlowLimiter(t *testing.T) (*Limiter, *slowAnswers) {
+// behind a proxy whose answers a test can slow (the store runs every
+// command at once; the way back is slow), its script loaded (a later call
+// is sent once).
+func newSlowLimiter(t *testing.T) (*Limiter, *slowStore) {
 	t.Helper()
 	m := miniredis.RunT(t)
 	m.SetTime(epoch)
-	p := newSlowAnswers(t, m.Addr())
-	opts := &redis.Options{Addr: p.ln.Addr().String()}
+	p, err := netproxy.Start("127.0.0.1:0", m.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	opts := &redis.Options{Addr: p.Addr()}
 	configure(&opts.ContextTimeoutEnabled, &opts.MaxRetries)
 	client := redis.NewClient(opts)
 	t.Cleanup(func() { _ = client.Close() })
 	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
 	decide1(t, l, seat("warm-up", 1, time.Minute, 0))
-	return l, p
+	return l, &slowStore{m: m, proxy: p}
+}
+
+// slowStore is the store behind newSlowLimiter's proxy.
+type slowStore struct {
+	m     *miniredis.Miniredis
+	proxy *netproxy.Proxy
+}
+
+// slow holds every answer read from now on a second, or none.
+func (s *slowStore) slow(on bool) {
+	d := time.Duration(0)
+	if on {
+		d = time.Second
+	}
+	s.proxy.SetDelays(0, d)
+}
+
+// inFlight slows answers and starts a call whose batch is then in flight
+// for a second: later calls gather behind it. It returns once the store
+// ran the call, and the call's error comes on the channel once answered.
+// Answers stay slow until slow(false).
+func (s *slowStore) inFlight(t *testing.T, l *Limiter) <-chan error {
+	t.Helper()
+	h := hit(config.SlidingWindowLog, "in-flight", 1_000, time.Minute, 1)
+	s.slow(true)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Decide(context.Background(), []Hit{h})
+		done <- err
+	}()
+	s.ran(t, h)
+	return done
+}
+
+// ran waits until the store holds h's key: its call ran.
+func (s *slowStore) ran(t *testing.T, h Hit) {
+	t.Helper()
+	if !waitfor.True(5*time.Second, time.Millisecond, func() bool { return s.m.Exists(h.Key) }) {
+		t.Fatalf("%s: not in the store 5 s after its call", h.Key)
+	}
 }
 
 // TestOrphanedLeaseFreesItsSeat: an acquisition Redis ran but whose answer
@@ -416,19 +371,16 @@ func TestOrphanedLeaseFreesItsSeat(t *testing.T) {
 	const limit, window = 1, time.Minute
 	l, slow := newSlowLimiter(t)
 	counted := hit(config.SlidingWindowLog, "plain", limit, window, 1)
-	slow.slow.Store(true)
+	slow.slow(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	v, err := l.Decide(ctx, []Hit{seat("u", limit, window, 0), counted})
 	cancel()
-	slow.slow.Store(false)
+	slow.slow(false)
 	if !errors.Is(err, ErrStore) || !v[0].FailureVerdict || v[0].Lease != "" {
 		t.Fatalf("an acquisition answered after its deadline: %+v, %v; want a failure verdict, no lease, and ErrStore", v[0], err)
 	}
-	for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, "u", limit, window) != 1; {
-		if time.Now().After(end) {
-			t.Fatal("the orphaned lease still holds its seat 5 s after its deadline")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !waitfor.True(5*time.Second, 10*time.Millisecond, func() bool { return seatsLeft(t, l, "u", limit, window) == 1 }) {
+		t.Fatal("the orphaned lease still holds its seat 5 s after its deadline")
 	}
 	if left := seatsLeft(t, l, "plain", limit, window); left != 0 {
 		t.Fatalf("the request's plain hit: %d left, want its charge kept (0 left)", left)
@@ -450,14 +402,7 @@ func TestLateReleaseFreesItsSeat(t *testing.T) {
 	l, slow := newSlowLimiter(t)
 	leased := decide1(t, l, seat("s", limit, window, 0))
 	decide1(t, l, acquisition("anonymous", limit, window))
-	slow.forwarded = make(chan struct{}, 1)
-	slow.slow.Store(true)
-	inFlight := make(chan error, 1)
-	go func() {
-		_, err := l.Decide(context.Background(), []Hit{hit(config.SlidingWindowLog, "other", limit, window, 1)})
-		inFlight <- err
-	}()
-	<-slow.forwarded // a batch is in flight for a second: later calls gather behind it
+	inFlight := slow.inFlight(t, l)
 	for _, h := range []Hit{settle("s", limit, window, leased.Lease, 0), release("anonymous", limit, window, true)} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		_, err := l.Decide(ctx, []Hit{h})
@@ -466,15 +411,12 @@ func TestLateReleaseFreesItsSeat(t *testing.T) {
 			t.Fatalf("%+v behind a batch held a second, with a 20 ms deadline: answered, want late", h)
 		}
 	}
-	slow.slow.Store(false)
 	if err := <-inFlight; err != nil {
 		t.Fatalf("the call in flight: %v", err)
 	}
-	for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, "s", limit, window) != limit; {
-		if time.Now().After(end) {
-			t.Fatal("the late settlement was not applied 5 s after it was due")
-		}
-		time.Sleep(10 * time.Millisecond)
+	slow.slow(false)
+	if !waitfor.True(5*time.Second, 10*time.Millisecond, func() bool { return seatsLeft(t, l, "s", limit, window) == limit }) {
+		t.Fatal("the late settlement was not applied 5 s after it was due")
 	}
 	if left := seatsLeft(t, l, "anonymous", limit, window); left != limit-1 {
 		t.Fatalf("the late anonymous release: %d left, want it never sent (%d left)", left, limit-1)
@@ -498,11 +440,8 @@ func TestOwedCallsOfACallerGone(t *testing.T) {
 	}
 	applied := func(key string, left uint64) {
 		t.Helper()
-		for end := time.Now().Add(5 * time.Second); seatsLeft(t, l, key, limit, window) != left; {
-			if time.Now().After(end) {
-				t.Fatalf("%s: not %d left 5 s after a call whose caller had gone", key, left)
-			}
-			time.Sleep(time.Millisecond)
+		if !waitfor.True(5*time.Second, time.Millisecond, func() bool { return seatsLeft(t, l, key, limit, window) == left }) {
+			t.Fatalf("%s: not %d left 5 s after a call whose caller had gone", key, left)
 		}
 	}
 	for range 10 {
@@ -531,15 +470,7 @@ func TestOwedCallsOfACallerGone(t *testing.T) {
 func TestOwedCallKeepsItsPlace(t *testing.T) {
 	const limit, window = 2, time.Minute
 	l, slow := newSlowLimiter(t)
-	slow.holding = make(chan struct{}, 1)
-	slow.slow.Store(true)
-	inFlight := make(chan error, 1)
-	go func() {
-		_, err := l.Decide(context.Background(), []Hit{hit(config.SlidingWindowLog, "other", limit, window, 1)})
-		inFlight <- err
-	}()
-	<-slow.holding // a batch is in flight for a second: later calls gather behind it
-	slow.slow.Store(false)
+	inFlight := slow.inFlight(t, l)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, _ = l.Decide(ctx, []Hit{acquisition("kept", limit, window)})
@@ -549,6 +480,7 @@ func TestOwedCallKeepsItsPlace(t *testing.T) {
 	if err := <-inFlight; err != nil {
 		t.Fatalf("the call in flight: %v", err)
 	}
+	slow.slow(false)
 	if left := seatsLeft(t, l, "kept", limit, window); left != limit {
 		t.Fatalf("an acquisition and its release, in that order: %d left, want %d", left, limit)
 	}
