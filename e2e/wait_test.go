@@ -6,6 +6,7 @@ package e2e
 // to be enough.
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -46,6 +47,37 @@ func waitUntil(at time.Time) {
 // counted from the zero time, so a day's ends at midnight UTC.
 func nextEdge(window time.Duration) time.Time {
 	return time.Now().Truncate(window).Add(window)
+}
+
+// inOneWindow calls hits until one call begins and ends in one fixed window
+// of length window (windows as nextEdge counts them; Redis, the service and
+// the test read the one machine's clock), and returns what that call
+// returned: a call whose hits straddled an edge, where a fixed window's
+// count starts again, is judged by nothing. hits gets its attempt, from 1,
+// to name counters of its own, as a call that straddled an edge left its
+// hits in those it named. Three calls in a row that straddled one fail t.
+func inOneWindow[T any](t *testing.T, window time.Duration, hits func(attempt int) T) T {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		start := time.Now()
+		got := hits(attempt)
+		if end := time.Now(); start.Truncate(window).Equal(end.Truncate(window)) {
+			return got
+		}
+		if attempt == 3 {
+			t.Fatalf("three times in a row, the hits straddled the edge of a window of %v", window)
+		}
+		t.Logf("attempt %d straddled the edge of a window of %v: again, on counters of its own", attempt, window)
+	}
+}
+
+// attemptValue is value on a first attempt of inOneWindow, and value
+// suffixed with the attempt on the next ones.
+func attemptValue(value string, attempt int) string {
+	if attempt == 1 {
+		return value
+	}
+	return value + "-" + strconv.Itoa(attempt)
 }
 
 // pause paces a load generator: it waits d, or returns early once done is
