@@ -56,18 +56,19 @@ var simEpoch = time.Unix(1_800_000_000, 0)
 type simOpKind uint8
 
 const (
-	simHit       simOpKind = iota // a request of n units at inst
-	simRefund                     // a refund of up to n units at inst
-	simAdvance                    // the clock moves d
-	simLeases                     // inst's gathered leases go, the next n events between write and answer
-	simReset                      // admin Reset at inst
-	simReloadOp                   // the limit becomes n
-	simLoseReply                  // the next store call's reply is lost after its write applied
-	simFailover                   // a replica n calls behind is promoted
-	simRestart                    // the store restarts empty
-	simEnvoy                      // n requests at Envoy inst, decided by its RLQS token bucket
-	simSettle                     // a seats rule: inst settles the held lease n selects, at cost
-	simHold                       // the next lease sent, however, answers after the n events then next
+	simHit        simOpKind = iota // a request of n units at inst
+	simRefund                      // a refund of up to n units at inst
+	simAdvance                     // the clock moves d
+	simLeases                      // inst's gathered leases go, the next n events between write and answer
+	simReset                       // admin Reset at inst
+	simReloadOp                    // the limit becomes n
+	simLoseReply                   // the next store call's reply is lost after its write applied
+	simFailover                    // a replica n calls behind is promoted
+	simRestart                     // the store restarts empty
+	simEnvoy                       // n requests at Envoy inst, decided by its RLQS token bucket
+	simSettle                      // a seats rule: inst settles the held lease n selects, at cost
+	simHold                        // the next lease sent, however, answers after the n events then next
+	simSlowSecond                  // the per-second store answers the next request with a part there after the n events then next
 )
 
 type simOp struct {
@@ -76,11 +77,17 @@ type simOp struct {
 	n    uint64
 	d    time.Duration
 	cost uint64 // a settlement's actual cost
+	// only marks a hit of the rule's descriptor alone, where the rule has a
+	// per-second companion (simRule.perSecond): another route's request.
+	only bool
 }
 
 func (o simOp) String() string {
 	switch o.kind {
 	case simHit:
+		if o.only {
+			return fmt.Sprintf("hit(i%d, %d, alone)", o.inst, o.n)
+		}
 		return fmt.Sprintf("hit(i%d, %d)", o.inst, o.n)
 	case simRefund:
 		return fmt.Sprintf("refund(i%d, %d)", o.inst, o.n)
@@ -104,6 +111,8 @@ func (o simOp) String() string {
 		return fmt.Sprintf("settle(i%d, lease %d, cost %d)", o.inst, o.n, o.cost)
 	case simHold:
 		return fmt.Sprintf("hold(next lease, during %d)", o.n)
+	case simSlowSecond:
+		return fmt.Sprintf("slow-per-second(next request, during %d)", o.n)
 	}
 	return "?"
 }
@@ -122,6 +131,12 @@ type simRule struct {
 	// rule is never decided from a slice.
 	seats    bool
 	leaseTTL time.Duration
+	// perSecond, when not 0, is the limit of a one-second rule of the same
+	// algorithm that each request also hits (but those marked only): its
+	// counter lives on the per-second store, and limiter.Split decides the
+	// two parts at once, giving back the charge of one when the other
+	// denies. Its own bound is not checked: the rule's is.
+	perSecond uint32
 }
 
 type simSchedule struct {
@@ -154,6 +169,10 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 		r.seats = true
 		r.leaseTTL = r.window / time.Duration(1+rng.IntN(2))
 	}
+	if r.envoys == 0 && !r.seats && rng.IntN(3) == 0 {
+		// Near the rule's rate: the per-second store denies now and then.
+		r.perSecond = max(2, uint32(float64(r.limit)/r.window.Seconds()*(0.5+1.5*rng.Float64())))
+	}
 	// Demand from half to three times the limit's rate.
 	mean := time.Duration(float64(r.window) / float64(r.limit) / (0.5 + 2.5*rng.Float64()))
 	ops := make([]simOp, 0, 400)
@@ -164,7 +183,11 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			ops = append(ops, simOp{kind: simEnvoy, inst: rng.IntN(r.envoys), n: 1 + uint64(rng.IntN(3))})
 			ops = append(ops, simOp{kind: simAdvance, d: time.Duration(rng.ExpFloat64() * float64(mean)).Round(time.Millisecond)})
 		case p < 520:
-			ops = append(ops, simOp{kind: simHit, inst: inst, n: 1 + uint64(rng.IntN(8)/6)})
+			n := 1 + uint64(rng.IntN(8)/6)
+			if r.perSecond > 0 && rng.IntN(8) == 0 {
+				n = uint64(1 + rng.IntN(int(min(r.limit, r.perSecond))))
+			}
+			ops = append(ops, simOp{kind: simHit, inst: inst, n: n, only: r.perSecond > 0 && rng.IntN(3) == 0})
 			ops = append(ops, simOp{kind: simAdvance, d: time.Duration(rng.ExpFloat64() * float64(mean)).Round(time.Millisecond)})
 		case p < 560:
 			// A burst at one instance, back to back: a window filled to
@@ -176,6 +199,23 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			// A seat given back (cost 0), or a reservation settled by its
 			// actual cost, more or less than it took.
 			ops = append(ops, simOp{kind: simSettle, inst: inst, n: uint64(rng.IntN(8)), cost: uint64(max(0, rng.IntN(6)-3))})
+		case p < 680 && rng.IntN(4) == 0:
+			// A refund of many units (a client's estimate corrected by
+			// much), then demand past the rate for a window and a half:
+			// where what a refund gave back that it did not own shows as
+			// units past a window's bound, GCRA's burst + limit above all.
+			ops = append(ops, simOp{kind: simRefund, inst: inst, n: 1 + uint64(rng.IntN(int(r.limit)))})
+			pace := r.window / time.Duration(r.limit)
+			over := 2 + rng.IntN(3)
+			for range min(int(r.limit)*over*3/2, 400) {
+				if r.perSecond > 0 && rng.IntN(8) == 0 {
+					// The per-second store slow while the window fills: a
+					// part given back after others charged.
+					ops = append(ops, simOp{kind: simSlowSecond, n: 1 + uint64(rng.IntN(4))})
+				}
+				ops = append(ops, simOp{kind: simHit, inst: rng.IntN(r.instances), n: 1, only: r.perSecond > 0 && rng.IntN(3) == 0})
+				ops = append(ops, simOp{kind: simAdvance, d: (pace / time.Duration(over)).Round(time.Millisecond)})
+			}
 		case p < 680:
 			ops = append(ops, simOp{kind: simRefund, inst: inst, n: 1 + uint64(rng.IntN(3))})
 			if rng.IntN(3) == 0 {
@@ -193,6 +233,8 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			}
 		case p < 740:
 			ops = append(ops, simOp{kind: simLeases, inst: inst, n: uint64(rng.IntN(4))})
+		case p < 800 && r.perSecond > 0 && rng.IntN(2) == 0:
+			ops = append(ops, simOp{kind: simSlowSecond, n: 1 + uint64(rng.IntN(4))})
 		case p < 800:
 			ops = append(ops, simOp{kind: simHold, n: 1 + uint64(rng.IntN(4))})
 		case p < 840:
@@ -247,6 +289,9 @@ func (s simSchedule) describe(st *simStore) string {
 	seats := ""
 	if s.rule.seats {
 		seats = fmt.Sprintf(", leases of %v", s.rule.leaseTTL)
+	}
+	if s.rule.perSecond > 0 {
+		seats += fmt.Sprintf(", beside %d a second on the per-second store", s.rule.perSecond)
 	}
 	fmt.Fprintf(&b, "seed %d: %v limit %d burst %d window %v%s, %d instances, %d Envoys, %d events: %s\n",
 		s.seed, s.rule.alg, s.rule.limit, s.rule.burst, s.rule.window, seats, s.rule.instances, s.rule.envoys, len(s.ops), v)

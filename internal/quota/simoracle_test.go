@@ -86,6 +86,35 @@ func (r *simRun) admit(n uint64) string {
 	return r.check(r.refundable())
 }
 
+// charged records n units a request's part charged now, before its answer
+// (the other part waits on its store): they count from now, and events run
+// before the answer see them, as the store does (a refund cancels the
+// newest). answered settles them.
+func (r *simRun) charged(n uint64) {
+	r.pending = len(r.admitted)
+	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n})
+}
+
+// answered settles the units charged ahead of the answer: an admitted
+// request keeps them, and its bound is checked; a denied one's were given
+// back (Split's give-back), as were, to the store, those a failover lost
+// since (what it lost of them counts as a fault's).
+func (r *simRun) answered(admitted, forgot bool) string {
+	i := r.pending
+	r.pending = -1
+	a := &r.admitted[i]
+	switch {
+	case forgot:
+		r.faults = append(r.faults, simFault{at: r.now, units: a.units - a.refunded})
+		a.refunded = a.units
+	case !admitted:
+		a.refunded = a.units
+	default:
+		return r.check(r.refundable())
+	}
+	return ""
+}
+
 // admitSeat checks a seats rule's bound after an acquisition: the seats
 // held (acquired since the last Reset, neither settled nor past their time
 // to live) and the settled costs in the window within the limit.

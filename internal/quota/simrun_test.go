@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,21 +22,156 @@ import (
 // clock and faults it owns, the instances' ledger, the Envoys' RLQS
 // buckets, and each event applied.
 
-// simStore is the store the instances share: a miniredis, its client and
-// limiter, reused across schedules (flushed between them).
+// simStore is the stores the instances share: the main one, a miniredis,
+// its client and limiter, and the per-second one (REDIS_PERSECOND: the
+// one-second rules' store, limiter.Split), each with its gate; reused
+// across schedules (flushed between them).
 type simStore struct {
-	m   *miniredis.Miniredis
-	lim *limiter.Limiter
+	m, ms       *miniredis.Miniredis
+	lim, second *limiter.Limiter
+	gate, gateS *simGate
 }
 
 func newSimStore(t *testing.T) *simStore {
 	t.Helper()
-	m := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})
-	t.Cleanup(func() { client.Close() })
-	lim := limiter.New(client, &limiter.Options{Timeout: 10 * time.Second, DenyCache: -1})
-	t.Cleanup(lim.Close)
-	return &simStore{m: m, lim: lim}
+	st := &simStore{}
+	open := func() (*miniredis.Miniredis, *limiter.Limiter, *simGate) {
+		m := miniredis.RunT(t)
+		client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})
+		g := newSimGate()
+		client.AddHook(g)
+		t.Cleanup(func() { client.Close() })
+		lim := limiter.New(client, &limiter.Options{Timeout: 10 * time.Second, DenyCache: -1})
+		t.Cleanup(lim.Close)
+		return m, lim, g
+	}
+	st.m, st.lim, st.gate = open()
+	st.ms, st.second, st.gateS = open()
+	return st
+}
+
+// simGate sees every command a store's client sends: it counts those
+// answered, so that the simulator knows when a call made on another
+// goroutine (a part of a request Split sends, a give-back in the
+// background) has landed, and it can park the next call until the
+// simulator lets it go: a slow store.
+type simGate struct {
+	mu       sync.Mutex
+	changed  *sync.Cond
+	answered int
+	parked   bool          // a call is parked
+	park     bool          // the next call parks
+	release  chan struct{} // closed to let the parked call go
+	// lastCharged: the last call's first hit was charged (decide.lua's
+	// reply: four numbers a hit, the first its state, 2 or 3 charged).
+	lastCharged bool
+}
+
+func noScript(cmds []redis.Cmder) bool {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			return true
+		}
+	}
+	return false
+}
+
+func charged(cmds []redis.Cmder) bool {
+	for _, c := range cmds {
+		var vals []int64
+		var err error
+		switch c := c.(type) {
+		case *redis.IntSliceCmd:
+			vals, err = c.Result()
+		case *redis.Cmd:
+			vals, err = c.Int64Slice()
+		}
+		if err == nil && len(vals) >= 4 {
+			return vals[0] >= 2
+		}
+	}
+	return false
+}
+
+// charged reports whether the last call answered charged its first hit.
+func (g *simGate) charged() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.lastCharged
+}
+
+func newSimGate() *simGate {
+	g := &simGate{}
+	g.changed = sync.NewCond(&g.mu)
+	return g
+}
+
+func (g *simGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *simGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return g.pass([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
+	}
+}
+
+func (g *simGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		return g.pass(cmds, func() error { return next(ctx, cmds) })
+	}
+}
+
+func (g *simGate) pass(cmds []redis.Cmder, send func() error) error {
+	g.mu.Lock()
+	if g.park {
+		g.park, g.parked = false, true
+		release := g.release
+		g.changed.Broadcast()
+		g.mu.Unlock()
+		<-release
+		g.mu.Lock()
+		g.parked = false
+	}
+	g.mu.Unlock()
+	err := send()
+	g.mu.Lock()
+	if !noScript(cmds) { // go-redis sends the script itself next: that one lands the call
+		g.answered++
+		g.lastCharged = charged(cmds)
+	}
+	g.changed.Broadcast()
+	g.mu.Unlock()
+	return err
+}
+
+// count is the calls answered so far.
+func (g *simGate) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.answered
+}
+
+// await waits until the calls answered reach n, or a call parks when
+// parked is set.
+func (g *simGate) await(n int, parked bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for g.answered < n && !(parked && g.parked) {
+		g.changed.Wait()
+	}
+}
+
+// parkNext parks the next call; the function returned lets it go.
+func (g *simGate) parkNext() func() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.park, g.release = true, make(chan struct{})
+	release := g.release
+	return func() {
+		g.mu.Lock()
+		g.park = false // if no call came
+		g.mu.Unlock()
+		close(release)
+	}
 }
 
 // simKey is one key of a store snapshot.
@@ -149,10 +286,16 @@ type simRun struct {
 	writes     []simWrite // the last few acknowledged calls, the oldest first; writes[0] is the base
 	applied    bool       // the last store call applied, its reply lost or not
 	loseReply  bool
-	during     []simOp // run between the next lease's write and its answer
-	hold       int     // the next lease sent answers after this many of the events next
-	inflight   uint64  // the units of a lease written, its answer on its way
-	inflightAt int     // the instance it goes to
+	during     []simOp      // run between the next lease's write and its answer
+	hold       int          // the next lease sent answers after this many of the events next
+	slowSecond []simOp      // run while the next request's per-second part waits on its store
+	secondBusy bool         // a request's per-second part is waiting: the events run meanwhile hit the rule alone
+	pending    int          // the admission a request's main part charged before its answer (simRun.charged), or -1
+	forgot     bool         // and a failover may have lost it since
+	pendingFor *limiter.Hit // the request whose admission pending is
+	failovers  int
+	inflight   uint64 // the units of a lease written, its answer on its way
+	inflightAt int    // the instance it goes to
 
 	admitted  []simAdmission
 	since     int       // the first admission after the last Reset or restart: the count starts again
@@ -168,10 +311,20 @@ type simRun struct {
 	byBuckets uint64   // units Envoys' RLQS buckets admitted
 }
 
-const simKeyName = "{sim}:k"
+const simKeyName, simSecondKey = "{sim}:k", "{sim}:s"
 
 func (r *simRun) hit(cost uint64) limiter.Hit {
 	return limiter.Hit{Key: simKeyName, Algorithm: r.rule.alg, Limit: r.limit, Window: r.rule.window, Burst: r.rule.burst, Cost: cost}
+}
+
+// request is the hits of a request of cost units: the rule's, and the
+// per-second rule's unless the rule has none or o hits the rule alone.
+func (r *simRun) request(o simOp) []limiter.Hit {
+	hits := []limiter.Hit{r.hit(o.n)}
+	if r.rule.perSecond > 0 && !o.only && !r.secondBusy {
+		hits = append(hits, limiter.Hit{Key: simSecondKey, Algorithm: r.rule.alg, Limit: r.rule.perSecond, Window: time.Second, Cost: o.n})
+	}
+	return hits
 }
 
 // simLedger is the instances' ledger: the real Split, with the store's
@@ -189,7 +342,7 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 			leaser = i
 		}
 	}
-	v, err := l.split.Decide(ctx, hits)
+	v, err := l.decide(ctx, hits)
 	var charged uint64
 	for i := range v {
 		// A settlement records its actual cost whatever the verdict says.
@@ -225,6 +378,79 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		return v, err
 	}
 	return v, nil
+}
+
+// decide decides hits on the Split. A request with parts on both stores
+// is decided by Split on two goroutines, and a part given back when the
+// other denies is given back on a third: it waits for each call it makes
+// to land, so that the schedule replays exactly, and when the schedule
+// says so (simSlowSecond), the per-second store answers after other
+// events, run once the main store's part has landed.
+func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+	r, st := l.r, l.r.st
+	if len(hits) != 2 || hits[1].Window != time.Second {
+		return l.split.Decide(ctx, hits)
+	}
+	// A part whose cost the limit can never hold is answered without a
+	// call.
+	sent := func(h *limiter.Hit) int {
+		capacity := h.Limit
+		if h.Algorithm == config.GCRA {
+			capacity = bucket(h.Burst, h.Limit)
+		}
+		if h.Cost <= uint64(capacity) {
+			return 1
+		}
+		return 0
+	}
+	mainSent, secondSent := sent(&hits[0]), sent(&hits[1])
+	var during []simOp
+	if mainSent+secondSent == 2 {
+		during, r.slowSecond = r.slowSecond, nil
+	}
+	mainAt, secondAt := st.gate.count(), st.gateS.count()
+	release := func() {}
+	if during != nil {
+		release = st.gateS.parkNext()
+	}
+	var v []limiter.Verdict
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v, err = l.split.Decide(ctx, hits)
+	}()
+	if during != nil {
+		st.gateS.await(math.MaxInt, true)
+		st.gate.await(mainAt+1, false)
+		if st.gate.charged() {
+			r.charged(hits[0].Cost)
+			r.pendingFor = &hits[0]
+			failovers := r.failovers
+			defer func() { r.forgot = r.failovers != failovers }()
+		}
+		r.secondBusy = true
+		for _, o := range during {
+			r.runDuring(o)
+		}
+		r.secondBusy = false
+		mainAt = st.gate.count() - 1 // the events' calls landed too
+	}
+	release()
+	<-done
+	// Split gives back the part of a request the other part denied, in
+	// the background: await it.
+	mainAt, secondAt = mainAt+mainSent, secondAt+secondSent
+	switch {
+	case err != nil:
+	case v[0].Admitted && !v[1].Admitted:
+		mainAt++
+	case v[1].Admitted && !v[0].Admitted:
+		secondAt++
+	}
+	st.gate.await(mainAt, false)
+	st.gateS.await(secondAt, false)
+	return v, err
 }
 
 func (l simLedger) Share(ctx context.Context, req limiter.ShareRequest) (limiter.Share, error) {
@@ -275,9 +501,11 @@ func (r *simRun) acknowledge(charged uint64, lease *simLeaseRef, err error) erro
 }
 
 func newSimRun(st *simStore, s simSchedule) *simRun {
-	st.m.FlushAll()
-	st.m.SetTime(simEpoch)
-	r := &simRun{st: st, rule: s.rule, limit: s.rule.limit, now: simEpoch, ops: s.ops}
+	for _, m := range []*miniredis.Miniredis{st.m, st.ms} {
+		m.FlushAll()
+		m.SetTime(simEpoch)
+	}
+	r := &simRun{st: st, rule: s.rule, limit: s.rule.limit, now: simEpoch, ops: s.ops, pending: -1}
 	r.writes = []simWrite{{}}
 	for i := range s.rule.instances {
 		// Slices of any size that decides a hit: the lease's invariants are
@@ -286,7 +514,7 @@ func newSimRun(st *simStore, s simSchedule) *simRun {
 			Local:  func(n int) { r.local += n },
 			Leased: func(n uint64) { r.leased += n },
 		}}
-		sl := newSlices(simLedger{r: r, split: limiter.NewSplit(st.lim, nil)}, opts, false)
+		sl := newSlices(simLedger{r: r, split: limiter.NewSplit(st.lim, st.second)}, opts, false)
 		sl.later = func(d time.Duration, f func()) {
 			r.gather[i], r.due[i] = f, r.now.Add(d)
 		}
@@ -296,7 +524,7 @@ func newSimRun(st *simStore, s simSchedule) *simRun {
 		r.gather = append(r.gather, nil)
 		r.due = append(r.due, time.Time{})
 	}
-	r.alloc = New(simLedger{r: r, split: limiter.NewSplit(st.lim, nil)}, &Options{Now: func() time.Time { return r.now }})
+	r.alloc = New(simLedger{r: r, split: limiter.NewSplit(st.lim, st.second)}, &Options{Now: func() time.Time { return r.now }})
 	for i := range s.rule.envoys {
 		r.envoys = append(r.envoys, &simEnvoyBucket{lease: Bucket{Member: fmt.Sprint("envoy-", i)}, seen: 1})
 	}
@@ -420,11 +648,23 @@ func (r *simRun) apply(o simOp) string {
 	ctx := context.Background()
 	switch o.kind {
 	case simHit:
-		h := r.hit(o.n)
+		hits := r.request(o)
 		if r.rule.seats {
-			h.Lease, h.LeaseTTL, h.NoSlices = true, r.rule.leaseTTL, true
+			hits[0].Lease, hits[0].LeaseTTL, hits[0].NoSlices = true, r.rule.leaseTTL, true
 		}
-		v, err := r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
+		v, err := r.slices[o.inst].Decide(ctx, hits)
+		if r.pending >= 0 && r.pendingFor == &hits[0] {
+			// Charged before the answer: settled by the answer.
+			r.trace = append(r.trace, fmt.Sprintf("  charged at %.3fs: %+v", r.admitted[r.pending].at.Sub(simEpoch).Seconds(), v))
+			admitted := err == nil && v[0].Admitted && !v[0].FailureVerdict && v[1].Admitted && !v[1].FailureVerdict
+			return r.answered(admitted, r.forgot)
+		}
+		if len(v) == 2 {
+			r.trace = append(r.trace, fmt.Sprintf("  per second: admitted %v, remaining %d", v[1].Admitted, v[1].Remaining))
+			if !v[1].Admitted || v[1].FailureVerdict {
+				break
+			}
+		}
 		if err == nil && v[0].Admitted && !v[0].FailureVerdict && r.rule.seats {
 			r.trace = append(r.trace, fmt.Sprintf("  seat %d acquired, remaining %d", len(r.seats), v[0].Remaining))
 			r.seats = append(r.seats, simSeat{id: v[0].Lease, units: o.n, ends: r.now.Add(r.rule.leaseTTL)})
@@ -506,6 +746,10 @@ func (r *simRun) apply(o simOp) string {
 		r.loseReply = true
 	case simHold:
 		r.hold = int(o.n)
+	case simSlowSecond:
+		n := min(int(o.n), len(r.ops)-r.next)
+		r.slowSecond = slices.Clone(r.ops[r.next : r.next+n])
+		r.next += n
 	case simFailover:
 		n := min(int(o.n), len(r.writes)-1)
 		var lost uint64
@@ -524,6 +768,7 @@ func (r *simRun) apply(o simOp) string {
 		}
 		r.writes = r.writes[:len(r.writes)-n]
 		r.st.restore(r.writes[len(r.writes)-1].keys, r.now)
+		r.failovers++
 		r.faults = append(r.faults, simFault{at: r.now, units: lost, spent: spent})
 	case simRestart:
 		r.st.m.FlushAll()
@@ -629,4 +874,5 @@ func (r *simRun) advance(d time.Duration) {
 func (r *simRun) setNow(t time.Time) {
 	r.now = t
 	r.st.m.SetTime(t)
+	r.st.ms.SetTime(t)
 }
