@@ -138,8 +138,10 @@ type Verdict struct {
 	// provided nothing else arrives meanwhile; for a Record hit that was
 	// denied, and for a Refund that left nothing, until one unit fits.
 	ResetAfter time.Duration
-	// Token names a charge the store made, for GiveBack: the log's score,
-	// the counters' window index, 0 for GCRA; for a slice (Hit.Ahead) of a
+	// Token names a charge the store made, for GiveBack and the refunds
+	// that make a request all or nothing: the log's score, the counters'
+	// window index, GCRA's TAT after the charge (the end of its time, in
+	// Unix microseconds); for a slice (Hit.Ahead) of a
 	// counter or GCRA, its record's name, negative; 0 when nothing was
 	// charged.
 	Token int64

@@ -25,14 +25,27 @@ var refundScript = redis.NewScript(lua.Refund())
 // denied, or one of its quotas over (a slot sees only its own quota hits,
 // and charges those that fit), the charges are undone by the tokens
 // decide.lua returned, which name the very charge (the log's members, the
-// counter's window): exact, where a Refund hit would give back to whatever
-// window is current. Split cannot do the same across its two stores (see
-// Split.giveBack): the tokens stay inside each Limiter.
+// counter's window, the end of GCRA's charge): exact, where a Refund hit
+// would give back to whatever window is current, or another request's log
+// members. Split gives back across its two stores the same way (undo).
+
+// undo takes back, in the background, the charges that back marks of the
+// hits at idx (decided by this limiter, a part of a request Split decided
+// across two stores), by the tokens of their verdicts: one refund call per
+// hash slot.
+func (l *Limiter) undo(ctx context.Context, what string, hits []Hit, idx []int, verdicts []Verdict, back []bool) {
+	tokens := make([]int64, len(hits))
+	for _, i := range idx {
+		tokens[i] = verdicts[i].Token
+	}
+	_, groups := l.groups(hits, idx)
+	l.refund(ctx, what, hits, groups, verdicts, tokens, back)
+}
 
 // owesBack reports whether hit h, with verdict v, made a charge to take back
 // when its request turns out denied (or its quota over). A recorded cost was
 // spent whatever the request's fate, and a refund is always applied: neither
-// is taken back. The Cluster refund and Split.giveBack share it (through
+// is taken back. The Cluster refund and Split's give-back share it (through
 // takenBack), with takeBack.
 func owesBack(h *Hit, v *Verdict) bool { return v.Charged && !h.Record && !h.givesBack() }
 
@@ -73,6 +86,11 @@ func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups []
 		}
 		if len(keys) == 0 {
 			continue
+		}
+		if l.denied != nil {
+			for _, k := range keys {
+				l.denied.forget(k) // units come back: a denial remembered may no longer hold
+			}
 		}
 		l.refunds.Go(func() {
 			ctx, cancel := context.WithTimeout(ctx, l.timeout)

@@ -17,18 +17,18 @@ import (
 // All or nothing across the two stores holds as it does across Redis
 // Cluster slots: both parts are decided at once, each all or nothing on its
 // own store, and when the request turns out denied, the charges the other
-// part made are given back (as Envoy's is_negative_hits gives back: to the
-// counter's current window). Until that refund lands, one round trip,
-// other requests can see the charge. The reference charges each store
+// part made are given back by the tokens that name them, as across slots
+// (Limiter.refund). Until that refund lands, one round trip, other
+// requests can see the charge. The reference charges each store
 // independently and never gives back.
 type Split struct {
 	main, perSecond *Limiter
 
 	// life is held for reading by Decide, for writing by Close, which thus
-	// waits for the calls in flight before it waits for their refunds.
-	life    sync.RWMutex
-	closed  bool
-	refunds sync.WaitGroup
+	// waits for the calls in flight before the limiters wait for their
+	// refunds.
+	life   sync.RWMutex
+	closed bool
 }
 
 // NewSplit returns a Split sending one-second hits to perSecond, the
@@ -115,49 +115,10 @@ func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	// back its own share.
 	if back := takenBack(hits, verdicts); back != nil {
 		for _, part := range parts {
-			s.giveBack(ctx, part.lim, hits, part.idx, verdicts, back)
+			part.lim.undo(ctx, "give back of a request denied on the other store", hits, part.idx, verdicts, back)
 		}
 	}
 	return verdicts, errors.Join(parts[0].err, parts[1].err)
-}
-
-// giveBack takes back, in the background, the charges the hits at idx made
-// on lim that back marks (takenBack: those of a request that was denied, or
-// of a quota that was over), and says so in their verdicts. A recorded cost
-// was spent whatever the request's fate, and a refund is always applied:
-// back never marks them (owesBack, shared with the Cluster refund).
-//
-// Why Refund hits and not the Cluster refund's tokens: each part is decided
-// by its store's Limiter.Decide, a whole request on its own (itself all or
-// nothing across that store's slots), which keeps its refund tokens inside.
-// A Refund hit gives back to the counter's current window, as Envoy's
-// is_negative_hits does, and drops the deny cache's entry of the counter.
-// Moving this to tokens would change what is given back at a window's edge.
-func (s *Split) giveBack(ctx context.Context, lim *Limiter, hits []Hit, idx []int, verdicts []Verdict, owed []bool) {
-	var back []Hit
-	for _, i := range idx {
-		h, v := &hits[i], &verdicts[i]
-		if !owed[i] {
-			continue
-		}
-		if v.Lease != "" { // a lease is settled at nothing: exactly its own units go
-			back = append(back, Hit{Key: h.Key, Algorithm: h.Algorithm, Limit: h.Limit, Window: h.Window, Calendar: h.Calendar, Settle: v.Lease})
-			takeBack(h, v)
-			continue
-		}
-		takeBack(h, v)
-		back = append(back, Hit{Key: h.Key, Algorithm: h.Algorithm, Limit: h.Limit, Window: h.Window, Calendar: h.Calendar,
-			Cost: h.Cost, Burst: h.Burst, Refund: true})
-	}
-	if len(back) == 0 {
-		return
-	}
-	ctx = context.WithoutCancel(ctx)
-	s.refunds.Go(func() {
-		// A refund that fails leaves the charge counted until its window
-		// forgets it; the limiter reports the failure to Observe.
-		_, _ = lim.Decide(ctx, back)
-	})
 }
 
 // Reset resets h's counter on its limiter (Limiter.Reset).
@@ -212,13 +173,12 @@ func (s *Split) Prepare(ctx context.Context) error {
 	return errors.Join(errMain, errSecond)
 }
 
-// Close waits for the calls in flight and their refunds, then closes both
-// limiters.
+// Close waits for the calls in flight, then closes both limiters, which
+// wait for their refunds.
 func (s *Split) Close() {
 	s.life.Lock()
 	s.closed = true
 	s.life.Unlock()
-	s.refunds.Wait()
 	s.main.Close()
 	if s.perSecond != nil {
 		s.perSecond.Close()

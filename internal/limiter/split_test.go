@@ -48,7 +48,7 @@ func TestSplitRoutesByWindow(t *testing.T) {
 			if v[0].Admitted || v[0].Charged || !v[1].Admitted || v[1].Charged || v[1].Remaining != 1 {
 				t.Fatalf("request 3: %+v, want the minute's denied, the second's admitted, neither charged", v)
 			}
-			s.refunds.Wait()
+			s.awaitRefunds()
 			if got := keysOf(perSecond); got != second.Key {
 				t.Errorf("per-second store holds %q, want only %q", got, second.Key)
 			}
@@ -88,7 +88,7 @@ func TestSplitAllOrNothing(t *testing.T) {
 	if v[0].Admitted || !v[1].Admitted || v[1].Charged || v[1].Remaining != 10 {
 		t.Fatalf("verdicts %+v, want the second's denied, the minute's admitted, uncharged, 10 left", v)
 	}
-	s.refunds.Wait()
+	s.awaitRefunds()
 	minute.Cost = 0
 	if v := decideSplit(t, s, minute); v.Remaining != 10 {
 		t.Fatalf("minute counter %+v, want 10 left: the denied request's charge given back", v)
@@ -99,7 +99,7 @@ func TestSplitAllOrNothing(t *testing.T) {
 	if _, err := s.Decide(context.Background(), []Hit{second, record, back}); err != nil {
 		t.Fatal(err)
 	}
-	s.refunds.Wait()
+	s.awaitRefunds()
 	record.Record, record.Cost = false, 0
 	if v := decideSplit(t, s, record); v.Remaining != 7 {
 		t.Fatalf("recorded cost %+v, want 7 left", v)
@@ -128,7 +128,7 @@ func TestSplitQuotaAcrossStores(t *testing.T) {
 	exhausted := hit(config.FixedWindow, "q2", 1, time.Minute, 2)
 	exhausted.Quota, exhausted.QuotaGroup = true, 1
 	v, _ = s.Decide(context.Background(), []Hit{second, exhausted, hit(config.FixedWindow, "e", 5, time.Minute, 1)})
-	s.refunds.Wait()
+	s.awaitRefunds()
 	if v[2].Charged || decideSplit(t, s, hit(config.FixedWindow, "e", 5, time.Minute, 0)).Remaining != 5 {
 		t.Fatalf("verdicts %+v: an enforced hit was charged though no quota hit fits", v)
 	}
@@ -143,7 +143,7 @@ func TestSplitQuotaGroups(t *testing.T) {
 		for _, c := range quotaCases {
 			t.Run(a.String()+"/"+c.name, func(t *testing.T) {
 				s, _, _ := newTestSplit(t, epoch.Add(100*time.Millisecond))
-				checkQuotaCase(t, s, s.refunds.Wait, c, func(key string, limit uint32, cost uint64) Hit {
+				checkQuotaCase(t, s, s.awaitRefunds, c, func(key string, limit uint32, cost uint64) Hit {
 					if perSecond[key] {
 						return hit(a, key, limit, time.Second, cost)
 					}
@@ -174,7 +174,7 @@ func TestSplitStoreDown(t *testing.T) {
 	if !errors.Is(err, ErrStore) || v[0].Charged || v[1].Admitted || !v[1].FailureVerdict {
 		t.Fatalf("verdicts %+v, error %v: want the minute's denied by its failure mode, the second's given back", v, err)
 	}
-	s.refunds.Wait()
+	s.awaitRefunds()
 	second.Cost = 0
 	if v := decideSplit(t, s, second); v.Remaining != 4 {
 		t.Fatalf("per-second counter %+v, want 4 left (one charged, one given back)", v)
@@ -210,5 +210,77 @@ func TestSplitWithoutPerSecond(t *testing.T) {
 	}
 	if _, err := s.Reset(context.Background(), second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// awaitRefunds waits for the give-backs both limiters have in flight.
+func (s *Split) awaitRefunds() {
+	s.main.refunds.Wait()
+	s.perSecond.refunds.Wait()
+}
+
+// TestSplitGivesBackOnlyItsOwnCharge: a request whose per-second part was
+// denied after other requests charged the same counter gives back its own
+// charge and nothing else: the log its own members (not the newest), GCRA
+// only the part of its time still ahead (not what refilled since, which
+// others have spent). The later requests are decided directly on the main
+// limiter, as if they had landed while the per-second store was slow.
+func TestSplitGivesBackOnlyItsOwnCharge(t *testing.T) {
+	for _, tc := range []struct {
+		alg config.Algorithm
+		// after the give-back, probeAfter later, what fits: at most fits units
+		fits       uint64
+		probeAfter time.Duration
+	}{
+		// The first request's 5 members at 0 are gone; the other's 5 at 1 s
+		// stay: a window after the first's, 5 of 10 fit (10 had the give-back
+		// taken the newest members, the other's).
+		{alg: config.SlidingWindowLog, fits: 5, probeAfter: 9500 * time.Millisecond},
+		{alg: config.FixedWindow, fits: 5},
+		{alg: config.SlidingWindowCounter, fits: 5},
+		// A bucket of 10 refilling one unit a second: the first took 5 at 0,
+		// the other 6 at 1 s (what was left and the unit refilled), then the
+		// first's give-back at 1 s: 4 of its 5 units' time is still ahead.
+		{alg: config.GCRA, fits: 4},
+	} {
+		t.Run(tc.alg.String(), func(t *testing.T) {
+			s, main, perSecond := newTestSplit(t, epoch.Add(100*time.Millisecond))
+			counter := hit(tc.alg, "own", 10, 10*time.Second, 5)
+			gate := hit(tc.alg, "own", 1, time.Second, 1)
+			if v := decideSplit(t, s, gate); !v.Charged {
+				t.Fatalf("the per-second counter's one unit: %+v", v)
+			}
+			v, err := s.main.Decide(context.Background(), []Hit{counter})
+			if err != nil || !v[0].Charged {
+				t.Fatalf("the first request's main part: %+v, %v", v, err)
+			}
+			main.add(time.Second)
+			perSecond.add(time.Second / 2) // the same per-second window: its unit is still spent
+			other := counter
+			if tc.alg == config.GCRA {
+				other.Cost = 6
+			}
+			if v, err := s.main.Decide(context.Background(), []Hit{other}); err != nil || !v[0].Charged {
+				t.Fatalf("the other request: %+v, %v", v, err)
+			}
+			// The per-second part is denied now: the main part goes back.
+			denied, err := s.perSecond.Decide(context.Background(), []Hit{gate})
+			if err != nil || denied[0].Admitted {
+				t.Fatalf("the first request's per-second part: %+v, %v", denied, err)
+			}
+			hits, verdicts := []Hit{counter, gate}, []Verdict{v[0], denied[0]}
+			s.main.undo(context.Background(), "test", hits, []int{0}, verdicts, takenBack(hits, verdicts))
+			s.awaitRefunds()
+			main.add(tc.probeAfter)
+			probe := counter
+			probe.Cost = tc.fits + 1
+			if v := decideSplit(t, s, probe); v.Admitted {
+				t.Fatalf("%d units fit after the give-back, want at most %d: %+v", probe.Cost, tc.fits, v)
+			}
+			probe.Cost = tc.fits
+			if v := decideSplit(t, s, probe); !v.Admitted {
+				t.Fatalf("%d units do not fit after the give-back: %+v", tc.fits, v)
+			}
+		})
 	}
 }

@@ -155,7 +155,7 @@ func (g *simGate) count() int {
 func (g *simGate) await(n int, parked bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for g.answered < n && !(parked && g.parked) {
+	for g.answered < n && (!parked || !g.parked) {
 		g.changed.Wait()
 	}
 }

@@ -60,9 +60,9 @@
 -- that did not fit), remaining, microseconds until reset (see each
 -- algorithm's result; for a recorded cost that did not fit and for a refund,
 -- until one unit fits), and a refund token: what refund.lua needs to undo a
--- charge (the log's score, the counters' window index; 0 for GCRA, whose
--- undo goes by the hit's limit and window instead; for a slice of a counter
--- or GCRA, its record's name negated: see record_slice).
+-- charge (the log's score, the counters' window index, GCRA's TAT after
+-- the charge, which ends its time; for a slice of a counter or GCRA, its
+-- record's name negated: see record_slice).
 
 -- algorithms, generated before this file from algorithms.go, holds each
 -- algorithm's table at its ID.

@@ -146,8 +146,9 @@ function gcra.check(key, limit, window, cost, now, burst)
 end
 
 -- commit moves the TAT by the cost and writes it, expiring when the bucket
--- is full again. A refund needs no token: refund.lua takes the cost, limit
--- and window and gives back exactly the charge's time.
+-- is full again. Its token is the TAT it leaves, rounded up to the
+-- microsecond: the end of the charge's time, which undo reads so as to give
+-- back only what of it is still ahead of now.
 function gcra.commit(key, st, limit, window, cost, now)
   if st.none then
     return
@@ -162,7 +163,7 @@ function gcra.commit(key, st, limit, window, cost, now)
   end
   write_later(key, string.format('%d:%d', st.w, st.f), fmt(max(1, ceil(gcra_up(st.w - now, st.f) / 1000))))
   seen[key] = st -- its w and f are what a later check of key in this call reads
-  st.token = 0
+  st.token = gcra_up(st.w, st.f)
 end
 
 -- gcra_owed_units returns how many whole units the bucket lacks: the least
@@ -215,26 +216,21 @@ function gcra.result(key, st, limit, window, cost, now)
   return remaining, max(1, gcra_up(gcra_sub(limit, ow, of, rule.bw, rule.bf)))
 end
 
--- refund gives back cost units of a charge on key, never past now (a
--- bucket is never fuller than full), and returns the whole units given
--- back. Its write waits for write_all, as a charge's.
-function gcra.refund(key, cost, limit, window, now)
-  if limit <= 0 then
-    return 0 -- no rate: nothing was charged (see check)
-  end
-  local rule = gcra_setup({}, limit, window)
+-- gcra_give_back moves key's TAT back by (cw, cf), cost units' time or less,
+-- never past now (a bucket is never fuller than full), and returns the
+-- whole units given back. Its write waits for write_all, as a charge's.
+local function gcra_give_back(key, rule, cost, cw, cf, limit, now)
   local w, f = gcra_state(key, limit, now)
   if w == now and f == 0 then
     return 0 -- full
   end
-  local cw, cf = gcra_times(rule, cost)
   local nw, nf = gcra_sub(limit, w, f, cw, cf)
   if nw < now or (nw == now and nf == 0) then
     -- Full again: no key, and no write of this call's to come back.
     redis.call('DEL', key)
     unwritten[key] = nil
     seen[key] = { w = now, f = 0 }
-    return cost - gcra_owed_units(rule, gcra_sub(limit, cw, cf, w - now, f)) -- what had refilled stays
+    return max(0, cost - gcra_owed_units(rule, gcra_sub(limit, cw, cf, w - now, f))) -- what had refilled stays
   end
   -- Written with the call's other writes (write_all), and known to the
   -- call's later hits of key (seen), as a charge is.
@@ -243,9 +239,44 @@ function gcra.refund(key, cost, limit, window, now)
   return cost
 end
 
--- undo gives back a charge of cost, for refund.lua: as refund, at the
--- instant clock() reads. The charge's token is always 0: the TAT says
--- what the bucket owes.
+-- refund gives back cost units' time on key (Envoy's is_negative_hits),
+-- never past now, and returns the whole units given back.
+function gcra.refund(key, cost, limit, window, now)
+  if limit <= 0 then
+    return 0 -- no rate: nothing was charged (see check)
+  end
+  local rule = gcra_setup({}, limit, window)
+  local cw, cf = gcra_times(rule, cost)
+  return gcra_give_back(key, rule, cost, cw, cf, limit, now)
+end
+
+-- undo gives back a charge of cost, for refund.lua, at the instant clock()
+-- reads: only the part of its time still ahead of now, up to its token
+-- (the TAT it left, commit): the rest has refilled, and giving it back
+-- would give the bucket's later charges' time instead. A token of 0 (a
+-- charge written before tokens named its end) gives back as refund.
 function gcra.undo(key, token, cost, limit, window, clock)
-  return gcra.refund(key, cost, limit, window, clock())
+  if limit <= 0 then
+    return 0
+  end
+  local now = clock()
+  local rule = gcra_setup({}, limit, window)
+  local cw, cf = gcra_times(rule, cost)
+  if type(token) == 'number' and token > 0 then
+    local ahead = token - now
+    if ahead <= 0 then
+      return 0
+    end
+    if ahead < cw or (ahead == cw and cf > 0) then
+      -- Part of the charge is still ahead: that time, and the whole units
+      -- it holds.
+      cw, cf = ahead, 0
+      cost = gcra_owed_units(rule, ahead, 0)
+      local kw, kf = gcra_times(rule, cost)
+      if kw > ahead or kf > 0 then
+        cost = cost - 1 -- whole units only
+      end
+    end
+  end
+  return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end
