@@ -194,6 +194,9 @@ func recordsSlices(a config.Algorithm) bool {
 	return a != config.SlidingWindowLog && !a.ReferenceKeys()
 }
 
-// recordsSlice reports a hit whose charge the store records as a slice: a
-// lease of a hot key's slice (Hit.Ahead) of an algorithm that records them.
-func recordsSlice(h *Hit) bool { return h.Ahead > 0 && recordsSlices(h.Algorithm) }
+// recordsSlice reports a hit whose call touches the records of its key's
+// slices: a lease of a hot key's slice (Hit.Ahead) of an algorithm that
+// records them, or a GCRA refund, which leaves what they hold.
+func recordsSlice(h *Hit) bool {
+	return recordsSlices(h.Algorithm) && (h.Ahead > 0 || h.Refund && h.Algorithm.Bucket())
+}

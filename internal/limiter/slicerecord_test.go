@@ -78,3 +78,52 @@ func giveBack(t *testing.T, l *Limiter, r Return) uint64 {
 	}
 	return n
 }
+
+// TestGCRARefundLeavesLiveSlices: a client's refund (is_negative_hits) of
+// units whose time has refilled gives back nothing of what a live slice
+// still holds ahead of now, only what is ahead and no slice's: the slice
+// spends its units whatever the bucket says, so giving their time back too
+// would admit them twice.
+func TestGCRARefundLeavesLiveSlices(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		charged   uint64        // units a client charged at the start, before the slice
+		after     time.Duration // then the slice's lease, and the clock moves this much
+		refund    uint64
+		remaining uint64 // what the bucket of 20 holds after the refund
+	}{
+		// 10 charged (500 ms of a 50 ms unit), the slice's 5 after them: at
+		// 500 ms the client's time has refilled and the slice's 250 ms is
+		// ahead; a refund of 10 finds nothing to give.
+		{name: "a refund of refilled units", charged: 10, after: 500 * time.Millisecond, refund: 10, remaining: 15},
+		// At 300 ms, 200 ms of the client's time is still ahead (4 units),
+		// and the slice's 250 ms: the refund gives the 4 back.
+		{name: "a refund of units still ahead", charged: 10, after: 300 * time.Millisecond, refund: 10, remaining: 20 - 5},
+		// No client charge: the slice alone is ahead (150 ms of its 250 ms
+		// at 100 ms, 3 units), and nothing goes back.
+		{name: "only the slice", after: 100 * time.Millisecond, refund: 3, remaining: 20 - 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, c := newTestLimiter(t, epoch)
+			h := hit(config.GCRA, "refund-slice", 40, 2*time.Second, tc.charged)
+			h.Burst = 20
+			if tc.charged > 0 {
+				decide1(t, l, h)
+			}
+			lease := h
+			lease.Cost, lease.Ahead = 5, time.Second
+			if v := decide1(t, l, lease); !v.Charged {
+				t.Fatalf("the slice's lease: %+v", v)
+			}
+			c.add(tc.after)
+			back := h
+			back.Cost, back.Refund = tc.refund, true
+			decide1(t, l, back)
+			check := h
+			check.Cost = 0
+			if got := decide1(t, l, check).Remaining; got != tc.remaining {
+				t.Fatalf("remaining %d after the refund, want %d", got, tc.remaining)
+			}
+		})
+	}
+}

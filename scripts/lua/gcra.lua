@@ -239,14 +239,55 @@ local function gcra_give_back(key, rule, cost, cw, cf, limit, now)
   return cost
 end
 
+-- gcra_slices_ahead returns the time, in whole microseconds, that the
+-- live slices recorded beside key (decide.lua's record_slice) still hold
+-- ahead of now: each one's units' time, and no more than the part of it
+-- before the TAT its lease left (the record's token; 0, a record written
+-- before tokens named their end, counts whole).
+local function gcra_slices_ahead(key, rule, now)
+  local records = redis.call('HGETALL', key .. ':slices')
+  local held = 0
+  for i = 2, #records, 2 do
+    local token, units = string.match(records[i], '^(%d+):(%d+)$')
+    token, units = tonumber(token), tonumber(units)
+    if units then
+      local ahead = gcra_up(gcra_times(rule, units))
+      if token > 0 then
+        ahead = min(ahead, max(0, token - now))
+      end
+      held = held + ahead
+    end
+  end
+  return held
+end
+
 -- refund gives back cost units' time on key (Envoy's is_negative_hits),
--- never past now, and returns the whole units given back.
+-- never past now, and never the time live slices still hold ahead: a
+-- client's units whose time has refilled are no longer the bucket's to
+-- give, and taking a slice's instead would let its units be spent twice.
+-- It returns the whole units given back.
 function gcra.refund(key, cost, limit, window, now)
   if limit <= 0 then
     return 0 -- no rate: nothing was charged (see check)
   end
   local rule = gcra_setup({}, limit, window)
   local cw, cf = gcra_times(rule, cost)
+  local w, f = gcra_state(key, limit, now)
+  if w > now then
+    -- What is ahead of now and no slice's: at most that goes back.
+    local fw, ff = gcra_sub(limit, w - now, f, gcra_slices_ahead(key, rule, now), 0)
+    if fw < 0 or (fw == 0 and ff == 0) then
+      return 0
+    end
+    if fw < cw or (fw == cw and ff < cf) then
+      cw, cf = fw, ff
+      cost = gcra_owed_units(rule, fw, ff)
+      local kw, kf = gcra_times(rule, cost)
+      if kw > fw or (kw == fw and kf > ff) then
+        cost = cost - 1 -- whole units only
+      end
+    end
+  end
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end
 
