@@ -67,7 +67,7 @@ SIM_FOR ?= 10m
 
 ## sim: the simulator of the limit's promise (internal/quota/sim_test.go): random schedules of
 ## hits, refunds, leases, Resets, reloads, lost replies, failovers and restarts through several
-## instances' slices on the real Lua, SIM_FOR per algorithm (the four side by side); a failure
+## instances' slices on the real Lua, with a per-second store beside the main one, SIM_FOR per algorithm (the four side by side); a failure
 ## prints its seed and the schedule shrunk (replay: -sim.seed N)
 sim:
 	$(GO) test -count=1 -timeout 0 -parallel 4 -run '^TestSimulator$$' -v ./internal/quota -sim.for $(SIM_FOR) | grep -v '^=== '

@@ -127,3 +127,33 @@ func TestGCRARefundLeavesLiveSlices(t *testing.T) {
 		})
 	}
 }
+
+// TestLogRefundTakesNoSliceMembers: a log's refund takes the newest members
+// a request's own charge added, never a slice's, not even once the slice's
+// period is over and its members are the newest up to now: its give-back
+// takes those by name, and must find them all.
+func TestLogRefundTakesNoSliceMembers(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	h := hit(config.SlidingWindowLog, "log-refund", 100, time.Minute, 2)
+	decide1(t, l, h) // a client's 2 units at 0
+	c.add(10 * time.Millisecond)
+	lease := h
+	lease.Cost, lease.Ahead = 5, time.Second
+	v := decide1(t, l, lease)
+	if !v.Charged {
+		t.Fatalf("the slice's lease: %+v", v)
+	}
+	c.add(2 * time.Second) // the slice's period is over: its members are behind now
+	back := h
+	back.Cost, back.Refund = 1, true
+	decide1(t, l, back)
+	// The slice spent none of its 5: all come back by name.
+	if n := giveBack(t, l, Return{Hit: lease, Token: v.Token, Units: 5}); n != 5 {
+		t.Fatalf("the slice gave back %d of its 5 unused units, want 5: the refund took its members", n)
+	}
+	check := h
+	check.Cost = 0
+	if got := decide1(t, l, check).Remaining; got != 99 {
+		t.Fatalf("remaining %d, want 99: the client's 2 less the 1 refunded", got)
+	}
+}

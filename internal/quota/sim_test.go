@@ -21,14 +21,20 @@ import (
 // lost after its write applied, a failover that loses the last
 // acknowledged writes (a lagging replica promoted) and a restart without
 // persistence. (An instance's wall clock stepping is not one: Slices
-// measure time from time.Now, whose monotonic reading a step leaves alone.) The instances are the real Slices over the
-// real limiter and Lua, on one miniredis whose clock (Redis TIME) the
-// simulator owns; leases and ticks run when the schedule says, on the
-// simulator's goroutine, so a seed replays exactly.
+// measure time from time.Now, whose monotonic reading a step leaves alone.)
+// A third of the rules have a per-second companion on a store of its own
+// (REDIS_PERSECOND), whose part of a request can answer after other events
+// (simSlowSecond): Split's two parts and its give-back are awaited call by
+// call, through a go-redis hook on each store (simGate). The instances are
+// the real Slices over the real Split, limiters and Lua, on two miniredis
+// whose clock (Redis TIME) the simulator owns; leases and ticks run when
+// the schedule says, on the simulator's goroutine, so a seed replays
+// exactly.
 //
 // The oracle keeps what was admitted and what refunds gave back (a refund
 // cancels the newest admitted units of its counter's window: the log's and
-// GCRA's sliding window, the counters' current window) and checks after
+// GCRA's sliding window, the counters' current window; docs/accuracy.md,
+// "Refunds and give-backs, per algorithm") and checks after
 // every admission the algorithm's bound: the log and the fixed window the
 // limit, GCRA burst plus the limit in any window of the limit's length, the
 // sliding counter its own estimate. A Reset or a restart starts the count

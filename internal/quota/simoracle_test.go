@@ -57,10 +57,13 @@ func (r *simRun) inWindow(i int) bool {
 	return at.After(r.now.Add(-w))
 }
 
+// refundable is what a client may refund: the units admitted in the
+// window, less those refunded, but a charge whose request is not answered
+// yet (no client knows of it).
 func (r *simRun) refundable() uint64 {
 	var n uint64
 	for i, a := range r.admitted {
-		if r.inWindow(i) {
+		if r.inWindow(i) && i != r.pending {
 			n += a.units - a.refunded
 		}
 	}
@@ -68,12 +71,20 @@ func (r *simRun) refundable() uint64 {
 }
 
 // cancel takes n refunded units off the newest admissions in the window.
+// A refund names no charge: the log's takes the newest members it holds, a
+// charge whose request is not answered yet among them (whose give-back then
+// finds nothing); the counters' and GCRA's take from a count or a time, and
+// a charge not answered yet keeps its own units, which its give-back takes.
 func (r *simRun) cancel(n uint64) {
 	for i := len(r.admitted) - 1; i >= 0 && n > 0; i-- {
 		a := &r.admitted[i]
 		if !r.inWindow(i) {
 			break
 		}
+		if i == r.pending && r.rule.alg != config.SlidingWindowLog {
+			continue
+		}
+
 		back := min(n, a.units-a.refunded)
 		a.refunded += back
 		n -= back
@@ -83,7 +94,7 @@ func (r *simRun) cancel(n uint64) {
 // admit records n units admitted now and checks the algorithm's bound.
 func (r *simRun) admit(n uint64) string {
 	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n})
-	return r.check(r.refundable())
+	return r.check(r.count())
 }
 
 // charged records n units a request's part charged now, before its answer
@@ -97,29 +108,34 @@ func (r *simRun) charged(n uint64) {
 
 // answered settles the units charged ahead of the answer: an admitted
 // request keeps them, and its bound is checked; a denied one's were given
-// back (Split's give-back), as were, to the store, those a failover lost
-// since (what it lost of them counts as a fault's).
-func (r *simRun) answered(admitted, forgot bool) string {
+// back (Split's give-back). (A failover meanwhile made them a fault's.)
+func (r *simRun) answered(admitted bool) string {
 	i := r.pending
 	r.pending = -1
-	a := &r.admitted[i]
-	switch {
-	case forgot:
-		r.faults = append(r.faults, simFault{at: r.now, units: a.units - a.refunded})
+	if !admitted {
+		a := &r.admitted[i]
 		a.refunded = a.units
-	case !admitted:
-		a.refunded = a.units
-	default:
-		return r.check(r.refundable())
+		return ""
 	}
-	return ""
+	return r.check(r.count())
+}
+
+// count is what the window holds now, less refunds.
+func (r *simRun) count() uint64 {
+	var n uint64
+	for i, a := range r.admitted {
+		if r.inWindow(i) {
+			n += a.units - a.refunded
+		}
+	}
+	return n
 }
 
 // admitSeat checks a seats rule's bound after an acquisition: the seats
 // held (acquired since the last Reset, neither settled nor past their time
 // to live) and the settled costs in the window within the limit.
 func (r *simRun) admitSeat() string {
-	count := r.refundable()
+	count := r.count()
 	for _, st := range r.seats[r.seatsFrom:] {
 		if !st.settled && st.ends.After(r.now) {
 			count += st.units

@@ -63,8 +63,10 @@ type simGate struct {
 	park     bool          // the next call parks
 	release  chan struct{} // closed to let the parked call go
 	// lastCharged: the last call's first hit was charged (decide.lua's
-	// reply: four numbers a hit, the first its state, 2 or 3 charged).
+	// reply: four numbers a hit, the first its state, 2 or 3 charged);
+	// charges[i]: call i charged any hit.
 	lastCharged bool
+	charges     []bool
 }
 
 func noScript(cmds []redis.Cmder) bool {
@@ -76,7 +78,9 @@ func noScript(cmds []redis.Cmder) bool {
 	return false
 }
 
-func charged(cmds []redis.Cmder) bool {
+// charged reports whether a decide call's first hit (anyHit: any hit) was
+// charged.
+func charged(cmds []redis.Cmder, anyHit bool) bool {
 	for _, c := range cmds {
 		var vals []int64
 		var err error
@@ -87,10 +91,25 @@ func charged(cmds []redis.Cmder) bool {
 			vals, err = c.Int64Slice()
 		}
 		if err == nil && len(vals) >= 4 {
-			return vals[0] >= 2
+			for j := 0; j < len(vals); j += 4 {
+				if vals[j] >= 2 {
+					return true
+				}
+				if !anyHit {
+					break
+				}
+			}
+			return false
 		}
 	}
 	return false
+}
+
+// chargedBy reports whether call i (counted from 0) charged a hit.
+func (g *simGate) chargedBy(i int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return i < len(g.charges) && g.charges[i]
 }
 
 // charged reports whether the last call answered charged its first hit.
@@ -136,7 +155,8 @@ func (g *simGate) pass(cmds []redis.Cmder, send func() error) error {
 	g.mu.Lock()
 	if !noScript(cmds) { // go-redis sends the script itself next: that one lands the call
 		g.answered++
-		g.lastCharged = charged(cmds)
+		g.lastCharged = charged(cmds, false)
+		g.charges = append(g.charges, charged(cmds, true))
 	}
 	g.changed.Broadcast()
 	g.mu.Unlock()
@@ -291,11 +311,9 @@ type simRun struct {
 	slowSecond []simOp      // run while the next request's per-second part waits on its store
 	secondBusy bool         // a request's per-second part is waiting: the events run meanwhile hit the rule alone
 	pending    int          // the admission a request's main part charged before its answer (simRun.charged), or -1
-	forgot     bool         // and a failover may have lost it since
 	pendingFor *limiter.Hit // the request whose admission pending is
-	failovers  int
-	inflight   uint64 // the units of a lease written, its answer on its way
-	inflightAt int    // the instance it goes to
+	inflight   uint64       // the units of a lease written, its answer on its way
+	inflightAt int          // the instance it goes to
 
 	admitted  []simAdmission
 	since     int       // the first admission after the last Reset or restart: the count starts again
@@ -388,27 +406,41 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 // events, run once the main store's part has landed.
 func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
 	r, st := l.r, l.r.st
-	if len(hits) != 2 || hits[1].Window != time.Second {
+	var second, other []int
+	for i := range hits {
+		if hits[i].Window == time.Second {
+			second = append(second, i)
+		} else {
+			other = append(other, i)
+		}
+	}
+	if len(second) == 0 || len(other) == 0 {
 		return l.split.Decide(ctx, hits)
 	}
-	// A part whose cost the limit can never hold is answered without a
+	// A part whose costs the limit can never hold is answered without a
 	// call.
-	sent := func(h *limiter.Hit) int {
-		capacity := h.Limit
-		if h.Algorithm == config.GCRA {
-			capacity = bucket(h.Burst, h.Limit)
-		}
-		if h.Cost <= uint64(capacity) {
-			return 1
+	sent := func(part []int) int {
+		for _, i := range part {
+			h := &hits[i]
+			capacity := h.Limit
+			if h.Algorithm == config.GCRA {
+				capacity = bucket(h.Burst, h.Limit)
+			}
+			if h.Cost <= uint64(capacity) {
+				return 1
+			}
 		}
 		return 0
 	}
-	mainSent, secondSent := sent(&hits[0]), sent(&hits[1])
+	mainSent, secondSent := sent(other), sent(second)
+	// The schedule's slow per-second store holds a request of the rule's
+	// hit and the per-second one (simRun.request), both sent.
 	var during []simOp
-	if mainSent+secondSent == 2 {
+	if len(hits) == 2 && other[0] == 0 && mainSent+secondSent == 2 {
 		during, r.slowSecond = r.slowSecond, nil
 	}
 	mainAt, secondAt := st.gate.count(), st.gateS.count()
+	mainCall, secondCall := mainAt, secondAt // the parts' calls, when sent
 	release := func() {}
 	if during != nil {
 		release = st.gateS.parkNext()
@@ -426,8 +458,6 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		if st.gate.charged() {
 			r.charged(hits[0].Cost)
 			r.pendingFor = &hits[0]
-			failovers := r.failovers
-			defer func() { r.forgot = r.failovers != failovers }()
 		}
 		r.secondBusy = true
 		for _, o := range during {
@@ -438,15 +468,20 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	}
 	release()
 	<-done
-	// Split gives back the part of a request the other part denied, in
-	// the background: await it.
+	// Split gives back, in the background, the part of a denied request
+	// that the other part's store admitted: await it.
 	mainAt, secondAt = mainAt+mainSent, secondAt+secondSent
-	switch {
-	case err != nil:
-	case v[0].Admitted && !v[1].Admitted:
-		mainAt++
-	case v[1].Admitted && !v[0].Admitted:
-		secondAt++
+	denied := false
+	for i := range v {
+		denied = denied || !v[i].Admitted
+	}
+	if err == nil && denied {
+		if mainSent == 1 && st.gate.chargedBy(mainCall) {
+			mainAt++
+		}
+		if secondSent == 1 && st.gateS.chargedBy(secondCall) {
+			secondAt++
+		}
 	}
 	st.gate.await(mainAt, false)
 	st.gateS.await(secondAt, false)
@@ -657,7 +692,7 @@ func (r *simRun) apply(o simOp) string {
 			// Charged before the answer: settled by the answer.
 			r.trace = append(r.trace, fmt.Sprintf("  charged at %.3fs: %+v", r.admitted[r.pending].at.Sub(simEpoch).Seconds(), v))
 			admitted := err == nil && v[0].Admitted && !v[0].FailureVerdict && v[1].Admitted && !v[1].FailureVerdict
-			return r.answered(admitted, r.forgot)
+			return r.answered(admitted)
 		}
 		if len(v) == 2 {
 			r.trace = append(r.trace, fmt.Sprintf("  per second: admitted %v, remaining %d", v[1].Admitted, v[1].Remaining))
@@ -684,8 +719,7 @@ func (r *simRun) apply(o simOp) string {
 		h := r.hit(n)
 		h.Refund = true
 		r.applied = false
-		_, _ = r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
-		if r.applied { // its reply lost or not
+		if _, err := r.slices[o.inst].Decide(ctx, []limiter.Hit{h}); r.applied || err == nil { // its reply lost or not; or given back to a slice
 			r.cancel(n)
 		}
 	case simSettle:
@@ -768,7 +802,13 @@ func (r *simRun) apply(o simOp) string {
 		}
 		r.writes = r.writes[:len(r.writes)-n]
 		r.st.restore(r.writes[len(r.writes)-1].keys, r.now)
-		r.failovers++
+		if r.pending >= 0 {
+			// A request's part charged but not answered is not among the
+			// acknowledged writes: the replica promoted lacks it.
+			a := &r.admitted[r.pending]
+			lost += a.units - a.refunded
+			a.refunded = a.units
+		}
 		r.faults = append(r.faults, simFault{at: r.now, units: lost, spent: spent})
 	case simRestart:
 		r.st.m.FlushAll()
@@ -836,7 +876,7 @@ func (r *simRun) advance(d time.Duration) {
 	for {
 		next := r.now.Truncate(time.Second).Add(time.Second)
 		for i := range r.due {
-			if r.gather[i] != nil && r.due[i].Before(next) && !r.due[i].After(end) {
+			if r.gather[i] != nil && !r.secondBusy && r.due[i].Before(next) && !r.due[i].After(end) {
 				next = r.due[i]
 				if next.Before(r.now) { // due while a lease's events ran
 					next = r.now
@@ -847,6 +887,12 @@ func (r *simRun) advance(d time.Duration) {
 			break
 		}
 		r.setNow(next)
+		if r.secondBusy {
+			// The per-second store is slow, and every call to it waits
+			// behind the one parked there: the instances' leases and ticks
+			// wait too (a tick passed meanwhile is skipped).
+			continue
+		}
 		for i := range r.gather {
 			if r.gather[i] != nil && !r.due[i].After(r.now) {
 				r.sendLeases(i)

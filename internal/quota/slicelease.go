@@ -75,6 +75,27 @@ func (k *hotKey) held(now time.Time) uint64 {
 	return n
 }
 
+// live reports whether sl may still spend units at now: it has not
+// expired, its fixed window has not ended, and it was not given back.
+func (sl *slice) live(now time.Time) bool {
+	return now.Before(sl.expires) && (sl.windowEnd.IsZero() || now.Before(sl.windowEnd)) && sl.returned == 0
+}
+
+// spent is the units sl spent that it may spend again at now, were they
+// given back: none once it is no longer live, and for GCRA only those
+// spent ahead of their slots.
+func (sl *slice) spent(now time.Time) uint64 {
+	if !sl.live(now) {
+		return 0
+	}
+	sl.available(now)
+	if sl.interval > 0 && now.After(sl.first) {
+		late := min(uint64((now.Sub(sl.first)+sl.interval-1)/sl.interval), sl.n)
+		return sl.used - min(sl.used, late)
+	}
+	return sl.used
+}
+
 // available is the units sl holds at now; for GCRA it first drops the
 // units whose slot has started.
 func (sl *slice) available(now time.Time) uint64 {
@@ -135,24 +156,28 @@ func (k *hotKey) answer(h *limiter.Hit, v *limiter.Verdict, now time.Time) {
 // rebase takes in an answer v of the store for h's counter, at now, given
 // while k had slices or a lease on its way: the answers of one counter's
 // hits and its lease may come in either order, and the later state has
-// the less left (for GCRA, the later bucket time). A lease then installs,
-// and the slices answer, from the latest. The caller holds k's shard's
-// lock.
-func (k *hotKey) rebase(v limiter.Verdict, now time.Time) {
+// the less left (for GCRA, the later bucket time), but for the answer of
+// a give-back (gave: a refund or a settlement), which leaves more: its
+// state is the latest. A lease then installs, and the slices answer, from
+// the latest. The caller holds k's shard's lock.
+func (k *hotKey) rebase(v limiter.Verdict, gave bool, now time.Time) {
 	if k.leasing {
 		k.seenRemaining = min(k.seenRemaining, v.Remaining)
 		if tat := now.Add(v.ResetAfter); v.Admitted && tat.After(k.seenTAT) {
 			k.seenTAT = tat
+		}
+		if gave {
+			k.seenRemaining, k.seenTAT = v.Remaining, now.Add(v.ResetAfter)
 		}
 	}
 	if len(k.slices) == 0 {
 		return
 	}
 	newest := k.slices[len(k.slices)-1]
-	if v.Remaining < newest.remaining+k.landed {
+	if v.Remaining < newest.remaining+k.landed || gave {
 		newest.remaining, k.landed = v.Remaining, 0
 	}
-	if tat := now.Add(v.ResetAfter); newest.interval > 0 && v.Admitted && tat.After(newest.sent.Add(newest.resetAfter)) {
+	if tat := now.Add(v.ResetAfter); newest.interval > 0 && v.Admitted && (gave || tat.After(newest.sent.Add(newest.resetAfter))) {
 		newest.resetAfter = tat.Sub(newest.sent)
 	}
 }
@@ -350,15 +375,33 @@ func (s *Slices) flush() {
 		if n > 0 && s.observe.GivenBack != nil {
 			s.observe.GivenBack(n)
 		}
+		// The store may give back less than asked: a refund took some of
+		// an ended slice's units first (a log's members, once its period
+		// is over, are the newest up to now). Which return lacked them is
+		// known only for a return alone in its call; the others then count
+		// nothing as back, so that no answer says more remains than does.
+		var asked uint64
 		for _, r := range chunk {
-			s.landed(r, err == nil)
+			asked += r.Units
+		}
+		for _, r := range chunk {
+			back := r.Units
+			switch {
+			case err != nil:
+				back = 0
+			case n < asked && len(chunk) == 1:
+				back = n
+			case n < asked:
+				back = 0
+			}
+			s.landed(r, back)
 		}
 	}
 }
 
-// landed notes that r's units are no longer queued: given back, or left
-// counted after a failure.
-func (s *Slices) landed(r limiter.Return, ok bool) {
+// landed notes that r's units are no longer queued, and that back of them
+// were given back (none after a failure: they stay counted).
+func (s *Slices) landed(r limiter.Return, back uint64) {
 	sh := s.shard(r.Hit.Key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -367,13 +410,10 @@ func (s *Slices) landed(r limiter.Return, ok bool) {
 		return
 	}
 	k.unlanded -= min(k.unlanded, r.Units)
-	if !ok {
-		return
-	}
-	k.landed += r.Units
+	k.landed += back
 	if k.leasing {
 		// Whether the lease's answer counted them is not known: as if not.
-		k.landedLeasing += r.Units
+		k.landedLeasing += back
 	}
 }
 

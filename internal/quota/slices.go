@@ -317,6 +317,11 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 	if s.threshold < 0 || s.closed.Load() || len(hits) == 0 {
 		return s.ledger.Decide(ctx, hits)
 	}
+	if len(hits) == 1 && hits[0].Refund && !hits[0].NoSlices && !hits[0].Shadow && !hits[0].Quota {
+		if v, ok := s.refundLocally(&hits[0]); ok {
+			return []limiter.Verdict{v}, nil
+		}
+	}
 	if !s.leasable(hits) {
 		verdicts, err := s.ledger.Decide(ctx, hits)
 		if err == nil {
@@ -350,6 +355,48 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 	return verdicts, err
 }
 
+// refundLocally gives a refund's units back to this instance's live
+// slices of its key, when they spent as many (a refund cancels the newest
+// units admitted, and on a hot key those are the slices'): they are its to
+// spend again, and nothing goes to the store, which takes no slice's units
+// (a log's refund never takes a slice's members, GCRA's never the time a
+// live slice holds). A GCRA slice takes back only units spent ahead of
+// their slots: one whose slot has started is used whatever happens. It
+// answers as the slice does.
+func (s *Slices) refundLocally(h *limiter.Hit) (limiter.Verdict, bool) {
+	sh := s.shard(h.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.keys[h.Key]
+	now := s.now()
+	if k == nil || !k.matches(h) || k.leasing || k.inFlight != nil {
+		return limiter.Verdict{}, false
+	}
+	var spent uint64
+	for _, sl := range k.slices {
+		spent += sl.spent(now)
+	}
+	if spent < h.Cost {
+		return limiter.Verdict{}, false
+	}
+	need := h.Cost
+	for i := len(k.slices) - 1; i >= 0 && need > 0; i-- { // the newest units first
+		sl := k.slices[i]
+		back := min(sl.spent(now), need)
+		sl.used -= back
+		need -= back
+	}
+	v := limiter.Verdict{Admitted: true}
+	k.answer(h, &v, now)
+	if newest := k.slices[len(k.slices)-1]; newest.interval == 0 { // GCRA's answer says its reset
+		v.ResetAfter = max(0, newest.resetAfter-now.Sub(newest.sent))
+	}
+	if s.observe.Local != nil {
+		s.observe.Local(1)
+	}
+	return v, true
+}
+
 // withHeld adds to the answers the ledger gave the units this instance's
 // slices of their keys still hold, as an answer from a slice does: they
 // are this instance's to give, so that one instance answers what it would
@@ -373,7 +420,7 @@ func (s *Slices) withHeld(ctx context.Context, hits []limiter.Hit, verdicts []li
 			k = sh.keys[h.Key]
 		}
 		if now := s.now(); k != nil && (k.leasing || k.matches(h)) {
-			k.rebase(*v, now)
+			k.rebase(*v, h.Refund || h.Settle != "", now)
 			if k.matches(h) && (v.Admitted || k.slices[0].interval == 0) {
 				k.answer(h, v, now)
 			}

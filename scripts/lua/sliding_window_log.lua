@@ -103,10 +103,14 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
   seen[key] = st -- its used and newest are what a later check of key reads
 end
 
--- refund removes up to units of the newest members still in the window, but
--- none recorded ahead of now (a live slice's): the units a recent charge
--- took. Members that left the window are not counted
--- anyway, so nothing of another window is given back.
+-- refund removes up to units of the newest members still in the window
+-- that a request's own charge added: none recorded ahead of now (a live
+-- slice's), and none of a slice or a lease (named "A..." or "L...", see
+-- commit), which their give-back or settlement takes by name: a slice's
+-- unused members, once its period is over, are the newest up to now, and a
+-- refund that took them would leave the client's units counted. Members
+-- that left the window are not counted anyway, so nothing of another
+-- window is given back.
 --
 -- With oldest (refund_order: oldest) it removes the oldest members instead:
 -- a concurrency limit's release, which cannot say which seat it frees. The
@@ -128,11 +132,22 @@ function sliding_window_log.refund(key, units, limit, window, now, oldest)
     -- The newest members up to now: those after it are a hot key's slice
     -- (recorded at its period's end), whose units its instance still
     -- spends.
-    local n = min(units, redis.call('ZCOUNT', key, '-inf', fmt(now)))
+    local n, offset = units, 0
     while n > 0 do
-      local gone = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'LIMIT', 0, min(n, 1000)) -- unpack's stack limit
-      redis.call('ZREM', key, unpack(gone))
-      n = n - #gone
+      local page = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'LIMIT', offset, 1000) -- unpack's stack limit
+      if #page == 0 then
+        break
+      end
+      local gone = {}
+      for _, m in ipairs(page) do
+        if #gone < n and string.find(m, '^%d') then -- a charge's own, named by its score
+          gone[#gone + 1] = m
+        end
+      end
+      if #gone > 0 then
+        redis.call('ZREM', key, unpack(gone))
+      end
+      n, offset = n - #gone, offset + #page - #gone
     end
   end
   seen[key] = nil -- read again: the newest member may be gone
