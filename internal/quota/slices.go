@@ -424,6 +424,10 @@ func (s *Slices) withHeld(ctx context.Context, hits []limiter.Hit, verdicts []li
 			if k.matches(h) && (v.Admitted || k.slices[0].interval == 0) {
 				k.answer(h, v, now)
 			}
+		} else if k != nil && k.unlanded > 0 && k.ruleOf(h) && !h.Algorithm.Bucket() {
+			// Its slices ended, their unused units on their way back: the
+			// store still counts them, and they are this instance's.
+			v.Remaining = min(v.Remaining+k.unlanded, uint64(capacity(*h)))
 		}
 		sh.mu.Unlock()
 	}
@@ -549,10 +553,12 @@ func (sh *sliceShard) track(key string, most int) *hotKey {
 
 // matches reports whether h is a hit of the rule k's slices are of: a
 // reload that changed the rule leaves them to expire unused.
-func (k *hotKey) matches(h *limiter.Hit) bool {
+func (k *hotKey) matches(h *limiter.Hit) bool { return len(k.slices) > 0 && k.ruleOf(h) }
+
+// ruleOf reports whether h is of the rule k's slices were leased for.
+func (k *hotKey) ruleOf(h *limiter.Hit) bool {
 	r := &k.rule
-	return len(k.slices) > 0 && r.Algorithm == h.Algorithm && r.Limit == h.Limit &&
-		r.Window == h.Window && r.Calendar == h.Calendar && r.Burst == h.Burst
+	return r.Algorithm == h.Algorithm && r.Limit == h.Limit && r.Window == h.Window && r.Calendar == h.Calendar && r.Burst == h.Burst
 }
 
 // tick turns the per-second counts over every second, ends the slices

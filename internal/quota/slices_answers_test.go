@@ -34,6 +34,7 @@ func TestSliceAnswersAsWithout(t *testing.T) {
 		{"warm, 200 hits and checks", 1000, 200, 150 * time.Millisecond, false},
 		{"reference's key2, 25 hits and refunds", 20, 25, 10 * time.Millisecond, true},
 		{"hot, 400 hits, checks and refunds", 1000, 400, 10 * time.Millisecond, true},
+		{"warm, 200 hits, checks and refunds", 1000, 200, 150 * time.Millisecond, true},
 	} {
 		for _, alg := range []config.Algorithm{config.FixedWindow, config.SlidingWindowLog, config.SlidingWindowCounter, config.GCRA} {
 			if alg == config.GCRA && time.Minute/tc.step < time.Duration(tc.limit) {
