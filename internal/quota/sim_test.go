@@ -205,6 +205,22 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			// A seat given back (cost 0), or a reservation settled by its
 			// actual cost, more or less than it took.
 			ops = append(ops, simOp{kind: simSettle, inst: inst, n: uint64(rng.IntN(8)), cost: uint64(max(0, rng.IntN(6)-3))})
+		case p < 680 && r.envoys > 0 && rng.IntN(3) == 0:
+			// Callers at the rule's pace while the Envoys lease ahead, then a
+			// refund of their last units, then demand past the rate while
+			// the Envoys serve their buckets: a refund that takes a lease's
+			// time lets the counter admit what the lease already holds.
+			pace := r.window / time.Duration(r.limit)
+			for range min(int(10*time.Second/pace), 300) {
+				ops = append(ops, simOp{kind: simHit, inst: rng.IntN(r.instances), n: 1})
+				ops = append(ops, simOp{kind: simAdvance, d: pace.Round(time.Millisecond)})
+			}
+			ops = append(ops, simOp{kind: simRefund, inst: inst, n: uint64(r.limit)})
+			for range min(int(r.limit)*3, 400) {
+				ops = append(ops, simOp{kind: simHit, inst: rng.IntN(r.instances), n: 1})
+				ops = append(ops, simOp{kind: simEnvoy, inst: rng.IntN(r.envoys), n: 1})
+				ops = append(ops, simOp{kind: simAdvance, d: (pace / 3).Round(time.Millisecond)})
+			}
 		case p < 680 && rng.IntN(4) == 0:
 			// A refund of many units (a client's estimate corrected by
 			// much), then demand past the rate for a window and a half:
