@@ -62,11 +62,9 @@ type simGate struct {
 	parked   bool          // a call is parked
 	park     bool          // the next call parks
 	release  chan struct{} // closed to let the parked call go
-	// lastCharged: the last call's first hit was charged (decide.lua's
-	// reply: four numbers a hit, the first its state, 2 or 3 charged);
-	// charges[i]: call i charged any hit.
-	lastCharged bool
-	charges     []bool
+	// charges[i]: call i charged a hit (decide.lua's reply: four numbers
+	// a hit, the first its state, 2 or 3 charged).
+	charges []bool
 }
 
 func noScript(cmds []redis.Cmder) bool {
@@ -78,9 +76,8 @@ func noScript(cmds []redis.Cmder) bool {
 	return false
 }
 
-// charged reports whether a decide call's first hit (anyHit: any hit) was
-// charged.
-func charged(cmds []redis.Cmder, anyHit bool) bool {
+// charged reports whether a decide call charged any of its hits.
+func charged(cmds []redis.Cmder) bool {
 	for _, c := range cmds {
 		var vals []int64
 		var err error
@@ -95,9 +92,6 @@ func charged(cmds []redis.Cmder, anyHit bool) bool {
 				if vals[j] >= 2 {
 					return true
 				}
-				if !anyHit {
-					break
-				}
 			}
 			return false
 		}
@@ -110,13 +104,6 @@ func (g *simGate) chargedBy(i int) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return i < len(g.charges) && g.charges[i]
-}
-
-// charged reports whether the last call answered charged its first hit.
-func (g *simGate) charged() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.lastCharged
 }
 
 func newSimGate() *simGate {
@@ -155,12 +142,19 @@ func (g *simGate) pass(cmds []redis.Cmder, send func() error) error {
 	g.mu.Lock()
 	if !noScript(cmds) { // go-redis sends the script itself next: that one lands the call
 		g.answered++
-		g.lastCharged = charged(cmds, false)
-		g.charges = append(g.charges, charged(cmds, true))
+		g.charges = append(g.charges, charged(cmds))
 	}
 	g.changed.Broadcast()
 	g.mu.Unlock()
 	return err
+}
+
+// reset forgets the calls answered: a schedule's calls are all awaited
+// before the next one starts.
+func (g *simGate) reset() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.answered, g.charges = 0, nil
 }
 
 // count is the calls answered so far.
@@ -455,7 +449,7 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	if during != nil {
 		st.gateS.await(math.MaxInt, true)
 		st.gate.await(mainAt+1, false)
-		if st.gate.charged() {
+		if st.gate.chargedBy(mainCall) { // the rule's hit alone, landed
 			r.charged(hits[0].Cost)
 			r.pendingFor = &hits[0]
 		}
@@ -540,6 +534,8 @@ func newSimRun(st *simStore, s simSchedule) *simRun {
 		m.FlushAll()
 		m.SetTime(simEpoch)
 	}
+	st.gate.reset()
+	st.gateS.reset()
 	r := &simRun{st: st, rule: s.rule, limit: s.rule.limit, now: simEpoch, ops: s.ops, pending: -1}
 	r.writes = []simWrite{{}}
 	for i := range s.rule.instances {

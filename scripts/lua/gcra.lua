@@ -239,6 +239,20 @@ local function gcra_give_back(key, rule, cost, cw, cf, limit, now)
   return cost
 end
 
+-- gcra_at_most returns cost units' time (cw, cf), and cost, cut to at most
+-- (mw, mf): that time, and the whole units it holds.
+local function gcra_at_most(rule, limit, cost, cw, cf, mw, mf)
+  if mw > cw or (mw == cw and mf >= cf) then
+    return cost, cw, cf
+  end
+  cost = gcra_owed_units(rule, mw, mf)
+  local kw, kf = gcra_times(rule, cost)
+  if kw > mw or (kw == mw and kf > mf) then
+    cost = cost - 1 -- whole units only
+  end
+  return cost, mw, mf
+end
+
 -- gcra_slices_ahead returns the time, in whole microseconds, that the
 -- live slices recorded beside key (decide.lua's record_slice) still hold
 -- ahead of now: each one's units' time, and no more than the part of it
@@ -279,14 +293,7 @@ function gcra.refund(key, cost, limit, window, now)
     if fw < 0 or (fw == 0 and ff == 0) then
       return 0
     end
-    if fw < cw or (fw == cw and ff < cf) then
-      cw, cf = fw, ff
-      cost = gcra_owed_units(rule, fw, ff)
-      local kw, kf = gcra_times(rule, cost)
-      if kw > fw or (kw == fw and kf > ff) then
-        cost = cost - 1 -- whole units only
-      end
-    end
+    cost, cw, cf = gcra_at_most(rule, limit, cost, cw, cf, fw, ff)
   end
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end
@@ -295,29 +302,18 @@ end
 -- reads: only the part of its time still ahead of now, up to its token
 -- (the TAT it left, commit): the rest has refilled, and giving it back
 -- would give the bucket's later charges' time instead. A token of 0 (a
--- charge written before tokens named its end) gives back as refund.
+-- charge written before tokens named its end) gives back as refund does.
 function gcra.undo(key, token, cost, limit, window, clock)
-  if limit <= 0 then
+  local now = clock()
+  if limit <= 0 or type(token) ~= 'number' or token <= 0 then
+    return gcra.refund(key, cost, limit, window, now)
+  end
+  local ahead = token - now
+  if ahead <= 0 then
     return 0
   end
-  local now = clock()
   local rule = gcra_setup({}, limit, window)
   local cw, cf = gcra_times(rule, cost)
-  if type(token) == 'number' and token > 0 then
-    local ahead = token - now
-    if ahead <= 0 then
-      return 0
-    end
-    if ahead < cw or (ahead == cw and cf > 0) then
-      -- Part of the charge is still ahead: that time, and the whole units
-      -- it holds.
-      cw, cf = ahead, 0
-      cost = gcra_owed_units(rule, ahead, 0)
-      local kw, kf = gcra_times(rule, cost)
-      if kw > ahead or kf > 0 then
-        cost = cost - 1 -- whole units only
-      end
-    end
-  end
+  cost, cw, cf = gcra_at_most(rule, limit, cost, cw, cf, ahead, 0)
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end
