@@ -17,7 +17,8 @@ var resetScript = redis.NewScript(lua.Reset())
 // at once, and returns how many store keys it deleted (0 when the counter was
 // empty). Only h.Key is read, and h.Algorithm checked: every algorithm
 // keeps its whole state at its key, but for a counter's or GCRA's slices'
-// records (sliceRecordKey), which go with it.
+// records (sliceRecordKey), which go with it, and an RLQS fleet's count
+// of the counter (FleetSuffix), reset alike.
 //
 // Like Decide it runs one atomic script (EVALSHA, re-sent with EVAL on
 // NOSCRIPT) within the limiter's timeout, and is observed like every store
@@ -40,9 +41,9 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	if l.denied != nil {
 		l.denied.forget(h.Key)
 	}
-	keys := []string{h.Key}
+	keys := []string{h.Key, h.Key + FleetSuffix} // an RLQS fleet's count of it goes alike
 	if recordsSlices(h.Algorithm) {
-		keys = append(keys, sliceRecordKey(h.Key)) // its slices' records go with it
+		keys = append(keys, sliceRecordKey(keys[0]), sliceRecordKey(keys[1])) // their slices' records go with them
 	}
 	n, err := l.script(ctx, resetScript, keys, nil).Int64()
 	l.observe(time.Since(start), err)

@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/limiter"
@@ -73,6 +74,7 @@ const headroom = 1.1
 // from the counter, on the store, that a descriptor of its entries charges.
 type Ledger interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
+	GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error)
 	Share(ctx context.Context, r limiter.ShareRequest) (limiter.Share, error)
 	ConfirmShare(ctx context.Context, key, member string, window time.Duration, tokens uint64) error
 }
@@ -152,15 +154,26 @@ type Bucket struct {
 	// Member names the Envoy among the shares: its stream, unique.
 	Member string
 
-	held       Assignment // as last sent
-	leaseEnd   time.Time  // until when the held bucket's refills are leased
-	carry      float64    // units leased beyond the exact amount (a credit)
-	lastReport time.Time  // zero before the first report
-	pending    uint64     // requests of reports too close together to measure
-	demand     float64    // units per window, as last measured; < 0 unknown
-	others     uint64     // units on the counter that are not the fleet's, at the last lease
-	measured   bool       // others was read off the counter
-	shrunk     bool       // the assignment made holds less than the one before: Confirm once sent
+	held       Assignment    // as last sent
+	leaseEnd   time.Time     // until when the held bucket's refills are leased
+	charges    []leaseCharge // the held bucket's leases whose refills are not all made, oldest first
+	carry      float64       // units leased beyond the exact amount (a credit)
+	lastReport time.Time     // zero before the first report
+	pending    uint64        // requests of reports too close together to measure
+	demand     float64       // units per window, as last measured; < 0 unknown
+	others     uint64        // units on the counter that are not the fleet's, at the last lease
+	measured   bool          // others was read off the counter
+	shrunk     bool          // the assignment made holds less than the one before: Confirm once sent
+}
+
+// leaseCharge is one lease of a bucket's refills, as the store charged it:
+// its hits (the counter's and the fleet's count) and the tokens naming
+// each charge, for the give-back of a replaced bucket.
+type leaseCharge struct {
+	hits   []limiter.Hit
+	tokens []int64 // 0 where a hit charged nothing
+	units  uint64
+	end    time.Time // its last refill
 }
 
 // Allow is the assignment of a bucket no limit applies to.
@@ -205,7 +218,7 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 		if err := a.measureOthers(ctx, b, lim); err != nil {
 			return Assignment{}, err
 		}
-		return a.deny(ctx, b, lim, now)
+		return a.deny(ctx, b, now)
 	}
 	ok, err := a.leaseBucket(ctx, b, lim, share.Tokens, share.MaxTokens, share.Lookahead, now)
 	if err != nil || ok {
@@ -213,7 +226,7 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 	}
 	// The counter is full of what others took: the share is cut to what
 	// they leave at the next report (Share's limit); until then, nothing.
-	return a.deny(ctx, b, lim, now)
+	return a.deny(ctx, b, now)
 }
 
 // Confirm tells the shares that the assignment Report made for b was sent,
@@ -306,14 +319,22 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	// to them, not to its successor in the same call (the store applies a
 	// request's refunds before its charges).
 	alone := b.others <= aloneSlack
-	back, given := a.giveBack(b, lim, tokens, maxTokens, now)
+	given, err := a.giveBack(ctx, b, tokens, maxTokens, now)
+	if err != nil {
+		return false, err
+	}
 	raise, keep := lookahead, given
 	if alone {
 		keep = 0
 	}
+	// The lease is a slice of the counter (limiter.Hit.Ahead) used until
+	// the assignment's end: the log records it at that end, the counters
+	// and GCRA beside their count, so that a client's refund never takes
+	// it and its give-back takes back at most what the store holds of it.
+	end := now.Add(a.lease + deliveryMargin)
 	hits := make([]limiter.Hit, len(lim.Hits)+1)
 	for i, h := range lim.Hits {
-		h.Cost, h.Record, h.RecordIfAlone = units, alone && units > 0, true
+		h.Cost, h.Record, h.RecordIfAlone, h.Ahead = units, alone && units > 0, true, end.Sub(now)
 		if h.Algorithm.Bucket() {
 			h.Burst = adjust(uint64(cmp.Or(h.Burst, h.Limit)), raise, keep)
 		} else {
@@ -322,9 +343,8 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 		hits[i] = h
 	}
 	fleet := fleetHit(lim.Hits[0])
-	fleet.Cost, fleet.Record, fleet.RecordIfAlone = units, alone && units > 0, true // charged with the counter, even past it
+	fleet.Cost, fleet.Record, fleet.RecordIfAlone, fleet.Ahead = units, alone && units > 0, true, end.Sub(now) // charged with the counter, even past it
 	hits[len(lim.Hits)] = fleet
-	hits = append(hits, back...)
 	verdicts, err := a.ledger.Decide(ctx, hits)
 	if err != nil {
 		return false, fmt.Errorf("quota: lease: %w", err)
@@ -338,7 +358,17 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	}
 	b.shrunk = b.tokens() > tokens
 	b.held = Assignment{Kind: TokenBucket, MaxTokens: maxTokens, TokensPerFill: tokens, FillInterval: window, TTL: a.lease}
-	b.leaseEnd, b.carry = now.Add(a.lease+deliveryMargin), carry
+	b.leaseEnd, b.carry = end, carry
+	b.charges = slices.DeleteFunc(b.charges, func(c leaseCharge) bool { return !c.end.After(now) })
+	if units > 0 {
+		c := leaseCharge{hits: hits, tokens: make([]int64, len(hits)), units: units, end: end}
+		for i, v := range verdicts {
+			if v.Charged {
+				c.tokens[i] = v.Token
+			}
+		}
+		b.charges = append(b.charges, c)
+	}
 	return true, nil
 }
 
@@ -368,26 +398,41 @@ func others(h, fleet limiter.Hit, onCounter, onFleet limiter.Verdict) uint64 {
 	return counted - min(leased, counted)
 }
 
-// giveBack returns the refunds of the refills b's bucket has leased ahead,
-// when a bucket of tokens and maxTokens replaces it (Envoy drops the old
-// one as the new one arrives), and their units, and forgets them.
-func (a *Allocator) giveBack(b *Bucket, lim Limit, tokens, maxTokens uint64, now time.Time) ([]limiter.Hit, uint64) {
-	held := b.held
+// giveBack gives back the refills b's bucket has leased ahead, when a
+// bucket of tokens and maxTokens replaces it (Envoy drops the old one as
+// the new one arrives), newest lease first, each by the tokens that name
+// its charges: never more than the store still holds of them (limiter.
+// GiveBack). It returns the units it meant to give back, and forgets them.
+func (a *Allocator) giveBack(ctx context.Context, b *Bucket, tokens, maxTokens uint64, now time.Time) (uint64, error) {
+	held, charges := b.held, b.charges
 	if !b.replacedBy(tokens, maxTokens) {
-		return nil, 0
+		return 0, nil
 	}
 	ahead := b.leaseEnd.Sub(now) - deliveryMargin
 	units := uint64(float64(held.TokensPerFill) * ahead.Seconds() / held.FillInterval.Seconds())
-	b.leaseEnd, b.carry = now, 0
+	b.leaseEnd, b.carry, b.charges = now, 0, nil
 	if ahead <= 0 || units == 0 {
-		return nil, 0
+		return 0, nil
 	}
-	back := make([]limiter.Hit, 0, len(lim.Hits)+1)
-	for _, h := range append(lim.Hits, fleetHit(lim.Hits[0])) {
-		h.Cost, h.Refund = units, true
-		back = append(back, h)
+	var returns []limiter.Return
+	left := units
+	for i := len(charges) - 1; i >= 0 && left > 0; i-- {
+		c := charges[i]
+		n := min(left, c.units)
+		for j, h := range c.hits {
+			if c.tokens[j] != 0 {
+				returns = append(returns, limiter.Return{Hit: h, Token: c.tokens[j], Units: n})
+			}
+		}
+		left -= n
 	}
-	return back, units
+	if len(returns) == 0 {
+		return 0, nil
+	}
+	if _, err := a.ledger.GiveBack(ctx, returns); err != nil {
+		return 0, fmt.Errorf("quota: give back: %w", err)
+	}
+	return units - left, nil
 }
 
 // fleetHit is the fleet's own count of the units leased on h's counter:
@@ -411,16 +456,11 @@ func capacity(h limiter.Hit) uint32 {
 
 // deny makes DENY_ALL b's assignment, giving back what the bucket it
 // replaces leased ahead.
-func (a *Allocator) deny(ctx context.Context, b *Bucket, lim Limit, now time.Time) (Assignment, error) {
-	back, _ := a.giveBack(b, lim, 0, 0, now)
+func (a *Allocator) deny(ctx context.Context, b *Bucket, now time.Time) (Assignment, error) {
+	_, err := a.giveBack(ctx, b, 0, 0, now)
 	b.shrunk = b.tokens() > 0
 	b.held, b.leaseEnd, b.carry = a.Deny(), now, 0
-	if len(back) > 0 {
-		if _, err := a.ledger.Decide(ctx, back); err != nil {
-			return b.held, fmt.Errorf("quota: give back: %w", err)
-		}
-	}
-	return b.held, nil
+	return b.held, err
 }
 
 // adjust returns capacity plus raise less keep, within 0 and the largest

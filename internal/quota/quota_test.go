@@ -437,3 +437,79 @@ func TestAloneDecidedInTheStore(t *testing.T) {
 		})
 	}
 }
+
+// TestRefundLeavesTheFleetsLease: a client's refund on a log an Envoy leases
+// from takes the client's own members, never the lease's: those stay
+// counted while the Envoy may spend them (the lease's refills, up to its
+// end). A refund that took the newest members took the lease's instead, and
+// the client's older ones then left the window first.
+func TestRefundLeavesTheFleetsLease(t *testing.T) {
+	f := newFleet(t)
+	lim := limitOf(config.SlidingWindowLog, 60, time.Minute)
+	hit := lim.Hits[0]
+	decide := func(h limiter.Hit) limiter.Verdict {
+		t.Helper()
+		v, err := f.lim.Decide(context.Background(), []limiter.Hit{h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v[0]
+	}
+	charge := hit
+	charge.Cost = 10
+	if v := decide(charge); !v.Admitted {
+		t.Fatalf("the callers' 10: %+v", v)
+	}
+	f.advance(10 * time.Second)
+	e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+	if a := f.report(t, e, lim); a.Kind != TokenBucket {
+		t.Fatalf("assignment %+v, want a token bucket", a)
+	}
+	check := hit
+	leased := 60 - decide(check).Remaining - 10
+	if leased == 0 {
+		t.Fatal("the lease charged nothing")
+	}
+	refund := charge
+	refund.Refund = true
+	decide(refund)
+	// The callers' members have left the window; the lease's, recorded at
+	// its end (12 s after it), have not.
+	f.advance(51 * time.Second)
+	if got := 60 - decide(check).Remaining; got != leased {
+		t.Errorf("the log holds %d, want the lease's %d", got, leased)
+	}
+}
+
+// TestResetResetsTheFleetsCount: a Reset of a counter an Envoy leases from
+// resets the fleet's own count of it alike, so that their difference is
+// still what others took: a fleet count that kept its leases hid the
+// callers' units after the reset, and the next lease was recorded past the
+// limit beside them as the fleet's alone.
+func TestResetResetsTheFleetsCount(t *testing.T) {
+	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.SlidingWindowLog, config.FixedWindow, config.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			f := newFleet(t)
+			lim := limitOf(a, 60, time.Minute)
+			e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+			f.report(t, e, lim)
+			f.advance(5 * time.Second)
+			e.seen = 30
+			f.report(t, e, lim)
+			if _, err := f.lim.Reset(context.Background(), lim.Hits[0]); err != nil {
+				t.Fatal(err)
+			}
+			callers := lim.Hits[0]
+			callers.Cost = 5
+			if v, err := f.lim.Decide(context.Background(), []limiter.Hit{callers}); err != nil || !v[0].Admitted {
+				t.Fatalf("the callers' 5: %+v, %v", v, err)
+			}
+			if err := f.alloc.measureOthers(context.Background(), &e.lease, lim); err != nil {
+				t.Fatal(err)
+			}
+			if e.lease.others != 5 {
+				t.Errorf("others %d after the reset, want the callers' 5", e.lease.others)
+			}
+		})
+	}
+}

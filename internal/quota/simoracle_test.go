@@ -177,9 +177,10 @@ func (r *simRun) check(count uint64) string {
 	// unleased (docs/rlqs.md, "The bound"); a lease counts from when it is
 	// made, while its refills come up to a lease later: a window that
 	// starts after the lease (a fixed window's, the sliding counter's
-	// current one, the log's) holds refills it does not count. GCRA's
-	// bucket is a total: what it leased ahead stays charged.
-	if len(r.envoys) > 0 && r.rule.alg != config.GCRA {
+	// current one) holds refills it does not count. The log records a
+	// lease at its end, and GCRA's bucket is a total: what they leased
+	// ahead stays counted.
+	if len(r.envoys) > 0 && (r.rule.alg == config.FixedWindow || r.rule.alg == config.SlidingWindowCounter) {
 		slack += uint64(math.Ceil(float64(limit) * (DefaultLease + deliveryMargin).Seconds() / w.Seconds()))
 	}
 	for _, e := range r.envoys {
