@@ -76,32 +76,16 @@ func TestBudgetsDocConcurrencyLimit(t *testing.T) {
 	}
 	got1, want1 := cfg.Rules()[0], ruleNamed(t, loadRules(t), "concurrent_per_user")
 	if got1.RequestsPerUnit != want1.RequestsPerUnit || got1.Window() != want1.Window() || got1.Algorithm != want1.Algorithm ||
-		got1.RefundOldest != want1.RefundOldest || got1.RecordCosts != want1.RecordCosts || got1.Leases != want1.Leases || got1.LeaseTTL != want1.LeaseTTL {
+		got1.RecordCosts != want1.RecordCosts || got1.Leases != want1.Leases || got1.LeaseTTL != want1.LeaseTTL {
 		t.Errorf("%s: rule %v, want %s's concurrent_per_user: %v", doc, got1, rulesDir, want1)
 	}
 }
 
-// TestBudgetsDocMetadataFreeConcurrencyLimit: docs/budgets.md's
-// metadata-free concurrency limit is a valid route action (the acquisition
-// and a release without a lease id), and its rule a valid refund_order:
-// oldest rule; its reserved token budget is a valid route action whose
-// stream-done entry takes the lease id as the /concurrency route does, and
-// its rule a valid rule with leases.
-func TestBudgetsDocMetadataFreeConcurrencyLimit(t *testing.T) {
+// TestBudgetsDocReservedTokenBudget: docs/budgets.md's reserved token
+// budget is a valid route action whose stream-done entry takes the lease id
+// as the /concurrency route does, and its rule a valid rule with leases.
+func TestBudgetsDocReservedTokenBudget(t *testing.T) {
 	const doc = "../docs/budgets.md"
-	action := &routev3.RouteAction{}
-	if err := unmarshalEnvoy([]byte(fencedBlock(t, doc, "# the route's action: rate_limits of a metadata-free concurrency limit")), action); err != nil {
-		t.Fatalf("%s: metadata-free rate_limits: %v", doc, err)
-	}
-	if rls := action.GetRateLimits(); len(rls) != 2 || !rls[1].GetApplyOnStreamDone() || !rls[1].GetHitsAddend().GetIsNegativeHits() ||
-		len(rls[1].GetActions()) != 1 {
-		t.Errorf("%s: metadata-free rate_limits %v, want an acquisition and a release without a lease id", doc, rls)
-	}
-	cfg, err := config.Parse("budgets.md", []byte("domain: edge\ndescriptors:\n"+fencedBlock(t, doc, "# the metadata-free mode's rule")), config.Defaults{})
-	if err != nil || !cfg.Rules()[0].RefundOldest || cfg.Rules()[0].Leases {
-		t.Errorf("%s: the metadata-free rule: %v", doc, err)
-	}
-
 	b, _ := loadBootstrap(t)
 	e := newEdge(t, b)
 	i := slices.IndexFunc(e.vhost.GetRoutes(), func(r *routev3.Route) bool { return r.GetName() == "concurrency" })
@@ -120,7 +104,7 @@ func TestBudgetsDocMetadataFreeConcurrencyLimit(t *testing.T) {
 	if !proto.Equal(got, want) {
 		t.Errorf("%s: the settlement's metadata action %v, want the /concurrency route's %v but for the rule's name", doc, got, want)
 	}
-	cfg, err = config.Parse("budgets.md", []byte("domain: edge\ndescriptors:\n"+fencedBlock(t, doc, "# the reserved token budget's rule")), config.Defaults{})
+	cfg, err := config.Parse("budgets.md", []byte("domain: edge\ndescriptors:\n"+fencedBlock(t, doc, "# the reserved token budget's rule")), config.Defaults{})
 	if err != nil || !cfg.Rules()[0].Leases || cfg.Rules()[0].Name != got.GetMetadataKey().GetPath()[1].GetKey() {
 		t.Errorf("%s: the token budget's rule: %v, want leases, named as the metadata path says", doc, err)
 	}

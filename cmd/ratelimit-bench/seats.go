@@ -19,42 +19,29 @@ import (
 // seat seatHold, over two service instances on one redis-server, with
 // exactly the calls Envoy's rate limit filter makes (docs/budgets.md,
 // "Concurrency limits"): the acquisition before routing on one instance,
-// the stream-done call on the other, each with Envoy's deadline. With
-// leases, the stream-done call is built from the first answer's dynamic
-// metadata (a denied answer carries no lease id: no call); without
-// (the metadata-free mode), every request sends its release, 429s
-// included. An acquisition that fails is let through, as Envoy's failure
-// mode allow does, and its request runs; in the metadata-free mode it
-// sends its release too. The ideal is every seat busy all the time:
-// seatLimit × duration / seatHold admissions.
+// the stream-done call on the other, each with Envoy's deadline. The
+// stream-done call is built from the first answer's dynamic metadata (a
+// denied answer carries no lease id: no call). An acquisition that fails
+// is let through, as Envoy's failure mode allow does, and its request
+// runs. The ideal is every seat busy all the time: seatLimit × duration /
+// seatHold admissions.
 const (
 	seatCallers = 50
 	seatLimit   = 5 // the seats rules of bench.yaml
 	seatHold    = 100 * time.Millisecond
 )
 
-// SeatsCase is one mode of the seats runs.
-type SeatsCase struct {
-	Leases bool
-}
+// SeatsCase is a seats run: one, seats by lease id (a concurrency limit
+// without lease ids is refused at load).
+type SeatsCase struct{}
 
 // Name is the case in -run and -list.
-func (c SeatsCase) Name() string {
-	if c.Leases {
-		return "seats/leases"
-	}
-	return "seats/metadata-free"
-}
+func (SeatsCase) Name() string { return "seats/leases" }
 
 // rule is the case's key in bench.yaml.
-func (c SeatsCase) rule() string {
-	if c.Leases {
-		return "seats"
-	}
-	return "seats_metadata_free"
-}
+func (SeatsCase) rule() string { return "seats" }
 
-var seatsCases = []SeatsCase{{Leases: true}, {Leases: false}}
+var seatsCases = []SeatsCase{{}}
 
 // selectSeats is the cases whose Name matches run, none when duration is 0.
 func selectSeats(run string, duration time.Duration) ([]SeatsCase, error) {
@@ -158,7 +145,7 @@ func measureSeats(ctx context.Context, o options, c SeatsCase, bin, dir, redisAd
 	for i := range seatCallers {
 		acquireOn := loads[i%2].rls[i/2%o.conns]
 		releaseOn := loads[(i+1)%2].rls[i/2%o.conns]
-		wg.Go(func() { seatCaller(c, o.timeout, acquireOn, releaseOn, c.rule(), user, counts, done) })
+		wg.Go(func() { seatCaller(o.timeout, acquireOn, releaseOn, c.rule(), user, counts, done) })
 	}
 	wg.Wait()
 	r := &SeatsRun{SeatsCase: c, Duration: duration, Elapsed: time.Since(began)}
@@ -180,7 +167,7 @@ func measureSeats(ctx context.Context, o options, c SeatsCase, bin, dir, redisAd
 
 // seatCaller is one caller: acquire, run the request when admitted (or
 // let through on an error), send the stream-done call, again until done.
-func seatCaller(c SeatsCase, timeout time.Duration, acquireOn, releaseOn rlsv3.RateLimitServiceClient, key, user string,
+func seatCaller(timeout time.Duration, acquireOn, releaseOn rlsv3.RateLimitServiceClient, key, user string,
 	counts *seatCounts, done <-chan struct{}) {
 	var acquire, release Histogram
 	errs := map[string]int{}
@@ -237,14 +224,11 @@ func seatCaller(c SeatsCase, timeout time.Duration, acquireOn, releaseOn rlsv3.R
 			counts.letThrough.Add(-1)
 		}
 		// onDestroy: the stream-done call, when Envoy's actions produce its descriptor.
-		d := &rlcommon.RateLimitDescriptor{Entries: entries(key, user), HitsAddend: wrapperspb.UInt64(1), IsNegativeHits: true}
-		if c.Leases {
-			id := first.GetDynamicMetadata().GetFields()["leases"].GetStructValue().GetFields()[key].GetStringValue()
-			if id == "" {
-				continue // no lease id: the metadata action drops the descriptor, no call
-			}
-			d.Entries = entries(key, user, "lease", id)
+		id := first.GetDynamicMetadata().GetFields()["leases"].GetStructValue().GetFields()[key].GetStringValue()
+		if id == "" {
+			continue // no lease id: the metadata action drops the descriptor, no call
 		}
+		d := &rlcommon.RateLimitDescriptor{Entries: entries(key, user, "lease", id), HitsAddend: wrapperspb.UInt64(1), IsNegativeHits: true}
 		counts.releases.Add(1)
 		_, took, err = call(releaseOn, d)
 		release.Record(took)

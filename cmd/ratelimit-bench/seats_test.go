@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -17,9 +18,8 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
-// TestSeatsConfig: bench.yaml's seats rules are a concurrency limit of
-// seatLimit on the log, one with leases, one in the metadata-free mode
-// (refunds free the oldest seat), their window far longer than a hold.
+// TestSeatsConfig: bench.yaml's seats rule is a concurrency limit of
+// seatLimit on the log, with leases, its window far longer than a hold.
 func TestSeatsConfig(t *testing.T) {
 	cfg, err := config.Load("../../bench/config/bench.yaml", config.Defaults{})
 	if err != nil {
@@ -32,8 +32,8 @@ func TestSeatsConfig(t *testing.T) {
 			t.Fatalf("%s: bench.yaml has no limited rule %s", c.Name(), c.rule())
 		case rule.RequestsPerUnit != seatLimit || rule.Algorithm.String() != "sliding_window_log":
 			t.Errorf("%s: %d per window on %s, want %d on the log", c.Name(), rule.RequestsPerUnit, rule.Algorithm, seatLimit)
-		case rule.Leases != c.Leases || rule.RefundOldest == c.Leases:
-			t.Errorf("%s: leases %t, refund oldest %t", c.Name(), rule.Leases, rule.RefundOldest)
+		case !rule.Leases:
+			t.Errorf("%s: no leases", c.Name())
 		case rule.Unit.Duration() < 100*seatHold:
 			t.Errorf("%s: window %s, want far longer than a hold of %s", c.Name(), rule.Unit.Duration(), seatHold)
 		}
@@ -81,31 +81,27 @@ func (f *seatsFake) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitReque
 	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, DynamicMetadata: md}, nil
 }
 
-// TestSeatCaller: with leases, a denied acquisition sends no stream-done
-// call and an admitted one sends its release naming the lease; without,
-// every acquisition sends its release; a failed acquisition is let through
-// (its request runs) and counted apart.
+// TestSeatCaller: a denied acquisition sends no stream-done call and an
+// admitted one sends its release naming the lease; a failed acquisition is
+// let through (its request runs), counted apart, and sends no release (its
+// answer has no lease id).
 func TestSeatCaller(t *testing.T) {
 	for _, tc := range []struct {
-		c          SeatsCase
 		fail       bool
 		releaseKVs []string // the release's entries
-		everyCall  bool     // a release for every acquisition, denied or failed
 	}{
-		{c: SeatsCase{Leases: true}, releaseKVs: []string{"k", "u", "lease", "1.lease"}},
-		{c: SeatsCase{Leases: false}, releaseKVs: []string{"k", "u"}, everyCall: true},
-		{c: SeatsCase{Leases: true}, fail: true},
-		{c: SeatsCase{Leases: false}, fail: true, releaseKVs: []string{"k", "u"}, everyCall: true},
+		{releaseKVs: []string{"k", "u", "lease", "1.lease"}},
+		{fail: true},
 	} {
 		// One seat, already taken: denied until a release. Three acquisitions.
 		fake := &seatsFake{seats: 1, taken: 1, fail: tc.fail, stopAfter: 3, done: make(chan struct{})}
 		counts := &seatCounts{errors: map[string]int{}}
-		seatCaller(tc.c, time.Second, fake, fake, "k", "u", counts, fake.done)
+		seatCaller(time.Second, fake, fake, "k", "u", counts, fake.done)
 		fake.mu.Lock()
 		releases := fake.releases
 		fake.mu.Unlock()
 		admitted, denied, lost := counts.admitted.Load(), counts.denied.Load(), counts.lost.Load()
-		name := tc.c.Name()
+		name := fmt.Sprintf("failing %t", tc.fail)
 		switch {
 		case admitted+denied+lost != 3:
 			t.Errorf("%s: %d acquisitions (%d admitted, %d denied, %d failed), want the 3 before done", name,
@@ -114,9 +110,7 @@ func TestSeatCaller(t *testing.T) {
 			t.Errorf("%s, failing: %d lost, %d admitted, %d denied, %d let through", name, lost, admitted, denied, counts.mostLetThrough.Load())
 		case !tc.fail && (denied == 0 || lost != 0):
 			t.Errorf("%s: %d denied, %d lost, want denials only (the seat is taken)", name, denied, lost)
-		case tc.everyCall && int64(len(releases)) != admitted+denied+lost:
-			t.Errorf("%s: %d releases for %d acquisitions", name, len(releases), admitted+denied+lost)
-		case !tc.everyCall && int64(len(releases)) != admitted:
+		case int64(len(releases)) != admitted:
 			t.Errorf("%s: %d releases for %d admitted", name, len(releases), admitted)
 		}
 		for _, d := range releases {
@@ -128,13 +122,13 @@ func TestSeatCaller(t *testing.T) {
 				t.Errorf("%s: release %v, want entries %v and 1 hit back", name, d, tc.releaseKVs)
 			}
 		}
-		if !tc.fail && tc.c.Leases {
+		if !tc.fail {
 			// A release from elsewhere frees the seat: the caller takes it and releases it by its id.
 			fake.mu.Lock()
 			fake.taken, fake.asked, fake.stopAfter, fake.done = 0, 0, 1, make(chan struct{})
 			fake.mu.Unlock()
 			counts := &seatCounts{errors: map[string]int{}}
-			seatCaller(tc.c, time.Second, fake, fake, "k", "u", counts, fake.done)
+			seatCaller(time.Second, fake, fake, "k", "u", counts, fake.done)
 			if counts.admitted.Load() != 1 || len(fake.releases) != 1 || counts.mostInFlight.Load() != 1 {
 				t.Errorf("%s: %d admitted, %d releases, at most %d in flight; want 1, 1, 1",
 					name, counts.admitted.Load(), len(fake.releases), counts.mostInFlight.Load())
@@ -146,7 +140,7 @@ func TestSeatCaller(t *testing.T) {
 // TestSeatsReport: the ideal is the seats' holds end to end over the time
 // acquisitions were sent; the table shows each run.
 func TestSeatsReport(t *testing.T) {
-	r := &SeatsRun{SeatsCase: SeatsCase{Leases: true}, Duration: 10 * time.Second, Elapsed: 10200 * time.Millisecond,
+	r := &SeatsRun{Duration: 10 * time.Second, Elapsed: 10200 * time.Millisecond,
 		Admitted: 475, Denied: 93000, Releases: 475, MostInFlight: 5, MostLetThrough: 6,
 		Errors: map[string]int{"DeadlineExceeded": 2}}
 	if r.Ideal() != 500 {
@@ -161,7 +155,7 @@ func TestSeatsReport(t *testing.T) {
 		run      string
 		duration time.Duration
 		want     int
-	}{{"", 10 * time.Second, 2}, {"seats/leases", time.Second, 1}, {"seats", 0, 0}, {"log/", time.Second, 0}} {
+	}{{"", 10 * time.Second, 1}, {"seats/leases", time.Second, 1}, {"seats", 0, 0}, {"log/", time.Second, 0}} {
 		if got, err := selectSeats(tc.run, tc.duration); err != nil || len(got) != tc.want {
 			t.Errorf("selectSeats(%q, %s): %v, %v; want %d", tc.run, tc.duration, got, err, tc.want)
 		}

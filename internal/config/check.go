@@ -260,7 +260,7 @@ func (p *parser) rule(rd *rawDescriptor, rl *rawRateLimit, levels []Level) (*Rul
 	if err := p.burst(r, rl); err != nil {
 		return nil, err
 	}
-	if err := p.refundOrder(r, rl); err != nil {
+	if err := p.refundOrder(rl); err != nil {
 		return nil, err
 	}
 	if err := p.timeZone(r, rl); err != nil {
@@ -309,36 +309,26 @@ func (p *parser) burst(r *Rule, rl *rawRateLimit) error {
 	return nil
 }
 
-// refundOrder reads rate_limit.refund_order: which units a refund
-// (is_negative_hits) gives back. "newest" (the default) takes back a recent
-// charge; "oldest", for concurrency limits, frees the longest held seat, so
-// that the seats left are the most recent ones (docs/budgets.md,
-// "Concurrency limits"). Only the log keeps its units in order, and only
-// recorded acquisitions keep each release matched by a seat.
-func (p *parser) refundOrder(r *Rule, rl *rawRateLimit) error {
+// refundOrder reads rate_limit.refund_order: "newest", the only order a
+// refund (is_negative_hits) has. "oldest" freed the longest held seat of a
+// concurrency limit whose releases name no seat; it is refused: a release
+// that reaches the store before its acquisition (a slow batch on one
+// instance, the release on another) frees another request's seat, and no
+// order of unnamed seats holds the limit then. A lease id names the seat.
+func (p *parser) refundOrder(rl *rawRateLimit) error {
 	if !rl.RefundOrder.Set {
 		return nil
 	}
 	switch rl.RefundOrder.V {
 	case "newest":
+		return nil
 	case "oldest":
-		r.RefundOldest = true
-	default:
-		return p.errorf(rl.RefundOrder.Line, "refund_order %q: want newest or oldest", rl.RefundOrder.V)
+		return p.errorf(rl.RefundOrder.Line, "refund_order: oldest (seats released without naming them) is no longer supported: "+
+			"a release that reaches the store before its acquisition frees another request's seat; give the rule "+
+			"leases: true and send the lease id back from the stream-done call (a metadata action on "+
+			"envoy.filters.http.ratelimit leases.<rule name>, descriptor_key: lease; docs/budgets.md, \"Concurrency limits\")")
 	}
-	if r.Algorithm != SlidingWindowLog {
-		return p.errorf(rl.RefundOrder.Line, "refund_order applies only to algorithm %s, and this rule's algorithm is %s",
-			SlidingWindowLog, r.Algorithm)
-	}
-	if r.RefundOldest && r.RecordCosts == RecordNoCosts {
-		how := "record_costs: never"
-		if !rl.RecordCosts.Set {
-			how = "the default record_costs never; add record_costs: descriptor"
-		}
-		return p.errorf(rl.RefundOrder.Line,
-			"refund_order: oldest needs recorded acquisitions (a denied one takes no seat, and its release frees another's), and this rule has %s", how)
-	}
-	return nil
+	return p.errorf(rl.RefundOrder.Line, "refund_order %q: want newest", rl.RefundOrder.V)
 }
 
 // timeZone reads rate_limit.time_zone, the zone whose calendar a fixed
@@ -373,8 +363,7 @@ func (p *parser) timeZone(r *Rule, rl *rawRateLimit) error {
 // are leases (seats of a concurrency limit, reservations of an estimated
 // cost), each answered with an id that its stream-done call settles, and
 // that frees itself lease_ttl after it was taken (by default the window;
-// docs/budgets.md). Only the log names its units; a lease is released by
-// its id, never by refund_order.
+// docs/budgets.md). Only the log names its units.
 func (p *parser) leases(r *Rule, rl *rawRateLimit) error {
 	if rl.LeaseTTL.Set && !rl.Leases.V {
 		return p.errorf(rl.LeaseTTL.Line, "lease_ttl applies only to a rule with leases: true")
@@ -385,9 +374,6 @@ func (p *parser) leases(r *Rule, rl *rawRateLimit) error {
 	if r.Algorithm != SlidingWindowLog {
 		return p.errorf(rl.Leases.Line, "leases apply only to algorithm %s, and this rule's algorithm is %s",
 			SlidingWindowLog, r.Algorithm)
-	}
-	if rl.RefundOrder.Set {
-		return p.errorf(rl.RefundOrder.Line, "refund_order does not apply to a rule with leases: a lease is freed by its id")
 	}
 	if rl.RecordCosts.Set {
 		return p.errorf(rl.RecordCosts.Line, "record_costs does not apply to a rule with leases: a settlement records its actual cost always")
@@ -412,7 +398,7 @@ func (p *parser) leases(r *Rule, rl *rawRateLimit) error {
 // across regions, decided in each region within an allowance (see
 // Global). A region's count is one of the window algorithms' (a bucket's
 // is no count), of a window of fixed length, and holds no seats (a lease
-// or an oldest-first refund names units a region's allowance does not).
+// names units a region's allowance does not).
 func (p *parser) global(r *Rule, rl *rawRateLimit) error {
 	for _, f := range []struct {
 		name string
@@ -432,8 +418,8 @@ func (p *parser) global(r *Rule, rl *rawRateLimit) error {
 			SlidingWindowLog, SlidingWindowCounter, FixedWindow, r.Algorithm)
 	case !r.Calendar().IsZero():
 		return p.errorf(rl.Global.Line, "global does not apply to a calendar window (%s): its length varies", strings.ToLower(r.Unit.String()))
-	case r.Leases || r.RefundOldest:
-		return p.errorf(rl.Global.Line, "global does not apply to a rule that holds seats (leases, refund_order: oldest)")
+	case r.Leases:
+		return p.errorf(rl.Global.Line, "global does not apply to a rule that holds seats (leases)")
 	}
 	g := &Global{Share: rl.RegionalShare.V, WhenCut: CutShare}
 	if !(g.Share >= 0 && g.Share <= 1) {

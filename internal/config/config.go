@@ -1,6 +1,6 @@
 // Package config loads envoyproxy/ratelimit's YAML rate limit configuration,
 // plus a few extensions (algorithm, unit_multiplier, failure_mode, burst,
-// rate_limits, record_costs, refund_order, time_zone, metadata), validates it and
+// rate_limits, record_costs, time_zone, leases, metadata), validates it and
 // indexes it so that a request descriptor is matched without allocating
 // (match.go); [BucketEntries] (bucket.go) puts an RLQS bucket id, a map, in
 // the order the domain's tree nests its keys. A config comes from files
@@ -76,7 +76,6 @@ type Rule struct {
 	Burst           uint32         // GCRA only: the bucket's size, rate_limit.burst or RequestsPerUnit; 0 otherwise
 	FailureMode     FailureMode    // the rule's, or Defaults.FailureMode
 	RecordCosts     CostRecording  // the rule's, or Defaults.RecordCosts
-	RefundOldest    bool           // refund_order: oldest (the log only): a refund frees the oldest units first
 	NoSlices        bool           // hot_key_slices: false: never decided from a hot key's slice (internal/quota's Slices)
 	Zone            *time.Location // time_zone: the calendar of a fixed window of days or longer (Calendar); nil is UTC
 	Leases          bool           // leases: true (the log only): acquisitions are leases, settled by the id the answer carries

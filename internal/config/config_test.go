@@ -39,7 +39,7 @@ func summary(r *Rule) string {
 		{last.Wildcard, "wildcard"},
 		{last.ShareThreshold, "share_threshold"},
 		{r.Burst > 0, fmt.Sprint("burst=", r.Burst)},
-		{r.RefundOldest, "refund_order=oldest"},
+		{r.Leases, "leases"},
 		{!r.Calendar().IsZero(), "calendar=" + r.Calendar().String()},
 	} {
 		if f.on {
@@ -88,7 +88,7 @@ func TestLoadValid(t *testing.T) {
 			"ai: team [0] | 100000/HOUR*1 sliding_window_counter defer record_costs=always @budgets.yaml:9",
 			"ai: team [1] | 2000/HOUR*1 sliding_window_log defer record_costs=never @budgets.yaml:9",
 			"ai: plain | 5/MINUTE*1 sliding_window_counter defer @budgets.yaml:19",
-			"ai: seats | 20/MINUTE*1 sliding_window_log defer refund_order=oldest @budgets.yaml:22",
+			"ai: seats | 20/MINUTE*1 sliding_window_log defer leases @budgets.yaml:22",
 			"ai: newest | 20/MINUTE*1 sliding_window_log defer @budgets.yaml:24",
 		}},
 		{"gcra.yaml", []string{
@@ -531,23 +531,6 @@ func TestLoadErrors(t *testing.T) {
 		if _, err := Load(tt.path, Defaults{}); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("Load(%s) error = %v, want %q", tt.path, err, tt.want)
 		}
-	}
-}
-
-// TestRefundOrderWithDefaultNeverRecorded: a concurrency rule that relies on
-// the default record_costs is refused when that default is never, and says
-// how to mend it.
-func TestRefundOrderWithDefaultNeverRecorded(t *testing.T) {
-	const doc = "domain: d\ndescriptors:\n  - key: k\n" +
-		"    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: sliding_window_log, refund_order: oldest}\n"
-	_, err := Parse("inline.yaml", []byte(doc), Defaults{RecordCosts: RecordNoCosts})
-	const want = "inline.yaml:4: refund_order: oldest needs recorded acquisitions (a denied one takes no seat, and its release frees another's)," +
-		" and this rule has the default record_costs never; add record_costs: descriptor"
-	if err == nil || err.Error() != want {
-		t.Fatalf("got %v, want %s", err, want)
-	}
-	if _, err := Parse("inline.yaml", []byte(doc), Defaults{}); err != nil {
-		t.Fatalf("with the default record_costs: %v", err)
 	}
 }
 

@@ -28,14 +28,13 @@ func TestLeases(t *testing.T) {
 		t.Fatalf("leases: false: %+v, %v", r, err)
 	}
 	for rl, want := range map[string]string{
-		"algorithm: gcra, leases: true":                                     "leases apply only to algorithm sliding_window_log",
-		"algorithm: sliding_window_log, lease_ttl: 30s":                     "lease_ttl applies only to a rule with leases: true",
-		"algorithm: sliding_window_log, leases: true, lease_ttl: soon":      `lease_ttl "soon"`,
-		"algorithm: sliding_window_log, leases: true, lease_ttl: 0s":        `lease_ttl "0s"`,
-		"algorithm: sliding_window_log, leases: true, refund_order: oldest": "refund_order does not apply to a rule with leases",
-		"algorithm: sliding_window_log, leases: true, lease_ttl: 1000000h":  `lease_ttl "1000000h"`,
-		"algorithm: sliding_window_log, leases: true, lease_ttl: 2m":        "lease_ttl 2m0s is longer than the rule's window 1m0s",
-		"algorithm: sliding_window_log, leases: true, record_costs: never":  "record_costs does not apply to a rule with leases",
+		"algorithm: gcra, leases: true":                                    "leases apply only to algorithm sliding_window_log",
+		"algorithm: sliding_window_log, lease_ttl: 30s":                    "lease_ttl applies only to a rule with leases: true",
+		"algorithm: sliding_window_log, leases: true, lease_ttl: soon":     `lease_ttl "soon"`,
+		"algorithm: sliding_window_log, leases: true, lease_ttl: 0s":       `lease_ttl "0s"`,
+		"algorithm: sliding_window_log, leases: true, lease_ttl: 1000000h": `lease_ttl "1000000h"`,
+		"algorithm: sliding_window_log, leases: true, lease_ttl: 2m":       "lease_ttl 2m0s is longer than the rule's window 1m0s",
+		"algorithm: sliding_window_log, leases: true, record_costs: never": "record_costs does not apply to a rule with leases",
 	} {
 		if _, err := parse(rl); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error with %q", rl, err, want)

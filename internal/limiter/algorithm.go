@@ -52,8 +52,7 @@ func checkAlgorithms(hits []Hit) error {
 // hitCode is a hit's code for decide.lua: its algorithm's ID, plus
 // lua.FlagShadow for a shadow hit, lua.FlagRecord for a cost recorded even
 // when it does not fit (with lua.FlagAlone when only while an RLQS fleet is
-// alone), lua.FlagRefund for a refund (with lua.FlagOldest when it gives
-// back the oldest units first), and lua.FlagQuota for a quota
+// alone), lua.FlagRefund for a refund, and lua.FlagQuota for a quota
 // hit, with its group times lua.QuotaGroupUnit, and lua.FlagQuotaOver when
 // quotas (the request's rule before the store) has its quota over. With
 // quotas nil, a quota hit goes as a shadow hit.
@@ -79,9 +78,6 @@ func hitCode(h *Hit, d *algorithm.Descriptor, quotas *requestRule) int64 {
 		code += lua.FlagRefund + lua.FlagSettle
 	case h.Refund:
 		code += lua.FlagRefund
-		if h.RefundOldest {
-			code += lua.FlagOldest
-		}
 	case h.Lease:
 		code += lua.FlagLease
 	}

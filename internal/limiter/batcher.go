@@ -100,15 +100,13 @@ type call struct {
 	// owed marks a decide request that holds hits owed to the store
 	// whatever its caller does (see owed, slotgroups.go): a lease's
 	// settlement (a seat's release by its id) or a cost already spent (a
-	// concurrency limit's acquisition, recorded even when denied). It is
-	// queued (waiting for room up to the store timeout) and sent even once
-	// its caller left, as dropping it would unbalance the count: a seat
-	// held until its TTL, or a metadata-free release, which Envoy sends
-	// whatever its acquisition's fate, freeing another's seat, past the
-	// limit. Sent then, it goes as a check (send.build): its owed hits are
-	// applied, nothing else is charged. A settlement frees at most what its
-	// id names. A release that names no seat is not owed: its acquisition
-	// may have gone unsent.
+	// Record, charged even when denied). It is queued (waiting for room up
+	// to the store timeout) and sent even once its caller left, as
+	// dropping it would unbalance the count: a seat held until its TTL, a
+	// spent cost uncounted while its refund still comes. Sent then, it
+	// goes as a check (send.build): its owed hits are applied, nothing else
+	// is charged. A settlement frees at most what its id names. A refund
+	// is not owed: the charge it gives back may have gone unsent.
 	owed bool
 	// checked marks an owed call sent as a check (send.build; the worker's
 	// alone): its reply decides nothing for its caller, who is answered

@@ -71,10 +71,6 @@ type Hit struct {
 	// always admitted and applied whatever the request's other hits say, and
 	// it drops the deny cache's entry of the counter.
 	Refund bool
-	// RefundOldest makes a Refund of the sliding window log give back its
-	// oldest units instead of its newest: the release of a concurrency limit
-	// (refund_order: oldest). Other algorithms' counts have no order.
-	RefundOldest bool
 	// NoSlices keeps the hit off the slices of hot keys (internal/quota's
 	// Slices): decided on the store every time, as a rule with
 	// hot_key_slices: false, or a concurrency rule, asks.

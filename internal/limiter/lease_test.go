@@ -403,7 +403,7 @@ func TestLateReleaseFreesItsSeat(t *testing.T) {
 	leased := decide1(t, l, seat("s", limit, window, 0))
 	decide1(t, l, acquisition("anonymous", limit, window))
 	inFlight := slow.inFlight(t, l)
-	for _, h := range []Hit{settle("s", limit, window, leased.Lease, 0), release("anonymous", limit, window, true)} {
+	for _, h := range []Hit{settle("s", limit, window, leased.Lease, 0), release("anonymous", limit, window)} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		_, err := l.Decide(ctx, []Hit{h})
 		cancel()
@@ -424,12 +424,12 @@ func TestLateReleaseFreesItsSeat(t *testing.T) {
 }
 
 // TestOwedCallsOfACallerGone: a lease's settlement and a cost already
-// spent (a metadata-free acquisition, recorded even when denied) whose
-// caller has already gone (Envoy's call cancelled) are queued and sent all
-// the same, once: Envoy sends the acquisition's release whatever its fate,
-// and a release without its acquisition would free another's seat. Sent
-// for a caller gone, the call is a check: a plain hit and a lease beside
-// the recorded cost are not charged.
+// spent (recorded even when denied) whose caller has already gone (Envoy's
+// call cancelled) are queued and sent all the same, once: dropped, a seat
+// would be held until its TTL, and a spent cost would go uncounted while
+// its refund (Envoy's stream-done call) still comes. Sent for a caller
+// gone, the call is a check: a plain hit and a lease beside the recorded
+// cost are not charged.
 func TestOwedCallsOfACallerGone(t *testing.T) {
 	const limit, window = 2, time.Minute
 	l, _ := newSlowLimiter(t)
@@ -450,7 +450,7 @@ func TestOwedCallsOfACallerGone(t *testing.T) {
 		applied("leased", limit)
 		gone(acquisition("recorded", limit, window), hit(config.SlidingWindowLog, "plain", limit, window, 1), seat("seat", limit, window, 0))
 		applied("recorded", limit-1)
-		decide1(t, l, release("recorded", limit, window, true))
+		decide1(t, l, release("recorded", limit, window))
 		if left := seatsLeft(t, l, "recorded", limit, window); left != limit {
 			t.Fatalf("recorded: %d left after its release, want %d (the acquisition applied once)", left, limit)
 		}
@@ -462,11 +462,10 @@ func TestOwedCallsOfACallerGone(t *testing.T) {
 	}
 }
 
-// TestOwedCallKeepsItsPlace: an acquisition whose caller has gone and its
-// release, queued behind a batch in flight, run in their queue order: the
-// release frees the acquisition's seat, not another's, and never comes
-// first (on an empty log it would free nothing, and the acquisition would
-// then hold a seat until the window forgets it).
+// TestOwedCallKeepsItsPlace: a recorded cost whose caller has gone and its
+// refund, queued behind a batch in flight, run in their queue order: the
+// refund never comes first (on an empty log it would give back nothing,
+// and the cost would then be counted until the window forgets it).
 func TestOwedCallKeepsItsPlace(t *testing.T) {
 	const limit, window = 2, time.Minute
 	l, slow := newSlowLimiter(t)
@@ -474,7 +473,7 @@ func TestOwedCallKeepsItsPlace(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, _ = l.Decide(ctx, []Hit{acquisition("kept", limit, window)})
-	if _, err := l.Decide(context.Background(), []Hit{release("kept", limit, window, true)}); err != nil {
+	if _, err := l.Decide(context.Background(), []Hit{release("kept", limit, window)}); err != nil {
 		t.Fatalf("the release: %v", err)
 	}
 	if err := <-inFlight; err != nil {

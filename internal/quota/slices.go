@@ -89,7 +89,7 @@ import (
 // What is never leased, and goes to Redis hit by hit as before: shadow and
 // quota hits (their answers say what Redis would), recorded costs and
 // refunds (a budget's report and a release), checks (cost 0), concurrency
-// rules (refund_order: oldest: a slice would hold seats), the reference's
+// rules (leases: a slice would hold seats), the reference's
 // keys (their window is this instance's clock, not Redis's), and rules
 // that opt out (hot_key_slices: false). A request is decided locally only
 // when every hit of it is: all or nothing, as on Redis.

@@ -30,11 +30,6 @@ descriptors:
       - {name: per_day, unit: day, requests_per_unit: 5, algorithm: sliding_window_log}
   - key: vip
     rate_limit: {name: vip, unit: day, requests_per_unit: 100, replaces: [{name: per_second}]}
-  - key: seats
-    rate_limit:
-      {unit: minute, requests_per_unit: 2, algorithm: sliding_window_log, refund_order: oldest, record_costs: descriptor}
-  - key: log
-    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window_log}
 `
 
 // budgetService serves budgetConfig from a miniredis with a frozen clock.
@@ -220,39 +215,5 @@ func TestSeveralLimitsOnOneDescriptor(t *testing.T) {
 	r = askB(t, s, 0, desc("user", "w"), desc("vip", "w"))
 	if r.Statuses[0].CurrentLimit.GetName() != "per_day" {
 		t.Fatalf("user beside vip: %v, want only per_day", r.Statuses[0])
-	}
-}
-
-// TestConcurrencyReleaseFreesTheOldestSeat: a rule with refund_order: oldest
-// gives back the oldest member on a release (is_negative_hits); a log rule
-// without it still gives back the newest. Acquisitions at 0 s and 30 s, a
-// release at 40 s: at 61 s the seat taken at 30 s still counts for the
-// concurrency rule, and nothing for the other.
-func TestConcurrencyReleaseFreesTheOldestSeat(t *testing.T) {
-	for _, tc := range []struct {
-		key  string
-		left uint32
-	}{{"seats", 1}, {"log", 2}} {
-		t.Run(tc.key, func(t *testing.T) {
-			s, m := budgetService(t, config.Defaults{})
-			start := time.Unix(1_700_006_400, 0)
-			at := func(d time.Duration) { m.SetTime(start.Add(d)) }
-			for _, d := range []time.Duration{0, 30 * time.Second} {
-				at(d)
-				if r := askB(t, s, 0, costDesc(1, tc.key, "u")); r.OverallCode != ok {
-					t.Fatalf("acquisition at %v: %v", d, r)
-				}
-			}
-			at(40 * time.Second)
-			release := costDesc(1, tc.key, "u")
-			release.IsNegativeHits = true
-			if r := askB(t, s, 0, release); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 1 {
-				t.Fatalf("release: %v, want OK with 1 left", r)
-			}
-			at(61 * time.Second)
-			if r := askB(t, s, 0, costDesc(0, tc.key, "u")); r.Statuses[0].LimitRemaining != tc.left {
-				t.Fatalf("check at 61 s: %v, want %d left", r, tc.left)
-			}
-		})
 	}
 }

@@ -99,7 +99,6 @@ type ruleView struct {
 	Burst           uint32   `json:"burst,omitempty"`
 	FailureMode     string   `json:"failure_mode,omitempty"`
 	RecordCosts     string   `json:"record_costs,omitempty"`
-	RefundOrder     string   `json:"refund_order,omitempty"` // "oldest" when set; newest is the default
 	Leases          bool     `json:"leases,omitempty"`
 	LeaseTTL        string   `json:"lease_ttl,omitempty"` // with leases; the window when empty
 	ShadowMode      bool     `json:"shadow_mode,omitempty"`
@@ -134,9 +133,6 @@ func (s *Service) ConfigHandler() http.Handler {
 				rv.RequestsPerUnit, rv.Unit, rv.UnitMultiplier = r.RequestsPerUnit, r.Unit.String(), r.UnitMultiplier
 				rv.Algorithm, rv.FailureMode, rv.RecordCosts = r.Algorithm.String(), r.FailureMode.String(), r.RecordCosts.String()
 				rv.Burst = r.Burst
-				if r.RefundOldest {
-					rv.RefundOrder = "oldest"
-				}
 				rv.Leases = r.Leases
 				if r.LeaseTTL > 0 {
 					rv.LeaseTTL = r.LeaseTTL.String()

@@ -55,7 +55,7 @@ func resolveSettlement(cfg *config.Config, domain string, d *rlcommon.RateLimitD
 // back). A refund that names no lease frees nothing: a lease is freed by its
 // id alone. A check (cost 0) stays a check.
 func (l *limit) leaseHit(h *limiter.Hit, d *rlcommon.RateLimitDescriptor) {
-	h.Record, h.Refund, h.RefundOldest = false, false, false
+	h.Record, h.Refund = false, false
 	switch {
 	case l.settling:
 		h.Settle = d.Entries[len(d.Entries)-1].Value

@@ -28,7 +28,6 @@ type limit struct {
 	burst           uint32 // GCRA's bucket; 0: requestsPerUnit
 	failureMode     config.FailureMode
 	recordCosts     config.CostRecording
-	refundOldest    bool // refund_order: oldest
 	leases          bool // leases: true: an acquisition is a lease
 	settling        bool // the descriptor settles a lease: its last entry is the id (LeaseKey)
 	shadow          bool
@@ -117,7 +116,6 @@ func ruleLimit(rule *config.Rule) *limit {
 		burst:           rule.Burst,
 		failureMode:     rule.FailureMode,
 		recordCosts:     rule.RecordCosts,
-		refundOldest:    rule.RefundOldest,
 		leases:          rule.Leases,
 		shadow:          rule.ShadowMode,
 		quota:           rule.QuotaMode,
@@ -210,7 +208,6 @@ func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateL
 		return h
 	}
 	h.Refund = d.IsNegativeHits
-	h.RefundOldest = h.Refund && l.refundOldest
 	// A check (cost 0) records nothing: it stays a plain hit, which the deny
 	// cache may answer.
 	h.Record = !h.Refund && cost > 0 && l.recordCosts.Records(fromDescriptor)
@@ -235,7 +232,7 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		FailureMode: l.failureMode,
 		// A concurrency rule's acquisitions are seats: a slice would hold
 		// seats no request uses.
-		NoSlices: l.refundOldest || l.leases || l.rule != nil && l.rule.NoSlices,
+		NoSlices: l.leases || l.rule != nil && l.rule.NoSlices,
 		Global:   l.global(),
 	}
 }

@@ -18,8 +18,7 @@
 --          the algorithm's ID (ALG_*, its index in algorithms) + FLAG_SHADOW
 --          for a shadow hit + FLAG_RECORD for a cost that is recorded even
 --          when it does not fit + FLAG_REFUND for a refund of cost units
---          + FLAG_QUOTA for a quota hit (quota_mode) + FLAG_OLDEST for a
---          refund of the oldest units first + FLAG_LEASE for a lease (the
+--          + FLAG_QUOTA for a quota hit (quota_mode) + FLAG_LEASE for a lease (the
 --          log only) + FLAG_SETTLE (with FLAG_REFUND) for a lease's
 --          settlement; for a quota hit, + FLAG_QUOTA_OVER when its quota
 --          is over already (Go denied another of its hits) and + its group
@@ -106,11 +105,10 @@ local function parse_rule(s)
     shadow = code % FLAG_RECORD >= FLAG_SHADOW,
     record = code % FLAG_REFUND >= FLAG_RECORD,
     refund = code % FLAG_QUOTA >= FLAG_REFUND,
-    quota = code % FLAG_OLDEST >= FLAG_QUOTA,
+    quota = code % FLAG_LEASE >= FLAG_QUOTA,
     group = group, -- a quota hit's: its quota
     over = code % FLAG_ALONE >= FLAG_QUOTA_OVER, -- a quota hit's: its quota is over already
     alone = code >= FLAG_ALONE, -- a record only when the fleet is alone: see alone_fleet
-    oldest = code % FLAG_LEASE >= FLAG_OLDEST,
     lease = false, -- a lease's { ttl (microseconds), nonce }
     settle = false, -- a settlement's { units reserved, nonce }
     string = alg ~= ALG_SLIDING_WINDOW_LOG, -- kept in a string, read by prefetch
@@ -291,7 +289,7 @@ local function decide(keys, args)
           if rule.settle then
             rule.alg.settle(keys[i], rule.settle, rule.cost, rule.limit, rule.window, now)
           else
-            rule.alg.refund(keys[i], rule.cost, rule.limit, rule.window, now, rule.oldest)
+            rule.alg.refund(keys[i], rule.cost, rule.limit, rule.window, now)
           end
           if denied then
             denied[keys[i]] = nil

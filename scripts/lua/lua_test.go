@@ -73,12 +73,12 @@ func TestScripts(t *testing.T) {
 // the numbers shared with Go: the flags, each algorithm's ID, and that
 // decide.lua's algorithms table holds each algorithm's own table at its ID.
 func TestLuaConstants(t *testing.T) {
-	got := runLua(t, library+`return FLAG_SHADOW, FLAG_RECORD, FLAG_REFUND, FLAG_QUOTA, FLAG_OLDEST, FLAG_LEASE, FLAG_SETTLE,
-		FLAG_QUOTA_OVER, FLAG_ALONE, QUOTA_GROUP_UNIT, FLEET_SUFFIX`, 11)
-	if want := []string{"8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096", ":rlqs-leased"}; !slices.Equal(got, want) {
+	got := runLua(t, library+`return FLAG_SHADOW, FLAG_RECORD, FLAG_REFUND, FLAG_QUOTA, FLAG_LEASE, FLAG_SETTLE,
+		FLAG_QUOTA_OVER, FLAG_ALONE, QUOTA_GROUP_UNIT, FLEET_SUFFIX`, 10)
+	if want := []string{"8", "16", "32", "64", "128", "256", "512", "1024", "2048", ":rlqs-leased"}; !slices.Equal(got, want) {
 		t.Errorf("the Lua's flags are %q, want %q", got, want)
 	}
-	want := []string{fmt.Sprint(FlagShadow), fmt.Sprint(FlagRecord), fmt.Sprint(FlagRefund), fmt.Sprint(FlagQuota), fmt.Sprint(FlagOldest),
+	want := []string{fmt.Sprint(FlagShadow), fmt.Sprint(FlagRecord), fmt.Sprint(FlagRefund), fmt.Sprint(FlagQuota),
 		fmt.Sprint(FlagLease), fmt.Sprint(FlagSettle), fmt.Sprint(FlagQuotaOver), fmt.Sprint(FlagAlone), fmt.Sprint(QuotaGroupUnit), FleetSuffix}
 	if !slices.Equal(got, want) {
 		t.Errorf("the Lua's flags are %q, Go's %q", got, want)

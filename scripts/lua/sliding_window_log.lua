@@ -111,44 +111,27 @@ end
 -- refund that took them would leave the client's units counted. Members
 -- that left the window are not counted anyway, so nothing of another
 -- window is given back.
---
--- With oldest (refund_order: oldest) it removes the oldest members instead:
--- a concurrency limit's release, which cannot say which seat it frees. The
--- members left are then always the most recent acquisitions, as many as are
--- not released; each is at least as recent as the oldest request still
--- holding a seat, so none leaves the window while its request runs less than
--- the window. Removing the newest would leave old members behind under
--- steady traffic, which leave the window while requests still hold the seats
--- they stand for (docs/budgets.md, "Concurrency limits").
-function sliding_window_log.refund(key, units, limit, window, now, oldest)
+function sliding_window_log.refund(key, units, limit, window, now)
   flush_members(key)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
-  if oldest then
-    local n = min(units, redis.call('ZCARD', key))
-    if n > 0 then
-      redis.call('ZPOPMIN', key, fmt(n))
+  -- The newest members up to now: those after it are a slice's (recorded
+  -- at its end), whose units are still spent.
+  local n, offset = units, 0
+  while n > 0 do
+    local page = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'LIMIT', offset, 1000) -- unpack's stack limit
+    if #page == 0 then
+      break
     end
-  else
-    -- The newest members up to now: those after it are a hot key's slice
-    -- (recorded at its period's end), whose units its instance still
-    -- spends.
-    local n, offset = units, 0
-    while n > 0 do
-      local page = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'LIMIT', offset, 1000) -- unpack's stack limit
-      if #page == 0 then
-        break
+    local gone = {}
+    for _, m in ipairs(page) do
+      if #gone < n and string.find(m, '^%d') then -- a charge's own, named by its score
+        gone[#gone + 1] = m
       end
-      local gone = {}
-      for _, m in ipairs(page) do
-        if #gone < n and string.find(m, '^%d') then -- a charge's own, named by its score
-          gone[#gone + 1] = m
-        end
-      end
-      if #gone > 0 then
-        redis.call('ZREM', key, unpack(gone))
-      end
-      n, offset = n - #gone, offset + #page - #gone
     end
+    if #gone > 0 then
+      redis.call('ZREM', key, unpack(gone))
+    end
+    n, offset = n - #gone, offset + #page - #gone
   end
   seen[key] = nil -- read again: the newest member may be gone
 end
