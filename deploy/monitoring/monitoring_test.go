@@ -34,6 +34,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 	"github.com/slidingwindow/ratelimit/internal/regions"
+	"github.com/slidingwindow/ratelimit/internal/transport"
 )
 
 // Paths, relative to this package's directory, where `go test` runs.
@@ -474,7 +475,7 @@ func exportedSeries(t *testing.T) map[string]bool {
 	m.StoreCall(time.Millisecond, "timeout")
 	m.InvalidRequest("empty_domain")
 	m.Shed()
-	m.TransportRefused(metrics.RefusedConnection)
+	m.TransportRefused(transport.RefusedConnection)
 	m.Overloaded()
 	m.ConfigLoaded(1, "hash", "", "")
 	m.ConfigReload("failure")

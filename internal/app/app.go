@@ -204,6 +204,7 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	}()
 	// Past --max-connections a connection is closed at accept: what each
 	// may make the server hold is bounded, and so their number.
+	m.TransportRefusals(transport.RefusedConnection)
 	a.lns.GRPC = transport.LimitListener(a.lns.GRPC, s.MaxConnections, m)
 	a.shedder = transport.NewShedder(s.MaxInFlight, m)
 	// The interceptors keep envoyproxy/ratelimit's total_requests and

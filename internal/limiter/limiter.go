@@ -1,59 +1,12 @@
-// Package limiter decides rate limits on Redis. It knows nothing of gRPC or
-// Envoy: it takes hits (a key, an algorithm, a limit, a window, a cost) and
-// answers, per hit, whether it fits, what is left and when the limit frees up.
-//
-// Every request is decided atomically by Lua code (see scripts/lua) with
-// Redis TIME as the clock. Concurrent requests to one server are batched:
-// the requests of one hash slot that wait at the same moment are decided by
-// one call, in order (see batcher). The code runs as a Redis Functions
-// library where the server has them (FCALL, loaded by Prepare or on first
-// use) and as a script otherwise (EVALSHA, re-sent with EVAL after NOSCRIPT).
-//
-// KeyBuilder names the counters: in this service's schema, or, for an
-// algorithm with the reference's keys (reference_fixed_window), in
-// envoyproxy/ratelimit's own, so that its replicas and this service share
-// them. Such a key names its window by the Go side's clock (KeyBuilder.Now),
-// as the reference's replicas name it by theirs: the one clock that is not
-// Redis TIME.
-//
-// Split sends the hits of one-second windows to a limiter on a store of
-// their own (envoyproxy/ratelimit's REDIS_PERSECOND), the others to the
-// main one.
-//
-// A Lease hit's charge on the sliding window log names itself with a random
-// id (lease.go) that a Settle hit later frees, replacing it by an actual
-// cost; a lease not settled leaves the count at its TTL by itself.
-//
-// Share keeps, beside a counter, the registry of its RLQS assignments (one
-// entry per Envoy stream, shares.go) and decides one Envoy's fair share of
-// the limit so that the live assignments never sum past it.
-//
-// A request's store work is bounded by its caller's deadline, less a margin
-// to answer in time, and by the limiter's timeout. A deadline that passes
-// while the request waits in the limiter is an overload (ErrOverloaded), not
-// a store failure (ErrStore). Each batch of Redis calls is a tracing span
-// of its own, linked to the spans of the requests it carries (see batcher).
-//
-// What denies a request (enforced, shadow, quota, record and refund hits) is
-// one rule, requestRule (outcome.go), whose twin in decide.lua applies it on
-// Redis. All or nothing takes three mechanisms, one per boundary a request
-// can cross, each said where it lives: within a hash slot, decide.lua (one
-// atomic call per slot); across Redis Cluster slots, a refund of the charges
-// by token (refund.go); across Split's two stores, a refund by Refund hits
-// (split.go). The last two share takeBack.
-//
-// Clocks, one per decision path:
-//   - a decision, a refund, a share: Redis TIME, read once per call (a
-//     batch's requests are decided at one instant);
-//   - the window a key in the reference's schema names: KeyBuilder.Now,
-//     which the service reads from its own Options.Now once per request;
-//   - the deny cache (denycache.go), and the edges of calendar windows
-//     (Hit.Calendar) sent around it, which Redis TIME then picks from:
-//     Options.Now, time.Now by default;
-//   - deadlines, timeouts, the durations Observe gets and the tracing
-//     spans: the real clock, as the caller's deadline is.
-//
-// The app gives the service and the limiter one clock for Options.Now.
+// Package limiter decides rate limits on Redis. It takes hits (a key, an
+// algorithm, a limit, a window, a cost) and answers, per hit, whether it
+// fits, what is left and when the limit frees up: each request atomically,
+// by the Lua of scripts/lua with Redis TIME as the clock, batched per hash
+// slot (batcher.go). It knows nothing of gRPC. Beside the counters it keeps
+// what other layers store next to them: an RLQS fleet's shares and its
+// count of what it leased (shares.go, Hit.RecordIfAlone) and the regions'
+// allowances (allowance.go). docs/development.md, "Inside the limiter",
+// says how all or nothing, the roads back and the clocks work.
 package limiter
 
 import (

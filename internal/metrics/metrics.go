@@ -173,10 +173,6 @@ func (m *Metrics) Shed() {
 	}
 }
 
-// RefusedConnection is the refusal reason of a connection past
-// --max-connections.
-const RefusedConnection = "connections"
-
 // TransportRefusals starts the refusal counters of reasons at zero, so that
 // a rate over them is defined before the first refusal.
 func (m *Metrics) TransportRefusals(reasons ...string) {

@@ -18,8 +18,9 @@ import (
 )
 
 // AdminStore is what the admin service needs of the limiter. The service
-// (internal/app) gives it the *limiter.Split the Service decides with, so
-// that a counter is inspected and reset on the store its hits go to.
+// (internal/app) gives it the hot keys' *quota.Slices the Service decides
+// through (over the *limiter.Split of both stores), so that a counter is
+// inspected and reset on the store its hits go to, its live slices with it.
 type AdminStore interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 	Reset(ctx context.Context, h limiter.Hit) (int64, error)

@@ -60,9 +60,10 @@ const (
 	DefaultResetHeader     = "RateLimit-Reset"
 )
 
-// Decider decides a request's hits. The service (internal/app) gives it a
-// *limiter.Split: the main store's *limiter.Limiter, with the per-second
-// store's beside it when --redis-persecond-* names one.
+// Decider decides a request's hits. The service (internal/app) gives it
+// the hot keys' *quota.Slices over the *limiter.Split of the main and
+// per-second stores, or, with --region, the regions' decider
+// (internal/regions) over those slices.
 type Decider interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 }

@@ -5,8 +5,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-
-	"github.com/slidingwindow/ratelimit/internal/metrics"
 )
 
 // DefaultMaxConnections bounds the gRPC port's open connections where
@@ -22,19 +20,18 @@ const DefaultMaxConnections = 1024
 // connection closed (Envoy retries on another) rather than waiting in the
 // kernel's backlog, which would hold the memory the bound is for. A
 // connection handed out frees its place when it is closed.
-func LimitListener(ln net.Listener, max int, m *metrics.Metrics) net.Listener {
+func LimitListener(ln net.Listener, max int, m Observer) net.Listener {
 	if max <= 0 {
 		max = DefaultMaxConnections
 	}
-	m.TransportRefusals(metrics.RefusedConnection)
-	return &limitListener{Listener: ln, max: int64(max), metrics: m}
+	return &limitListener{Listener: ln, max: int64(max), metrics: observer(m)}
 }
 
 type limitListener struct {
 	net.Listener
 	max     int64
 	open    atomic.Int64
-	metrics *metrics.Metrics
+	metrics Observer
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -48,7 +45,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			return &limitedConn{Conn: c, l: l}, nil
 		}
 		l.open.Add(-1)
-		l.metrics.TransportRefused(metrics.RefusedConnection)
+		l.metrics.TransportRefused(RefusedConnection)
 		_ = c.Close() // refused: nothing was read or written on it
 	}
 }

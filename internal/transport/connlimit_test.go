@@ -88,7 +88,7 @@ func TestLimitListener(t *testing.T) {
 				t.Fatalf("a connection past the bound was handed out: %v", c.RemoteAddr())
 			case <-time.After(50 * time.Millisecond):
 			}
-			if got := sample(t, reg, "ratelimit_transport_refusals_total", metrics.RefusedConnection); got != tc.wantRefused {
+			if got := sample(t, reg, "ratelimit_transport_refusals_total", RefusedConnection); got != tc.wantRefused {
 				t.Errorf("refusals counted %v, want %v", got, tc.wantRefused)
 			}
 			if got := sample(t, reg, "ratelimit_grpc_connections", ""); got != float64(tc.wantOpen) {

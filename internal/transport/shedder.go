@@ -15,8 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
-
-	"github.com/slidingwindow/ratelimit/internal/metrics"
 )
 
 // DefaultMaxInFlight bounds the requests a server works on at once, where
@@ -42,17 +40,17 @@ type Shedder struct {
 	max      int64
 	inFlight atomic.Int64
 	holders  atomic.Int64 // connections holding at least one place
-	metrics  *metrics.Metrics
+	metrics  Observer
 	prefix   string // the rate limit service's methods
 }
 
 // NewShedder returns a Shedder for maxInFlight requests (zero or less means
 // DefaultMaxInFlight), counting refusals in m.
-func NewShedder(maxInFlight int, m *metrics.Metrics) *Shedder {
+func NewShedder(maxInFlight int, m Observer) *Shedder {
 	if maxInFlight <= 0 {
 		maxInFlight = DefaultMaxInFlight
 	}
-	return &Shedder{max: int64(maxInFlight), metrics: m, prefix: "/" + rlsv3.RateLimitService_ServiceDesc.ServiceName + "/"}
+	return &Shedder{max: int64(maxInFlight), metrics: observer(m), prefix: "/" + rlsv3.RateLimitService_ServiceDesc.ServiceName + "/"}
 }
 
 // Conn is one client connection's hold on a Shedder's places.

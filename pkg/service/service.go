@@ -48,7 +48,8 @@ type Options struct {
 	QuotaMode bool
 	// MaxDescriptors and MaxEntries bound a request's descriptors and a
 	// descriptor's entries (a request past them is answered with an
-	// error status); zero means the binary's defaults.
+	// error status); zero means the defaults the ratelimit binary ships
+	// with (its --max-descriptors and --max-entries).
 	MaxDescriptors, MaxEntries int
 	// MaxRequestBytes bounds a request message; zero means 256 KiB.
 	MaxRequestBytes int
