@@ -32,10 +32,10 @@ import (
 // calls that come meanwhile ride along. No batch waits on a timer, only on
 // another in flight, and never past a call's deadline; a call whose
 // caller left or whose deadline passed is not sent (send.build), but for
-// one owed to the store (call.owed: a seat's release by its id, a cost
-// already spent), which goes as a check. A caller that left after its
-// call was taken from the queue, or that took an error after which the
-// call may have run, can still undo what the call did (call.orphan).
+// one with a late form (call.lateArgs, which the limiter builds), sent in
+// its place. A caller that left after its call was taken from the queue,
+// or that took an error after which the call may have run, can still undo
+// what the call did (call.orphan). The batcher reads no command's meaning.
 //
 // A call Redis ran is never sent again: after a lost connection its result
 // is an error, because a decide run twice would charge twice. Redis refuses
@@ -70,13 +70,13 @@ type batcher struct {
 
 // call is one store call waiting for its batch.
 type call struct {
-	// ctx is the caller's: a call whose caller left is not sent (but an
-	// owed one). Its span, if any, is linked from the span of the batch
-	// that carries the call.
+	// ctx is the caller's: a call whose caller left is not sent (but in
+	// its late form). Its span, if any, is linked from the span of the
+	// batch that carries the call.
 	ctx context.Context
 	// deadline is when the answer stops being of use, at most the caller's
-	// own deadline: a call not sent by then is not sent (but an owed
-	// one), and its caller stops waiting then.
+	// own deadline: a call not sent by then is not sent (but in its late
+	// form), and its caller stops waiting then.
 	deadline time.Time
 	slot     int
 	// script is the script to run, or nil for a decide request, which
@@ -97,21 +97,17 @@ type call struct {
 	// seat taken, see Limiter.orphanedLeases) can still be undone. The
 	// outcome says ErrOverloaded when the call was not sent after all.
 	orphan func(done <-chan outcome)
-	// owed marks a decide request that holds hits owed to the store
-	// whatever its caller does (see owed, slotgroups.go): a lease's
-	// settlement (a seat's release by its id) or a cost already spent (a
-	// Record, charged even when denied). It is queued (waiting for room up
-	// to the store timeout) and sent even once its caller left, as
-	// dropping it would unbalance the count: a seat held until its TTL, a
-	// spent cost uncounted while its refund still comes. Sent then, it
-	// goes as a check (send.build): its owed hits are applied, nothing else
-	// is charged. A settlement frees at most what its id names. A refund
-	// is not owed: the charge it gives back may have gone unsent.
-	owed bool
-	// checked marks an owed call sent as a check (send.build; the worker's
-	// alone): its reply decides nothing for its caller, who is answered
+	// lateArgs, when set, is the call's late form: the args sent in place
+	// of args once its caller left or its deadline passed (send.build),
+	// for a command owed to the store whatever its caller does (the
+	// limiter's lateForm, slotgroups.go). A call with one waits for room
+	// up to the store timeout whatever its caller does, and its batch has
+	// the whole store timeout. Without one, a late call is not sent.
+	lateArgs []any
+	// sentLate marks a call sent in its late form (send.build; the
+	// worker's alone): its reply is for no caller, who is answered
 	// ErrOverloaded, as for a call not sent.
-	checked bool
+	sentLate bool
 }
 
 // outcome is what a call gets back.
@@ -131,7 +127,7 @@ const (
 
 // ErrOverloaded reports a call whose deadline passed while it waited in the
 // service, before it was sent: the service, not the store, was too slow.
-// (A call owed to the store still goes, as a check: see call.owed.)
+// (A call with a late form still goes, in that form: see call.lateArgs.)
 var ErrOverloaded = errors.New("rate limit store queue: the deadline passed before the call was sent")
 
 // newBatcher starts the batcher of server. tracer starts the span of each
@@ -205,11 +201,11 @@ func (b *batcher) enqueue(c *call) outcome {
 }
 
 // queue puts c in the queue, unless its caller leaves or expired fires
-// first. An owed call waits for room up to the store timeout whatever its
-// caller does (see call.owed).
+// first. A call with a late form waits for room up to the store timeout
+// whatever its caller does (see call.lateArgs).
 func (b *batcher) queue(c *call, expired <-chan time.Time) error {
 	left := c.ctx.Done()
-	if c.owed {
+	if c.lateArgs != nil {
 		t := time.NewTimer(b.timeout)
 		defer t.Stop()
 		left, expired = nil, t.C
@@ -321,16 +317,16 @@ more:
 
 // gather adds the calls that come while another batch is in flight to
 // batch, of hits hits, until that batch lands or this one holds
-// maxBatchHits, and no later than the deadline of any call in it but the
-// owed ones: a call sent after its caller stopped waiting would be
+// maxBatchHits, and no later than the deadline of any call in it but those
+// with a late form: a call sent after its caller stopped waiting would be
 // charged for a request answered by failure mode.
 func (b *batcher) gather(batch []*call, hits int) []*call {
 	if len(batch) == 0 {
 		return batch
 	}
-	end := time.Now().Add(b.timeout) // an owed call waits for no caller
+	end := time.Now().Add(b.timeout) // a call with a late form waits for no caller
 	for _, c := range batch {
-		if !c.owed && c.deadline.Before(end) {
+		if c.lateArgs == nil && c.deadline.Before(end) {
 			end = c.deadline
 		}
 	}
@@ -341,7 +337,7 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 		case c := <-b.calls:
 			n := len(batch)
 			batch, hits = b.add(batch, c, hits)
-			if len(batch) > n && !c.owed && c.deadline.Before(end) {
+			if len(batch) > n && c.lateArgs == nil && c.deadline.Before(end) {
 				end = c.deadline
 				t.Reset(time.Until(end))
 			}
@@ -358,15 +354,15 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 
 // add appends c to batch unless its caller has already been answered (it
 // left, or its deadline passed while it queued): sending it now would
-// charge a request that was answered by failure mode. An owed call goes
-// all the same.
+// charge a request that was answered by failure mode. A call with a late
+// form goes all the same, in that form (send.build).
 func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
-	c.sent.Store(true) // before the check: a caller that saw it unset was not sent (but an owed call: see call.owed)
+	c.sent.Store(true) // before the check: a caller that saw it unset was not sent (but in its late form)
 	err := c.ctx.Err()
 	if err == nil && !time.Now().Before(c.deadline) {
 		err = context.DeadlineExceeded
 	}
-	if err != nil && !c.owed {
+	if err != nil && c.lateArgs == nil {
 		c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, err)}
 		return batch, hits
 	}

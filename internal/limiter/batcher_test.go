@@ -211,17 +211,21 @@ func TestSendsGroupDecidesBySlot(t *testing.T) {
 
 // TestBuildLeavesOutLateCalls: a decide send is built, each time it goes,
 // from the calls still worth sending: one whose caller left or whose
-// deadline passed is answered ErrOverloaded and left out, but an owed one,
-// which goes as a check (its hit count negative), its owed hits applied
-// and nothing else charged.
+// deadline passed is answered ErrOverloaded and left out, but one with a
+// late form, which goes in that form (here the limiter's: a check, its hit
+// count negative), and one in time goes as it is.
 func TestBuildLeavesOutLateCalls(t *testing.T) {
 	now := time.Now()
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
 	live := context.Background()
 	mk := func(key string, ctx context.Context, deadline time.Time, owed bool, n int) *call {
-		return &call{ctx: ctx, deadline: deadline, keys: []string{key}, records: []string{key + ":slices"},
-			args: []any{n, "3:10:1:1"}, owed: owed, done: make(chan outcome, 1)}
+		c := &call{ctx: ctx, deadline: deadline, keys: []string{key}, records: []string{key + ":slices"},
+			args: []any{n, "3:10:1:1"}, done: make(chan outcome, 1)}
+		if owed {
+			c.lateArgs = []any{-n, "3:10:1:1"}
+		}
+		return c
 	}
 	calls := []*call{
 		mk("live", live, now.Add(time.Second), false, 1),

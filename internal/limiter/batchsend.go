@@ -27,15 +27,15 @@ import (
 // deadline is the latest of the batch's callers' deadlines, at most the
 // store timeout from now: past it, every caller has been answered, and a
 // call still sent would charge requests answered by failure mode.
-// A batch holding an owed call (call.owed), which goes whatever its caller
-// does, has the whole store timeout: its other calls are left out once
+// A batch holding a call with a late form (call.lateArgs), which goes
+// whatever its caller does, has the whole store timeout: its other calls are left out once
 // their own deadlines pass (send.build), though a connection dialled
 // inside the pipeline can still write one a little past its deadline.
 func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
 	for _, c := range batch {
-		if c.owed {
+		if c.lateArgs != nil {
 			return limit
 		}
 		if c.deadline.After(latest) {
@@ -96,7 +96,7 @@ func (b *batcher) exec(batch []*call) {
 			switch {
 			case err != nil:
 				c.done <- outcome{err: err}
-			case c.checked: // a caller still waiting answers by its failure mode
+			case c.sentLate: // a caller still waiting answers by its failure mode
 				c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, context.DeadlineExceeded)}
 				vals = vals[n:]
 			default:
@@ -229,11 +229,9 @@ func (b *batcher) sends(batch []*call) []*send {
 // build makes a decide send's keys and args from its calls as they stand
 // at now, before each time it goes (a re-send too): a call whose caller
 // left or whose deadline passed is answered and left out, as it would
-// charge a request its caller answered by failure mode; but an owed one
-// (call.owed), which goes as a check: its settlements and recorded costs
-// are applied whatever its request's fate (decide.lua), and nothing else
-// is charged. It reports whether any call is left. A script send is
-// built already.
+// charge a request its caller answered by failure mode; but one with a late
+// form (call.lateArgs), which goes in that form. It reports whether any
+// call is left. A script send is built already.
 func (s *send) build(now time.Time) bool {
 	if s.script != nil {
 		return true
@@ -242,13 +240,12 @@ func (s *send) build(now time.Time) bool {
 	s.keys, s.args = s.keys[:0], s.args[:0]
 	for _, c := range s.calls {
 		late := c.ctx.Err() != nil || !now.Before(c.deadline)
-		if late && !c.owed {
+		if late && c.lateArgs == nil {
 			c.done <- outcome{err: fmt.Errorf("%w: %w", ErrOverloaded, context.DeadlineExceeded)}
 			continue
 		}
-		if late {
-			c.args[0] = -abs(c.args[0].(int)) // the request's hit count: negative, only checks
-			c.checked = true
+		if late && !c.sentLate {
+			c.args, c.sentLate = c.lateArgs, true
 		}
 		calls = append(calls, c)
 		s.keys = append(s.keys, c.keys...)
@@ -260,13 +257,6 @@ func (s *send) build(now time.Time) bool {
 	clear(s.calls[len(calls):])
 	s.calls = calls
 	return len(calls) > 0
-}
-
-func abs(n int) int {
-	if n < 0 {
-		return -n
-	}
-	return n
 }
 
 // maxResends bounds the times one command is re-sent for NOSCRIPT, a

@@ -505,10 +505,13 @@ func TestCheckedCallAnswersNothing(t *testing.T) {
 		args = append(args, arg)
 	}
 	c := &call{ctx: context.Background(), deadline: time.Now().Add(-time.Millisecond), keys: []string{hits[0].Key, hits[1].Key},
-		args: args, owed: true, done: make(chan outcome, 1)}
+		args: args, lateArgs: lateForm(hits, []int{0, 1}, args), done: make(chan outcome, 1)}
+	if c.lateArgs == nil {
+		t.Fatal("a recorded cost beside a plain hit: no late form, want one (it is owed to the store)")
+	}
 	b.exec([]*call{c})
 	if o := <-c.done; !errors.Is(o.err, ErrOverloaded) {
-		t.Fatalf("the caller of an owed call sent as a check: %v %v, want ErrOverloaded", o.vals, o.err)
+		t.Fatalf("the caller of a call sent in its late form: %v %v, want ErrOverloaded", o.vals, o.err)
 	}
 	if left := seatsLeft(t, l, "recorded", limit, window); left != limit-1 {
 		t.Fatalf("recorded: %d left, want its cost applied (%d left)", left, limit-1)

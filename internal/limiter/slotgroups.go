@@ -172,9 +172,9 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 		args = append(args, arg)
 	}
 	start, sent := time.Now(), l.now()
-	c := &call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, owed: owed(hits, group)}
+	c := &call{ctx: ctx, deadline: deadline, slot: slot, keys: keys, records: records, args: args, lateArgs: lateForm(hits, group, args)}
 	lookup, lookupBy := ctx, deadline
-	if c.owed { // see call.owed
+	if c.lateArgs != nil { // see call.lateArgs
 		lookup, lookupBy = context.WithoutCancel(ctx), time.Now().Add(l.timeout)
 	}
 	server, err := l.server(lookup, lookupBy, keys[0])
@@ -220,23 +220,31 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	return nil
 }
 
-// owed reports whether the call of the hits at indexes group is owed to
-// the store whatever its caller does (see call.owed): it holds a lease's
-// settlement or a cost already spent (Record), and nothing that gives
-// back units it does not name (a Refund) or records only on a condition
-// (an RLQS fleet's lease, RecordIfAlone: no cost spent yet). Sent once its
-// caller left, it goes as a check (send.build): its other hits are not
-// charged.
-func owed(hits []Hit, group []int) bool {
-	some := false
+// lateForm is the late form (call.lateArgs) of the call of the hits at
+// indexes group, with args, or nil when it has none: a call owed to the
+// store whatever its caller does, as it holds a lease's settlement or a
+// cost already spent (Record), and nothing that gives back units it does
+// not name (a Refund) or records only on a condition (an RLQS fleet's
+// lease, RecordIfAlone: no cost spent yet). Dropping it would unbalance
+// the count: a seat held until its TTL, a spent cost uncounted while its
+// refund still comes. Its late form only checks (a negative hit count,
+// decide.lua): the settlements and recorded costs are applied whatever the
+// request's fate, and nothing else is charged.
+func lateForm(hits []Hit, group []int, args []any) []any {
+	owed := false
 	for _, i := range group {
 		h := &hits[i]
 		if h.Refund || h.RecordIfAlone {
-			return false
+			return nil
 		}
-		some = some || h.Settle != "" || h.Record
+		owed = owed || h.Settle != "" || h.Record
 	}
-	return some
+	if !owed {
+		return nil
+	}
+	late := slices.Clone(args)
+	late[0] = -len(group)
+	return late
 }
 
 // server returns the server of key's slot. On a cluster that can wait for
