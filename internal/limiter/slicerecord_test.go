@@ -157,3 +157,32 @@ func TestLogRefundTakesNoSliceMembers(t *testing.T) {
 		t.Fatalf("remaining %d, want 99: the client's 2 less the 1 refunded", got)
 	}
 }
+
+// TestSlicesOfOneInstantKeepTheirRecords: two slices of one counter
+// charged at one Redis TIME (two Envoys' RLQS leases, or a hot key's lease
+// beside one, batched into one call; here the store's clock stands still)
+// each keep a record of their own: named by that instant alone, the second
+// overwrote the first, whose give back then took the second's units while
+// the second still spent them.
+func TestSlicesOfOneInstantKeepTheirRecords(t *testing.T) {
+	for _, a := range []config.Algorithm{config.FixedWindow, config.SlidingWindowCounter, config.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			l, _ := newTestLimiter(t, epoch)
+			first, second := hit(a, "slices", 100, time.Minute, 5), hit(a, "slices", 100, time.Minute, 7)
+			first.Ahead, second.Ahead = time.Second, time.Second
+			v1, v2 := decide1(t, l, first), decide1(t, l, second)
+			if !v1.Charged || !v2.Charged {
+				t.Fatalf("the two leases: %+v, %+v", v1, v2)
+			}
+			if v1.Token == v2.Token {
+				t.Fatalf("both leases have the token %d: one record for two slices", v1.Token)
+			}
+			if n := giveBack(t, l, Return{Hit: first, Token: v1.Token, Units: 5}); n != 5 {
+				t.Errorf("the first gave back %d, want its 5", n)
+			}
+			if n := giveBack(t, l, Return{Hit: second, Token: v2.Token, Units: 7}); n != 7 {
+				t.Errorf("the second gave back %d, want its 7", n)
+			}
+		})
+	}
+}

@@ -144,10 +144,17 @@ end
 -- that lost the lease lost its record with it (a call's writes replicate
 -- together), and a Reset deletes it. The record lives while the count can
 -- hold the lease's units. It returns the lease's token for the reply: the
--- charge's time, negated.
+-- record's name, negated. The name is the charge's time, or the first
+-- microsecond after it that no record of the key holds: the slices of one
+-- call (two Envoys' leases batched together) share its time, and each
+-- needs a record of its own.
 local function record_slice(key, token, rule, st, now)
   local h = key .. ':slices' -- declared in the call's keys after the hits' (Go's sliceRecordKey)
-  redis.call('HSET', h, fmt(now), fmt(token) .. ':' .. fmt(rule.cost))
+  local rec = fmt(token) .. ':' .. fmt(rule.cost)
+  local name = now
+  while redis.call('HSETNX', h, fmt(name), rec) == 0 do
+    name = name + 1
+  end
   local ttl = type(rule.window) == 'number' and 2 * rule.window or rule.window[#rule.window] - now
   if st.w then -- GCRA: its TAT
     ttl = max(ttl, st.w - now + rule.window)
@@ -156,7 +163,7 @@ local function record_slice(key, token, rule, st, now)
   if redis.call('PTTL', h) < ttl then
     redis.call('PEXPIRE', h, fmt(ttl))
   end
-  return -now
+  return -name
 end
 
 -- The state of a refund: shared, as nothing writes to it (it is never
