@@ -22,7 +22,7 @@ func TestFunctionReplyAfterError(t *testing.T) {
 	fcall := func(keys []string, args ...any) ([]any, error) {
 		return r.client.FCall(ctx, lua.DecideFunction(), keys, args...).Slice()
 	}
-	const fixed, log = "3:10:60:1", "1:10:60:1" // fixed_window and sliding_window_log, 10 a minute
+	const fixed, log = "3:ce:10:60:1", "1:ce:10:60:1" // fixed_window and sliding_window_log, 10 a minute
 	if _, err := fcall([]string{"{a}k1", "{a}k2"}, 1, fixed, 1, fixed); err != nil {
 		t.Fatal(err)
 	}

@@ -49,44 +49,46 @@ func checkAlgorithms(hits []Hit) error {
 	return nil
 }
 
-// hitCode is a hit's code for decide.lua: its algorithm's ID, plus
-// lua.FlagShadow for a shadow hit, lua.FlagRecord for a cost recorded even
-// when it does not fit (with lua.FlagAlone when only while an RLQS fleet is
-// alone), lua.FlagRefund for a refund, and lua.FlagQuota for a quota
-// hit, with its group times lua.QuotaGroupUnit, and lua.FlagQuotaOver when
-// quotas (the request's rule before the store) has its quota over. With
-// quotas nil, a quota hit goes as a shadow hit.
-func hitCode(h *Hit, d *algorithm.Descriptor, quotas *requestRule) int64 {
-	code := int64(d.ID)
-	switch {
-	case h.quota() && quotas != nil:
-		code += lua.FlagQuota + int64(h.QuotaGroup)*lua.QuotaGroupUnit
-		if quotas.quotaOver(h.QuotaGroup) {
-			code += lua.FlagQuotaOver
-		}
-	case h.Shadow, h.quota():
-		code += lua.FlagShadow
-	}
-	if h.Record {
-		code += lua.FlagRecord
-		if h.RecordIfAlone {
-			code += lua.FlagAlone
-		}
-	}
+// op is the kind of operation h asks of its counter (lua.Ops), from its
+// fields: a settlement, a refund, a lease, a record (conditional for an
+// RLQS fleet's lease), else a charge (a cost of 0 only checks).
+func (h *Hit) op() *lua.Op {
 	switch {
 	case h.Settle != "":
-		code += lua.FlagRefund + lua.FlagSettle
+		return &lua.OpSettle
 	case h.Refund:
-		code += lua.FlagRefund
+		return &lua.OpRefund
 	case h.Lease:
-		code += lua.FlagLease
+		return &lua.OpLease
+	case h.Record && h.RecordIfAlone:
+		return &lua.OpRecordIfAlone
+	case h.Record:
+		return &lua.OpRecord
 	}
-	return code
+	return &lua.OpCharge
 }
 
-// hitArg is the hit's argument to decide.lua: "code:limit:window:cost", and
-// ":burst" for a bucket, then ":ahead" (milliseconds, rounded up) for a
-// lease recorded ahead (after an empty burst for other algorithms). One string per hit costs Redis less than four
+// appendRole appends h's role in its request's rule (lua.RoleEnforced and
+// the others): a quota hit's with its group, and over when quotas (the
+// request's rule before the store) has its quota over. With quotas nil, a
+// quota hit goes as a shadow hit.
+func appendRole(s []byte, h *Hit, quotas *requestRule) []byte {
+	switch {
+	case h.quota() && quotas != nil:
+		role := byte(lua.RoleQuota)
+		if quotas.quotaOver(h.QuotaGroup) {
+			role = lua.RoleQuotaOver
+		}
+		return strconv.AppendUint(append(s, role), uint64(h.QuotaGroup), 10)
+	case h.Shadow, h.quota():
+		return append(s, lua.RoleShadow)
+	}
+	return append(s, lua.RoleEnforced)
+}
+
+// hitArg is the hit's argument to decide.lua: "alg:<op><role>:limit:window:cost",
+// and ":burst" for a bucket, then ":ahead" (milliseconds, rounded up) for a
+// slice (after an empty burst for other algorithms). One string per hit costs Redis less than four
 // numbers (each argument is an object to parse and to copy into Lua), and
 // decide.lua parses each distinct string once. A calendar's window is the
 // edges of the windows around now instead of a length (see
@@ -97,7 +99,9 @@ func hitArg(h *Hit, quotas *requestRule, now time.Time) (string, error) {
 		return "", err
 	}
 	var b [96]byte
-	s := strconv.AppendInt(b[:0], hitCode(h, d, quotas), 10)
+	s := strconv.AppendInt(b[:0], int64(d.ID), 10)
+	s = append(s, ':', h.op().Letter)
+	s = appendRole(s, h, quotas)
 	s = append(s, ':')
 	s = strconv.AppendUint(s, uint64(h.Limit), 10)
 	s = append(s, ':')

@@ -100,22 +100,22 @@ func TestHitArgs(t *testing.T) {
 		quotas *requestRule
 		want   string
 	}{
-		{"log", Hit{Algorithm: config.SlidingWindowLog, Limit: 5, Window: time.Minute, Cost: 2}, quotas, "1:5:60:2"},
-		{"counter shadow", Hit{Algorithm: config.SlidingWindowCounter, Limit: 5, Window: time.Second, Cost: 1, Shadow: true}, quotas, "10:5:1:1"},
-		{"fixed record", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 9, Record: true}, quotas, "19:5:3600:9"},
-		{"fixed record if alone", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 9, Record: true, RecordIfAlone: true}, quotas, "1043:5:3600:9"},
-		{"fixed refund", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 3, Refund: true}, quotas, "35:5:3600:3"},
-		{"quota", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true}, quotas, "67:5:3600:1"},
-		{"quota as shadow", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true}, nil, "11:5:3600:1"},
-		{"shadow quota", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, Shadow: true}, quotas, "11:5:3600:1"},
-		{"quota group 3", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 3}, quotas, "6211:5:3600:1"},
-		{"quota group 3 over", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 3}, over3, "6723:5:3600:1"},
-		{"quota group 2, 3 over", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 2}, over3, "4163:5:3600:1"},
-		{"quota group 3 as shadow", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 3}, nil, "11:5:3600:1"},
-		{"gcra burst", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: 1, Burst: 7}, quotas, "4:5:60:1:7"},
-		{"gcra no burst", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: 1}, quotas, "4:5:60:1:5"},
-		{"log cost capped", Hit{Algorithm: config.SlidingWindowLog, Limit: 5, Window: time.Minute, Cost: big}, quotas, "1:5:60:9007199254740992"},
-		{"gcra cost capped", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: big}, quotas, "4:5:60:4294967296:5"},
+		{"log", Hit{Algorithm: config.SlidingWindowLog, Limit: 5, Window: time.Minute, Cost: 2}, quotas, "1:ce:5:60:2"},
+		{"counter shadow", Hit{Algorithm: config.SlidingWindowCounter, Limit: 5, Window: time.Second, Cost: 1, Shadow: true}, quotas, "2:cs:5:1:1"},
+		{"fixed record", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 9, Record: true}, quotas, "3:re:5:3600:9"},
+		{"fixed record if alone", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 9, Record: true, RecordIfAlone: true}, quotas, "3:ae:5:3600:9"},
+		{"fixed refund", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 3, Refund: true}, quotas, "3:fe:5:3600:3"},
+		{"quota", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true}, quotas, "3:cq0:5:3600:1"},
+		{"quota as shadow", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true}, nil, "3:cs:5:3600:1"},
+		{"shadow quota", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, Shadow: true}, quotas, "3:cs:5:3600:1"},
+		{"quota group 3", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 3}, quotas, "3:cq3:5:3600:1"},
+		{"quota group 3 over", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 3}, over3, "3:co3:5:3600:1"},
+		{"quota group 2, 3 over", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 2}, over3, "3:cq2:5:3600:1"},
+		{"quota group 3 as shadow", Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 1, Quota: true, QuotaGroup: 3}, nil, "3:cs:5:3600:1"},
+		{"gcra burst", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: 1, Burst: 7}, quotas, "4:ce:5:60:1:7"},
+		{"gcra no burst", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: 1}, quotas, "4:ce:5:60:1:5"},
+		{"log cost capped", Hit{Algorithm: config.SlidingWindowLog, Limit: 5, Window: time.Minute, Cost: big}, quotas, "1:ce:5:60:9007199254740992"},
+		{"gcra cost capped", Hit{Algorithm: config.GCRA, Limit: 5, Window: time.Minute, Cost: big}, quotas, "4:ce:5:60:4294967296:5"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := hitArg(&tt.h, tt.quotas, epoch)
@@ -127,9 +127,10 @@ func TestHitArgs(t *testing.T) {
 }
 
 // TestHitCodesDecodeInLua: what hitArg sends, decide.lua reads back as the
-// hit it came from: the algorithm (by its Lua table), each flag, the
-// limit, window, cost and burst, a quota hit's group and whether its quota
-// is over already. decide.lua's parse_rule runs in a plain Lua state.
+// hit it came from: the algorithm (by its Lua table), its operation (one
+// kind per hit: a refund is no record) and role, the limit, window, cost
+// and burst, a quota hit's group and whether its quota is over already.
+// decide.lua's parse_rule runs in a plain Lua state.
 func TestHitCodesDecodeInLua(t *testing.T) {
 	const call = "return decide(KEYS, ARGV)\n"
 	if !strings.HasSuffix(lua.Decide(), call) {
@@ -190,7 +191,8 @@ end`)
 			if quota {
 				group = h.QuotaGroup
 			}
-			want := []string{a.String(), fmt.Sprint(h.Shadow || h.quota() && !quota), fmt.Sprint(h.Record), fmt.Sprint(h.Refund),
+			op := h.op()
+			want := []string{a.String(), fmt.Sprint(h.Shadow || h.quota() && !quota), fmt.Sprint(op.Record), fmt.Sprint(op.AppliedFirst),
 				fmt.Sprint(quota), "7", "180000000", "5", burst, fmt.Sprint(group), fmt.Sprint(quota && quotas.quotaOver(h.QuotaGroup))}
 			if !slices.Equal(got, want) {
 				t.Errorf("%+v (quotas %+v) sent as %q reads back as %q, want %q", h, quotas, arg, got, want)

@@ -221,9 +221,9 @@ func TestBuildLeavesOutLateCalls(t *testing.T) {
 	live := context.Background()
 	mk := func(key string, ctx context.Context, deadline time.Time, owed bool, n int) *call {
 		c := &call{ctx: ctx, deadline: deadline, keys: []string{key}, records: []string{key + ":slices"},
-			args: []any{n, "3:10:1:1"}, done: make(chan outcome, 1)}
+			args: []any{n, "3:ce:10:1:1"}, done: make(chan outcome, 1)}
 		if owed {
-			c.lateArgs = []any{-n, "3:10:1:1"}
+			c.lateArgs = []any{-n, "3:ce:10:1:1"}
 		}
 		return c
 	}
@@ -240,7 +240,7 @@ func TestBuildLeavesOutLateCalls(t *testing.T) {
 	if !s.build(now) {
 		t.Fatal("build left no call")
 	}
-	want := []any{1, "3:10:1:1", -1, "3:10:1:1", -1, "3:10:1:1", 1, "3:10:1:1", -1, "3:10:1:1"}
+	want := []any{1, "3:ce:10:1:1", -1, "3:ce:10:1:1", -1, "3:ce:10:1:1", 1, "3:ce:10:1:1", -1, "3:ce:10:1:1"}
 	wantKeys := []string{"live", "owed-past", "owed-left", "owed-live", "check",
 		"live:slices", "owed-past:slices", "owed-left:slices", "owed-live:slices", "check:slices"}
 	if fmt.Sprint(s.args) != fmt.Sprint(want) || fmt.Sprint(s.keys) != fmt.Sprint(wantKeys) {

@@ -225,7 +225,7 @@ func TestCalendarHitArg(t *testing.T) {
 	}
 	edges := []string{"2026-11-01", "2026-12-01", "2027-01-01", "2027-02-01"}
 	var want strings.Builder
-	want.WriteString("3:5:")
+	want.WriteString("3:ce:5:")
 	for i, e := range edges {
 		if i > 0 {
 			want.WriteByte(',')

@@ -114,7 +114,7 @@ func leaseArg(arg string, h *Hit) (string, string) {
 
 // givesBack reports a hit that is applied whatever its request's fate and
 // never denies it: a refund, or a lease's settlement.
-func (h *Hit) givesBack() bool { return h.Refund || h.Settle != "" }
+func (h *Hit) givesBack() bool { return h.op().AppliedFirst }
 
 // orphanedLeases returns the orphan handler (see call.orphan) of a decide
 // call of the hits at indexes group whose leases have the nonces given (by

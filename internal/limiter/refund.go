@@ -47,7 +47,7 @@ func (l *Limiter) undo(ctx context.Context, what string, hits []Hit, idx []int, 
 // spent whatever the request's fate, and a refund is always applied: neither
 // is taken back. The Cluster refund and Split's give-back share it (through
 // takenBack), with takeBack.
-func owesBack(h *Hit, v *Verdict) bool { return v.Charged && !h.Record && !h.givesBack() }
+func owesBack(h *Hit, v *Verdict) bool { op := h.op(); return v.Charged && op.Charges && !op.Record }
 
 // takeBack says in v, the verdict of h, that its charge was given back: not
 // charged, and the cost remaining again.

@@ -222,10 +222,8 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 
 // lateForm is the late form (call.lateArgs) of the call of the hits at
 // indexes group, with args, or nil when it has none: a call owed to the
-// store whatever its caller does, as it holds a lease's settlement or a
-// cost already spent (Record), and nothing that gives back units it does
-// not name (a Refund) or records only on a condition (an RLQS fleet's
-// lease, RecordIfAlone: no cost spent yet). Dropping it would unbalance
+// store whatever its caller does, as it holds an Owed operation (a lease's
+// settlement, a cost already spent) and no NeverLate one (lua.Op). Dropping it would unbalance
 // the count: a seat held until its TTL, a spent cost uncounted while its
 // refund still comes. Its late form only checks (a negative hit count,
 // decide.lua): the settlements and recorded costs are applied whatever the
@@ -233,11 +231,11 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 func lateForm(hits []Hit, group []int, args []any) []any {
 	owed := false
 	for _, i := range group {
-		h := &hits[i]
-		if h.Refund || h.RecordIfAlone {
+		op := hits[i].op()
+		if op.NeverLate {
 			return nil
 		}
-		owed = owed || h.Settle != "" || h.Record
+		owed = owed || op.Owed
 	}
 	if !owed {
 		return nil

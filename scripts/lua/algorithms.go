@@ -8,42 +8,69 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/algorithm"
 )
 
-// The flags of a hit's code: decide.lua reads a hit's code as its
-// algorithm's ID plus any of these, plus, for a quota hit, its quota group
-// times QuotaGroupUnit. Every ID is below FlagShadow. The Lua sees them as
-// FLAG_SHADOW, FLAG_RECORD, FLAG_REFUND, FLAG_QUOTA, FLAG_LEASE,
-// FLAG_SETTLE, FLAG_QUOTA_OVER, FLAG_ALONE and QUOTA_GROUP_UNIT, and
-// FleetSuffix as FLEET_SUFFIX (see Constants).
+// Op is what a hit asks of its counter: one of a closed set of kinds, each
+// named by a letter in the hit's argument (decide.lua's layout) and read by
+// the Lua and by Go from one table, Ops. A new kind is an entry here and
+// its branch in decide.lua.
+type Op struct {
+	// Letter names the kind in a hit's argument.
+	Letter byte
+	// Name names it in the Lua's OPS table and in docs.
+	Name string
+	// Charges: the hit's cost is charged when its request is (a cost of 0
+	// only checks).
+	Charges bool
+	// Record: charged whatever its request's fate, even past the limit (a
+	// cost spent before it was reported).
+	Record bool
+	// Alone: a Record only while an RLQS fleet is its counter's only user
+	// (decide.lua's alone_fleet); decided as a charge otherwise.
+	Alone bool
+	// AppliedFirst: applied before its request's other hits are checked,
+	// whatever its request's fate, and never denies (a refund, a
+	// settlement).
+	AppliedFirst bool
+	// Lease: the charge is a lease named by a nonce (the log only).
+	Lease bool
+	// Settle: closes a lease, recording the actual cost in its place.
+	Settle bool
+	// Owed: a call holding it is owed to the store whatever its caller does
+	// (internal/limiter's late form: a spent cost, a seat's release by its
+	// id), unless the call also holds a NeverLate one.
+	Owed bool
+	// NeverLate: a call holding it is not sent once its caller left: a
+	// refund gives back units it does not name (their charge may have gone
+	// unsent), a conditional record has spent nothing yet.
+	NeverLate bool
+}
+
+// The kinds of operation, in Ops.
+var (
+	OpCharge        = Op{Letter: 'c', Name: "charge", Charges: true}
+	OpRecord        = Op{Letter: 'r', Name: "record", Charges: true, Record: true, Owed: true}
+	OpRecordIfAlone = Op{Letter: 'a', Name: "record_if_alone", Charges: true, Record: true, Alone: true, NeverLate: true}
+	OpRefund        = Op{Letter: 'f', Name: "refund", AppliedFirst: true, NeverLate: true}
+	OpLease         = Op{Letter: 'l', Name: "lease", Charges: true, Lease: true}
+	OpSettle        = Op{Letter: 's', Name: "settle", AppliedFirst: true, Settle: true, Owed: true}
+)
+
+// Ops is every kind of operation.
+var Ops = []Op{OpCharge, OpRecord, OpRecordIfAlone, OpRefund, OpLease, OpSettle}
+
+// The roles of a hit in its request's rule, named by a letter after its
+// op's: enforced (it denies its request when it does not fit), shadow
+// (never denies), quota and quota over (one of a quota group, whose
+// number follows; over: another of its hits was denied before the store,
+// so the quota fits nothing).
 const (
-	FlagShadow = 8  // a shadow hit: never denies its request
-	FlagRecord = 16 // a cost recorded even when it does not fit
-	FlagRefund = 32 // a refund of cost units
-	FlagQuota  = 64 // a quota hit (quota_mode)
-	// FlagLease makes a charge of the log a lease: its units are named by a
-	// random nonce, and leave the count at the lease's TTL (see
-	// sliding_window_log.lua's commit).
-	FlagLease = 128
-	// FlagSettle, with FlagRefund, closes a lease: its units go, and the
-	// hit's cost, the actual cost, is recorded in their place.
-	FlagSettle = 256
-	// FlagQuotaOver, with FlagQuota, says the hit's quota is over already:
-	// another of its hits was denied before the store (a cost past its
-	// limit). The hit is not charged, and its quota fits nothing.
-	FlagQuotaOver = 512
-	// FlagAlone, with FlagRecord, makes the record conditional (an RLQS
-	// fleet's lease): the request's FlagAlone hits are recorded past their
-	// limits only when each counter holds at most one unit more than the
-	// fleet's own count of it, the request's hit at its key + FleetSuffix.
-	FlagAlone = 1024
-	// QuotaGroupUnit is what one step of a quota hit's group adds to its
-	// code: above every flag, so that the group (a whole number from 0)
-	// never mixes with them. The quota hits of one group are one quota, a
-	// descriptor's limits: it fits only when each of them fits.
-	QuotaGroupUnit = 2048
+	RoleEnforced  = 'e'
+	RoleShadow    = 's'
+	RoleQuota     = 'q'
+	RoleQuotaOver = 'o'
 )
 
 // FleetSuffix ends the key of an RLQS fleet's own count of what it leased
-// from the counter whose key it follows (see FlagAlone).
+// from the counter whose key it follows (see OpRecordIfAlone).
 const FleetSuffix = ":rlqs-leased"
 
 // algorithmFiles holds every algorithm's Lua file, its Name + ".lua" in
@@ -79,10 +106,14 @@ func luaConstant(a *algorithm.Descriptor) string { return "ALG_" + strings.ToUpp
 var constants = func() string {
 	var b strings.Builder
 	b.WriteString("-- Generated by scripts/lua/algorithms.go: the numbers the Go side sends.\n")
-	fmt.Fprintf(&b, "local FLAG_SHADOW, FLAG_RECORD, FLAG_REFUND, FLAG_QUOTA = %d, %d, %d, %d\n",
-		FlagShadow, FlagRecord, FlagRefund, FlagQuota)
-	fmt.Fprintf(&b, "local FLAG_LEASE, FLAG_SETTLE, FLAG_QUOTA_OVER, FLAG_ALONE, QUOTA_GROUP_UNIT = %d, %d, %d, %d, %d\n",
-		FlagLease, FlagSettle, FlagQuotaOver, FlagAlone, QuotaGroupUnit)
+	b.WriteString("local OPS = {\n")
+	for _, o := range Ops {
+		fmt.Fprintf(&b, "  [%q] = { name = %q, charges = %t, record = %t, alone = %t, applied_first = %t, lease = %t, settle = %t },\n",
+			string(o.Letter), o.Name, o.Charges, o.Record, o.Alone, o.AppliedFirst, o.Lease, o.Settle)
+	}
+	b.WriteString("}\n")
+	fmt.Fprintf(&b, "local ROLE_ENFORCED, ROLE_SHADOW, ROLE_QUOTA, ROLE_QUOTA_OVER = %q, %q, %q, %q\n",
+		string(rune(RoleEnforced)), string(rune(RoleShadow)), string(rune(RoleQuota)), string(rune(RoleQuotaOver)))
 	fmt.Fprintf(&b, "local FLEET_SUFFIX = %q\n", FleetSuffix)
 	for _, a := range algorithm.All() {
 		fmt.Fprintf(&b, "local %s = %d\n", luaConstant(&a), a.ID)
@@ -90,9 +121,9 @@ var constants = func() string {
 	return b.String()
 }()
 
-// Constants returns the Lua that declares the numbers shared with Go: the
-// hit code flags (FLAG_SHADOW and the others, the Flag constants),
-// QUOTA_GROUP_UNIT, and every algorithm's ID (ALG_<NAME>, e.g. ALG_GCRA, the name in upper case). It
+// Constants returns the Lua that declares what is shared with Go: the
+// operations' table (OPS, from Ops) and the roles' letters (ROLE_*),
+// FLEET_SUFFIX, and every algorithm's ID (ALG_<NAME>, e.g. ALG_GCRA, the name in upper case). It
 // comes first in Decide, Library and Refund, so the Lua never spells those
 // numbers itself, and it is where a client learns the IDs it sends.
 func Constants() string { return constants }

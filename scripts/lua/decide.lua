@@ -5,31 +5,23 @@
 --          request (each key carries its hash tag); after them, the keys of
 --          the slices' records the call writes (see record_slice)
 -- args     per request: n, the number of its hits, negated to only check
---          (never charge); then one string per hit, its rule:
---          "code:limit:window:cost", with ":burst" after the cost for a GCRA
---          hit (the bucket's size in units), and ":ahead" after that (after
---          an empty burst for other algorithms) for a hot key's slice: the
---          log records its units that many milliseconds ahead of now (see
---          its commit), the other algorithms record the lease beside their
---          count (record_slice). window is in seconds, or, for a
---          fixed window aligned to the calendar, the Unix seconds of four
---          window edges, comma-separated and ascending (see fixed_window.lua's
---          span); code =
---          the algorithm's ID (ALG_*, its index in algorithms) + FLAG_SHADOW
---          for a shadow hit + FLAG_RECORD for a cost that is recorded even
---          when it does not fit + FLAG_REFUND for a refund of cost units
---          + FLAG_QUOTA for a quota hit (quota_mode) + FLAG_LEASE for a lease (the
---          log only) + FLAG_SETTLE (with FLAG_REFUND) for a lease's
---          settlement; for a quota hit, + FLAG_QUOTA_OVER when its quota
---          is over already (Go denied another of its hits) and + its group
---          times QUOTA_GROUP_UNIT; + FLAG_ALONE (with FLAG_RECORD) for an
---          RLQS fleet's lease, recorded only while the fleet is the
---          counter's only user (see alone_fleet); algorithms.go declares
---          them all. A
---          lease's hit ends in ":<ttl in ms>:<nonce>" after an empty burst
---          and ahead ("code:limit:window:cost:::ttl:nonce"), a settlement's
---          in ":<units reserved>:<nonce>" (an empty nonce names no lease);
---          see sliding_window_log.lua's commit and settle
+--          (never charge); then one string per hit, its rule, positional:
+--          "alg:<op><role>:limit:window:cost:burst:ahead:extra:nonce", the
+--          fields after cost optional. alg is the algorithm's ID (ALG_*, its
+--          index in algorithms); op a letter of OPS (algorithms.go's Ops:
+--          what the hit asks, and how it is applied); role ROLE_ENFORCED,
+--          ROLE_SHADOW, or ROLE_QUOTA or ROLE_QUOTA_OVER followed by its
+--          quota group (a quota over: Go denied another of its hits). window
+--          is in seconds, or, for a fixed window aligned to the calendar, the
+--          Unix seconds of four window edges, comma-separated and ascending
+--          (see fixed_window.lua's span). burst is a GCRA hit's bucket size in
+--          units; ahead, a slice's (a hot key's, an RLQS lease's) milliseconds
+--          of use: the log records its units that far ahead of now (see its
+--          commit), the other algorithms record the lease beside their count
+--          (record_slice). extra and nonce are a lease's TTL in milliseconds
+--          and its nonce, or a settlement's units reserved and the nonce it
+--          names (empty: no lease); see sliding_window_log.lua's commit and
+--          settle
 --
 -- A request is charged only when every enforced (non-shadow, non-quota) hit
 -- fits and, when it has quota hits, at least one of its quotas fits: the
@@ -73,15 +65,14 @@
 local rules, nrules, max_rules = {}, 0, 1000
 
 local function parse_rule(s)
-  local code, limit, window, cost, burst, ahead, extra, nonce =
-    string.match(s, '^(%d+):(%d+):([%d,]+):(%d+):?(%d*):?(%d*):?(%d*):?(%x*)$')
-  code, cost = tonumber(code), tonumber(cost)
-  if not code then
+  local alg, op, role, group, limit, window, cost, burst, ahead, extra, nonce =
+    string.match(s, '^(%d+):(%l)(%l)(%d*):(%d+):([%d,]+):(%d+):?(%d*):?(%d*):?(%d*):?(%x*)$')
+  local kind = OPS[op]
+  cost = tonumber(cost)
+  if not kind or not cost then
     error('decide: malformed hit argument ' .. s)
   end
-  local group = math.floor(code / QUOTA_GROUP_UNIT) -- math.floor: see need's math.max
-  code = code % QUOTA_GROUP_UNIT
-  local alg = code % FLAG_SHADOW
+  alg = tonumber(alg)
   if string.find(window, ',', 1, true) then
     if alg ~= ALG_FIXED_WINDOW then
       error('decide: calendar edges for an algorithm other than fixed_window in hit argument ' .. s)
@@ -94,6 +85,7 @@ local function parse_rule(s)
   else
     window = tonumber(window) * 1000000
   end
+  local quota = role == ROLE_QUOTA or role == ROLE_QUOTA_OVER
   local rule = {
     alg = algorithms[alg],
     limit = tonumber(limit),
@@ -101,28 +93,27 @@ local function parse_rule(s)
     cost = cost,
     need = math.max(cost, 1), -- math.max: tests call parse_rule outside a call (see bind_math)
     burst = tonumber(burst), -- nil but for GCRA
-    ahead = (tonumber(ahead) or 0) * 1000, -- a lease's, in microseconds
-    shadow = code % FLAG_RECORD >= FLAG_SHADOW,
-    record = code % FLAG_REFUND >= FLAG_RECORD,
-    refund = code % FLAG_QUOTA >= FLAG_REFUND,
-    quota = code % FLAG_LEASE >= FLAG_QUOTA,
-    group = group, -- a quota hit's: its quota
-    over = code % FLAG_ALONE >= FLAG_QUOTA_OVER, -- a quota hit's: its quota is over already
-    alone = code >= FLAG_ALONE, -- a record only when the fleet is alone: see alone_fleet
+    ahead = (tonumber(ahead) or 0) * 1000, -- a slice's, in microseconds
+    shadow = role == ROLE_SHADOW,
+    record = kind.record,
+    refund = kind.applied_first,
+    quota = quota,
+    group = quota and tonumber(group) or 0, -- a quota hit's: its quota
+    over = role == ROLE_QUOTA_OVER, -- a quota hit's: its quota is over already
+    alone = kind.alone, -- a record only when the fleet is alone: see alone_fleet
     lease = false, -- a lease's { ttl (microseconds), nonce }
     settle = false, -- a settlement's { units reserved, nonce }
     string = alg ~= ALG_SLIDING_WINDOW_LOG, -- kept in a string, read by prefetch
-    charges = false, -- a charge of units (not a refund, not a check): set below
+    charges = kind.charges and cost > 0, -- a charge of units (not a refund, not a check)
   }
-  rule.charges = not rule.refund and cost > 0
-  if not rule.alg then
-    error('decide: unknown algorithm in hit argument ' .. s)
+  if not rule.alg or (not quota and role ~= ROLE_ENFORCED and role ~= ROLE_SHADOW) then
+    error('decide: unknown algorithm or role in hit argument ' .. s)
   end
-  if code % FLAG_QUOTA_OVER >= FLAG_LEASE then
+  if kind.lease or kind.settle then
     -- A lease's nonce is its own: the argument is never seen again, and is
     -- not kept among the rules.
     local n = tonumber(extra) or 0
-    if code % FLAG_QUOTA_OVER >= FLAG_SETTLE then
+    if kind.settle then
       rule.settle = { reserved = n, nonce = nonce }
     else
       rule.lease = { ttl = n * 1000, nonce = nonce }
@@ -194,7 +185,7 @@ local function holds(keys, now, i)
   return capacity - min(remaining, capacity)
 end
 
--- alone_fleet reports whether the FLAG_ALONE hits of the request at first
+-- alone_fleet reports whether the record_if_alone hits of the request at first
 -- to last are to be recorded: an RLQS fleet's lease is recorded past the
 -- counter's limit only when the request holds the fleet's own count of
 -- the counter (its hit at the counter's key .. FLEET_SUFFIX, not a give

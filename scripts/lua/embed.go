@@ -7,8 +7,8 @@
 // Each algorithm lives in its own file and defines a local table with five
 // functions (check, commit, result, refund, undo); prelude.lua holds their
 // shared helpers. Which algorithms there are, and their IDs, comes from
-// internal/algorithm's table; Constants declares those IDs and the hit code
-// flags (the Flag constants) to the Lua. decide.lua runs the algorithms: it
+// internal/algorithm's table; Constants declares those IDs and the table of
+// operation kinds (Ops: what a hit asks of its counter) to the Lua. decide.lua runs the algorithms: it
 // reads Redis TIME once and decides a batch of requests in order, each all
 // or nothing. refund.lua undoes charges with each algorithm's undo.
 // reset.lua deletes a counter. rlqs_shares.lua keeps the registry of RLQS

@@ -16,7 +16,7 @@ import (
 )
 
 // TestAlgorithmTable checks internal/algorithm's table against the Lua:
-// every ID is below FlagShadow, each algorithm's source is its Name.lua, and
+// each algorithm's source is its Name.lua, and
 // every Lua file is an algorithm's or one of the shared ones.
 // internal/algorithm's TestTable checks the table itself (IDs 1, 2, ... in
 // order, names and key codes distinct, ByID).
@@ -27,8 +27,8 @@ func TestAlgorithmTable(t *testing.T) {
 		t.Fatalf("%d sources for %d algorithms", len(sources), len(all))
 	}
 	for i, a := range all {
-		if a.ID != i+1 || a.ID >= FlagShadow {
-			t.Errorf("%s has ID %d at index %d: want index + 1, below FlagShadow (%d)", a.Name, a.ID, i, FlagShadow)
+		if a.ID != i+1 {
+			t.Errorf("%s has ID %d at index %d: want index + 1", a.Name, a.ID, i)
 		}
 		names[a.Name] = true
 		file, err := os.ReadFile(a.Name + ".lua")
@@ -70,18 +70,22 @@ func TestScripts(t *testing.T) {
 }
 
 // TestLuaConstants runs the assembled code and reads back, from the Lua,
-// the numbers shared with Go: the flags, each algorithm's ID, and that
-// decide.lua's algorithms table holds each algorithm's own table at its ID.
+// what is shared with Go: each operation's entry of OPS as Ops has it, the
+// roles' letters, each algorithm's ID, and that decide.lua's algorithms
+// table holds each algorithm's own table at its ID.
 func TestLuaConstants(t *testing.T) {
-	got := runLua(t, library+`return FLAG_SHADOW, FLAG_RECORD, FLAG_REFUND, FLAG_QUOTA, FLAG_LEASE, FLAG_SETTLE,
-		FLAG_QUOTA_OVER, FLAG_ALONE, QUOTA_GROUP_UNIT, FLEET_SUFFIX`, 10)
-	if want := []string{"8", "16", "32", "64", "128", "256", "512", "1024", "2048", ":rlqs-leased"}; !slices.Equal(got, want) {
-		t.Errorf("the Lua's flags are %q, want %q", got, want)
+	for _, o := range Ops {
+		got := runLua(t, library+fmt.Sprintf(`local k = OPS[%q]
+			return k.name, k.charges, k.record, k.alone, k.applied_first, k.lease, k.settle`, string(o.Letter)), 7)
+		want := []string{o.Name, fmt.Sprint(o.Charges), fmt.Sprint(o.Record), fmt.Sprint(o.Alone), fmt.Sprint(o.AppliedFirst),
+			fmt.Sprint(o.Lease), fmt.Sprint(o.Settle)}
+		if !slices.Equal(got, want) {
+			t.Errorf("OPS[%q] is %q, Ops has %q", o.Letter, got, want)
+		}
 	}
-	want := []string{fmt.Sprint(FlagShadow), fmt.Sprint(FlagRecord), fmt.Sprint(FlagRefund), fmt.Sprint(FlagQuota),
-		fmt.Sprint(FlagLease), fmt.Sprint(FlagSettle), fmt.Sprint(FlagQuotaOver), fmt.Sprint(FlagAlone), fmt.Sprint(QuotaGroupUnit), FleetSuffix}
-	if !slices.Equal(got, want) {
-		t.Errorf("the Lua's flags are %q, Go's %q", got, want)
+	got := runLua(t, library+`return ROLE_ENFORCED, ROLE_SHADOW, ROLE_QUOTA, ROLE_QUOTA_OVER, FLEET_SUFFIX`, 5)
+	if want := []string{"e", "s", "q", "o", FleetSuffix}; !slices.Equal(got, want) {
+		t.Errorf("the Lua's roles are %q, want %q", got, want)
 	}
 	all := algorithm.All()
 	for _, a := range all {

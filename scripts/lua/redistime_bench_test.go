@@ -37,10 +37,10 @@ func BenchmarkRedisTimePerHit(b *testing.B) {
 		name string
 		arg  string // the hit's argument (decide.lua): limits no key reaches
 	}{
-		{"sliding_window_log", "1:100000000:1:1"},
-		{"sliding_window_counter", "2:100000000:1:1"},
-		{"fixed_window", "3:100000000:1:1"},
-		{"gcra", "4:100000000:1:1:100000000"},
+		{"sliding_window_log", "1:ce:100000000:1:1"},
+		{"sliding_window_counter", "2:ce:100000000:1:1"},
+		{"fixed_window", "3:ce:100000000:1:1"},
+		{"gcra", "4:ce:100000000:1:1:100000000"},
 	} {
 		b.Run("decide/"+a.name, func(b *testing.B) {
 			perHit(b, c, "commandstats", "fcall", func(keys []string) error {
