@@ -17,6 +17,9 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
 // clusterConfig has day windows throughout: a test that runs across no
@@ -467,4 +470,33 @@ func TestClusterMultiSlotAllOrNothing(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestReferenceKeysOnACluster: a counter on envoyproxy/ratelimit's keys
+// (reference_fixed_window), which have no hash tag, is reset, and leased
+// by an RLQS fleet, on a Redis Cluster: neither call may touch a key on
+// another slot, as the fleet's count (its key and ":rlqs-leased") and a
+// slice's record (":slices") are. Each failed with CROSSSLOT, or a
+// non-local key, when they did.
+func TestReferenceKeysOnACluster(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t)
+	lim := limiter.New(c.client, &limiter.Options{Timeout: 10 * time.Second, DenyCache: -1})
+	t.Cleanup(lim.Close)
+	ctx := context.Background()
+	kb := limiter.KeyBuilder{Now: time.Now()}
+	kb.ResetReference("edge")
+	kb.Add("ref", "alice")
+	h := limiter.Hit{Key: kb.Key(config.ReferenceFixedWindow, time.Minute), Algorithm: config.ReferenceFixedWindow,
+		Limit: 100, Window: time.Minute, Cost: 5}
+	lease := h
+	lease.Ahead = 12 * time.Second // an RLQS lease (internal/quota)
+	for _, hit := range []limiter.Hit{h, lease} {
+		if v, err := lim.Decide(ctx, []limiter.Hit{hit}); err != nil || !v[0].Charged {
+			t.Fatalf("%+v: %+v, %v", hit, v, err)
+		}
+	}
+	if _, err := lim.Reset(ctx, h); err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
 }

@@ -117,13 +117,14 @@ func hitArg(h *Hit, quotas *requestRule, now time.Time) (string, error) {
 	}
 	s = append(s, ':')
 	s = strconv.AppendUint(s, luaCost(h, d), 10)
-	if d.Bucket || h.Ahead > 0 {
+	ahead := h.Ahead > 0 && !h.Algorithm.ReferenceKeys() // the reference's keys hold no slice (recordsSlices)
+	if d.Bucket || ahead {
 		s = append(s, ':')
 	}
 	if d.Bucket {
 		s = strconv.AppendUint(s, uint64(h.burst()), 10)
 	}
-	if h.Ahead > 0 {
+	if ahead {
 		s = append(s, ':')
 		s = strconv.AppendInt(s, int64((h.Ahead+time.Millisecond-1)/time.Millisecond), 10)
 	}

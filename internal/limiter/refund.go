@@ -75,8 +75,11 @@ func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups []
 			}
 			var err error
 			var token any = tokens[i]
-			if v.Lease != "" {
+			switch {
+			case v.Lease != "":
 				token = leaseBase(v.Lease) // a lease's members are named by its nonce
+			case h.Ahead > 0 && h.Algorithm == config.SlidingWindowLog:
+				token = sliceName(tokens[i])
 			}
 			if args, err = refundArgs(args, h, token); err != nil {
 				continue // Decide refused the hit already
@@ -148,7 +151,7 @@ func (l *Limiter) GiveBack(ctx context.Context, returns []Return) (uint64, error
 			h.Cost = returns[i].Units
 			var token any = returns[i].Token
 			if h.Algorithm == config.SlidingWindowLog {
-				token = "A" + strconv.FormatInt(returns[i].Token, 10) // a slice's members' name (Hit.Ahead)
+				token = sliceName(returns[i].Token)
 			}
 			var err error
 			if args, err = refundArgs(args, &h, token); err != nil {
@@ -178,6 +181,10 @@ func (l *Limiter) GiveBack(ctx context.Context, returns []Return) (uint64, error
 	}
 	return total, errors.Join(errs...)
 }
+
+// sliceName is the base name of the members of a log's slice (a charge
+// with Hit.Ahead) whose token is score: "A<score>" (the log's commit).
+func sliceName(score int64) string { return "A" + strconv.FormatInt(score, 10) }
 
 // giveBack runs one refund call within the limiter's timeout, observed.
 func (l *Limiter) giveBack(ctx context.Context, keys []string, args []any) (uint64, error) {

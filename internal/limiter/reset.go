@@ -18,7 +18,8 @@ var resetScript = redis.NewScript(lua.Reset())
 // empty). Only h.Key is read, and h.Algorithm checked: every algorithm
 // keeps its whole state at its key, but for a counter's or GCRA's slices'
 // records (sliceRecordKey), which go with it, and an RLQS fleet's count
-// of the counter (FleetSuffix), reset alike.
+// of the counter (FleetSuffix), reset alike (but for the reference's keys,
+// whose fleet count lives on another Cluster slot).
 //
 // Like Decide it runs one atomic script (EVALSHA, re-sent with EVAL on
 // NOSCRIPT) within the limiter's timeout, and is observed like every store
@@ -41,7 +42,10 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	if l.denied != nil {
 		l.denied.forget(h.Key)
 	}
-	keys := []string{h.Key, h.Key + FleetSuffix} // an RLQS fleet's count of it goes alike
+	keys := []string{h.Key}
+	if !h.Algorithm.ReferenceKeys() { // their keys have no hash tag: the fleet's count is on another slot
+		keys = append(keys, h.Key+FleetSuffix) // an RLQS fleet's count of it goes alike
+	}
 	if recordsSlices(h.Algorithm) {
 		keys = append(keys, sliceRecordKey(keys[0]), sliceRecordKey(keys[1])) // their slices' records go with them
 	}

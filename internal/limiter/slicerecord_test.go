@@ -186,3 +186,41 @@ func TestSlicesOfOneInstantKeepTheirRecords(t *testing.T) {
 		})
 	}
 }
+
+// TestLogSliceOfOneUnitIsNamed: a log's slice of one unit (an RLQS lease of
+// a small share) is named as any slice, "A<score>": named by its bare score
+// (the one-member path of a plain hit), its give-back named nothing, a
+// Reset deleted it while its holder still spent it, and a client's refund
+// could take it once its period was over.
+func TestLogSliceOfOneUnitIsNamed(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	h := hit(config.SlidingWindowLog, "one", 10, time.Minute, 1)
+	h.Ahead = 12 * time.Second
+	v := decide1(t, l, h)
+	if members, _ := c.m.ZMembers(h.Key); len(members) != 1 || members[0] != sliceName(v.Token) {
+		t.Fatalf("the log after a slice of one: %q, want [%s]", members, sliceName(v.Token))
+	}
+	reset1(t, l, h)
+	if members, _ := c.m.ZMembers(h.Key); len(members) != 1 {
+		t.Fatalf("after a Reset the log holds %q, want the live slice's member", members)
+	}
+	if n := giveBack(t, l, Return{Hit: h, Token: v.Token, Units: 1}); n != 1 {
+		t.Errorf("its give-back gave back %d, want 1", n)
+	}
+}
+
+// TestReferenceKeysTakeNoSliceRecord: a slice (an RLQS lease) of a counter
+// on the reference's keys, which have no hash tag, writes no record beside
+// it: on a Cluster that key is on another slot, which the call may not
+// touch (e2e TestReferenceKeysOnACluster).
+func TestReferenceKeysTakeNoSliceRecord(t *testing.T) {
+	l, c := newTestLimiter(t, epoch)
+	h := hit(config.ReferenceFixedWindow, "reflease", 100, time.Minute, 5)
+	h.Ahead = 12 * time.Second
+	if v := decide1(t, l, h); !v.Charged {
+		t.Fatalf("the lease: %+v", v)
+	}
+	if keys := c.m.Keys(); len(keys) != 1 || keys[0] != h.Key {
+		t.Errorf("the store holds %q, want only the counter %s", keys, h.Key)
+	}
+}

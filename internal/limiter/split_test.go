@@ -284,3 +284,24 @@ func TestSplitGivesBackOnlyItsOwnCharge(t *testing.T) {
 		})
 	}
 }
+
+// TestSplitGivesBackALogSlice: a log's slice (a charge with Ahead: an RLQS
+// lease of a rule with a per-second limit beside) whose request the
+// per-second store denies is given back by its members' name, "A<score>":
+// by its bare score, the give-back named nothing, and the slice stayed
+// counted a window and its period, given back by no one.
+func TestSplitGivesBackALogSlice(t *testing.T) {
+	s, main, _ := newTestSplit(t, epoch)
+	minute := hit(config.SlidingWindowLog, "u", 100, time.Minute, 5)
+	minute.Ahead = 12 * time.Second
+	full := hit(config.SlidingWindowLog, "u", 1, time.Second, 1)
+	decideSplit(t, s, full) // the per-second counter is full
+	v, err := s.Decide(context.Background(), []Hit{minute, full})
+	if err != nil || v[1].Admitted {
+		t.Fatalf("verdicts %+v, %v: want the per-second part denied", v, err)
+	}
+	s.awaitRefunds()
+	if members, _ := main.m.ZMembers(minute.Key); len(members) != 0 {
+		t.Errorf("the denied request's slice is still on the main log: %q", members)
+	}
+}

@@ -154,16 +154,17 @@ type Bucket struct {
 	// Member names the Envoy among the shares: its stream, unique.
 	Member string
 
-	held       Assignment    // as last sent
-	leaseEnd   time.Time     // until when the held bucket's refills are leased
-	charges    []leaseCharge // the held bucket's leases whose refills are not all made, oldest first
-	carry      float64       // units leased beyond the exact amount (a credit)
-	lastReport time.Time     // zero before the first report
-	pending    uint64        // requests of reports too close together to measure
-	demand     float64       // units per window, as last measured; < 0 unknown
-	others     uint64        // units on the counter that are not the fleet's, at the last lease
-	measured   bool          // others was read off the counter
-	shrunk     bool          // the assignment made holds less than the one before: Confirm once sent
+	held       Assignment       // as last sent
+	leaseEnd   time.Time        // until when the held bucket's refills are leased
+	charges    []leaseCharge    // the held bucket's leases whose refills are not all made, oldest first
+	carry      float64          // units leased beyond the exact amount (a credit)
+	lastReport time.Time        // zero before the first report
+	pending    uint64           // requests of reports too close together to measure
+	demand     float64          // units per window, as last measured; < 0 unknown
+	others     uint64           // units on the counter that are not the fleet's, at the last lease
+	measured   bool             // others was read off the counter
+	shrunk     bool             // the assignment made holds less than the one before: Confirm once sent
+	back       []limiter.Return // the refills of the bucket the assignment made replaces: given back by Confirm once sent
 }
 
 // leaseCharge is one lease of a bucket's refills, as the store charged it:
@@ -192,6 +193,9 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 	}
 	gov := lim.Hits[0]
 	now := a.now()
+	// A give-back readied by the last report waits for its answer's
+	// Confirm: none came, so Envoy may still hold the bucket it replaced.
+	b.back = nil
 	if !b.measured {
 		// A new stream's first lease must know what others hold too.
 		if err := a.measureOthers(ctx, b, lim); err != nil {
@@ -229,20 +233,31 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 	return a.deny(ctx, b, now)
 }
 
-// Confirm tells the shares that the assignment Report made for b was sent,
-// when it holds less than the one before: until then b's share counts the
-// larger, which Envoy may still hold, and what b gave up goes to the others
-// at their next report rather than after b's. An error wraps the store's;
-// the share then stays the larger until b's next report.
+// Confirm says that the assignment Report made for b was sent. When it
+// replaced a token bucket, the refills that bucket leased ahead are given
+// back now, not before: until the new assignment reaches Envoy, the old one
+// spends them (and a lease that failed, or an answer never sent, leaves
+// them counted: toward denying). When it holds less than the one before,
+// the shares learn it: until then b's share counts the larger, which Envoy
+// may still hold, and what b gave up goes to the others at their next
+// report rather than after b's. An error wraps the store's; the share then
+// stays the larger until b's next report, and what was not given back
+// stays counted until its window forgets it.
 func (a *Allocator) Confirm(ctx context.Context, b *Bucket, lim Limit) error {
-	if !b.shrunk || len(lim.Hits) == 0 {
-		return nil
+	var errs []error
+	if back := b.back; len(back) > 0 {
+		b.back = nil
+		if _, err := a.ledger.GiveBack(ctx, back); err != nil {
+			errs = append(errs, fmt.Errorf("quota: give back: %w", err))
+		}
 	}
-	b.shrunk = false
-	if err := a.ledger.ConfirmShare(ctx, lim.ShareKey, b.Member, lim.Hits[0].Window, b.tokens()); err != nil {
-		return fmt.Errorf("quota: confirm: %w", err)
+	if b.shrunk && len(lim.Hits) > 0 {
+		b.shrunk = false
+		if err := a.ledger.ConfirmShare(ctx, lim.ShareKey, b.Member, lim.Hits[0].Window, b.tokens()); err != nil {
+			errs = append(errs, fmt.Errorf("quota: confirm: %w", err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // measure returns the Envoy's demand in units per window, with headroom,
@@ -315,18 +330,11 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	// may have taken from the counter since b.others was measured, and
 	// then the lease is decided as any hit. On a counter others use, they
 	// come first: the lease must fit beside what they took and what the
-	// other Envoys leased ahead, and what a replaced bucket gives back goes
-	// to them, not to its successor in the same call (the store applies a
-	// request's refunds before its charges).
+	// other Envoys leased ahead. A replaced bucket's refills are still
+	// counted when the lease is decided, and given back once its successor
+	// was sent (Confirm), to the others rather than to the successor.
 	alone := b.others <= aloneSlack
-	given, err := a.giveBack(ctx, b, tokens, maxTokens, now)
-	if err != nil {
-		return false, err
-	}
-	raise, keep := lookahead, given
-	if alone {
-		keep = 0
-	}
+	raise := lookahead
 	// The lease is a slice of the counter (limiter.Hit.Ahead) used until
 	// the assignment's end: the log records it at that end, the counters
 	// and GCRA beside their count, so that a client's refund never takes
@@ -336,9 +344,9 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	for i, h := range lim.Hits {
 		h.Cost, h.Record, h.RecordIfAlone, h.Ahead = units, alone && units > 0, true, end.Sub(now)
 		if h.Algorithm.Bucket() {
-			h.Burst = adjust(uint64(cmp.Or(h.Burst, h.Limit)), raise, keep)
+			h.Burst = raised(uint64(cmp.Or(h.Burst, h.Limit)), raise)
 		} else {
-			h.Limit = adjust(uint64(h.Limit), raise, keep)
+			h.Limit = raised(uint64(h.Limit), raise)
 		}
 		hits[i] = h
 	}
@@ -356,6 +364,7 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 			return false, nil
 		}
 	}
+	b.replace(tokens, maxTokens, now)
 	b.shrunk = b.tokens() > tokens
 	b.held = Assignment{Kind: TokenBucket, MaxTokens: maxTokens, TokensPerFill: tokens, FillInterval: window, TTL: a.lease}
 	b.leaseEnd, b.carry = end, carry
@@ -398,41 +407,33 @@ func others(h, fleet limiter.Hit, onCounter, onFleet limiter.Verdict) uint64 {
 	return counted - min(leased, counted)
 }
 
-// giveBack gives back the refills b's bucket has leased ahead, when a
-// bucket of tokens and maxTokens replaces it (Envoy drops the old one as
-// the new one arrives), newest lease first, each by the tokens that name
-// its charges: never more than the store still holds of them (limiter.
-// GiveBack). It returns the units it meant to give back, and forgets them.
-func (a *Allocator) giveBack(ctx context.Context, b *Bucket, tokens, maxTokens uint64, now time.Time) (uint64, error) {
+// replace readies, when a bucket of tokens and maxTokens replaces the token
+// bucket b holds (Envoy drops the old one as the new one arrives), the
+// give-back of the refills the old one leased ahead (b.back, for Confirm):
+// newest lease first, each by the tokens that name its charges, so that it
+// takes back at most what the store still holds of them (limiter.
+// GiveBack). The old bucket's leases are then forgotten.
+func (b *Bucket) replace(tokens, maxTokens uint64, now time.Time) {
 	held, charges := b.held, b.charges
 	if !b.replacedBy(tokens, maxTokens) {
-		return 0, nil
+		return
 	}
 	ahead := b.leaseEnd.Sub(now) - deliveryMargin
-	units := uint64(float64(held.TokensPerFill) * ahead.Seconds() / held.FillInterval.Seconds())
-	b.leaseEnd, b.carry, b.charges = now, 0, nil
-	if ahead <= 0 || units == 0 {
-		return 0, nil
+	b.leaseEnd, b.carry, b.charges, b.back = now, 0, nil, nil
+	if ahead <= 0 {
+		return
 	}
-	var returns []limiter.Return
-	left := units
+	left := uint64(float64(held.TokensPerFill) * ahead.Seconds() / held.FillInterval.Seconds())
 	for i := len(charges) - 1; i >= 0 && left > 0; i-- {
 		c := charges[i]
 		n := min(left, c.units)
 		for j, h := range c.hits {
 			if c.tokens[j] != 0 {
-				returns = append(returns, limiter.Return{Hit: h, Token: c.tokens[j], Units: n})
+				b.back = append(b.back, limiter.Return{Hit: h, Token: c.tokens[j], Units: n})
 			}
 		}
 		left -= n
 	}
-	if len(returns) == 0 {
-		return 0, nil
-	}
-	if _, err := a.ledger.GiveBack(ctx, returns); err != nil {
-		return 0, fmt.Errorf("quota: give back: %w", err)
-	}
-	return units - left, nil
 }
 
 // fleetHit is the fleet's own count of the units leased on h's counter:
@@ -457,15 +458,13 @@ func capacity(h limiter.Hit) uint32 {
 // deny makes DENY_ALL b's assignment, giving back what the bucket it
 // replaces leased ahead.
 func (a *Allocator) deny(ctx context.Context, b *Bucket, now time.Time) (Assignment, error) {
-	_, err := a.giveBack(ctx, b, 0, 0, now)
+	b.replace(0, 0, now)
 	b.shrunk = b.tokens() > 0
 	b.held, b.leaseEnd, b.carry = a.Deny(), now, 0
-	return b.held, err
+	return b.held, nil
 }
 
-// adjust returns capacity plus raise less keep, within 0 and the largest
-// uint32.
-func adjust(capacity, raise, keep uint64) uint32 {
-	capacity = min(capacity+raise, math.MaxUint32)
-	return uint32(capacity - min(keep, capacity))
+// raised returns capacity plus raise, at most the largest uint32.
+func raised(capacity, raise uint64) uint32 {
+	return uint32(min(capacity+raise, math.MaxUint32))
 }

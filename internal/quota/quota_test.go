@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -511,5 +512,69 @@ func TestResetResetsTheFleetsCount(t *testing.T) {
 				t.Errorf("others %d after the reset, want the callers' 5", e.lease.others)
 			}
 		})
+	}
+}
+
+// failingLedger is the fleet's limiter, whose next Decide fails when armed
+// (a store timeout on a lease's call).
+type failingLedger struct {
+	*limiter.Limiter
+	armed bool
+}
+
+func (l *failingLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+	if l.armed {
+		l.armed = false
+		return nil, errors.New("store: i/o timeout")
+	}
+	return l.Limiter.Decide(ctx, hits)
+}
+
+// TestReplacedBucketGivesBackOnceSent: a bucket whose next report would
+// replace it (its demand fell) gives back the refills it leased ahead only
+// once its successor was sent (Confirm): when the successor's lease fails,
+// or its answer is never sent, Envoy keeps the old bucket until its TTL and
+// spends those refills, so the store keeps counting them. Given back before
+// the lease's call (in a call of their own), callers took them as well:
+// 69 where the bound is 65.
+func TestReplacedBucketGivesBackOnceSent(t *testing.T) {
+	for _, a := range []config.Algorithm{config.SlidingWindowLog, config.SlidingWindowCounter, config.FixedWindow} {
+		for _, failed := range []string{"lease", "send"} {
+			t.Run(a.String()+"/"+failed, func(t *testing.T) {
+				f := newFleet(t)
+				ledger := &failingLedger{Limiter: f.lim}
+				f.alloc = New(ledger, &Options{Now: func() time.Time { return f.now }})
+				const limit = 60
+				lim := limitOf(a, limit, time.Minute)
+				e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+				f.report(t, e, lim)
+				admitted := e.serve(50, 5*time.Second)
+				f.advance(5 * time.Second)
+				f.report(t, e, lim)                   // the measured share
+				admitted += e.serve(2, 5*time.Second) // demand falls: the next share is smaller
+				f.advance(5 * time.Second)
+				ledger.armed = failed == "lease"
+				_, err := f.alloc.Report(context.Background(), &e.lease, lim, e.seen)
+				if (err != nil) != (failed == "lease") {
+					t.Fatalf("the report: %v", err)
+				}
+				// No answer reached Envoy: it holds its last assignment,
+				// sent 5 s ago with a TTL of 11 s, for 6 s more.
+				e.seen = 0
+				admitted += e.serve(1000, 6*time.Second)
+				check := lim.Hits[0]
+				check.Cost = 0
+				v, err := f.lim.Decide(context.Background(), []limiter.Hit{check})
+				if err != nil {
+					t.Fatal(err)
+				}
+				callers := int(v[0].Remaining)
+				bound := limit + int(e.held.MaxTokens)*e.created
+				if admitted+callers > bound {
+					t.Errorf("the Envoy admitted %d and callers may take %d in 16 s: %d, over the bound %d",
+						admitted, callers, admitted+callers, bound)
+				}
+			})
+		}
 	}
 }

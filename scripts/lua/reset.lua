@@ -3,7 +3,8 @@
 -- two still differ by what others took. Run on its own, not with decide.lua.
 --
 -- KEYS[1]  the counter's key: every algorithm keeps its state there
--- KEYS[2]  the fleet's count of it (its key .. FLEET_SUFFIX)
+-- KEYS[2]  the fleet's count of it (its key .. FLEET_SUFFIX), when it
+--          shares the counter's slot (not the reference's keys)
 -- KEYS[3], KEYS[4]  for a counter or GCRA, the records of their slices
 --          (decide.lua's record_slice)
 --
@@ -41,5 +42,7 @@ local function reset(key, records)
 end
 
 local deleted = reset(KEYS[1], KEYS[3])
-reset(KEYS[2], KEYS[4])
+if KEYS[2] then
+  reset(KEYS[2], KEYS[4])
+end
 return deleted

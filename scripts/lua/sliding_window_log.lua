@@ -77,7 +77,8 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
     return
   end
   local score, newest = now + (ahead or 0), st.prior and st.prior.newest
-  if newest or cost > 1 or redis.call('ZADD', key, 'NX', fmt_once(score), fmt_once(score)) == 0 then
+  local slice = (ahead or 0) > 0 -- named "A...": see below
+  if newest or cost > 1 or slice or redis.call('ZADD', key, 'NX', fmt_once(score), fmt_once(score)) == 0 then
     if not newest then
       newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
     end
@@ -85,7 +86,7 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
       score = newest + 1
     end
     local s = fmt(score)
-    local base = (ahead or 0) > 0 and ('A' .. s) or s -- a lease's: see reset.lua
+    local base = slice and ('A' .. s) or s -- a slice's: see reset.lua
     local args = {}
     for i = 1, cost do
       args[#args + 1] = s
