@@ -69,6 +69,7 @@ const (
 	simReset                       // admin Reset at inst
 	simReloadOp                    // the limit becomes n
 	simLoseReply                   // the next store call's reply is lost after its write applied
+	simFailCall                    // the n-th store call from now fails before it reaches the store
 	simFailover                    // a replica n calls behind is promoted
 	simRestart                     // the store restarts empty
 	simEnvoy                       // n requests at Envoy inst, decided by its RLQS token bucket
@@ -107,6 +108,8 @@ func (o simOp) String() string {
 		return fmt.Sprintf("reload(limit %d)", o.n)
 	case simLoseReply:
 		return "lose-reply"
+	case simFailCall:
+		return fmt.Sprintf("fail-call(%d)", o.n)
 	case simFailover:
 		return fmt.Sprintf("failover(lose %d)", o.n)
 	case simRestart:
@@ -265,8 +268,10 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			ops = append(ops, simOp{kind: simReset, inst: inst})
 		case p < 875:
 			ops = append(ops, simOp{kind: simReloadOp, n: uint64([]uint32{8, 12, 20, 40, 100}[rng.IntN(5)])})
-		case p < 940:
+		case p < 910:
 			ops = append(ops, simOp{kind: simLoseReply})
+		case p < 940:
+			ops = append(ops, simOp{kind: simFailCall, n: 1 + uint64(rng.IntN(3))})
 		case p < 980:
 			ops = append(ops, simOp{kind: simFailover, n: 1 + uint64(rng.IntN(3))})
 		default:

@@ -282,6 +282,10 @@ func (r *simRun) slice(l *simLeaseRef) *slice {
 
 var errSimLost = errors.New("simulator: the reply was lost")
 
+// errSimFailed is a store call that failed on its way (a timeout, a
+// connection lost before the write): nothing applied.
+var errSimFailed = fmt.Errorf("%w: simulator: the call failed on its way", limiter.ErrStore)
+
 // simRun runs one schedule.
 type simRun struct {
 	st     *simStore
@@ -300,6 +304,7 @@ type simRun struct {
 	writes     []simWrite // the last few acknowledged calls, the oldest first; writes[0] is the base
 	applied    bool       // the last store call applied, its reply lost or not
 	loseReply  bool
+	failCall   int  // the store call that many from now fails unapplied (0: none)
 	during     []simOp      // run between the next lease's write and its answer
 	hold       int          // the next lease sent answers after this many of the events next
 	slowSecond []simOp      // run while the next request's per-second part waits on its store
@@ -347,6 +352,13 @@ type simLedger struct {
 }
 
 func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+	if err := l.r.failing(); err != nil {
+		v := make([]limiter.Verdict, len(hits))
+		for i := range hits {
+			v[i] = limiter.Verdict{FailureVerdict: true, Admitted: hits[i].Refund, ResetAfter: limiter.FailureRetry}
+		}
+		return v, err
+	}
 	leaser := -1
 	for i, s := range l.r.slices {
 		if ctx == s.ctx {
@@ -482,7 +494,23 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	return v, err
 }
 
+// failing reports, once, the failure the schedule asked of a store call:
+// the n-th from the event (the second of a report's, say).
+func (r *simRun) failing() error {
+	if r.failCall == 0 {
+		return nil
+	}
+	if r.failCall--; r.failCall > 0 {
+		return nil
+	}
+	r.trace = append(r.trace, "  the call failed on its way")
+	return errSimFailed
+}
+
 func (l simLedger) Share(ctx context.Context, req limiter.ShareRequest) (limiter.Share, error) {
+	if err := l.r.failing(); err != nil {
+		return limiter.Share{}, err
+	}
 	sh, err := l.split.Share(ctx, req)
 	if err = l.r.acknowledge(0, nil, err); err != nil {
 		return limiter.Share{}, err
@@ -495,6 +523,9 @@ func (l simLedger) ConfirmShare(ctx context.Context, key, member string, window 
 }
 
 func (l simLedger) GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error) {
+	if err := l.r.failing(); err != nil {
+		return 0, err
+	}
 	n, err := l.split.GiveBack(ctx, returns)
 	if err = l.r.acknowledge(0, nil, err); err != nil {
 		return 0, err
@@ -774,6 +805,8 @@ func (r *simRun) apply(o simOp) string {
 		r.limit = uint32(o.n)
 	case simLoseReply:
 		r.loseReply = true
+	case simFailCall:
+		r.failCall = int(o.n)
 	case simHold:
 		r.hold = int(o.n)
 	case simSlowSecond:
