@@ -304,7 +304,7 @@ type simRun struct {
 	writes     []simWrite // the last few acknowledged calls, the oldest first; writes[0] is the base
 	applied    bool       // the last store call applied, its reply lost or not
 	loseReply  bool
-	failCall   int  // the store call that many from now fails unapplied (0: none)
+	failCall   int          // the store call that many from now fails unapplied (0: none)
 	during     []simOp      // run between the next lease's write and its answer
 	hold       int          // the next lease sent answers after this many of the events next
 	slowSecond []simOp      // run while the next request's per-second part waits on its store
