@@ -11,9 +11,8 @@ import (
 // Which keys get a slice, when, and how large: the policy, apart from the
 // lease (slicelease.go), which holds whatever it asks for to the limit.
 
-// warmSpan is how much of a warm key's demand its slice holds (but the
-// log's, whose slices live at most a twentieth of its window: minSlice),
-// and at least how much a hot window counter's does (spansWindow).
+// warmSpan is how much of a warm key's demand its slice holds, and at
+// least how much a hot window counter's does (spansWindow).
 // Longer holds more of the limit at this instance for longer; shorter
 // costs a lease more often.
 const warmSpan = 10 * time.Second
@@ -89,15 +88,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 			// the longer of the two, lest a quick start end it early.
 			lifeRate *= k.seen / hits
 		}
-		idle = s.warmLife(h, want, lifeRate)
-		if !hot && h.Algorithm == config.SlidingWindowLog {
-			if lifeRate*idle.Seconds() < 2 {
-				// Its life, a twentieth of the window, is under two hits'
-				// time: a lease and a give back for a hit or none.
-				return
-			}
-			period = idle // the log's slices end with their period
-		}
+		idle = s.warmLife(want, lifeRate)
 	}
 	if hot {
 		// Ending within a quarter of a period, its slices run low; a window
@@ -217,20 +208,14 @@ func spansWindow(alg config.Algorithm) bool {
 
 // warmLife is how long a warm key's slice of want units lives unused: the
 // time want units take at the key's averaged rate of units, at least a
-// period and at most what minSlice units take at the warm threshold; the
-// log's, as its period, at most a twentieth of its window (its slices hold
-// their units one period longer than hits do).
-func (s *Slices) warmLife(h limiter.Hit, want uint64, unitRate float64) time.Duration {
+// period and at most what minSlice units take at the warm threshold.
+func (s *Slices) warmLife(want uint64, unitRate float64) time.Duration {
 	most := max(s.period, time.Duration(float64(minSlice)/s.warm*float64(time.Second)))
 	life := most
 	if unitRate > 0 {
 		life = min(most, time.Duration(float64(want)/unitRate*float64(time.Second)))
 	}
-	life = max(life, s.period)
-	if h.Algorithm == config.SlidingWindowLog {
-		life = max(time.Millisecond, min(life, h.Window/20))
-	}
-	return life
+	return max(life, s.period)
 }
 
 // minSlice is the fewest units a slice is leased with, when the quota

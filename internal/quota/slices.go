@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
@@ -56,19 +55,17 @@ import (
 // Warm keys: a key under Threshold whose rate at this instance, averaged
 // over about rateTau (ten seconds; see hotKey.rates), reaches
 // WarmThreshold gets slices of warmSpan of its demand (at least minSlice
-// units and two hits' cost; the log's, minSlice), each ending after the
+// units and two hits' cost), each ending after the
 // time its units take at the key's rate unused (want/rate, by the lower
 // of its averages while the key is young: at least a period, at most what
 // minSlice units take at the warm threshold), not after a period: a key
 // at half a hit a second holds 5 units about 10 s, and one at two a second
-// pays a lease per 20 hits where it paid a Redis call per hit. The log's
-// slice lives that long at most a twentieth of its window, its period as
-// for hot keys (recorded at its end, so the log stays exact), and is not
-// leased when that is under two hits' time;
-// the counters' and the fixed window's end with their window at the
-// latest, as hot keys'. GCRA's warm keys are not leased: their units are
-// usable only until their emission slots start, which a key that slow
-// would mostly miss. Keys stay tracked while their averaged rate is above
+// pays a lease per 20 hits where it paid a Redis call per hit; they end
+// with their window at the latest, as hot keys'. Only the window counters'
+// warm keys are leased: GCRA's units are usable only until their emission
+// slots start, which a key that slow would mostly miss, and the log's warm
+// slices (living a twentieth of its window, recorded at their end) saved
+// no Redis CPU per decision on the keys they served (docs/bench.md). Keys stay tracked while their averaged rate is above
 // a quarter of the warm threshold (a key seen once: about 7 s), within
 // the bound on tracked keys (SliceOptions.Keys; past it, a new key is
 // not tracked and goes to Redis).
@@ -514,12 +511,13 @@ func (s *Slices) isHot(k *hotKey) bool {
 }
 
 // isWarm reports whether k's averaged rate reaches the warm threshold and
-// h's algorithm takes warm slices: not GCRA, whose units are usable only
-// until their emission slots start, which a key under the threshold would
-// mostly miss (its units are then dropped, not given back). The caller
-// holds k's shard's lock.
+// h's algorithm takes warm slices: the window counters'. Not GCRA, whose
+// units are usable only until their emission slots start, which a key
+// under the threshold would mostly miss (its units are then dropped, not
+// given back); not the log, whose warm slices saved no Redis CPU per
+// decision (docs/bench.md). The caller holds k's shard's lock.
 func (s *Slices) isWarm(k *hotKey, h *limiter.Hit) bool {
-	if s.warm <= 0 || h.Algorithm == config.GCRA {
+	if s.warm <= 0 || !spansWindow(h.Algorithm) {
 		return false
 	}
 	r, _ := k.rates()

@@ -47,14 +47,12 @@ func (in *instances) warmHits(t *testing.T, hit limiter.Hit, n int) (admitted []
 // under the hot threshold, is leased slices once its averaged rate passes
 // the warm threshold, and decides its later hits from them; every unit
 // leased is used or given back. A slice holds warmSpan of the key's demand
-// (5 units at half a hit a second), at least minSlice; the log's, which
-// live a twentieth of the window at most, minSlice.
+// (5 units at half a hit a second), at least minSlice.
 func TestSlicesWarmKey(t *testing.T) {
 	for _, tc := range []struct {
 		alg         config.Algorithm
 		least, most uint64 // a slice's size: its rate is an average, young keys' a little high
 	}{
-		{config.SlidingWindowLog, minSlice, minSlice},
 		{config.FixedWindow, minSlice, 7},
 		{config.SlidingWindowCounter, minSlice, 7},
 	} {
@@ -87,7 +85,7 @@ func TestSlicesWarmKey(t *testing.T) {
 					break
 				}
 			}
-			if alg != config.SlidingWindowLog && sizes[len(sizes)-1] != 5 {
+			if sizes[len(sizes)-1] != 5 {
 				t.Errorf("warm slices of %v units: want the last, at a steady half hit a second, of 5 (%s of demand)", sizes, warmSpan)
 			}
 			in.slices[0].Close()
@@ -98,9 +96,9 @@ func TestSlicesWarmKey(t *testing.T) {
 	}
 }
 
-// TestSlicesWarmKeyOff: with the warm threshold off, or for GCRA (whose
-// units' emission slots a warm key would miss), a key at half a hit a
-// second is never leased.
+// TestSlicesWarmKeyOff: with the warm threshold off, for GCRA (whose
+// units' emission slots a warm key would miss) and for the log (whose warm
+// slices saved no Redis CPU), a key at half a hit a second is never leased.
 func TestSlicesWarmKeyOff(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -110,6 +108,7 @@ func TestSlicesWarmKeyOff(t *testing.T) {
 		{"off", config.FixedWindow, -1},
 		{"above the hot threshold", config.FixedWindow, DefaultSliceThreshold},
 		{"gcra", config.GCRA, 0},
+		{"sliding_window_log", config.SlidingWindowLog, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := newInstances(t, 1, SliceOptions{WarmThreshold: tc.warm})
@@ -129,7 +128,7 @@ func TestSlicesWarmKeyOff(t *testing.T) {
 // unused (4 units at half a hit a second: about 8 s), not after the
 // period (1 s).
 func TestSlicesWarmSliceEndsIdle(t *testing.T) {
-	for _, alg := range []config.Algorithm{config.SlidingWindowLog, config.FixedWindow, config.SlidingWindowCounter} {
+	for _, alg := range []config.Algorithm{config.FixedWindow, config.SlidingWindowCounter} {
 		t.Run(alg.String(), func(t *testing.T) {
 			in := newInstances(t, 1, SliceOptions{})
 			hit := limiter.Hit{Key: "{w}:k", Algorithm: alg, Limit: 100000, Window: time.Hour, Cost: 1}
@@ -150,13 +149,8 @@ func TestSlicesWarmSliceEndsIdle(t *testing.T) {
 				in.slices[0].turn(in.now)
 				in.settle()
 			}
-			// 4 units at 0.5/s: about 8 s after its last use; the log's
-			// slice ends with its period, 8 s after its lease, which was
-			// 2 s before the first of the units it used.
+			// 4 units at 0.5/s: about 8 s after its last use.
 			want := 8 * time.Second
-			if alg == config.SlidingWindowLog {
-				want -= 2 * time.Second * time.Duration(minSlice-held)
-			}
 			if ended < want-time.Second || ended > want+3*time.Second {
 				t.Errorf("the slice ended %v after its last use, want about %v (4 units at 0.5/s)", ended, want)
 			}
@@ -211,12 +205,9 @@ func (r *leaseRecorder) Decide(ctx context.Context, hits []limiter.Hit) ([]limit
 // is: a lease that does not fit is not made).
 func TestSlicesWarmKeyNearItsLimit(t *testing.T) {
 	for _, n := range []int{1, 3} {
-		for _, alg := range []config.Algorithm{config.SlidingWindowLog, config.FixedWindow, config.SlidingWindowCounter} {
+		for _, alg := range []config.Algorithm{config.FixedWindow, config.SlidingWindowCounter} {
 			t.Run(fmt.Sprintf("%d/%v", n, alg), func(t *testing.T) {
 				window := time.Minute
-				if alg == config.SlidingWindowLog {
-					window = 4 * time.Minute // its slices live a twentieth of it: 12 s, 6 hits' time
-				}
 				limit := 20 * n
 				in := newInstances(t, 0, SliceOptions{})
 				rec := &leaseRecorder{t: t, lim: in.lim, quarter: n == 1}

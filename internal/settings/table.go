@@ -291,9 +291,8 @@ func hotKeySettings(s *Settings) []Setting {
 			Help: "hits/s of one counter at this instance, averaged over ~10s, from which a warm one gets small slices; 0: off",
 			Doc: "hits per second of one counter at this instance, averaged over about ten seconds, from which a counter " +
 				"under `--hot-key-threshold` (a warm one) is also decided from slices: of ten seconds of its demand, at least 4 units (at most a " +
-				"quarter of what the counter has left; a `sliding_window_log` slice 4 units), each ending after the time its units take at the counter's rate unused (at most 4 " +
-				"units' time at this threshold; a `sliding_window_log` slice at most a twentieth of its window), not after " +
-				"a period. Not for `gcra`. `0`, or a rate at or above `--hot-key-threshold`, turns warm keys off: only hot keys are leased " +
+				"quarter of what the counter has left), each ending after the time its units take at the counter's rate unused (at most 4 " +
+				"units' time at this threshold), not after a period. Only for `fixed_window` and `sliding_window_counter`. `0`, or a rate at or above `--hot-key-threshold`, turns warm keys off: only hot keys are leased " +
 				"([reliability.md](reliability.md#hot-keys))",
 			check: func() error {
 				return want(s.HotKeyWarmThreshold >= 0, s.HotKeyWarmThreshold, "a rate, 0 for off")
