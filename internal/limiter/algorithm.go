@@ -52,21 +52,27 @@ func checkAlgorithms(hits []Hit) error {
 // op is the kind of operation h asks of its counter (lua.Ops), from its
 // fields: a settlement, a refund, a lease, a record (conditional for an
 // RLQS fleet's lease), else a charge (a cost of 0 only checks).
-func (h *Hit) op() *lua.Op {
+func (h *Hit) op() lua.Op {
 	switch {
 	case h.Settle != "":
-		return &lua.OpSettle
+		return opSettle
 	case h.Refund:
-		return &lua.OpRefund
+		return opRefund
 	case h.Lease:
-		return &lua.OpLease
+		return opLease
 	case h.Record && h.RecordIfAlone:
-		return &lua.OpRecordIfAlone
+		return opRecordIfAlone
 	case h.Record:
-		return &lua.OpRecord
+		return opRecord
 	}
-	return &lua.OpCharge
+	return opCharge
 }
+
+// The kinds of operation a Hit can be, described once.
+var (
+	opCharge, opRecord, opRecordIfAlone = lua.OpOf(lua.OpCharge), lua.OpOf(lua.OpRecord), lua.OpOf(lua.OpRecordIfAlone)
+	opRefund, opLease, opSettle         = lua.OpOf(lua.OpRefund), lua.OpOf(lua.OpLease), lua.OpOf(lua.OpSettle)
+)
 
 // appendRole appends h's role in its request's rule (lua.RoleEnforced and
 // the others): a quota hit's with its group, and over when quotas (the

@@ -74,7 +74,12 @@ func TestScripts(t *testing.T) {
 // roles' letters, each algorithm's ID, and that decide.lua's algorithms
 // table holds each algorithm's own table at its ID.
 func TestLuaConstants(t *testing.T) {
-	for _, o := range Ops {
+	seen := map[byte]bool{}
+	for _, o := range Ops() {
+		if seen[o.Letter] || OpOf(o.Letter) != o {
+			t.Errorf("op %q: its letter names another kind too, or OpOf does not find it", o.Name)
+		}
+		seen[o.Letter] = true
 		got := runLua(t, library+fmt.Sprintf(`local k = OPS[%q]
 			return k.name, k.charges, k.record, k.alone, k.applied_first, k.lease, k.settle`, string(o.Letter)), 7)
 		want := []string{o.Name, fmt.Sprint(o.Charges), fmt.Sprint(o.Record), fmt.Sprint(o.Alone), fmt.Sprint(o.AppliedFirst),
