@@ -208,6 +208,27 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			// A seat given back (cost 0), or a reservation settled by its
 			// actual cost, more or less than it took.
 			ops = append(ops, simOp{kind: simSettle, inst: inst, n: uint64(rng.IntN(8)), cost: uint64(max(0, rng.IntN(6)-3))})
+		case p < 680 && r.envoys > 0 && rng.IntN(4) == 0:
+			// An Envoy's demand falls, so that its next report replaces its
+			// bucket by a smaller one, and a store call of that report fails
+			// (the lease's, say); then callers drain the counter while the
+			// Envoy still spends the bucket it holds: what that bucket leased
+			// ahead must still be counted.
+			e, pace := rng.IntN(r.envoys), r.window/time.Duration(r.limit)
+			for range min(int(12*time.Second/pace), 200) {
+				ops = append(ops, simOp{kind: simEnvoy, inst: e, n: 1}, simOp{kind: simAdvance, d: pace.Round(time.Millisecond)})
+			}
+			// Two reports at a tenth of the demand: the call that fails is
+			// one of theirs (a report makes two or three).
+			ops = append(ops, simOp{kind: simFailCall, n: 1 + uint64(rng.IntN(6))})
+			for range 10 {
+				ops = append(ops, simOp{kind: simEnvoy, inst: e, n: 1}, simOp{kind: simAdvance, d: 10 * pace})
+			}
+			for range min(int(r.limit)*2, 300) {
+				ops = append(ops, simOp{kind: simHit, inst: rng.IntN(r.instances), n: 1})
+				ops = append(ops, simOp{kind: simEnvoy, inst: e, n: 1})
+				ops = append(ops, simOp{kind: simAdvance, d: (pace / 4).Round(time.Millisecond)})
+			}
 		case p < 680 && r.envoys > 0 && rng.IntN(3) == 0:
 			// Callers at the rule's pace while the Envoys lease ahead, then a
 			// refund of their last units, then demand past the rate while
