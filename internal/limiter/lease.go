@@ -79,9 +79,21 @@ func checkLeases(hits []Hit) error {
 		if (h.Lease || h.Settle != "") && h.Algorithm != config.SlidingWindowLog {
 			return fmt.Errorf("%w, not %v", errLeaseAlgorithm, h.Algorithm)
 		}
+		if !h.Lease {
+			continue
+		}
+		// One kind per hit (Hit.op), and hits on one key are one demand:
+		// a lease is no cost already spent, nor one demand with one.
+		for j := range hits {
+			if hits[j].Record && hits[j].Key == h.Key {
+				return errLeaseRecord
+			}
+		}
 	}
 	return nil
 }
+
+var errLeaseRecord = errors.New("a lease is no recorded cost (Record), nor shares its key with one")
 
 // leaseTTL is how long a lease of h lives unsettled: LeaseTTL, else the
 // window, and never longer than the window (a lease scored after now would

@@ -520,3 +520,21 @@ func TestCheckedCallAnswersNothing(t *testing.T) {
 		t.Fatalf("plain: %d left, want nothing charged (%d left)", left, limit)
 	}
 }
+
+// TestLeaseIsNoRecord: a lease is one kind of operation (Hit.op), and hits
+// on one key are one demand: a lease that is also a recorded cost, or beside
+// one on its key, is refused, not decided as a plain lease that would leave
+// the cost already spent uncounted.
+func TestLeaseIsNoRecord(t *testing.T) {
+	l, _ := newTestLimiter(t, epoch)
+	rec := hit(config.SlidingWindowLog, "u", 3, time.Minute, 1)
+	rec.Record = true
+	lease := seat("u", 3, time.Minute, 0)
+	both := lease
+	both.Record = true
+	for _, hits := range [][]Hit{{both}, {rec, lease}} {
+		if _, err := l.Decide(context.Background(), hits); !errors.Is(err, errLeaseRecord) {
+			t.Errorf("%+v: %v, want %v", hits, err, errLeaseRecord)
+		}
+	}
+}

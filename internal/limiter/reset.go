@@ -18,8 +18,9 @@ var resetScript = redis.NewScript(lua.Reset())
 // empty). Only h.Key is read, and h.Algorithm checked: every algorithm
 // keeps its whole state at its key, but for a counter's or GCRA's slices'
 // records (sliceRecordKey), which go with it, and an RLQS fleet's count
-// of the counter (FleetSuffix), reset alike (but for the reference's keys,
-// whose fleet count lives on another Cluster slot).
+// of the counter (FleetSuffix), reset alike (for the reference's keys,
+// which have no hash tag, by a second call: on a Cluster their fleet's
+// count may be on another slot).
 //
 // Like Decide it runs one atomic script (EVALSHA, re-sent with EVAL on
 // NOSCRIPT) within the limiter's timeout, and is observed like every store
@@ -42,14 +43,18 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	if l.denied != nil {
 		l.denied.forget(h.Key)
 	}
-	keys := []string{h.Key}
-	if !h.Algorithm.ReferenceKeys() { // their keys have no hash tag: the fleet's count is on another slot
-		keys = append(keys, h.Key+FleetSuffix) // an RLQS fleet's count of it goes alike
+	fleet := h.Key + FleetSuffix // an RLQS fleet's count of it goes alike
+	keys := []string{h.Key, fleet}
+	if h.Algorithm.ReferenceKeys() {
+		keys = keys[:1] // no hash tag: the fleet's count may be on another Cluster slot, reset by a call of its own
 	}
 	if recordsSlices(h.Algorithm) {
 		keys = append(keys, sliceRecordKey(keys[0]), sliceRecordKey(keys[1])) // their slices' records go with them
 	}
 	n, err := l.script(ctx, resetScript, keys, nil).Int64()
+	if err == nil && h.Algorithm.ReferenceKeys() {
+		err = l.script(ctx, resetScript, []string{fleet}, nil).Err()
+	}
 	l.observe(time.Since(start), err)
 	if err != nil {
 		return 0, fmt.Errorf("%w: reset: %w", ErrStore, err)

@@ -171,10 +171,11 @@ type Bucket struct {
 // its hits (the counter's and the fleet's count) and the tokens naming
 // each charge, for the give-back of a replaced bucket.
 type leaseCharge struct {
-	hits   []limiter.Hit
-	tokens []int64 // 0 where a hit charged nothing
-	units  uint64
-	end    time.Time // its last refill
+	hits    []limiter.Hit
+	tokens  []int64 // naming each hit's charge (0 for the reference's keys, whose key names its window)
+	charged []bool  // the hits the store charged
+	units   uint64
+	end     time.Time // its last refill
 }
 
 // Allow is the assignment of a bucket no limit applies to.
@@ -323,6 +324,14 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 ) (bool, error) {
 	window := lim.Hits[0].Window
 	units, carry := a.units(b, window, tokens, maxTokens, now)
+	end := now.Add(a.lease + deliveryMargin)
+	if units == 0 && b.held.Kind == TokenBucket && !b.replacedBy(tokens, maxTokens) {
+		// The bucket's refills until its new end were charged already (the
+		// last lease rounded up): nothing to ask the store, whose check of
+		// a full counter would deny the renewal of a fleet at its limit.
+		b.leaseEnd, b.carry = end, carry
+		return true, nil
+	}
 	// A counter nobody else took from is the fleet's: its lease is recorded
 	// whatever the counter says, as the shares already hold the fleet to
 	// the limit (the counter's own rounding would deny a fleet at 100 %).
@@ -339,7 +348,6 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	// the assignment's end: the log records it at that end, the counters
 	// and GCRA beside their count, so that a client's refund never takes
 	// it and its give-back takes back at most what the store holds of it.
-	end := now.Add(a.lease + deliveryMargin)
 	hits := make([]limiter.Hit, len(lim.Hits)+1)
 	for i, h := range lim.Hits {
 		h.Cost, h.Record, h.RecordIfAlone, h.Ahead = units, alone && units > 0, true, end.Sub(now)
@@ -370,11 +378,9 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	b.leaseEnd, b.carry = end, carry
 	b.charges = slices.DeleteFunc(b.charges, func(c leaseCharge) bool { return !c.end.After(now) })
 	if units > 0 {
-		c := leaseCharge{hits: hits, tokens: make([]int64, len(hits)), units: units, end: end}
+		c := leaseCharge{hits: hits, tokens: make([]int64, len(hits)), charged: make([]bool, len(hits)), units: units, end: end}
 		for i, v := range verdicts {
-			if v.Charged {
-				c.tokens[i] = v.Token
-			}
+			c.tokens[i], c.charged[i] = v.Token, v.Charged
 		}
 		b.charges = append(b.charges, c)
 	}
@@ -428,7 +434,7 @@ func (b *Bucket) replace(tokens, maxTokens uint64, now time.Time) {
 		c := charges[i]
 		n := min(left, c.units)
 		for j, h := range c.hits {
-			if c.tokens[j] != 0 {
+			if c.charged[j] {
 				b.back = append(b.back, limiter.Return{Hit: h, Token: c.tokens[j], Units: n})
 			}
 		}

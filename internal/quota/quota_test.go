@@ -488,7 +488,7 @@ func TestRefundLeavesTheFleetsLease(t *testing.T) {
 // callers' units after the reset, and the next lease was recorded past the
 // limit beside them as the fleet's alone.
 func TestResetResetsTheFleetsCount(t *testing.T) {
-	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.SlidingWindowLog, config.FixedWindow, config.GCRA} {
+	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.SlidingWindowLog, config.FixedWindow, config.GCRA, config.ReferenceFixedWindow} {
 		t.Run(a.String(), func(t *testing.T) {
 			f := newFleet(t)
 			lim := limitOf(a, 60, time.Minute)
@@ -576,5 +576,74 @@ func TestReplacedBucketGivesBackOnceSent(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestRenewalChargedAlreadyKeepsTheBucket: a lone Envoy at a small limit
+// (2 a minute), whose report's lease of 5 s of refills rounds to none (the
+// last lease's rounding up paid them), keeps its token bucket: the renewal
+// asks the store nothing. As a check of the counter, full of the fleet's
+// own leases, it was denied, and the bucket turned to DENY_ALL at the sixth
+// report. The fleet stays within its bound all the while.
+func TestRenewalChargedAlreadyKeepsTheBucket(t *testing.T) {
+	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.SlidingWindowLog, config.FixedWindow, config.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			f := newFleet(t)
+			const limit = 2
+			lim := limitOf(a, limit, time.Minute)
+			e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+			admitted := 0
+			for i := range 12 {
+				if got := f.report(t, e, lim); got.Kind != TokenBucket {
+					t.Fatalf("report %d: %+v, want the token bucket kept", i+1, got)
+				}
+				admitted += e.serve(10, 5*time.Second)
+				f.advance(5 * time.Second)
+			}
+			if bound := limit + int(e.held.MaxTokens)*e.created + limit*12/60 + 1; admitted > bound {
+				t.Errorf("%d admitted in a minute, over the bound %d", admitted, bound)
+			}
+		})
+	}
+}
+
+// givingLedger is the fleet's limiter, adding up what GiveBack gave.
+type givingLedger struct {
+	*limiter.Limiter
+	given uint64
+}
+
+func (l *givingLedger) GiveBack(ctx context.Context, r []limiter.Return) (uint64, error) {
+	n, err := l.Limiter.GiveBack(ctx, r)
+	l.given += n
+	return n, err
+}
+
+// TestReplacedBucketGivesBack: a bucket replaced by a smaller one (its
+// demand fell) gives back what it leased ahead once its successor was sent,
+// on every algorithm an RLQS bucket leases from; on the reference's keys
+// too, whose charges carry no token (their key names their window): a
+// give-back that went only by the charges' tokens gave them nothing back.
+func TestReplacedBucketGivesBack(t *testing.T) {
+	for _, a := range []config.Algorithm{config.SlidingWindowCounter, config.SlidingWindowLog, config.FixedWindow, config.GCRA, config.ReferenceFixedWindow} {
+		t.Run(a.String(), func(t *testing.T) {
+			f := newFleet(t)
+			ledger := &givingLedger{Limiter: f.lim}
+			f.alloc = New(ledger, &Options{Now: func() time.Time { return f.now }})
+			lim := limitOf(a, 600, time.Minute)
+			e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+			f.report(t, e, lim)
+			e.serve(500, 5*time.Second)
+			f.advance(5 * time.Second)
+			big := f.report(t, e, lim) // the measured share
+			e.serve(5, 5*time.Second)  // demand falls: the next share is smaller
+			f.advance(5 * time.Second)
+			if small := f.report(t, e, lim); small.TokensPerFill >= big.TokensPerFill {
+				t.Fatalf("the bucket of %d a minute kept %d: want it replaced by a smaller one", big.TokensPerFill, small.TokensPerFill)
+			}
+			if ledger.given == 0 {
+				t.Errorf("the replaced bucket of %d a minute gave nothing back", big.TokensPerFill)
+			}
+		})
 	}
 }

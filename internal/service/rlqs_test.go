@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -56,6 +57,7 @@ type rlqsTest struct {
 	now     time.Time // Redis's and the allocator's clock
 	metrics *prometheus.Registry
 	stream  rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient
+	syncs   int // the buckets sync reported
 }
 
 func newRLQSTest(t *testing.T) *rlqsTest {
@@ -132,6 +134,22 @@ func (r *rlqsTest) report(t *testing.T, domain string, usages ...*rlqsv3.RateLim
 	return actions
 }
 
+// sync returns once the service has done what follows its last answer
+// (Confirm: a replaced bucket's give-back, a smaller share): it reports a
+// bucket new to the stream, which no rule matches (counted unmatched), and
+// waits for its answer, which the stream sends only after that.
+func (r *rlqsTest) sync(t *testing.T, domain string) {
+	t.Helper()
+	r.syncs++
+	if err := r.stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: domain,
+		BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(0, "sync", fmt.Sprint(r.syncs))}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func strategyOf(a *rlqsv3.RateLimitQuotaResponse_BucketAction) *typev3.RateLimitStrategy {
 	return a.GetQuotaAssignmentAction().GetRateLimitStrategy()
 }
@@ -181,6 +199,7 @@ func TestRLQSAssignments(t *testing.T) {
 func TestRLQSSharesTheCounter(t *testing.T) {
 	r := newRLQSTest(t)
 	r.report(t, "edge", usage(1, "user", "alice", "name", "quota"))
+	r.sync(t, "edge")
 	d := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{
 		{Key: "name", Value: "quota"}, {Key: "user", Value: "alice"},
 	}}
@@ -213,6 +232,7 @@ func TestRLQSSharesTheCounter(t *testing.T) {
 		}
 		r.advance(5 * time.Second)
 		actions := r.report(t, "edge", usage(50, "user", "alice", "name", "quota"))
+		r.sync(t, "edge") // a replaced bucket gives back after its answer: the callers take that too
 		got = strategyOf(actions[bucketKey(map[string]string{"name": "quota", "user": "alice"})])
 	}
 	if got.GetBlanketRule() != typev3.RateLimitStrategy_DENY_ALL || got.GetTokenBucket() != nil {
