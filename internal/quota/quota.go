@@ -22,8 +22,10 @@
 //     own count beside it, whose difference is what others took. On a
 //     counter only the fleet uses a lease is recorded whatever the counter
 //     says; on one others use, it must fit beside them, or the bucket is
-//     denied. A replaced bucket's refills not yet made are given back;
-//     others expire with the counter's window.
+//     denied. A lease is charged as a hot key's slice is (limiter.Hit.Ahead),
+//     so that no client refund takes it; a replaced bucket's refills not yet
+//     made are given back once its successor was sent (Confirm), by the
+//     tokens of its leases' charges; others expire with the counter's window.
 package quota
 
 import (
