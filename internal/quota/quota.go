@@ -225,7 +225,7 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 		if err := a.measureOthers(ctx, b, lim); err != nil {
 			return Assignment{}, err
 		}
-		return a.deny(ctx, b, now)
+		return a.deny(b, now), nil
 	}
 	ok, err := a.leaseBucket(ctx, b, lim, share.Tokens, share.MaxTokens, share.Lookahead, now)
 	if err != nil || ok {
@@ -233,7 +233,7 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 	}
 	// The counter is full of what others took: the share is cut to what
 	// they leave at the next report (Share's limit); until then, nothing.
-	return a.deny(ctx, b, now)
+	return a.deny(b, now), nil
 }
 
 // Confirm says that the assignment Report made for b was sent. When it
@@ -463,13 +463,13 @@ func capacity(h limiter.Hit) uint32 {
 	return h.Limit
 }
 
-// deny makes DENY_ALL b's assignment, giving back what the bucket it
-// replaces leased ahead.
-func (a *Allocator) deny(ctx context.Context, b *Bucket, now time.Time) (Assignment, error) {
+// deny makes DENY_ALL b's assignment, readying the give-back of what the
+// bucket it replaces leased ahead (Confirm makes it).
+func (a *Allocator) deny(b *Bucket, now time.Time) Assignment {
 	b.replace(0, 0, now)
 	b.shrunk = b.tokens() > 0
 	b.held, b.leaseEnd, b.carry = a.Deny(), now, 0
-	return b.held, nil
+	return b.held
 }
 
 // raised returns capacity plus raise, at most the largest uint32.
