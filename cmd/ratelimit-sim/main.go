@@ -1,7 +1,7 @@
 // Command ratelimit-sim measures how accurately each rate limit algorithm
 // limits. It replays deterministic request traces through the real Lua
 // scripts (a limiter.Limiter on an in-process miniredis whose clock follows
-// the trace) and compares every decision with an exact sliding window
+// the trace, running the Lua as Redis does: internal/luastore) and compares every decision with an exact sliding window
 // computed in Go. The result is a Markdown table; docs/accuracy.md explains
 // what each column means.
 //
@@ -26,9 +26,9 @@ import (
 
 func main() {
 	if os.Getenv("GOGC") == "" {
-		// Every decision builds a fresh Lua state in miniredis: a lot of
-		// short-lived garbage. Collecting less often saves a quarter of the
-		// CPU for a few tens of megabytes.
+		// Every decision makes a lot of short-lived garbage (Lua tables,
+		// replies). Collecting less often saves a fifth of the CPU for a
+		// few tens of megabytes.
 		debug.SetGCPercent(400)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // algorithms are the limiter's algorithms, in the order they are reported.
@@ -217,6 +218,10 @@ func openShard() (*shard, error) {
 	m := miniredis.NewMiniRedis()
 	if err := m.Start(); err != nil {
 		return nil, fmt.Errorf("miniredis: %w", err)
+	}
+	if _, err := luastore.Install(m); err != nil {
+		m.Close()
+		return nil, err
 	}
 	m.SetTime(start)
 	// TTLs run on the clock that SetTime moves, so keys expire in trace

@@ -20,16 +20,22 @@ import (
 // answer (or the next lease sent, when its gathering ends), an admin Reset, a reload that changes the limit, a store reply
 // lost after its write applied, a failover that loses the last
 // acknowledged writes (a lagging replica promoted) and a restart without
-// persistence. (An instance's wall clock stepping is not one: Slices
-// measure time from time.Now, whose monotonic reading a step leaves alone.)
-// A third of the rules have a per-second companion on a store of its own
-// (REDIS_PERSECOND), whose part of a request can answer after other events
-// (simSlowSecond): Split's two parts and its give-back are awaited call by
-// call, through a go-redis hook on each store (simGate). The instances are
-// the real Slices over the real Split, limiters and Lua, on two miniredis
-// whose clock (Redis TIME) the simulator owns; leases and ticks run when
-// the schedule says, on the simulator's goroutine, so a seed replays
-// exactly.
+// persistence (its data, scripts and function library gone). (An
+// instance's wall clock stepping is not one: Slices measure time from
+// time.Now, whose monotonic reading a step leaves alone.) A third of the
+// rules are decided on a Redis Cluster of two nodes, some of those beside
+// a rule on the other node's hash slot that each request also hits; a
+// third of those without have a per-second companion on a store of its own
+// (REDIS_PERSECOND). Such a request goes as two calls, the other part's
+// of which can answer after other events (simSlowPart) or fail on its way
+// (simFailSlot, on a Cluster), and what one part charged is given back
+// when the other denies: the two calls and the give-back are awaited call
+// by call, through a go-redis hook on each store (simGate). The instances
+// are the real Slices over the real Split, limiters and Lua, on miniredis
+// servers that run the Lua as Redis 7 does (internal/luastore: compiled
+// once, the decide code a function library) and whose clock (Redis TIME)
+// the simulator owns; leases and ticks run when the schedule says, on the
+// simulator's goroutine, so a seed replays exactly.
 //
 // The oracle keeps what was admitted and what refunds gave back (a refund
 // cancels the newest admitted units of its counter's window: the log's and
@@ -62,20 +68,21 @@ var simEpoch = time.Unix(1_800_000_000, 0)
 type simOpKind uint8
 
 const (
-	simHit        simOpKind = iota // a request of n units at inst
-	simRefund                      // a refund of up to n units at inst
-	simAdvance                     // the clock moves d
-	simLeases                      // inst's gathered leases go, the next n events between write and answer
-	simReset                       // admin Reset at inst
-	simReloadOp                    // the limit becomes n
-	simLoseReply                   // the next store call's reply is lost after its write applied
-	simFailCall                    // the n-th store call from now fails before it reaches the store
-	simFailover                    // a replica n calls behind is promoted
-	simRestart                     // the store restarts empty
-	simEnvoy                       // n requests at Envoy inst, decided by its RLQS token bucket
-	simSettle                      // a seats rule: inst settles the held lease n selects, at cost
-	simHold                        // the next lease sent, however, answers after the n events then next
-	simSlowSecond                  // the per-second store answers the next request with a part there after the n events then next
+	simHit       simOpKind = iota // a request of n units at inst
+	simRefund                     // a refund of up to n units at inst
+	simAdvance                    // the clock moves d
+	simLeases                     // inst's gathered leases go, the next n events between write and answer
+	simReset                      // admin Reset at inst
+	simReloadOp                   // the limit becomes n
+	simLoseReply                  // the next store call's reply is lost after its write applied
+	simFailCall                   // the n-th store call from now fails before it reaches the store
+	simFailover                   // a replica n calls behind is promoted
+	simRestart                    // the store restarts empty
+	simEnvoy                      // n requests at Envoy inst, decided by its RLQS token bucket
+	simSettle                     // a seats rule: inst settles the held lease n selects, at cost
+	simHold                       // the next lease sent, however, answers after the n events then next
+	simSlowPart                   // the per-second store (or the Cluster's other node) answers the next request with a part there after the n events then next
+	simFailSlot                   // the next decide call of the other slot's key fails before it reaches the store
 )
 
 type simOp struct {
@@ -120,8 +127,10 @@ func (o simOp) String() string {
 		return fmt.Sprintf("settle(i%d, lease %d, cost %d)", o.inst, o.n, o.cost)
 	case simHold:
 		return fmt.Sprintf("hold(next lease, during %d)", o.n)
-	case simSlowSecond:
-		return fmt.Sprintf("slow-per-second(next request, during %d)", o.n)
+	case simSlowPart:
+		return fmt.Sprintf("slow-other-part(next request, during %d)", o.n)
+	case simFailSlot:
+		return "fail-other-slot"
 	}
 	return "?"
 }
@@ -146,6 +155,14 @@ type simRule struct {
 	// two parts at once, giving back the charge of one when the other
 	// denies. Its own bound is not checked: the rule's is.
 	perSecond uint32
+	// cluster decides on a Redis Cluster of two nodes, the rule's hash slot
+	// on one; otherSlot, when not 0, is then the limit of a rule of the
+	// same algorithm and window on the other node's slot that each request also
+	// hits (but those marked only): a request's two slots go as two decide
+	// calls, and what one charged is given back when the other denies.
+	// Its own bound is not checked: the rule's is.
+	cluster   bool
+	otherSlot uint32
 }
 
 type simSchedule struct {
@@ -182,6 +199,10 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 		// Near the rule's rate: the per-second store denies now and then.
 		r.perSecond = max(2, uint32(float64(r.limit)/r.window.Seconds()*(0.5+1.5*rng.Float64())))
 	}
+	r.cluster = rng.IntN(3) == 0
+	if r.cluster && r.envoys == 0 && !r.seats && r.perSecond == 0 && rng.IntN(3) > 0 {
+		r.otherSlot = max(2, uint32(float64(r.limit)*(0.5+rng.Float64())))
+	}
 	// Demand from half to three times the limit's rate.
 	mean := time.Duration(float64(r.window) / float64(r.limit) / (0.5 + 2.5*rng.Float64()))
 	ops := make([]simOp, 0, 400)
@@ -196,7 +217,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			if r.perSecond > 0 && rng.IntN(8) == 0 {
 				n = uint64(1 + rng.IntN(int(min(r.limit, r.perSecond))))
 			}
-			ops = append(ops, simOp{kind: simHit, inst: inst, n: n, only: r.perSecond > 0 && rng.IntN(3) == 0})
+			ops = append(ops, simOp{kind: simHit, inst: inst, n: n, only: r.perSecond+r.otherSlot > 0 && rng.IntN(3) == 0})
 			ops = append(ops, simOp{kind: simAdvance, d: time.Duration(rng.ExpFloat64() * float64(mean)).Round(time.Millisecond)})
 		case p < 560:
 			// A burst at one instance, back to back: a window filled to
@@ -257,9 +278,14 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 				if r.perSecond > 0 && rng.IntN(8) == 0 {
 					// The per-second store slow while the window fills: a
 					// part given back after others charged.
-					ops = append(ops, simOp{kind: simSlowSecond, n: 1 + uint64(rng.IntN(4))})
+					ops = append(ops, simOp{kind: simSlowPart, n: 1 + uint64(rng.IntN(4))})
 				}
-				ops = append(ops, simOp{kind: simHit, inst: rng.IntN(r.instances), n: 1, only: r.perSecond > 0 && rng.IntN(3) == 0})
+				if r.otherSlot > 0 && rng.IntN(8) == 0 {
+					// The same across slots: a give-back on its way while
+					// others charge, or a slot's call failing.
+					ops = append(ops, simOp{kind: []simOpKind{simSlowPart, simFailSlot}[rng.IntN(2)], n: 1 + uint64(rng.IntN(4))})
+				}
+				ops = append(ops, simOp{kind: simHit, inst: rng.IntN(r.instances), n: 1, only: r.perSecond+r.otherSlot > 0 && rng.IntN(3) == 0})
 				ops = append(ops, simOp{kind: simAdvance, d: (pace / time.Duration(over)).Round(time.Millisecond)})
 			}
 		case p < 680:
@@ -280,7 +306,9 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 		case p < 740:
 			ops = append(ops, simOp{kind: simLeases, inst: inst, n: uint64(rng.IntN(4))})
 		case p < 800 && r.perSecond > 0 && rng.IntN(2) == 0:
-			ops = append(ops, simOp{kind: simSlowSecond, n: 1 + uint64(rng.IntN(4))})
+			ops = append(ops, simOp{kind: simSlowPart, n: 1 + uint64(rng.IntN(4))})
+		case p < 800 && r.otherSlot > 0 && rng.IntN(2) == 0:
+			ops = append(ops, simOp{kind: []simOpKind{simSlowPart, simFailSlot}[rng.IntN(2)], n: 1 + uint64(rng.IntN(4))})
 		case p < 800:
 			ops = append(ops, simOp{kind: simHold, n: 1 + uint64(rng.IntN(4))})
 		case p < 840:
@@ -340,6 +368,12 @@ func (s simSchedule) describe(st *simStore) string {
 	}
 	if s.rule.perSecond > 0 {
 		seats += fmt.Sprintf(", beside %d a second on the per-second store", s.rule.perSecond)
+	}
+	if s.rule.cluster {
+		seats += ", on a Cluster"
+	}
+	if s.rule.otherSlot > 0 {
+		seats += fmt.Sprintf(", beside %d on another slot", s.rule.otherSlot)
 	}
 	fmt.Fprintf(&b, "seed %d: %v limit %d burst %d window %v%s, %d instances, %d Envoys, %d events: %s\n",
 		s.seed, s.rule.alg, s.rule.limit, s.rule.burst, s.rule.window, seats, s.rule.instances, s.rule.envoys, len(s.ops), v)

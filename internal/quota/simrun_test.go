@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // The simulator's run of one schedule (see sim_test.go): the store whose
@@ -28,30 +30,89 @@ import (
 // across schedules (flushed between them).
 type simStore struct {
 	m, ms       *miniredis.Miniredis
+	lua         *luastore.Store // m's scripts and functions
 	lim, second *limiter.Limiter
 	gate, gateS *simGate
+	// cluster is a limiter on a Redis Cluster of two nodes: m, which
+	// holds the rule's hash slot, and mo, every other slot (go-redis's
+	// cluster client, told the slots): a request's keys of both go as two
+	// decide calls, all or nothing by a give-back.
+	cluster      *limiter.Limiter
+	mo           *miniredis.Miniredis
+	gateC, gateO *simGate // m's and mo's, as the cluster's nodes
 }
 
 func newSimStore(t *testing.T) *simStore {
 	t.Helper()
 	st := &simStore{}
-	open := func() (*miniredis.Miniredis, *limiter.Limiter, *simGate) {
-		m := miniredis.RunT(t)
-		client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})
-		g := newSimGate()
-		client.AddHook(g)
+	limiterOn := func(client redis.UniversalClient) *limiter.Limiter {
 		t.Cleanup(func() { client.Close() })
 		lim := limiter.New(client, &limiter.Options{Timeout: 10 * time.Second, DenyCache: -1})
 		t.Cleanup(lim.Close)
-		return m, lim, g
+		return lim
 	}
-	st.m, st.lim, st.gate = open()
-	st.ms, st.second, st.gateS = open()
+	open := func() (*miniredis.Miniredis, *luastore.Store) {
+		m := miniredis.RunT(t)
+		lua, err := luastore.Install(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m, lua
+	}
+	plain := func(m *miniredis.Miniredis) (*limiter.Limiter, *simGate) {
+		g := newSimGate()
+		client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})
+		client.AddHook(g)
+		return limiterOn(client), g
+	}
+	st.m, st.lua = open()
+	st.ms, _ = open()
+	st.mo, _ = open()
+	st.lim, st.gate = plain(st.m)
+	st.second, st.gateS = plain(st.ms)
+	st.gateC, st.gateO = newSimGate(), newSimGate()
+	node := func(start, end int, m *miniredis.Miniredis) redis.ClusterSlot {
+		return redis.ClusterSlot{Start: start, End: end, Nodes: []redis.ClusterNode{{Addr: m.Addr()}}}
+	}
+	ruleSlot := simSlot(simKeyName)
+	slots := []redis.ClusterSlot{node(0, ruleSlot-1, st.mo), node(ruleSlot, ruleSlot, st.m), node(ruleSlot+1, 16383, st.mo)}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{
+		ClusterSlots:  func(context.Context) ([]redis.ClusterSlot, error) { return slots, nil },
+		DialerRetries: 1,
+	})
+	// The limiter calls a node's own client: the node's gate goes on it.
+	// (go-redis names a loopback node by its port alone.)
+	cc.OnNewNode(func(c *redis.Client) {
+		if _, port, _ := strings.Cut(c.Options().Addr, ":"); port == st.m.Port() {
+			c.AddHook(st.gateC)
+		} else {
+			c.AddHook(st.gateO)
+		}
+	})
+	st.cluster = limiterOn(cc)
 	return st
 }
 
-// simGate sees every command a store's client sends: it counts those
-// answered, so that the simulator knows when a call made on another
+// simSlot is key's Redis Cluster hash slot: CRC-16/XMODEM of its hash tag,
+// modulo 16384.
+func simSlot(key string) int {
+	tag := key[strings.IndexByte(key, '{')+1 : strings.IndexByte(key, '}')]
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc % 16384)
+}
+
+// simGate sees every command a store's client sends: it counts the script
+// and function calls that landed (lands), so that the simulator knows when a call made on another
 // goroutine (a part of a request Split sends, a give-back in the
 // background) has landed, and it can park the next call until the
 // simulator lets it go: a slow store.
@@ -61,39 +122,44 @@ type simGate struct {
 	answered int
 	parked   bool          // a call is parked
 	park     bool          // the next call parks
+	scripts  bool          // only a script call parks (EVALSHA or EVAL: a give-back, not a decide)
 	release  chan struct{} // closed to let the parked call go
+	// failKey makes the next decide call with this key fail on its way.
+	failKey string
 	// charges[i]: call i charged a hit (decide.lua's reply: four numbers
 	// a hit, the first its state, 2 or 3 charged).
 	charges []bool
 }
 
-func noScript(cmds []redis.Cmder) bool {
-	for _, c := range cmds {
-		if err := c.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			return true
-		}
+// lands reports whether cmd ran a script or function call on the store:
+// not one the store had no code for (NOSCRIPT, or a function library lost
+// in a restart), which the limiter loads and sends again, nor the loading.
+func lands(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "fcall", "evalsha", "eval":
+	default:
+		return false
 	}
-	return false
+	err := cmd.Err()
+	return err == nil || !strings.HasPrefix(err.Error(), "NOSCRIPT") && !strings.Contains(err.Error(), "Function not found")
 }
 
 // charged reports whether a decide call charged any of its hits.
-func charged(cmds []redis.Cmder) bool {
-	for _, c := range cmds {
-		var vals []int64
-		var err error
-		switch c := c.(type) {
-		case *redis.IntSliceCmd:
-			vals, err = c.Result()
-		case *redis.Cmd:
-			vals, err = c.Int64Slice()
-		}
-		if err == nil && len(vals) >= 4 {
-			for j := 0; j < len(vals); j += 4 {
-				if vals[j] >= 2 {
-					return true
-				}
-			}
-			return false
+func charged(c redis.Cmder) bool {
+	var vals []int64
+	var err error
+	switch c := c.(type) {
+	case *redis.IntSliceCmd:
+		vals, err = c.Result()
+	case *redis.Cmd:
+		vals, err = c.Int64Slice()
+	}
+	if err != nil || len(vals) < 4 {
+		return false
+	}
+	for j := 0; j < len(vals); j += 4 {
+		if vals[j] >= 2 {
+			return true
 		}
 	}
 	return false
@@ -116,19 +182,19 @@ func (g *simGate) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (g *simGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		return g.pass([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
+		return g.pass([]redis.Cmder{cmd}, func(cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
 	}
 }
 
 func (g *simGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		return g.pass(cmds, func() error { return next(ctx, cmds) })
+		return g.pass(cmds, func(cmds []redis.Cmder) error { return next(ctx, cmds) })
 	}
 }
 
-func (g *simGate) pass(cmds []redis.Cmder, send func() error) error {
+func (g *simGate) pass(cmds []redis.Cmder, send func([]redis.Cmder) error) error {
 	g.mu.Lock()
-	if g.park {
+	if g.park && (!g.scripts || slices.ContainsFunc(cmds, isScript)) {
 		g.park, g.parked = false, true
 		release := g.release
 		g.changed.Broadcast()
@@ -137,16 +203,39 @@ func (g *simGate) pass(cmds []redis.Cmder, send func() error) error {
 		g.mu.Lock()
 		g.parked = false
 	}
+	var failed redis.Cmder
+	if g.failKey != "" {
+		if i := slices.IndexFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "fcall" && hasArg(c, g.failKey) }); i >= 0 {
+			failed, g.failKey = cmds[i], ""
+			cmds = slices.Delete(slices.Clone(cmds), i, i+1)
+		}
+	}
 	g.mu.Unlock()
-	err := send()
+	var err error
+	if len(cmds) > 0 {
+		err = send(cmds)
+	}
+	if failed != nil {
+		failed.SetErr(errSimFailed)
+		cmds = append(cmds, failed)
+		err = cmp.Or(err, errSimFailed)
+	}
 	g.mu.Lock()
-	if !noScript(cmds) { // go-redis sends the script itself next: that one lands the call
-		g.answered++
-		g.charges = append(g.charges, charged(cmds))
+	for _, c := range cmds {
+		if lands(c) {
+			g.answered++
+			g.charges = append(g.charges, charged(c))
+		}
 	}
 	g.changed.Broadcast()
 	g.mu.Unlock()
 	return err
+}
+
+func isScript(c redis.Cmder) bool { return c.Name() == "evalsha" || c.Name() == "eval" }
+
+func hasArg(c redis.Cmder, arg string) bool {
+	return slices.ContainsFunc(c.Args(), func(a any) bool { s, ok := a.(string); return ok && s == arg })
 }
 
 // reset forgets the calls answered: a schedule's calls are all awaited
@@ -154,7 +243,7 @@ func (g *simGate) pass(cmds []redis.Cmder, send func() error) error {
 func (g *simGate) reset() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.answered, g.charges = 0, nil
+	g.answered, g.charges, g.failKey = 0, nil, ""
 }
 
 // count is the calls answered so far.
@@ -174,11 +263,12 @@ func (g *simGate) await(n int, parked bool) {
 	}
 }
 
-// parkNext parks the next call; the function returned lets it go.
-func (g *simGate) parkNext() func() {
+// parkNext parks the next call (with scripts, the next script call); the
+// function returned lets it go.
+func (g *simGate) parkNext(scripts bool) func() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.park, g.release = true, make(chan struct{})
+	g.park, g.scripts, g.release = true, scripts, make(chan struct{})
 	release := g.release
 	return func() {
 		g.mu.Lock()
@@ -304,11 +394,14 @@ type simRun struct {
 	writes     []simWrite // the last few acknowledged calls, the oldest first; writes[0] is the base
 	applied    bool       // the last store call applied, its reply lost or not
 	loseReply  bool
-	failCall   int          // the store call that many from now fails unapplied (0: none)
-	during     []simOp      // run between the next lease's write and its answer
-	hold       int          // the next lease sent answers after this many of the events next
-	slowSecond []simOp      // run while the next request's per-second part waits on its store
-	secondBusy bool         // a request's per-second part is waiting: the events run meanwhile hit the rule alone
+	failCall   int     // the store call that many from now fails unapplied (0: none)
+	during     []simOp // run between the next lease's write and its answer
+	hold       int     // the next lease sent answers after this many of the events next
+	slowPart   []simOp // run while the next request's other part waits on its store
+	main       *limiter.Limiter
+	gate       *simGate     // main's
+	slowGate   *simGate     // the other part's store's: the per-second one, or the Cluster's other node
+	partBusy   bool         // a request's other part is waiting: the events run meanwhile hit the rule alone
 	pending    int          // the admission a request's main part charged before its answer (simRun.charged), or -1
 	pendingFor *limiter.Hit // the request whose admission pending is
 	inflight   uint64       // the units of a lease written, its answer on its way
@@ -328,7 +421,7 @@ type simRun struct {
 	byBuckets uint64   // units Envoys' RLQS buckets admitted
 }
 
-const simKeyName, simSecondKey = "{sim}:k", "{sim}:s"
+const simKeyName, simSecondKey, simOtherKey = "{sim}:k", "{sim}:s", "{simo}:o"
 
 func (r *simRun) hit(cost uint64) limiter.Hit {
 	return limiter.Hit{Key: simKeyName, Algorithm: r.rule.alg, Limit: r.limit, Window: r.rule.window, Burst: r.rule.burst, Cost: cost}
@@ -338,8 +431,11 @@ func (r *simRun) hit(cost uint64) limiter.Hit {
 // per-second rule's unless the rule has none or o hits the rule alone.
 func (r *simRun) request(o simOp) []limiter.Hit {
 	hits := []limiter.Hit{r.hit(o.n)}
-	if r.rule.perSecond > 0 && !o.only && !r.secondBusy {
+	if r.rule.perSecond > 0 && !o.only && !r.partBusy {
 		hits = append(hits, limiter.Hit{Key: simSecondKey, Algorithm: r.rule.alg, Limit: r.rule.perSecond, Window: time.Second, Cost: o.n})
+	}
+	if r.rule.otherSlot > 0 && !o.only && !r.partBusy {
+		hits = append(hits, limiter.Hit{Key: simOtherKey, Algorithm: r.rule.alg, Limit: r.rule.otherSlot, Window: r.rule.window, Burst: r.rule.burst, Cost: o.n})
 	}
 	return hits
 }
@@ -404,17 +500,18 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	return v, nil
 }
 
-// decide decides hits on the Split. A request with parts on both stores
-// is decided by Split on two goroutines, and a part given back when the
-// other denies is given back on a third: it waits for each call it makes
-// to land, so that the schedule replays exactly, and when the schedule
-// says so (simSlowSecond), the per-second store answers after other
-// events, run once the main store's part has landed.
+// decide decides hits on the Split. A request with parts on two stores
+// (the main one and the per-second one, or on a Cluster the rule's node and
+// the other's) is decided in two calls at once, and a part given back when
+// the other denies is given back by a third: it waits for each call to
+// land, so that the schedule replays exactly, and when the schedule says so
+// (simSlowPart), the other part answers after other events, run once the
+// main store's part has landed.
 func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
-	r, st := l.r, l.r.st
+	r := l.r
 	var second, other []int
 	for i := range hits {
-		if hits[i].Window == time.Second {
+		if hits[i].Window == time.Second || hits[i].Key == simOtherKey {
 			second = append(second, i)
 		} else {
 			other = append(other, i)
@@ -425,31 +522,19 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	}
 	// A part whose costs the limit can never hold is answered without a
 	// call.
-	sent := func(part []int) int {
-		for _, i := range part {
-			h := &hits[i]
-			capacity := h.Limit
-			if h.Algorithm == config.GCRA {
-				capacity = bucket(h.Burst, h.Limit)
-			}
-			if h.Cost <= uint64(capacity) {
-				return 1
-			}
-		}
-		return 0
-	}
+	sent := func(part []int) int { return min(1, sends(hits, part)) }
 	mainSent, secondSent := sent(other), sent(second)
 	// The schedule's slow per-second store holds a request of the rule's
 	// hit and the per-second one (simRun.request), both sent.
 	var during []simOp
 	if len(hits) == 2 && other[0] == 0 && mainSent+secondSent == 2 {
-		during, r.slowSecond = r.slowSecond, nil
+		during, r.slowPart = r.slowPart, nil
 	}
-	mainAt, secondAt := st.gate.count(), st.gateS.count()
+	mainAt, secondAt := r.gate.count(), r.slowGate.count()
 	mainCall, secondCall := mainAt, secondAt // the parts' calls, when sent
 	release := func() {}
 	if during != nil {
-		release = st.gateS.parkNext()
+		release = r.slowGate.parkNext(false)
 	}
 	var v []limiter.Verdict
 	var err error
@@ -459,18 +544,18 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		v, err = l.split.Decide(ctx, hits)
 	}()
 	if during != nil {
-		st.gateS.await(math.MaxInt, true)
-		st.gate.await(mainAt+1, false)
-		if st.gate.chargedBy(mainCall) { // the rule's hit alone, landed
+		r.slowGate.await(math.MaxInt, true)
+		r.gate.await(mainAt+1, false)
+		if r.gate.chargedBy(mainCall) { // the rule's hit alone, landed
 			r.charged(hits[0].Cost)
 			r.pendingFor = &hits[0]
 		}
-		r.secondBusy = true
+		r.partBusy = true
 		for _, o := range during {
 			r.runDuring(o)
 		}
-		r.secondBusy = false
-		mainAt = st.gate.count() - 1 // the events' calls landed too
+		r.partBusy = false
+		mainAt = r.gate.count() - 1 // the events' calls landed too
 	}
 	release()
 	<-done
@@ -481,17 +566,34 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	for i := range v {
 		denied = denied || !v[i].Admitted
 	}
-	if err == nil && denied {
-		if mainSent == 1 && st.gate.chargedBy(mainCall) {
+	if denied { // a failed part's request too
+		if mainSent == 1 && r.gate.chargedBy(mainCall) {
 			mainAt++
 		}
-		if secondSent == 1 && st.gateS.chargedBy(secondCall) {
+		if secondSent == 1 && r.slowGate.chargedBy(secondCall) {
 			secondAt++
 		}
 	}
-	st.gate.await(mainAt, false)
-	st.gateS.await(secondAt, false)
+	r.gate.await(mainAt, false)
+	r.slowGate.await(secondAt, false)
 	return v, err
+}
+
+// sends is how many of the hits at idx go to the store: those whose costs
+// their limits can hold.
+func sends(hits []limiter.Hit, idx []int) int {
+	n := 0
+	for _, i := range idx {
+		h := &hits[i]
+		capacity := h.Limit
+		if h.Algorithm == config.GCRA {
+			capacity = bucket(h.Burst, h.Limit)
+		}
+		if h.Cost <= uint64(capacity) {
+			n++
+		}
+	}
+	return n
 }
 
 // failing reports, once, the failure the schedule asked of a store call:
@@ -561,13 +663,20 @@ func (r *simRun) acknowledge(charged uint64, lease *simLeaseRef, err error) erro
 }
 
 func newSimRun(st *simStore, s simSchedule) *simRun {
-	for _, m := range []*miniredis.Miniredis{st.m, st.ms} {
+	for _, m := range []*miniredis.Miniredis{st.m, st.ms, st.mo} {
 		m.FlushAll()
 		m.SetTime(simEpoch)
 	}
-	st.gate.reset()
-	st.gateS.reset()
-	r := &simRun{st: st, rule: s.rule, limit: s.rule.limit, now: simEpoch, ops: s.ops, pending: -1}
+	for _, g := range []*simGate{st.gate, st.gateS, st.gateC, st.gateO} {
+		g.reset()
+	}
+	r := &simRun{st: st, rule: s.rule, limit: s.rule.limit, now: simEpoch, ops: s.ops, pending: -1, main: st.lim, gate: st.gate, slowGate: st.gateS}
+	if s.rule.cluster {
+		r.main, r.gate = st.cluster, st.gateC
+	}
+	if s.rule.otherSlot > 0 {
+		r.slowGate = st.gateO
+	}
 	r.writes = []simWrite{{}}
 	for i := range s.rule.instances {
 		// Slices of any size that decides a hit: the lease's invariants are
@@ -576,7 +685,7 @@ func newSimRun(st *simStore, s simSchedule) *simRun {
 			Local:  func(n int) { r.local += n },
 			Leased: func(n uint64) { r.leased += n },
 		}}
-		sl := newSlices(simLedger{r: r, split: limiter.NewSplit(st.lim, st.second)}, opts, false)
+		sl := newSlices(simLedger{r: r, split: limiter.NewSplit(r.main, st.second)}, opts, false)
 		sl.later = func(d time.Duration, f func()) {
 			r.gather[i], r.due[i] = f, r.now.Add(d)
 		}
@@ -586,7 +695,7 @@ func newSimRun(st *simStore, s simSchedule) *simRun {
 		r.gather = append(r.gather, nil)
 		r.due = append(r.due, time.Time{})
 	}
-	r.alloc = New(simLedger{r: r, split: limiter.NewSplit(st.lim, st.second)}, &Options{Now: func() time.Time { return r.now }})
+	r.alloc = New(simLedger{r: r, split: limiter.NewSplit(r.main, st.second)}, &Options{Now: func() time.Time { return r.now }})
 	for i := range s.rule.envoys {
 		r.envoys = append(r.envoys, &simEnvoyBucket{lease: Bucket{Member: fmt.Sprint("envoy-", i)}, seen: 1})
 	}
@@ -809,10 +918,14 @@ func (r *simRun) apply(o simOp) string {
 		r.failCall = int(o.n)
 	case simHold:
 		r.hold = int(o.n)
-	case simSlowSecond:
+	case simSlowPart:
 		n := min(int(o.n), len(r.ops)-r.next)
-		r.slowSecond = slices.Clone(r.ops[r.next : r.next+n])
+		r.slowPart = slices.Clone(r.ops[r.next : r.next+n])
 		r.next += n
+	case simFailSlot:
+		r.slowGate.mu.Lock()
+		r.slowGate.failKey = simOtherKey
+		r.slowGate.mu.Unlock()
 	case simFailover:
 		n := min(int(o.n), len(r.writes)-1)
 		var lost uint64
@@ -841,10 +954,18 @@ func (r *simRun) apply(o simOp) string {
 		r.faults = append(r.faults, simFault{at: r.now, units: lost, spent: spent})
 	case simRestart:
 		r.st.m.FlushAll()
+		r.st.lua.Flush()
 		r.writes = []simWrite{{}}
 		r.since, r.seatsFrom = len(r.admitted), len(r.seats)
 		// The live slices' units are still spent, and no longer counted.
-		r.faults = append(r.faults, simFault{at: r.now, units: r.held(-1) + r.leasedAhead() + r.inflight})
+		// A request whose other part is still to answer gives back what
+		// its main part charged if that part denies: the counter it takes
+		// from holds only what was charged after the restart.
+		var owed uint64
+		if r.pending >= 0 {
+			owed = r.admitted[r.pending].units - r.admitted[r.pending].refunded
+		}
+		r.faults = append(r.faults, simFault{at: r.now, units: r.held(-1) + r.leasedAhead() + r.inflight + owed})
 	}
 	return ""
 }
@@ -905,7 +1026,7 @@ func (r *simRun) advance(d time.Duration) {
 	for {
 		next := r.now.Truncate(time.Second).Add(time.Second)
 		for i := range r.due {
-			if r.gather[i] != nil && !r.secondBusy && r.due[i].Before(next) && !r.due[i].After(end) {
+			if r.gather[i] != nil && !r.partBusy && r.due[i].Before(next) && !r.due[i].After(end) {
 				next = r.due[i]
 				if next.Before(r.now) { // due while a lease's events ran
 					next = r.now
@@ -916,7 +1037,7 @@ func (r *simRun) advance(d time.Duration) {
 			break
 		}
 		r.setNow(next)
-		if r.secondBusy {
+		if r.partBusy {
 			// The per-second store is slow, and every call to it waits
 			// behind the one parked there: the instances' leases and ticks
 			// wait too (a tick passed meanwhile is skipped).
@@ -950,4 +1071,5 @@ func (r *simRun) setNow(t time.Time) {
 	r.now = t
 	r.st.m.SetTime(t)
 	r.st.ms.SetTime(t)
+	r.st.mo.SetTime(t)
 }

@@ -1,0 +1,137 @@
+package luastore
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func open(t *testing.T) (*Store, *redis.Client) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	s, err := Install(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return s, c
+}
+
+// TestReplies converts Lua values to replies as Redis does, and replies of
+// called commands back to Lua.
+func TestReplies(t *testing.T) {
+	_, c := open(t)
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "7", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		script string
+		keys   []string
+		args   []any
+		want   any
+		err    string
+	}{
+		{script: "return 3.9", want: int64(3)},
+		{script: "return true", want: int64(1)},
+		{script: "return false", err: "redis: nil"},
+		{script: "return 'x'", want: "x"},
+		{script: "return {1, 'a', {2}, nil, 5}", want: []any{int64(1), "a", []any{int64(2)}}},
+		{script: "return redis.status_reply('FINE')", want: "FINE"},
+		{script: "return redis.error_reply('ERR no')", err: "ERR no"},
+		{script: "return {KEYS[1], ARGV[2]}", keys: []string{"a"}, args: []any{"b", "c"}, want: []any{"a", "c"}},
+		{script: "return redis.call('GET', KEYS[1]) + 1", keys: []string{"k"}, want: int64(8)},
+		{script: "return redis.call('GET', 'missing') == false", want: int64(1)},
+		{script: "return redis.call('INCRBY', 'k', 2)", want: int64(9)},
+		{script: "return redis.call('SET', 'j', 1)['ok']", want: "OK"},
+		{script: "return redis.pcall('HGET', 'k', 'f')['err']", want: "WRONGTYPE Operation against a key holding the wrong kind of value"},
+		{script: "return redis.call('HGET', 'k', 'f')", err: "WRONGTYPE"},
+		{script: "x = 1", err: "readonly table"},
+		{script: "return y", err: "nonexistent global variable 'y'"},
+		{script: "return (", err: "compiling"},
+	} {
+		got, err := c.Eval(ctx, tc.script, tc.keys, tc.args...).Result()
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %v, %v; want the error %q", tc.script, got, err, tc.err)
+		case tc.err == "" && err != nil:
+			t.Errorf("%s: %v", tc.script, err)
+		case tc.err == "" && !equal(got, tc.want):
+			t.Errorf("%s: %#v, want %#v", tc.script, got, tc.want)
+		}
+	}
+}
+
+func equal(a, b any) bool {
+	as, ok := a.([]any)
+	if !ok {
+		return a == b
+	}
+	bs, ok := b.([]any)
+	if !ok || len(as) != len(bs) {
+		return false
+	}
+	for i := range as {
+		if !equal(as[i], bs[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestScriptsAndFunctions keeps a script by its SHA1 and a library's
+// functions with their locals between calls, until a Flush (a restart).
+func TestScriptsAndFunctions(t *testing.T) {
+	s, c := open(t)
+	ctx := context.Background()
+	script := redis.NewScript("local n = 0; n = n + 1; return n")
+	if err := script.Load(ctx, c).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if n, err := script.EvalSha(ctx, c, nil).Int(); err != nil || n != 1 {
+			t.Fatalf("EVALSHA: %d, %v; want 1: a script's locals are its call's", n, err)
+		}
+	}
+	lib := "#!lua name=counting\nlocal n = 0\nredis.register_function('count', function(keys, args) n = n + tonumber(args[1]); return {n, keys[1]} end)\n"
+	if name, err := c.FunctionLoad(ctx, lib).Result(); err != nil || name != "counting" {
+		t.Fatalf("FUNCTION LOAD: %q, %v", name, err)
+	}
+	if err := c.FunctionLoad(ctx, lib).Err(); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("FUNCTION LOAD again: %v, want already exists", err)
+	}
+	for i, want := range []int64{2, 5} {
+		got, err := c.FCall(ctx, "count", []string{"key"}, []any{2 + i}...).Result()
+		if err != nil || !equal(got, []any{want, "key"}) {
+			t.Fatalf("FCALL %d: %v, %v; want %d: the library's locals live on", i, got, err, want)
+		}
+	}
+	if err := c.FunctionLoadReplace(ctx, lib).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.FCall(ctx, "count", nil, 1).Slice(); err != nil || n[0] != int64(1) {
+		t.Fatalf("FCALL after REPLACE: %v, %v; want 1", n, err)
+	}
+	if err := c.FunctionLoad(ctx, "#!lua name=empty\nlocal x = 1\n").Err(); err == nil {
+		t.Fatal("a library registering nothing loaded")
+	}
+	if err := c.FunctionLoad(ctx, "#!lua name=calls\nredis.call('GET', 'k')\nredis.register_function('f', function() end)\n").Err(); err == nil {
+		t.Fatal("a library calling Redis while it loads loaded")
+	}
+	s.Flush()
+	if err := script.EvalSha(ctx, c, nil).Err(); err == nil || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		t.Fatalf("EVALSHA after a Flush: %v, want NOSCRIPT", err)
+	}
+	if err := c.FCall(ctx, "count", nil, 1).Err(); err == nil || !strings.Contains(err.Error(), "Function not found") {
+		t.Fatalf("FCALL after a Flush: %v, want Function not found", err)
+	}
+}
