@@ -213,6 +213,27 @@ func TestRefundGivesUnitsBack(t *testing.T) {
 	}
 }
 
+// TestRefundOfChargesAtOneInstant: a refund gives back units charged at the
+// Redis TIME it runs at, one by one: the log names them by scores a
+// microsecond apart from that time on, ahead of it (a burst in one call,
+// or calls in one microsecond), and took only the first before.
+func TestRefundOfChargesAtOneInstant(t *testing.T) {
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			l, _ := newTestLimiter(t, epoch.Add(10*time.Second))
+			for range 4 {
+				decide1(t, l, hit(a, "i", 5, time.Minute, 1))
+			}
+			if v := decide1(t, l, refund(a, "i", 5, time.Minute, 3)); !v.Admitted || v.Remaining != 4 {
+				t.Fatalf("refund of 3 of 4 charged at this instant: %+v, want 4 remaining", v)
+			}
+			if v := decide1(t, l, hit(a, "i", 5, time.Minute, 4)); !v.Admitted {
+				t.Fatalf("4 after the refund: %+v, want admitted", v)
+			}
+		})
+	}
+}
+
 // TestRefundNeverCrossesWindows: units charged in one window are not given
 // back to the next: the next window's capacity never exceeds the limit.
 func TestRefundNeverCrossesWindows(t *testing.T) {

@@ -46,8 +46,11 @@ import (
 // sliding counter its own estimate. A Reset or a restart starts the count
 // afresh. A failover may add what it lost: the units the lost writes
 // charged, but of a lost slice's lease only the units the slice spends
-// (its give back finds nothing left of it) (simFault). The first violation stops the schedule; the test
-// prints its seed and the schedule shrunk to the events it needs.
+// (its give back finds nothing left of it) (simFault). For the log and the
+// fixed window it also checks each denial against what the store may hold
+// (simRun.denied): a denial with room is a charge nothing takes back. The
+// first violation stops the schedule; the test prints its seed and the
+// schedule shrunk to the events it needs.
 //
 // make test runs a bounded slice of seeds (TestSimulator, simSlice per
 // algorithm); make sim searches for SIM_FOR per algorithm, the four side
@@ -404,18 +407,19 @@ func TestSimulator(t *testing.T) {
 				return
 			}
 			start := time.Now()
-			seed, n, local, leased, byBuckets, seats := *simFrom, 0, 0, uint64(0), uint64(0), 0
+			seed, n, local, leased, byBuckets, seats, denials := *simFrom, 0, 0, uint64(0), uint64(0), 0, 0
 			for ; *simFor > 0 && time.Since(start) < *simFor || *simFor == 0 && n < simSlice; seed++ {
 				n++
 				s := newSimSchedule(seed, alg)
 				v, r := simulate(st, s)
 				local, leased, byBuckets, seats = local+r.local, leased+r.leased, byBuckets+r.byBuckets, seats+len(r.seats)
+				denials += r.denialsChecked
 				if v != "" {
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}
-			t.Logf("%d schedules (seeds %d to %d) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired",
-				n, *simFrom, seed-1, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats)
+			t.Logf("%d schedules (seeds %d to %d) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds",
+				n, *simFrom, seed-1, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials)
 		})
 	}
 }

@@ -407,18 +407,26 @@ type simRun struct {
 	inflight   uint64       // the units of a lease written, its answer on its way
 	inflightAt int          // the instance it goes to
 
-	admitted  []simAdmission
-	since     int       // the first admission after the last Reset or restart: the count starts again
-	seats     []simSeat // a seats rule's leases, the oldest first
-	seatsFrom int       // the first seat after the last Reset or restart
-	faults    []simFault
-	reloads   []simReload
-	violation string   // the first found by an event run during a call (runDuring)
-	trace     []string // what happened, for a failing schedule
-	local     int      // hits decided from a slice
-	leased    uint64   // units leased
-	leases    int      // leases sent to the store
-	byBuckets uint64   // units Envoys' RLQS buckets admitted
+	admitted []simAdmission
+	// rlqsLeases are the Envoys' leases the store charged; until
+	// unsureUntil the store may hold what no one knows of (a lost reply's
+	// charge, a failed give-back): no denial is checked (simRun.denied).
+	rlqsLeases     []simLease
+	unsureUntil    time.Time
+	sinceAt        time.Time // when since was set
+	restartAt      time.Time // the last restart
+	since          int       // the first admission after the last Reset or restart: the count starts again
+	seats          []simSeat // a seats rule's leases, the oldest first
+	seatsFrom      int       // the first seat after the last Reset or restart
+	faults         []simFault
+	reloads        []simReload
+	violation      string   // the first found by an event run during a call (runDuring)
+	trace          []string // what happened, for a failing schedule
+	local          int      // hits decided from a slice
+	leased         uint64   // units leased
+	leases         int      // leases sent to the store
+	byBuckets      uint64   // units Envoys' RLQS buckets admitted
+	denialsChecked int      // against what the store holds (simRun.denied)
 }
 
 const simKeyName, simSecondKey, simOtherKey = "{sim}:k", "{sim}:s", "{simo}:o"
@@ -445,6 +453,7 @@ func (r *simRun) request(o simOp) []limiter.Hit {
 type simLedger struct {
 	r     *simRun
 	split *limiter.Split
+	rlqs  bool // the allocator's: its charges are the Envoys' leases
 }
 
 func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
@@ -470,11 +479,26 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 			charged += hits[i].Cost
 		}
 	}
+	if l.rlqs {
+		for i := range v {
+			if v[i].Charged && hits[i].Ahead > 0 && !hits[i].Refund {
+				l.r.rlqsLeases = append(l.r.rlqsLeases, simLease{at: l.r.now, end: l.r.now.Add(hits[i].Ahead), units: hits[i].Cost})
+			}
+		}
+	}
 	var lease *simLeaseRef
 	if leaser >= 0 && len(v) == 1 && v[0].Charged {
 		lease = &simLeaseRef{inst: leaser, token: v[0].Token}
 	}
-	err = l.r.acknowledge(charged, lease, err)
+	// A request one part of which failed (simFailSlot) wrote the other's
+	// charge: a write a failover can lose like any other.
+	ackErr := err
+	if charged > 0 {
+		ackErr = nil
+	}
+	if ackErr = l.r.acknowledge(charged, lease, ackErr); ackErr != nil {
+		err = ackErr
+	}
 	// The events held for this call run between its write and its answer,
 	// a lost one included.
 	if during := l.r.during; during != nil {
@@ -489,15 +513,15 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 			l.r.runDuring(o)
 		}
 	}
-	if err != nil {
-		// Answered as the limiter answers a store failure: by the
-		// failure mode (deny), a refund admitted.
+	if errors.Is(err, errSimLost) {
+		// A reply lost: answered as the limiter answers a store failure,
+		// by the failure mode (deny), a refund admitted. (A failure the
+		// limiter met itself, a part's, it answered already.)
 		for i := range hits {
 			v[i] = limiter.Verdict{FailureVerdict: true, Admitted: hits[i].Refund, ResetAfter: limiter.FailureRetry}
 		}
-		return v, err
 	}
-	return v, nil
+	return v, err
 }
 
 // decide decides hits on the Split. A request with parts on two stores
@@ -606,6 +630,7 @@ func (r *simRun) failing() error {
 		return nil
 	}
 	r.trace = append(r.trace, "  the call failed on its way")
+	r.unsure()
 	return errSimFailed
 }
 
@@ -657,6 +682,7 @@ func (r *simRun) acknowledge(charged uint64, lease *simLeaseRef, err error) erro
 	if r.loseReply {
 		r.loseReply = false
 		r.trace = append(r.trace, "  the reply was lost")
+		r.unsure()
 		return errSimLost
 	}
 	return nil
@@ -695,7 +721,7 @@ func newSimRun(st *simStore, s simSchedule) *simRun {
 		r.gather = append(r.gather, nil)
 		r.due = append(r.due, time.Time{})
 	}
-	r.alloc = New(simLedger{r: r, split: limiter.NewSplit(r.main, st.second)}, &Options{Now: func() time.Time { return r.now }})
+	r.alloc = New(simLedger{r: r, split: limiter.NewSplit(r.main, st.second), rlqs: true}, &Options{Now: func() time.Time { return r.now }})
 	for i := range s.rule.envoys {
 		r.envoys = append(r.envoys, &simEnvoyBucket{lease: Bucket{Member: fmt.Sprint("envoy-", i)}, seen: 1})
 	}
@@ -823,27 +849,37 @@ func (r *simRun) apply(o simOp) string {
 		if r.rule.seats {
 			hits[0].Lease, hits[0].LeaseTTL, hits[0].NoSlices = true, r.rule.leaseTTL, true
 		}
-		v, err := r.slices[o.inst].Decide(ctx, hits)
+		v, _ := r.slices[o.inst].Decide(ctx, hits) // a part's failure is in v (see below)
 		if r.pending >= 0 && r.pendingFor == &hits[0] {
 			// Charged before the answer: settled by the answer.
 			r.trace = append(r.trace, fmt.Sprintf("  charged at %.3fs: %+v", r.admitted[r.pending].at.Sub(simEpoch).Seconds(), v))
-			admitted := err == nil && v[0].Admitted && !v[0].FailureVerdict && v[1].Admitted && !v[1].FailureVerdict
-			return r.answered(admitted)
+			// The other part's failure answers by its failure mode (see below).
+			return r.answered(v[0].Admitted && !v[0].FailureVerdict && v[1].Admitted)
 		}
 		if len(v) == 2 {
-			r.trace = append(r.trace, fmt.Sprintf("  per second: admitted %v, remaining %d", v[1].Admitted, v[1].Remaining))
-			if !v[1].Admitted || v[1].FailureVerdict {
+			r.trace = append(r.trace, fmt.Sprintf("  other part: admitted %v (failure verdict %v), remaining %d", v[1].Admitted, v[1].FailureVerdict, v[1].Remaining))
+			// A part that failed answers by its failure mode: admitted (the
+			// default), the request is, and the rule's charge stands.
+			if !v[1].Admitted {
 				break
 			}
 		}
-		if err == nil && v[0].Admitted && !v[0].FailureVerdict && r.rule.seats {
+		// A request the store admitted: one whose other part failed, and
+		// answered by its failure mode (allow), among them (err is then
+		// that part's).
+		admitted := len(v) > 0 && v[0].Admitted && !v[0].FailureVerdict
+		if admitted && r.rule.seats {
 			r.trace = append(r.trace, fmt.Sprintf("  seat %d acquired, remaining %d", len(r.seats), v[0].Remaining))
 			r.seats = append(r.seats, simSeat{id: v[0].Lease, units: o.n, ends: r.now.Add(r.rule.leaseTTL)})
 			return r.admitSeat()
 		}
-		if err == nil && v[0].Admitted && !v[0].FailureVerdict {
+		if admitted {
 			r.trace = append(r.trace, fmt.Sprintf("  admitted, remaining %d", v[0].Remaining))
 			return r.admit(o.n)
+		}
+		if len(v) > 0 && !v[0].Admitted && !v[0].FailureVerdict && !v[0].CostExceedsLimit {
+			r.trace = append(r.trace, fmt.Sprintf("  denied: %+v", v[0]))
+			return r.denied(o.n)
 		}
 	case simRefund:
 		// A client refunds only units it was admitted: at most what the
@@ -857,6 +893,12 @@ func (r *simRun) apply(o simOp) string {
 		r.applied = false
 		if _, err := r.slices[o.inst].Decide(ctx, []limiter.Hit{h}); r.applied || err == nil { // its reply lost or not; or given back to a slice
 			r.cancel(n)
+			if r.rule.alg == config.SlidingWindowLog {
+				// Which members the log's refund took beside slices (the
+				// newest a charge named, not a slice's) the oracle does
+				// not follow: no denial is checked while they count.
+				r.unsure()
+			}
 		}
 	case simSettle:
 		// The client settles a lease it holds (a seat held past its time
@@ -906,7 +948,7 @@ func (r *simRun) apply(o simOp) string {
 		r.applied = false
 		_, _ = r.slices[o.inst].Reset(ctx, r.hit(0))
 		if r.applied { // its reply lost or not
-			r.since, r.seatsFrom = len(r.admitted), len(r.seats)
+			r.since, r.seatsFrom, r.sinceAt = len(r.admitted), len(r.seats), r.now
 			r.faults = append(r.faults, simFault{at: r.now, units: held})
 		}
 	case simReloadOp:
@@ -952,11 +994,12 @@ func (r *simRun) apply(o simOp) string {
 			a.refunded = a.units
 		}
 		r.faults = append(r.faults, simFault{at: r.now, units: lost, spent: spent})
+		r.unsure() // a give-back lost with the writes leaves its charge
 	case simRestart:
 		r.st.m.FlushAll()
 		r.st.lua.Flush()
 		r.writes = []simWrite{{}}
-		r.since, r.seatsFrom = len(r.admitted), len(r.seats)
+		r.since, r.seatsFrom, r.sinceAt, r.restartAt = len(r.admitted), len(r.seats), r.now, r.now
 		// The live slices' units are still spent, and no longer counted.
 		// A request whose other part is still to answer gives back what
 		// its main part charged if that part denies: the counter it takes

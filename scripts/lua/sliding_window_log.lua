@@ -105,21 +105,20 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
 end
 
 -- refund removes up to units of the newest members still in the window
--- that a request's own charge added: none recorded ahead of now (a live
--- slice's), and none of a slice or a lease (named "A..." or "L...", see
--- commit), which their give-back or settlement takes by name: a slice's
--- unused members, once its period is over, are the newest up to now, and a
--- refund that took them would leave the client's units counted. Members
--- that left the window are not counted anyway, so nothing of another
--- window is given back.
+-- that a request's own charge added, named by their scores: none of a
+-- slice or a lease (named "A..." or "L...", see commit), which their
+-- give-back or settlement takes by name (a live slice's are recorded ahead
+-- of now, and an ended slice's unused members are the newest: a refund
+-- that took them would leave the client's units counted). A charge's own
+-- may be ahead of now too: charges at one Redis TIME are scored a
+-- microsecond apart from it. Members that left the window are not counted
+-- anyway, so nothing of another window is given back.
 function sliding_window_log.refund(key, units, limit, window, now)
   flush_members(key)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - window))
-  -- The newest members up to now: those after it are a slice's (recorded
-  -- at its end), whose units are still spent.
   local n, offset = units, 0
   while n > 0 do
-    local page = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'LIMIT', offset, 1000) -- unpack's stack limit
+    local page = redis.call('ZREVRANGEBYSCORE', key, '+inf', '-inf', 'LIMIT', offset, 1000) -- unpack's stack limit
     if #page == 0 then
       break
     end
