@@ -262,7 +262,8 @@ func (r *simRun) denied(n uint64) string {
 	// answered after other events was decided earlier than the check, and
 	// a denial with this instance's slice holding units of the key, the
 	// other hit having none, is not understood yet), nor with RLQS Envoys
-	// (a log denied a unit short of the limit, seed 200 on 2026-12-02).
+	// (a log of 100 per 30 s with one Envoy whose first bucket was the
+	// whole limit denied 33 short of it, seed 215 on 2026-12-02).
 	if alg != config.SlidingWindowLog && alg != config.FixedWindow || r.now.Before(r.unsureUntil) ||
 		r.rule.perSecond > 0 || r.rule.otherSlot > 0 || len(r.envoys) > 0 {
 		return ""
