@@ -224,3 +224,31 @@ func TestReferenceKeysTakeNoSliceRecord(t *testing.T) {
 		t.Errorf("the store holds %q, want only the counter %s", keys, h.Key)
 	}
 }
+
+// TestLogChargesLeaveBeforeALeaseAhead: a log's charge made while a
+// lease's members sit ahead of now (an RLQS lease at its end, 12 s on) is
+// scored at now and leaves the window a window later; its score was the
+// lease's end + 1 µs before, counted 12 s longer than its window.
+func TestLogChargesLeaveBeforeALeaseAhead(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cost  uint64
+		ahead time.Duration // the charge's own: a slice's period
+	}{{"a weighted hit", 2, 0}, {"a slice", 2, time.Second}} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, c := newTestLimiter(t, epoch)
+			lease := hit(config.SlidingWindowLog, "ahead", 6, 10*time.Second, 2)
+			lease.Ahead = 12 * time.Second
+			decide1(t, l, lease)
+			h := hit(config.SlidingWindowLog, "ahead", 6, 10*time.Second, tc.cost)
+			h.Ahead = tc.ahead
+			if v := decide1(t, l, h); !v.Charged {
+				t.Fatalf("the charge beside the lease: %+v", v)
+			}
+			c.add(11*time.Second + tc.ahead) // the charge has left the window, the lease's members not
+			if v := decide1(t, l, hit(config.SlidingWindowLog, "ahead", 6, 10*time.Second, 4)); !v.Admitted {
+				t.Fatalf("4 beside the lease's 2 once the charge left: %+v, want admitted", v)
+			}
+		})
+	}
+}

@@ -24,8 +24,10 @@ function sliding_window_log.check(key, limit, window, cost, now)
     redis.call('ZREMRANGEBYSCORE', key, '-inf', oldest)
     used = redis.call('ZCARD', key)
   end
-  -- token and newest, set by commit, named here: Lua sizes the table once.
-  return { oldest = oldest, used = used, admit = used + cost <= limit, prior = prior, token = 0, newest = false }
+  -- token, newest and the last names, set by commit, named here: Lua sizes
+  -- the table once.
+  return { oldest = oldest, used = used, admit = used + cost <= limit, prior = prior, token = 0, newest = false,
+    last_own = false, last_ahead = false }
 end
 
 -- commit records cost members (check took out those that left the
@@ -33,10 +35,11 @@ end
 -- them. A single unit is added as its microsecond, NX: scripts run one after
 -- another and each takes several microseconds, so the name is taken only if
 -- Redis's clock stepped back onto a recorded microsecond (a failover to a
--- host with another clock). Then, for weighted hits, and for a key this call
--- already charged (same microsecond), the score is the newest + 1 when TIME
--- does not exceed it, which keeps every member unique without asking the
--- caller for a nonce.
+-- host with another clock). Otherwise (weighted hits, a key this call
+-- already charged, a slice) the score is the first microsecond from TIME on
+-- whose name is free among the charges of its kind (this call's, and
+-- Redis's): a member of another kind, a slice's or a lease's recorded ahead,
+-- never moves a charge's score, which would count it longer than its window.
 --
 -- A lease (a service instance's slice of the limit for a hot key, used
 -- over the ahead microseconds that follow) is recorded at now + ahead, the
@@ -71,22 +74,27 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
     live_later(key, max(1, ceil((score + window - now) / 1000)), st.used == 0 and not st.prior)
     st.used = st.used + cost
     st.token = score
-    local newest = st.prior and st.prior.newest
+    local prior = st.prior
+    local newest = prior and prior.newest
     st.newest = newest and max(newest, score) or false -- false: read it from Redis
+    st.last_own, st.last_ahead = prior and prior.last_own, prior and prior.last_ahead
     seen[key] = st
     return
   end
-  local score, newest = now + (ahead or 0), st.prior and st.prior.newest
+  local score, prior = now + (ahead or 0), st.prior
   local slice = (ahead or 0) > 0 -- named "A...": see below
-  if newest or cost > 1 or slice or redis.call('ZADD', key, 'NX', fmt_once(score), fmt_once(score)) == 0 then
-    if not newest then
-      newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  local prefix = slice and 'A' or ''
+  local added = not (prior or cost > 1 or slice) and redis.call('ZADD', key, 'NX', fmt_once(score), fmt_once(score)) == 1
+  if not added then
+    local last = prior and (slice and prior.last_ahead or not slice and prior.last_own)
+    if last and last >= score then
+      score = last + 1 -- this call's are not written yet (add_later)
     end
-    if newest and newest >= score then
-      score = newest + 1
+    while redis.call('ZSCORE', key, prefix .. fmt(score)) do
+      score = score + 1
     end
     local s = fmt(score)
-    local base = slice and ('A' .. s) or s -- a slice's: see reset.lua
+    local base = prefix .. s -- a slice's: see reset.lua
     local args = {}
     for i = 1, cost do
       args[#args + 1] = s
@@ -100,8 +108,11 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
   live_later(key, ceil((score + window - now) / 1000), st.used == 0 and not st.prior)
   st.used = st.used + cost
   st.token = score -- names the members, for a refund
-  st.newest = score
-  seen[key] = st -- its used and newest are what a later check of key reads
+  local newest = prior and prior.newest
+  st.newest = newest and max(newest, score) or added and score -- false: read it from Redis
+  st.last_own = not slice and score or prior and prior.last_own
+  st.last_ahead = slice and score or prior and prior.last_ahead
+  seen[key] = st -- its used, newest and last names are what a later check of key reads
 end
 
 -- refund removes up to units of the newest members still in the window
