@@ -425,8 +425,9 @@ func TestSimulator(t *testing.T) {
 }
 
 // TestSimulatorCases replays schedules written by hand, each one a way
-// past the limit the simulator's search found or that a review saw: each
-// admitted more than its bound before the fix its name gives.
+// past a bound the simulator's search found or that a review saw: each
+// admitted more than its bound, or denied short of the limit, before the
+// fix its name gives.
 func TestSimulatorCases(t *testing.T) {
 	hits := func(inst, n int) []simOp {
 		ops := make([]simOp, n)
@@ -461,6 +462,13 @@ func TestSimulatorCases(t *testing.T) {
 		name: "fixed_window/reset during a lease",
 		rule: simRule{alg: config.FixedWindow, limit: 40, window: 10 * time.Second, instances: 1},
 		ops:  slices.Concat(hits(0, 2), []simOp{{kind: simLeases, inst: 0, n: 1}, {kind: simReset, inst: 0}}, hits(0, 44)),
+	}, {
+		// A lease queued before a Reset and sent after it was dropped as
+		// if the Reset had met it on its way, its charge kept: 2 short.
+		name: "fixed_window/a lease sent after a Reset is installed",
+		rule: simRule{alg: config.FixedWindow, limit: 12, window: 5 * time.Second, instances: 1},
+		ops: slices.Concat(hits(0, 2), []simOp{{kind: simReset, inst: 0}}, hits(0, 10),
+			[]simOp{at(139 * time.Millisecond)}, hits(0, 1)),
 	}, {
 		// A failover lost a lease's write: its slice ended unused, and its
 		// give back came off what the counter held of other charges.

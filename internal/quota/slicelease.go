@@ -193,7 +193,7 @@ type pendingLease struct {
 	period time.Duration // the log's slices end with it; a failed lease is retried after it
 	idle   time.Duration // the slice ends after this long unused
 	warm   bool          // of a warm key
-	resets uint32        // its key's resets when it was queued
+	resets uint32        // its key's resets when it was sent
 	landed chan struct{} // closed once its answer is in (see hotKey.inFlight)
 }
 
@@ -244,8 +244,13 @@ func (s *Slices) lease(l pendingLease) {
 	h, period := l.hit, l.period
 	sh := s.shard(h.Key)
 	sh.mu.Lock()
+	// A Reset on its way when the lease goes may land before or after its
+	// write: the lease is then not installed (below). One that began
+	// later changes the key's resets; one that ended before, nothing.
+	overlapped := s.resetting.Load() > 0
 	if k := sh.keys[h.Key]; k != nil {
 		k.inFlight = l.landed
+		l.resets = k.resets
 	}
 	sh.mu.Unlock()
 	defer close(l.landed)
@@ -263,11 +268,12 @@ func (s *Slices) lease(l pendingLease) {
 		k.inFlight = nil
 	}
 	now := s.now()
-	if k.resets != l.resets {
+	if overlapped || k.resets != l.resets {
 		// The counter was reset while the lease was on its way: its
 		// charge went to the counter before the reset (gone with it) or
 		// after (counted there). Either way its units are not this
-		// instance's to spend, nor to give back.
+		// instance's to spend, nor to give back. (A lease queued before a
+		// Reset and sent after it is installed: its charge is counted.)
 		return
 	}
 	if err != nil || len(verdicts) != 1 || verdicts[0].FailureVerdict {
@@ -425,6 +431,8 @@ func (s *Slices) landed(r limiter.Return, back uint64) {
 // algorithms, what they give back later comes off the new count of the
 // same window.
 func (s *Slices) Reset(ctx context.Context, h limiter.Hit) (int64, error) {
+	s.resetting.Add(1)
+	defer s.resetting.Add(-1)
 	sh := s.shard(h.Key)
 	sh.mu.Lock()
 	var own []limiter.Return // this instance's slices' log members, which the reset would keep

@@ -123,6 +123,8 @@ type Slices struct {
 	stop   chan struct{}
 	once   sync.Once
 	closed atomic.Bool
+	// resetting counts the admin Resets on their way (see lease).
+	resetting atomic.Int32
 }
 
 // SliceLedger is where slices lease from: the *limiter.Split
