@@ -88,14 +88,12 @@ func (s *Store) newState() *lua.LState {
 	r := l.NewTable()
 	r.RawSetString("call", l.NewFunction(func(l *lua.LState) int { return s.call(l, true) }))
 	r.RawSetString("pcall", l.NewFunction(func(l *lua.LState) int { return s.call(l, false) }))
-	r.RawSetString("error_reply", l.NewFunction(func(l *lua.LState) int {
-		l.Push(field(l, "err", l.CheckString(1)))
-		return 1
-	}))
-	r.RawSetString("status_reply", l.NewFunction(func(l *lua.LState) int {
-		l.Push(field(l, "ok", l.CheckString(1)))
-		return 1
-	}))
+	for fn, name := range map[string]string{"error_reply": "err", "status_reply": "ok"} {
+		r.RawSetString(fn, l.NewFunction(func(l *lua.LState) int {
+			l.Push(field(l, name, l.CheckString(1)))
+			return 1
+		}))
+	}
 	r.RawSetString("register_function", l.NewFunction(s.register))
 	l.SetGlobal("redis", r)
 	l.SetGlobal("server", r)
@@ -129,12 +127,12 @@ func (s *Store) hook(c *server.Peer, cmd string, args ...string) bool {
 	}
 	s.m.Lock()
 	defer s.m.Unlock()
+	if cmd != "SCRIPT" && cmd != "FUNCTION" && len(args) < 2 {
+		c.WriteError("ERR wrong number of arguments for '" + strings.ToLower(cmd) + "' command")
+		return true
+	}
 	switch cmd {
 	case "EVAL":
-		if len(args) < 2 {
-			c.WriteError("ERR wrong number of arguments for 'eval' command")
-			return true
-		}
 		fn, err := s.compile(args[0])
 		if err != nil {
 			c.WriteError(err.Error())
@@ -142,10 +140,6 @@ func (s *Store) hook(c *server.Peer, cmd string, args ...string) bool {
 		}
 		s.eval(c, fn, args[1:])
 	case "EVALSHA":
-		if len(args) < 2 {
-			c.WriteError("ERR wrong number of arguments for 'evalsha' command")
-			return true
-		}
 		fn, ok := s.scripts[strings.ToLower(args[0])]
 		if !ok {
 			c.WriteError("NOSCRIPT No matching script. Please use EVAL.")
@@ -153,10 +147,6 @@ func (s *Store) hook(c *server.Peer, cmd string, args ...string) bool {
 		}
 		s.eval(c, fn, args[1:])
 	case "FCALL":
-		if len(args) < 2 {
-			c.WriteError("ERR wrong number of arguments for 'fcall' command")
-			return true
-		}
 		fn, ok := s.functions[args[0]]
 		if !ok {
 			c.WriteError("ERR Function not found")
