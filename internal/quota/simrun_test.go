@@ -122,7 +122,6 @@ type simGate struct {
 	answered int
 	parked   bool          // a call is parked
 	park     bool          // the next call parks
-	scripts  bool          // only a script call parks (EVALSHA or EVAL: a give-back, not a decide)
 	release  chan struct{} // closed to let the parked call go
 	// failKey makes the next decide call with this key fail on its way.
 	failKey string
@@ -194,7 +193,7 @@ func (g *simGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 
 func (g *simGate) pass(cmds []redis.Cmder, send func([]redis.Cmder) error) error {
 	g.mu.Lock()
-	if g.park && (!g.scripts || slices.ContainsFunc(cmds, isScript)) {
+	if g.park {
 		g.park, g.parked = false, true
 		release := g.release
 		g.changed.Broadcast()
@@ -232,8 +231,6 @@ func (g *simGate) pass(cmds []redis.Cmder, send func([]redis.Cmder) error) error
 	return err
 }
 
-func isScript(c redis.Cmder) bool { return c.Name() == "evalsha" || c.Name() == "eval" }
-
 func hasArg(c redis.Cmder, arg string) bool {
 	return slices.ContainsFunc(c.Args(), func(a any) bool { s, ok := a.(string); return ok && s == arg })
 }
@@ -263,12 +260,11 @@ func (g *simGate) await(n int, parked bool) {
 	}
 }
 
-// parkNext parks the next call (with scripts, the next script call); the
-// function returned lets it go.
-func (g *simGate) parkNext(scripts bool) func() {
+// parkNext parks the next call; the function returned lets it go.
+func (g *simGate) parkNext() func() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.park, g.scripts, g.release = true, scripts, make(chan struct{})
+	g.park, g.release = true, make(chan struct{})
 	release := g.release
 	return func() {
 		g.mu.Lock()
@@ -546,7 +542,19 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	}
 	// A part whose costs the limit can never hold is answered without a
 	// call.
-	sent := func(part []int) int { return min(1, sends(hits, part)) }
+	sent := func(part []int) int {
+		for _, i := range part {
+			h := &hits[i]
+			capacity := h.Limit
+			if h.Algorithm == config.GCRA {
+				capacity = bucket(h.Burst, h.Limit)
+			}
+			if h.Cost <= uint64(capacity) {
+				return 1
+			}
+		}
+		return 0
+	}
 	mainSent, secondSent := sent(other), sent(second)
 	// The schedule's slow per-second store holds a request of the rule's
 	// hit and the per-second one (simRun.request), both sent.
@@ -558,7 +566,7 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	mainCall, secondCall := mainAt, secondAt // the parts' calls, when sent
 	release := func() {}
 	if during != nil {
-		release = r.slowGate.parkNext(false)
+		release = r.slowGate.parkNext()
 	}
 	var v []limiter.Verdict
 	var err error
@@ -601,23 +609,6 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	r.gate.await(mainAt, false)
 	r.slowGate.await(secondAt, false)
 	return v, err
-}
-
-// sends is how many of the hits at idx go to the store: those whose costs
-// their limits can hold.
-func sends(hits []limiter.Hit, idx []int) int {
-	n := 0
-	for _, i := range idx {
-		h := &hits[i]
-		capacity := h.Limit
-		if h.Algorithm == config.GCRA {
-			capacity = bucket(h.Burst, h.Limit)
-		}
-		if h.Cost <= uint64(capacity) {
-			n++
-		}
-	}
-	return n
 }
 
 // failing reports, once, the failure the schedule asked of a store call:
