@@ -2,11 +2,10 @@
 // algorithm, a limit, a window, a cost) and answers, per hit, whether it
 // fits, what is left and when the limit frees up: each request atomically,
 // by the Lua of scripts/lua with Redis TIME as the clock, batched per hash
-// slot (batcher.go). It knows nothing of gRPC. Beside the counters it keeps
-// what other layers store next to them: an RLQS fleet's shares and its
-// count of what it leased (shares.go, Hit.RecordIfAlone) and the regions'
-// allowances (allowance.go). docs/development.md, "Inside the limiter",
-// says how all or nothing, the roads back and the clocks work.
+// slot (batcher.go). It knows nothing of gRPC. The registries other layers
+// keep beside the counters (internal/fairshare, internal/regions) reach the
+// store through it (Numbers, registry.go). docs/development.md, "Inside the
+// limiter", says how all or nothing, the roads back and the clocks work.
 package limiter
 
 import (

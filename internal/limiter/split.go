@@ -126,15 +126,10 @@ func (s *Split) Reset(ctx context.Context, h Hit) (int64, error) {
 	return s.of(&h).Reset(ctx, h)
 }
 
-// Share keeps the shares of a counter where its hits go: those of a
-// one-second window on the per-second store.
-func (s *Split) Share(ctx context.Context, r ShareRequest) (Share, error) {
-	return s.of(&Hit{Window: r.Window}).Share(ctx, r)
-}
-
-// ConfirmShare lowers a share where Share keeps it (Limiter.ConfirmShare).
-func (s *Split) ConfirmShare(ctx context.Context, key, member string, window time.Duration, tokens uint64) error {
-	return s.of(&Hit{Window: window}).ConfirmShare(ctx, key, member, window, tokens)
+// Numbers runs c where the hits of its Window go (Limiter.Numbers): a
+// registry beside a one-second counter lives on the per-second store.
+func (s *Split) Numbers(ctx context.Context, c Call) ([]uint64, error) {
+	return s.of(&Hit{Window: c.Window}).Numbers(ctx, c)
 }
 
 // GiveBack gives back the returns, each on its hit's limiter, as

@@ -10,7 +10,7 @@
 // Two things in the store make a fleet's buckets hold one limit (see
 // docs/rlqs.md):
 //
-//   - the shares (limiter.Share): each Envoy's part of a limit, a max-min
+//   - the shares (fairshare.Assign): each Envoy's part of a limit, a max-min
 //     fair share of the demands every Envoy reported, less what others
 //     (ShouldRateLimit's callers) took, capped so that the parts the Envoys
 //     hold, across Envoys and service instances, add up to the limit at
@@ -37,6 +37,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/slidingwindow/ratelimit/internal/fairshare"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
@@ -77,8 +78,9 @@ const headroom = 1.1
 type Ledger interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 	GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error)
-	Share(ctx context.Context, r limiter.ShareRequest) (limiter.Share, error)
-	ConfirmShare(ctx context.Context, key, member string, window time.Duration, tokens uint64) error
+	// Numbers runs the shares' calls (fairshare.Store) where the
+	// counter's hits go.
+	Numbers(ctx context.Context, c limiter.Call) ([]uint64, error)
 }
 
 // Options configure an Allocator. A nil *Options means the defaults.
@@ -206,7 +208,7 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 		}
 	}
 	demand := a.measure(b, gov.Window, requests, now)
-	share, err := a.ledger.Share(ctx, limiter.ShareRequest{
+	share, err := fairshare.Assign(ctx, a.ledger, fairshare.ShareRequest{
 		Key:            lim.ShareKey,
 		Member:         b.Member,
 		Demand:         demand,
@@ -232,7 +234,7 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 		return b.held, err
 	}
 	// The counter is full of what others took: the share is cut to what
-	// they leave at the next report (Share's limit); until then, nothing.
+	// they leave at the next report (Assign's limit); until then, nothing.
 	return a.deny(b, now), nil
 }
 
@@ -256,7 +258,7 @@ func (a *Allocator) Confirm(ctx context.Context, b *Bucket, lim Limit) error {
 	}
 	if b.shrunk && len(lim.Hits) > 0 {
 		b.shrunk = false
-		if err := a.ledger.ConfirmShare(ctx, lim.ShareKey, b.Member, lim.Hits[0].Window, b.tokens()); err != nil {
+		if err := fairshare.Confirm(ctx, a.ledger, lim.ShareKey, b.Member, lim.Hits[0].Window, b.tokens()); err != nil {
 			errs = append(errs, fmt.Errorf("quota: confirm: %w", err))
 		}
 	}

@@ -625,19 +625,17 @@ func (r *simRun) failing() error {
 	return errSimFailed
 }
 
-func (l simLedger) Share(ctx context.Context, req limiter.ShareRequest) (limiter.Share, error) {
+// Numbers runs the shares' calls, each of which may fail on its way or
+// lose its reply.
+func (l simLedger) Numbers(ctx context.Context, c limiter.Call) ([]uint64, error) {
 	if err := l.r.failing(); err != nil {
-		return limiter.Share{}, err
+		return nil, err
 	}
-	sh, err := l.split.Share(ctx, req)
+	n, err := l.split.Numbers(ctx, c)
 	if err = l.r.acknowledge(0, nil, err); err != nil {
-		return limiter.Share{}, err
+		return nil, err
 	}
-	return sh, nil
-}
-
-func (l simLedger) ConfirmShare(ctx context.Context, key, member string, window time.Duration, tokens uint64) error {
-	return l.r.acknowledge(0, nil, l.split.ConfirmShare(ctx, key, member, window, tokens))
+	return n, nil
 }
 
 func (l simLedger) GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error) {

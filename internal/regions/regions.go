@@ -3,11 +3,11 @@
 // decided on the region's store, as any hit, with the region's allowance
 // as its limit: its floor (the rule's regional share of the limit,
 // reserved for every region) plus the grant the region holds from the
-// ledger, a store every region reaches (limiter.Allowance). The request
+// ledger, a store every region reaches (fairshare.Allow). The request
 // path touches only the region's store; the grants are kept in the
 // background. Every Refresh, each instance syncs each global key it saw
 // with its region's record on the region's store (its demand in, the
-// region's grant out: limiter.SyncRegion), and one instance of the region
+// region's grant out: syncRecord), and one instance of the region
 // at a time renews the grant from the ledger when its lease ends within
 // half a lease. A key's first hits in an instance, before it has seen a
 // grant, are decided within the floor; a region cut from the ledger
@@ -66,7 +66,7 @@ type Options struct {
 	Counts Decider
 	// Lease, Refresh: see DefaultLease and DefaultRefresh. Refresh must be
 	// under a quarter of Lease: an instance sees a grant before the
-	// region's next renewal (see limiter.Allowance's Current).
+	// region's next renewal (see fairshare.Allow's Current).
 	Lease, Refresh time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time

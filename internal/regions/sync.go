@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/slidingwindow/ratelimit/internal/fairshare"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
@@ -46,7 +47,7 @@ func (r *Regions) syncAll() {
 	now := r.now()
 	type job struct {
 		k   *globalKey
-		req limiter.RegionSync
+		req recordSync
 	}
 	var jobs []job
 	var states KeyStates
@@ -101,8 +102,8 @@ func (r *Regions) syncAll() {
 }
 
 // syncRequest is k's sync with its region's record. The caller holds r.mu.
-func (r *Regions) syncRequest(k *globalKey) limiter.RegionSync {
-	return limiter.RegionSync{
+func (r *Regions) syncRequest(k *globalKey) recordSync {
+	return recordSync{
 		Key: k.hit.Key + recordSuffix, Instance: r.o.Instance, Demand: k.demand,
 		DemandTTL: 4 * r.o.Refresh, RenewAhead: r.o.Lease / 2, RenewTTL: r.o.Lease / 4,
 	}
@@ -110,9 +111,9 @@ func (r *Regions) syncRequest(k *globalKey) limiter.RegionSync {
 
 // sync runs req and takes in its answer; the instance asked to renew
 // renews, in the background.
-func (r *Regions) sync(k *globalKey, req limiter.RegionSync) {
+func (r *Regions) sync(k *globalKey, req recordSync) {
 	sent := r.now()
-	st, err := r.o.Local.SyncRegion(context.Background(), req)
+	st, err := syncRecord(context.Background(), r.o.Local, req)
 	if err != nil {
 		return // the region's store failed: its hits fail over as any
 	}
@@ -146,7 +147,7 @@ func (r *Regions) sync(k *globalKey, req limiter.RegionSync) {
 
 // apply takes in the region's record of k as answered to a sync sent at
 // sent: the lease is taken to end its time left after the sending, early.
-func (r *Regions) apply(k *globalKey, st limiter.RegionState, sent time.Time) {
+func (r *Regions) apply(k *globalKey, st recordState, sent time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k.synced, k.grant, k.leaseEnd = sent, st.Grant, time.Time{}
@@ -160,12 +161,12 @@ func (r *Regions) apply(k *globalKey, st limiter.RegionState, sent time.Time) {
 // writes the answer to the region's record. A renewal that fails gives its
 // turn up: the next sync renews (a turn is a quarter of a lease, begun
 // when half of it is left, so a lease sees two at least).
-func (r *Regions) renew(k *globalKey, st limiter.RegionState, req limiter.RegionSync) {
+func (r *Regions) renew(k *globalKey, st recordState, req recordSync) {
 	ctx := context.Background()
 	req.Set, req.Turn = true, st.Turn
 	release := func() {
 		req.Release = true
-		_, _ = r.o.Local.SyncRegion(ctx, req) // failing too, the turn ends on its own
+		_, _ = syncRecord(ctx, r.o.Local, req) // failing too, the turn ends on its own
 	}
 	r.mu.Lock()
 	check := k.hit
@@ -185,7 +186,7 @@ func (r *Regions) renew(k *globalKey, st limiter.RegionState, req limiter.Region
 		current = st.Grant
 	}
 	sent := r.now()
-	g, err := r.o.Ledger.Allowance(ctx, limiter.AllowanceRequest{
+	g, err := fairshare.Allow(ctx, r.o.Ledger, fairshare.AllowanceRequest{
 		Key: check.Key + registrySuffix, Region: r.o.Region, Demand: st.Demand, Count: count, Current: current,
 		Limit: uint64(check.Limit), Window: check.Window, Lease: r.o.Lease, Floor: floor, Regions: r.o.Regions, Turn: st.Turn,
 	})
@@ -209,7 +210,7 @@ func (r *Regions) renew(k *globalKey, st limiter.RegionState, req limiter.Region
 		return
 	}
 	req.Grant, req.Lease = g.Units, left
-	st2, err := r.o.Local.SyncRegion(ctx, req)
+	st2, err := syncRecord(ctx, r.o.Local, req)
 	if err != nil {
 		return
 	}

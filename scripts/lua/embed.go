@@ -13,6 +13,8 @@
 // or nothing. refund.lua undoes charges with each algorithm's undo.
 // reset.lua deletes a counter. rlqs_shares.lua keeps the registry of RLQS
 // assignments on a counter and decides one Envoy's share of its limit;
+// it and region_allowance.lua start with water_level.lua, the max-min fair
+// share;
 // rlqs_confirm.lua lowers an entry to the share sent. region_allowance.lua
 // keeps a global limit's registry of regional allowances on the ledger and
 // decides one region's; region_sync.lua keeps a region's record of its
@@ -38,12 +40,14 @@ var (
 	reset string
 	//go:embed refund.lua
 	refund string
+	//go:embed water_level.lua
+	waterLevel string
 	//go:embed rlqs_shares.lua
-	rlqsShares string
+	rlqsSharesFile string
 	//go:embed rlqs_confirm.lua
 	rlqsConfirm string
 	//go:embed region_allowance.lua
-	regionAllowance string
+	regionAllowanceFile string
 	//go:embed region_sync.lua
 	regionSync string
 )
@@ -77,6 +81,12 @@ var decideFunction = "ratelimit_decide_" + version
 // functionLibrary is Library's text.
 var functionLibrary = "#!lua name=ratelimit_" + version + "\n" + decideCode +
 	"redis.register_function('" + decideFunction + "', decide)\n"
+
+// The registries that split a limit share one water-filling.
+var (
+	rlqsShares      = waterLevel + rlqsSharesFile
+	regionAllowance = waterLevel + regionAllowanceFile
+)
 
 // refundScript is Refund's text.
 var refundScript = library + refund

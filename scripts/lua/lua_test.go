@@ -42,7 +42,7 @@ func TestAlgorithmTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range files {
-		if name := strings.TrimSuffix(f, ".lua"); !names[name] && !slices.Contains([]string{"prelude", "decide", "refund", "reset", "rlqs_shares", "rlqs_confirm", "region_allowance", "region_sync"}, name) {
+		if name := strings.TrimSuffix(f, ".lua"); !names[name] && !slices.Contains([]string{"prelude", "decide", "refund", "reset", "rlqs_shares", "rlqs_confirm", "region_allowance", "region_sync", "water_level"}, name) {
 			t.Errorf("%s is neither an algorithm's file (no entry in internal/algorithm's table) nor a shared one", f)
 		}
 	}
@@ -176,7 +176,9 @@ func TestLibraryOrder(t *testing.T) {
 	(&checker{file: "refund.lua", script: true}).check(t, refundScope, refund)
 	(&checker{file: "reset.lua", script: true}).check(t, newScope(nil), reset)
 	(&checker{file: "rlqs_shares.lua", script: true}).check(t, newScope(nil), rlqsShares)
+	(&checker{file: "region_allowance.lua", script: true}).check(t, newScope(nil), regionAllowance)
 	(&checker{file: "rlqs_confirm.lua", script: true}).check(t, newScope(nil), rlqsConfirm)
+	(&checker{file: "region_sync.lua", script: true}).check(t, newScope(nil), regionSync)
 	if !decideScope.names["decide"] {
 		t.Error("decide.lua declares no local decide, which Decide and Library call")
 	}

@@ -1,6 +1,7 @@
 -- region_allowance: the ledger's registry of one global counter's regional
 -- allowances, and one region's new allowance, decided atomically with the
--- ledger's Redis TIME as the clock. Run on its own, on the ledger.
+-- ledger's Redis TIME as the clock. Run on its own, on the ledger; its text
+-- starts with water_level.lua.
 --
 -- A global limit of L units per window is split among R regions, each
 -- deciding on its own Redis with its allowance as the limit: a floor every
@@ -43,7 +44,7 @@
 -- reach it); then the entry goes.
 --
 -- The region's grant is its max-min fair share of D among the live
--- regions' demands past their floors (water-filling), whole units, and
+-- regions' demands past their floors (water_level), whole units, and
 -- never more than D less what the others reserve: what one gives up goes
 -- to the others at their next call once it no longer counts.
 --
@@ -111,20 +112,8 @@ for _, e in ipairs(entries) do
   end
 end
 
--- The max-min fair share of room among wants, of wants[1].
-local mine = wants[1]
-table.sort(wants)
-local left, fair = room, 0
-for i = 1, #wants do
-  local even = left / (#wants - i + 1)
-  if wants[i] >= even then
-    fair = even
-    break
-  end
-  left = left - wants[i]
-  fair = wants[i]
-end
-local grant = math.floor(math.min(mine, fair, math.max(0, room - reserved)))
+local mine = wants[1] -- water_level sorts wants
+local grant = math.floor(math.min(mine, water_level(wants, room), math.max(0, room - reserved)))
 
 redis.call('HSET', key, region, string.format('%s %d %d %d %d %d %d %d %d', ARGV[2], grant, now + lease, held, count,
   limit, floor_units, regions, turn))

@@ -1,6 +1,7 @@
 -- rlqs_shares: the fleet's registry of RLQS assignments on one counter, and
 -- one Envoy's (a member's) new share of its limit, decided atomically with
--- Redis TIME as the clock. Run on its own, not with decide.lua.
+-- Redis TIME as the clock. Run on its own, not with decide.lua; its text
+-- starts with water_level.lua.
 --
 -- KEYS[1]  the registry: a hash, one field per member, its value
 --          "<demand> <T> <M> <lease end, ms of Redis TIME>"
@@ -9,7 +10,7 @@
 --          the member holds, 0: none), report interval (ms), lease (ms)
 --
 -- Members whose lease has ended are dropped. The member's share is its
--- max-min fair share (water-filling) of the limit among the live members'
+-- max-min fair share (water_level) of the limit among the live members'
 -- demands, its new one included, rounded up, at least 1; kept at current
 -- when current is at most a fifth above it and leaves the others their fair
 -- shares, or it is at most 5 % above current (Envoy restarts a changed token
@@ -62,32 +63,14 @@ for i = 1, #fields, 2 do
   end
 end
 
--- Water-filling: the smallest demands are met in full while they are below
--- an equal part of what is left; the rest share what is left equally.
-table.sort(demands)
-local left, level = limit, nil
-for i, d in ipairs(demands) do
-  local part = left / (#demands - i + 1)
-  if d > part then
-    level = part
-    break
-  end
-  left = left - d
-end
-local share = wanted(demand)
-if level and share > level then
-  share = level
-end
+local level = water_level(demands, limit)
+local share = math.min(wanted(demand), level)
 
 -- What the other members lack of their own fair shares: a share kept above
 -- its fair one must leave them that.
 local deficit = 0
 for _, o in ipairs(others) do
-  local fair = o[1]
-  if level and fair > level then
-    fair = level
-  end
-  deficit = deficit + math.max(0, math.max(1, math.ceil(fair)) - o[2])
+  deficit = deficit + math.max(0, math.max(1, math.ceil(math.min(o[1], level))) - o[2])
 end
 
 local desired = math.max(1, math.ceil(share))

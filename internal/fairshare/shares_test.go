@@ -1,4 +1,4 @@
-package limiter
+package fairshare
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
 const shareKey = "test:k_v:rlqs"
@@ -26,9 +28,9 @@ func shareReq(member string, demand float64, current uint64) ShareRequest {
 	}
 }
 
-func share1(t *testing.T, l *Limiter, r ShareRequest) Share {
+func share1(t *testing.T, l *limiter.Limiter, r ShareRequest) Share {
 	t.Helper()
-	s, err := l.Share(context.Background(), r)
+	s, err := Assign(context.Background(), l, r)
 	if err != nil {
 		t.Fatalf("Share(%+v): %v", r, err)
 	}
@@ -360,7 +362,7 @@ func TestShareErrors(t *testing.T) {
 	} {
 		r := shareReq("me", 10, 0)
 		tt.edit(&r)
-		if _, err := l.Share(context.Background(), r); err == nil || errors.Is(err, ErrStore) {
+		if _, err := Assign(context.Background(), l, r); err == nil || errors.Is(err, limiter.ErrStore) {
 			t.Errorf("%s: %v, want a non-store error", tt.name, err)
 		}
 	}
@@ -368,16 +370,16 @@ func TestShareErrors(t *testing.T) {
 		t.Fatal("a bad request wrote the registry")
 	}
 	c.m.HSet(shareKey, "other", "not an shareEntry")
-	if _, err := l.Share(context.Background(), shareReq("me", 10, 0)); !errors.Is(err, ErrStore) {
-		t.Fatalf("a corrupt shareEntry: %v, want ErrStore", err)
+	if _, err := Assign(context.Background(), l, shareReq("me", 10, 0)); !errors.Is(err, limiter.ErrStore) {
+		t.Fatalf("a corrupt shareEntry: %v, want limiter.ErrStore", err)
 	}
 	c.m.Close()
-	if _, err := l.Share(context.Background(), shareReq("me", 10, 0)); !errors.Is(err, ErrStore) {
-		t.Fatalf("store down: %v, want ErrStore", err)
+	if _, err := Assign(context.Background(), l, shareReq("me", 10, 0)); !errors.Is(err, limiter.ErrStore) {
+		t.Fatalf("store down: %v, want limiter.ErrStore", err)
 	}
 	l.Close()
-	if _, err := l.Share(context.Background(), shareReq("me", 10, 0)); !errors.Is(err, ErrClosed) {
-		t.Fatalf("closed: %v, want ErrClosed", err)
+	if _, err := Assign(context.Background(), l, shareReq("me", 10, 0)); !errors.Is(err, limiter.ErrClosed) {
+		t.Fatalf("closed: %v, want limiter.ErrClosed", err)
 	}
 }
 
@@ -386,7 +388,7 @@ func TestShareIsObserved(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 	var observed []error
-	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1, Observe: func(_ time.Duration, err error) { observed = append(observed, err) }})
+	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1, Observe: func(_ time.Duration, err error) { observed = append(observed, err) }})
 	defer l.Close()
 	share1(t, l, shareReq("me", 10, 0))
 	if len(observed) != 1 || observed[0] != nil {
@@ -407,16 +409,16 @@ func TestConfirmShare(t *testing.T) {
 	if b := share1(t, l, shareReq("b", 60, 0)); b.Tokens != 0 {
 		t.Fatalf("b before a's share was sent: %+v, want nothing", b)
 	}
-	if err := l.ConfirmShare(ctx, shareKey, "a", time.Minute, 40); err != nil {
+	if err := Confirm(ctx, l, shareKey, "a", time.Minute, 40); err != nil {
 		t.Fatal(err)
 	}
 	if b := share1(t, l, shareReq("b", 60, 0)); b.Tokens != 60 {
 		t.Fatalf("b once a's share was sent: %+v, want the 60 a gave up", b)
 	}
-	if err := l.ConfirmShare(ctx, shareKey, "a", time.Minute, 90); err != nil || registry(t, c.m)["a"].tokens != 40 {
+	if err := Confirm(ctx, l, shareKey, "a", time.Minute, 90); err != nil || registry(t, c.m)["a"].tokens != 40 {
 		t.Fatalf("a confirmation above the entry: %v, entry %+v; want it left at 40", err, registry(t, c.m)["a"])
 	}
-	if err := l.ConfirmShare(ctx, shareKey, "gone", time.Minute, 1); err != nil {
+	if err := Confirm(ctx, l, shareKey, "gone", time.Minute, 1); err != nil {
 		t.Fatalf("a confirmation for no entry: %v", err)
 	}
 	if _, ok := registry(t, c.m)["gone"]; ok {
