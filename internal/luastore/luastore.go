@@ -18,10 +18,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/alicebob/miniredis/v2/server"
 	lua "github.com/yuin/gopher-lua"
+	"github.com/yuin/gopher-lua/parse"
 )
 
 // Store is the Lua of one miniredis.
@@ -36,6 +38,8 @@ type Store struct {
 	libraries map[string][]string       // a library's functions
 	loading   map[string]*lua.LFunction // what a FUNCTION LOAD registers; nil outside one
 	reply     bytes.Buffer              // a called command's reply
+	replyW    *bufio.Writer             // into reply
+	replyR    *bufio.Reader             // from reply
 }
 
 // ctxCommand is the command Install calls from one of miniredis's own
@@ -45,6 +49,7 @@ const ctxCommand = "LUASTORE.CONTEXT"
 // Install makes m's scripts and functions run on a Store.
 func Install(m *miniredis.Miniredis) (*Store, error) {
 	s := &Store{m: m}
+	s.replyW, s.replyR = bufio.NewWriter(&s.reply), bufio.NewReader(&s.reply)
 	err := m.Server().Register(ctxCommand, func(c *server.Peer, _ string, _ []string) {
 		s.nested = c.Ctx
 		c.WriteOK()
@@ -193,12 +198,34 @@ func (s *Store) compile(script string) (*lua.LFunction, error) {
 	if fn, ok := s.scripts[sha]; ok {
 		return fn, nil
 	}
-	fn, err := s.l.LoadString(script)
+	proto, err := compiled(script)
 	if err != nil {
 		return nil, fmt.Errorf("ERR Error compiling script (new function): %w", err)
 	}
+	fn := s.l.NewFunctionFromProto(proto)
 	s.scripts[sha] = fn
 	return fn, nil
+}
+
+// protos keeps each source text's compiled code for the process: the
+// simulator's restarts load the same library thousands of times, and a
+// compiled chunk is shared between Lua states as it is read-only.
+var protos sync.Map // source text -> *lua.FunctionProto
+
+func compiled(source string) (*lua.FunctionProto, error) {
+	if p, ok := protos.Load(source); ok {
+		return p.(*lua.FunctionProto), nil
+	}
+	chunk, err := parse.Parse(strings.NewReader(source), "<string>")
+	if err != nil {
+		return nil, err
+	}
+	p, err := lua.Compile(chunk, "<string>")
+	if err != nil {
+		return nil, err
+	}
+	protos.Store(source, p)
+	return p, nil
 }
 
 // eval runs a script's chunk with its KEYS and ARGV.
@@ -279,12 +306,12 @@ func (s *Store) call(l *lua.LState, raise bool) int {
 		}
 	}
 	s.reply.Reset()
-	w := bufio.NewWriter(&s.reply)
-	peer := server.NewPeer(w)
+	s.replyR.Reset(&s.reply)
+	peer := server.NewPeer(s.replyW)
 	peer.Ctx = s.nested
 	s.m.Server().Dispatch(peer, args)
-	_ = w.Flush() // into a bytes.Buffer, which takes everything
-	res, err := server.ParseReply(bufio.NewReader(&s.reply))
+	_ = s.replyW.Flush() // into a bytes.Buffer, which takes everything
+	res, err := server.ParseReply(s.replyR)
 	if err != nil {
 		if raise {
 			l.RaiseError("%s", err.Error())
@@ -399,10 +426,11 @@ func (s *Store) load(code string, replace bool) (string, error) {
 		return "", fmt.Errorf("ERR Library '%s' already exists", name)
 	}
 	// The shebang line becomes a blank one: line numbers stay the file's.
-	fn, err := s.l.LoadString("\n" + body)
+	proto, err := compiled("\n" + body)
 	if err != nil {
 		return "", fmt.Errorf("ERR Error compiling function: %w", err)
 	}
+	fn := s.l.NewFunctionFromProto(proto)
 	s.loading = map[string]*lua.LFunction{}
 	err = s.l.CallByParam(lua.P{Fn: fn, NRet: 0, Protect: true})
 	registered := s.loading

@@ -176,12 +176,27 @@ type simSchedule struct {
 
 var simAlgorithms = []config.Algorithm{config.SlidingWindowLog, config.FixedWindow, config.SlidingWindowCounter, config.GCRA}
 
-// newSimSchedule draws seed's schedule of alg.
+// simShortSize is how many events a short schedule draws (its bursts and
+// scenarios add theirs); a long one draws simLongSize.
+const simShortSize, simLongSize = 40, 300
+
+// newSimSchedule draws seed's schedule of alg. Seven in eight are short,
+// on small limits: a bound is reached in a few events, and the ways past
+// one found so far needed few (their shrunk schedules ran 5 to 60), so the
+// search tries more beginnings in its time. The long ones, about half the
+// search's time, are for what needs a window's history: slices warmed at
+// pace, RLQS leases ahead, refunds of a window's units. (Which a seed is
+// comes from a stream of its own: a long schedule's draws are those of
+// every seed before short ones were.)
 func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
+	size, limits := simLongSize, []uint32{8, 12, 20, 40, 100}
+	if rand.New(rand.NewPCG(seed, uint64(alg)^0x5107)).IntN(8) > 0 {
+		size, limits = simShortSize, []uint32{4, 6, 8, 12, 20}
+	}
 	rng := rand.New(rand.NewPCG(seed, uint64(alg)))
 	r := simRule{
 		alg:       alg,
-		limit:     []uint32{8, 12, 20, 40, 100}[rng.IntN(5)],
+		limit:     limits[rng.IntN(5)],
 		window:    []time.Duration{2 * time.Second, 5 * time.Second, 10 * time.Second}[rng.IntN(3)],
 		instances: 1 + rng.IntN(3),
 		envoys:    max(0, rng.IntN(4)-1),
@@ -209,7 +224,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 	// Demand from half to three times the limit's rate.
 	mean := time.Duration(float64(r.window) / float64(r.limit) / (0.5 + 2.5*rng.Float64()))
 	ops := make([]simOp, 0, 400)
-	for len(ops) < 300 {
+	for len(ops) < size {
 		inst := rng.IntN(r.instances)
 		switch p := rng.IntN(1000); {
 		case p < 560 && r.envoys > 0 && rng.IntN(3) == 0:
@@ -232,7 +247,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			// A seat given back (cost 0), or a reservation settled by its
 			// actual cost, more or less than it took.
 			ops = append(ops, simOp{kind: simSettle, inst: inst, n: uint64(rng.IntN(8)), cost: uint64(max(0, rng.IntN(6)-3))})
-		case p < 680 && r.envoys > 0 && rng.IntN(4) == 0:
+		case p < 680 && size == simLongSize && r.envoys > 0 && rng.IntN(4) == 0:
 			// An Envoy's demand falls, so that its next report replaces its
 			// bucket by a smaller one, and a store call of that report fails
 			// (the lease's, say); then callers drain the counter while the
@@ -253,7 +268,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 				ops = append(ops, simOp{kind: simEnvoy, inst: e, n: 1})
 				ops = append(ops, simOp{kind: simAdvance, d: (pace / 4).Round(time.Millisecond)})
 			}
-		case p < 680 && r.envoys > 0 && rng.IntN(3) == 0:
+		case p < 680 && size == simLongSize && r.envoys > 0 && rng.IntN(3) == 0:
 			// Callers at the rule's pace while the Envoys lease ahead, then a
 			// refund of their last units, then demand past the rate while
 			// the Envoys serve their buckets: a refund that takes a lease's
@@ -319,7 +334,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 		case p < 860:
 			ops = append(ops, simOp{kind: simReset, inst: inst})
 		case p < 875:
-			ops = append(ops, simOp{kind: simReloadOp, n: uint64([]uint32{8, 12, 20, 40, 100}[rng.IntN(5)])})
+			ops = append(ops, simOp{kind: simReloadOp, n: uint64(limits[rng.IntN(5)])})
 		case p < 910:
 			ops = append(ops, simOp{kind: simLoseReply})
 		case p < 940:
@@ -335,7 +350,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 
 // simulate runs s on st; it returns the violation and the run.
 func simulate(st *simStore, s simSchedule) (string, *simRun) {
-	r := newSimRun(st, s)
+	r := newSimRun(st, s, false)
 	return r.run(), r
 }
 
@@ -363,7 +378,8 @@ func shrink(st *simStore, s simSchedule, budget int) simSchedule {
 }
 
 func (s simSchedule) describe(st *simStore) string {
-	v, r := simulate(st, s)
+	r := newSimRun(st, s, true)
+	v := r.run()
 	var b strings.Builder
 	seats := ""
 	if s.rule.seats {
@@ -387,7 +403,7 @@ func (s simSchedule) describe(st *simStore) string {
 }
 
 // simSlice is how many seeds per algorithm make test searches.
-const simSlice = 12
+const simSlice = 40
 
 // TestSimulator searches schedules of every algorithm for a decision past
 // its bound (see the simulator's comment above); on one, it prints the
@@ -407,19 +423,20 @@ func TestSimulator(t *testing.T) {
 				return
 			}
 			start := time.Now()
-			seed, n, local, leased, byBuckets, seats, denials := *simFrom, 0, 0, uint64(0), uint64(0), 0, 0
+			seed, n, events, local, leased, byBuckets, seats, denials := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0
 			for ; *simFor > 0 && time.Since(start) < *simFor || *simFor == 0 && n < simSlice; seed++ {
 				n++
 				s := newSimSchedule(seed, alg)
 				v, r := simulate(st, s)
+				events += len(s.ops)
 				local, leased, byBuckets, seats = local+r.local, leased+r.leased, byBuckets+r.byBuckets, seats+len(r.seats)
 				denials += r.denialsChecked
 				if v != "" {
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}
-			t.Logf("%d schedules (seeds %d to %d) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds",
-				n, *simFrom, seed-1, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials)
+			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds",
+				n, *simFrom, seed-1, events, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials)
 		})
 	}
 }

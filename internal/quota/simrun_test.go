@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -59,15 +60,31 @@ func newSimStore(t *testing.T) *simStore {
 		}
 		return m, lua
 	}
+	// The clients reach the stores in-process, through net.Pipe: the
+	// search does not spend its time in the loopback's system calls.
+	byPort := map[string]*miniredis.Miniredis{}
+	dial := func(_ context.Context, _, addr string) (net.Conn, error) {
+		_, port, _ := net.SplitHostPort(addr)
+		m, ok := byPort[port]
+		if !ok {
+			return nil, fmt.Errorf("no store at %s", addr)
+		}
+		client, server := net.Pipe()
+		m.Server().ServeConn(server)
+		return client, nil
+	}
 	plain := func(m *miniredis.Miniredis) (*limiter.Limiter, *simGate) {
 		g := newSimGate()
-		client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})
+		client := redis.NewClient(&redis.Options{Addr: m.Addr(), Dialer: dial, DialerRetries: 1})
 		client.AddHook(g)
 		return limiterOn(client), g
 	}
 	st.m, st.lua = open()
 	st.ms, _ = open()
 	st.mo, _ = open()
+	for _, m := range []*miniredis.Miniredis{st.m, st.ms, st.mo} {
+		byPort[m.Port()] = m
+	}
 	st.lim, st.gate = plain(st.m)
 	st.second, st.gateS = plain(st.ms)
 	st.gateC, st.gateO = newSimGate(), newSimGate()
@@ -78,6 +95,7 @@ func newSimStore(t *testing.T) *simStore {
 	slots := []redis.ClusterSlot{node(0, ruleSlot-1, st.mo), node(ruleSlot, ruleSlot, st.m), node(ruleSlot+1, 16383, st.mo)}
 	cc := redis.NewClusterClient(&redis.ClusterOptions{
 		ClusterSlots:  func(context.Context) ([]redis.ClusterSlot, error) { return slots, nil },
+		Dialer:        dial,
 		DialerRetries: 1,
 	})
 	// The limiter calls a node's own client: the node's gate goes on it.
@@ -417,6 +435,7 @@ type simRun struct {
 	faults         []simFault
 	reloads        []simReload
 	violation      string   // the first found by an event run during a call (runDuring)
+	tracing        bool     // keep the trace: a failing schedule described
 	trace          []string // what happened, for a failing schedule
 	local          int      // hits decided from a slice
 	leased         uint64   // units leased
@@ -620,7 +639,7 @@ func (r *simRun) failing() error {
 	if r.failCall--; r.failCall > 0 {
 		return nil
 	}
-	r.trace = append(r.trace, "  the call failed on its way")
+	r.logf("  the call failed on its way")
 	r.unsure()
 	return errSimFailed
 }
@@ -670,14 +689,15 @@ func (r *simRun) acknowledge(charged uint64, lease *simLeaseRef, err error) erro
 	}
 	if r.loseReply {
 		r.loseReply = false
-		r.trace = append(r.trace, "  the reply was lost")
+		r.logf("  the reply was lost")
 		r.unsure()
 		return errSimLost
 	}
 	return nil
 }
 
-func newSimRun(st *simStore, s simSchedule) *simRun {
+// newSimRun readies s's run on st; tracing keeps its trace.
+func newSimRun(st *simStore, s simSchedule, tracing bool) *simRun {
 	for _, m := range []*miniredis.Miniredis{st.m, st.ms, st.mo} {
 		m.FlushAll()
 		m.SetTime(simEpoch)
@@ -685,7 +705,7 @@ func newSimRun(st *simStore, s simSchedule) *simRun {
 	for _, g := range []*simGate{st.gate, st.gateS, st.gateC, st.gateO} {
 		g.reset()
 	}
-	r := &simRun{st: st, rule: s.rule, limit: s.rule.limit, now: simEpoch, ops: s.ops, pending: -1, main: st.lim, gate: st.gate, slowGate: st.gateS}
+	r := &simRun{st: st, rule: s.rule, limit: s.rule.limit, now: simEpoch, ops: s.ops, tracing: tracing, pending: -1, main: st.lim, gate: st.gate, slowGate: st.gateS}
 	if s.rule.cluster {
 		r.main, r.gate = st.cluster, st.gateC
 	}
@@ -768,7 +788,7 @@ func (r *simRun) report(e *simEnvoyBucket) {
 	if err != nil {
 		return // the held assignment runs out at its time to live
 	}
-	r.trace = append(r.trace, fmt.Sprintf("  report: %+v", a))
+	r.logf("  report: %+v", a)
 	e.seen = 0
 	r.envoyServe(e, 0) // refilled up to now under the old assignment
 	if a.Kind == TokenBucket && (e.held.Kind != TokenBucket || e.held.MaxTokens != a.MaxTokens ||
@@ -792,6 +812,14 @@ func (e *simEnvoyBucket) endBucket(now time.Time) {
 
 // close drops the instances without giving back: the next schedule
 // flushes the store.
+// logf adds a line to the trace, when it is kept: the search alone does
+// not spend its time formatting lines nobody reads.
+func (r *simRun) logf(format string, args ...any) {
+	if r.tracing {
+		r.trace = append(r.trace, fmt.Sprintf(format, args...))
+	}
+}
+
 func (r *simRun) close() {
 	for _, s := range r.slices {
 		s.closed.Store(true)
@@ -830,7 +858,7 @@ func (r *simRun) runDuring(o simOp) {
 
 // apply runs one event; it returns the violation it caused, if any.
 func (r *simRun) apply(o simOp) string {
-	r.trace = append(r.trace, fmt.Sprintf("%6.3fs %v", r.now.Sub(simEpoch).Seconds(), o))
+	r.logf("%6.3fs %v", r.now.Sub(simEpoch).Seconds(), o)
 	ctx := context.Background()
 	switch o.kind {
 	case simHit:
@@ -841,12 +869,12 @@ func (r *simRun) apply(o simOp) string {
 		v, _ := r.slices[o.inst].Decide(ctx, hits) // a part's failure is in v (see below)
 		if r.pending >= 0 && r.pendingFor == &hits[0] {
 			// Charged before the answer: settled by the answer.
-			r.trace = append(r.trace, fmt.Sprintf("  charged at %.3fs: %+v", r.admitted[r.pending].at.Sub(simEpoch).Seconds(), v))
+			r.logf("  charged at %.3fs: %+v", r.admitted[r.pending].at.Sub(simEpoch).Seconds(), v)
 			// The other part's failure answers by its failure mode (see below).
 			return r.answered(v[0].Admitted && !v[0].FailureVerdict && v[1].Admitted)
 		}
 		if len(v) == 2 {
-			r.trace = append(r.trace, fmt.Sprintf("  other part: admitted %v (failure verdict %v), remaining %d", v[1].Admitted, v[1].FailureVerdict, v[1].Remaining))
+			r.logf("  other part: admitted %v (failure verdict %v), remaining %d", v[1].Admitted, v[1].FailureVerdict, v[1].Remaining)
 			// A part that failed answers by its failure mode: admitted (the
 			// default), the request is, and the rule's charge stands.
 			if !v[1].Admitted {
@@ -858,16 +886,16 @@ func (r *simRun) apply(o simOp) string {
 		// that part's).
 		admitted := len(v) > 0 && v[0].Admitted && !v[0].FailureVerdict
 		if admitted && r.rule.seats {
-			r.trace = append(r.trace, fmt.Sprintf("  seat %d acquired, remaining %d", len(r.seats), v[0].Remaining))
+			r.logf("  seat %d acquired, remaining %d", len(r.seats), v[0].Remaining)
 			r.seats = append(r.seats, simSeat{id: v[0].Lease, units: o.n, ends: r.now.Add(r.rule.leaseTTL)})
 			return r.admitSeat()
 		}
 		if admitted {
-			r.trace = append(r.trace, fmt.Sprintf("  admitted, remaining %d", v[0].Remaining))
+			r.logf("  admitted, remaining %d", v[0].Remaining)
 			return r.admit(o.n)
 		}
 		if len(v) > 0 && !v[0].Admitted && !v[0].FailureVerdict && !v[0].CostExceedsLimit {
-			r.trace = append(r.trace, fmt.Sprintf("  denied: %+v", v[0]))
+			r.logf("  denied: %+v", v[0])
 			return r.denied(o.n)
 		}
 	case simRefund:
@@ -914,7 +942,7 @@ func (r *simRun) apply(o simOp) string {
 	case simEnvoy:
 		if n := r.envoyServe(r.envoys[o.inst], o.n); n > 0 {
 			r.byBuckets += n
-			r.trace = append(r.trace, fmt.Sprintf("  %d admitted by its bucket", n))
+			r.logf("  %d admitted by its bucket", n)
 			return r.admit(n)
 		}
 	case simAdvance:
