@@ -111,6 +111,10 @@ type Hit struct {
 	// denial; allow and FailureDefer (zero) give an admission that charged
 	// nothing, and the caller tells those two apart.
 	FailureMode config.FailureMode
+
+	// part marks a hit of a request that Split decides on two stores: its
+	// charge may be given back (see partArg).
+	part bool
 }
 
 // Verdict is the answer for one Hit.
@@ -144,4 +148,8 @@ type Verdict struct {
 	// Lease is the id of the lease a Lease hit's charge took, for Settle;
 	// empty when nothing was charged.
 	Lease string
+
+	// part is the nonce that names the members of a log charge made as a
+	// part of a request (partArg), for its give-back.
+	part string
 }

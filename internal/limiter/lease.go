@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mathrand "math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -122,6 +123,30 @@ func leaseArg(arg string, h *Hit) (string, string) {
 		return arg + ":::0:", ""
 	}
 	return arg + ":::" + strconv.FormatUint(units, 10) + ":" + nonce, nonce
+}
+
+// partArg appends to the decide.lua argument of a log charge made as a
+// part of a request (one of two stores' or of several Cluster slots'),
+// which ends at its cost, a nonce that names its members: "::::<nonce>",
+// which it returns (empty, and arg as it was, for another hit). Its
+// give-back, when the request turns out denied, then takes those members
+// alone. Named by their score only, a client's refund in between could
+// take them (a refund takes the newest) and free their name for a later
+// charge of the same microsecond, whose members the give-back would then
+// take: another request's units, counted by no one.
+func partArg(arg string, h *Hit) (string, string) {
+	if op := h.op(); h.Algorithm != config.SlidingWindowLog || h.Ahead > 0 || h.Cost == 0 || !op.Charges || op.Record || op.AppliedFirst {
+		return arg, ""
+	}
+	// Unique, not secret: no one names these members but their give-back.
+	nonce := strconv.FormatUint(mathrand.Uint64(), 16)
+	return arg + "::::" + nonce, nonce
+}
+
+// partName is the base name of the members of a part's charge (partArg):
+// its score, "p", its nonce.
+func partName(token int64, nonce string) string {
+	return strconv.FormatInt(token, 10) + "p" + nonce
 }
 
 // givesBack reports a hit that is applied whatever its request's fate and

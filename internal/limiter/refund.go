@@ -52,7 +52,7 @@ func owesBack(h *Hit, v *Verdict) bool { op := h.op(); return v.Charged && op.Ch
 // takeBack says in v, the verdict of h, that its charge was given back: not
 // charged, and the cost remaining again.
 func takeBack(h *Hit, v *Verdict) {
-	v.Charged, v.Token, v.Lease = false, 0, ""
+	v.Charged, v.Token, v.Lease, v.part = false, 0, "", ""
 	v.Remaining = min(v.Remaining+h.Cost, uint64(h.capacity()))
 }
 
@@ -78,6 +78,8 @@ func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups []
 			switch {
 			case v.Lease != "":
 				token = leaseBase(v.Lease) // a lease's members are named by its nonce
+			case v.part != "":
+				token = partName(tokens[i], v.part)
 			case h.Ahead > 0 && h.Algorithm == config.SlidingWindowLog:
 				token = sliceName(tokens[i])
 			}

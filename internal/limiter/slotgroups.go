@@ -142,6 +142,7 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	keys := make([]string, len(group))
 	var records []string // the keys of the slices' records the call writes
 	var nonces []string  // of the group's leases, by index in group
+	var parts []string   // of the group's log charges made as parts, by index in group
 	args := make([]any, 1, 1+len(group))
 	args[0] = len(group)
 	if !charge {
@@ -167,6 +168,14 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 					nonces = make([]string, len(group))
 				}
 				nonces[j] = nonce
+			}
+		} else if hits[i].part || tokens != nil {
+			var nonce string
+			if arg, nonce = partArg(arg, &hits[i]); nonce != "" {
+				if parts == nil {
+					parts = make([]string, len(group))
+				}
+				parts[j] = nonce
 			}
 		}
 		args = append(args, arg)
@@ -212,6 +221,9 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 		}
 		if r[0] == 2 && nonces != nil && nonces[j] != "" {
 			verdicts[i].Lease = leaseID(min(hits[i].Cost, uint64(hits[i].Limit)), nonces[j])
+		}
+		if r[0] == 2 && parts != nil {
+			verdicts[i].part = parts[j]
 		}
 		if tokens != nil {
 			tokens[i] = r[3]

@@ -94,6 +94,7 @@ func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		sub := make([]Hit, len(part.idx))
 		for j, i := range part.idx {
 			sub[j] = hits[i]
+			sub[j].part = true
 			// A part does not see the quota hits of the other: its quota
 			// hits go as shadow hits, and takenBack below applies the quota
 			// rule to the whole request.

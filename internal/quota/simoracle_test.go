@@ -17,7 +17,18 @@ import (
 type simAdmission struct {
 	at              time.Time
 	units, refunded uint64
+	// from is what admitted them: simByStore (the log's members named by
+	// their score, which a refund at the store takes), simBySlice+i (the
+	// slices of instance i, which a refund there gives back to), or
+	// simByBucket (an Envoy's RLQS bucket, out of a lease).
+	from int
 }
+
+const (
+	simByBucket = -1
+	simByStore  = 0
+	simBySlice  = 1
+)
 
 // simSeat is a lease a seats rule's acquisition took: its units count
 // until it is settled or its time to live ends.
@@ -71,18 +82,24 @@ func (r *simRun) refundable() uint64 {
 	return n
 }
 
-// cancel takes n refunded units off the newest admissions in the window.
-// A refund names no charge: the log's takes the newest members it holds, a
-// charge whose request is not answered yet among them (whose give-back then
-// finds nothing); the counters' and GCRA's take from a count or a time, and
+// cancel takes n units a refund took, from, off the newest admissions in
+// the window. A refund names no charge: the log's at the store takes the
+// newest members a request's charge added (from simByStore: not a slice's
+// nor a lease's), a charge whose request is not answered yet among them
+// (whose give-back then finds nothing), and one given back to an
+// instance's slices the newest they spent (simBySlice+i); the counters'
+// and GCRA's take from a count or a time, whoever admitted the units, and
 // a charge not answered yet keeps its own units, which its give-back takes.
-func (r *simRun) cancel(n uint64) {
+func (r *simRun) cancel(n uint64, from int) {
 	for i := len(r.admitted) - 1; i >= 0 && n > 0; i-- {
 		a := &r.admitted[i]
 		if !r.inWindow(i) {
 			break
 		}
 		if i == r.pending && r.rule.alg != config.SlidingWindowLog {
+			continue
+		}
+		if r.rule.alg == config.SlidingWindowLog && a.from != from {
 			continue
 		}
 
@@ -92,9 +109,10 @@ func (r *simRun) cancel(n uint64) {
 	}
 }
 
-// admit records n units admitted now and checks the algorithm's bound.
-func (r *simRun) admit(n uint64) string {
-	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n})
+// admit records n units admitted now, from (see simAdmission), and checks
+// the algorithm's bound.
+func (r *simRun) admit(n uint64, from int) string {
+	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n, from: from})
 	return r.check(r.count())
 }
 

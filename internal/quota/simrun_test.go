@@ -866,7 +866,12 @@ func (r *simRun) apply(o simOp) string {
 		if r.rule.seats {
 			hits[0].Lease, hits[0].LeaseTTL, hits[0].NoSlices = true, r.rule.leaseTTL, true
 		}
+		local := r.local
 		v, _ := r.slices[o.inst].Decide(ctx, hits) // a part's failure is in v (see below)
+		from := simByStore
+		if r.local > local {
+			from = simBySlice + o.inst
+		}
 		if r.pending >= 0 && r.pendingFor == &hits[0] {
 			// Charged before the answer: settled by the answer.
 			r.logf("  charged at %.3fs: %+v", r.admitted[r.pending].at.Sub(simEpoch).Seconds(), v)
@@ -892,7 +897,7 @@ func (r *simRun) apply(o simOp) string {
 		}
 		if admitted {
 			r.logf("  admitted, remaining %d", v[0].Remaining)
-			return r.admit(o.n)
+			return r.admit(o.n, from)
 		}
 		if len(v) > 0 && !v[0].Admitted && !v[0].FailureVerdict && !v[0].CostExceedsLimit {
 			r.logf("  denied: %+v", v[0])
@@ -908,14 +913,13 @@ func (r *simRun) apply(o simOp) string {
 		h := r.hit(n)
 		h.Refund = true
 		r.applied = false
-		if _, err := r.slices[o.inst].Decide(ctx, []limiter.Hit{h}); r.applied || err == nil { // its reply lost or not; or given back to a slice
-			r.cancel(n)
-			if r.rule.alg == config.SlidingWindowLog {
-				// Which members the log's refund took beside slices (the
-				// newest a charge named, not a slice's) the oracle does
-				// not follow: no denial is checked while they count.
-				r.unsure()
-			}
+		local := r.local
+		_, err := r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
+		switch {
+		case r.local > local: // given back to the instance's slices
+			r.cancel(n, simBySlice+o.inst)
+		case r.applied || err == nil: // its reply lost or not
+			r.cancel(n, simByStore)
 		}
 	case simSettle:
 		// The client settles a lease it holds (a seat held past its time
@@ -943,7 +947,7 @@ func (r *simRun) apply(o simOp) string {
 		if n := r.envoyServe(r.envoys[o.inst], o.n); n > 0 {
 			r.byBuckets += n
 			r.logf("  %d admitted by its bucket", n)
-			return r.admit(n)
+			return r.admit(n, simByBucket)
 		}
 	case simAdvance:
 		r.advance(o.d)

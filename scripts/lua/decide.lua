@@ -21,7 +21,8 @@
 --          (record_slice). extra and nonce are a lease's TTL in milliseconds
 --          and its nonce, or a settlement's units reserved and the nonce it
 --          names (empty: no lease); see sliding_window_log.lua's commit and
---          settle
+--          settle; a nonce alone names a log charge made as a part of a
+--          request, which its give-back may take back (commit)
 --
 -- A request is charged only when every enforced (non-shadow, non-quota) hit
 -- fits and, when it has quota hits, at least one of its quotas fits: the
@@ -102,6 +103,7 @@ local function parse_rule(s)
     over = role == ROLE_QUOTA_OVER, -- a quota hit's: its quota is over already
     alone = kind.alone, -- a record only when the fleet is alone: see alone_fleet
     lease = false, -- a lease's { ttl (microseconds), nonce }
+    part = not (kind.lease or kind.settle) and nonce ~= '' and nonce, -- a part's charge's nonce (see sliding_window_log.commit)
     settle = false, -- a settlement's { units reserved, nonce }
     string = alg ~= ALG_SLIDING_WINDOW_LOG, -- kept in a string, read by prefetch
     charges = kind.charges and cost > 0, -- a charge of units (not a refund, not a check)
@@ -119,6 +121,9 @@ local function parse_rule(s)
       rule.lease = { ttl = n * 1000, nonce = nonce }
     end
     return rule
+  end
+  if rule.part then
+    return rule -- its nonce is its own, as a lease's
   end
   if nrules >= max_rules then
     rules, nrules = {}, 0
@@ -347,7 +352,7 @@ local function decide(keys, args)
         -- A refund (applied above), or a recorded cost past the limit: the
         -- state changed, so the answer is about the next unit.
         if charged then
-          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease)
+          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease, rule.part)
           if denied then
             denied[key] = nil
           end
@@ -356,7 +361,7 @@ local function decide(keys, args)
         remaining, reset = alg.result(key, next, rule.limit, rule.window, 1, now)
       else
         if charged then
-          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease)
+          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease, rule.part)
           if denied then
             denied[key] = nil
           end

@@ -41,6 +41,12 @@ end
 -- Redis's): a member of another kind, a slice's or a lease's recorded ahead,
 -- never moves a charge's score, which would count it longer than its window.
 --
+-- A part's charge (part: its nonce; a request decided by more than one
+-- call, on two stores or Cluster slots, whose other call may deny it) is
+-- named "<score>p<nonce>" and "<score>p<nonce>:<i>": a refund may take it
+-- as any charge's, and its give-back then finds nothing, but never a later
+-- charge's members that took its freed name.
+--
 -- A lease (a service instance's slice of the limit for a hot key, used
 -- over the ahead microseconds that follow) is recorded at now + ahead, the
 -- last instant a unit of it can be used: every window that holds a use of
@@ -57,7 +63,7 @@ end
 -- are named by the lease's nonce, "L<nonce>" and "L<nonce>:<i>", random
 -- (the caller's), so that only the holder of the lease id can name them to
 -- settle (see settle).
-function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lease)
+function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lease, part)
   cost = min(cost, limit)
   if cost <= 0 then
     return -- a recorded cost on a limit of 0: no member, which would count as a unit
@@ -84,7 +90,7 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
   local score, prior = now + (ahead or 0), st.prior
   local slice = (ahead or 0) > 0 -- named "A...": see below
   local prefix = slice and 'A' or ''
-  local added = not (prior or cost > 1 or slice) and redis.call('ZADD', key, 'NX', fmt_once(score), fmt_once(score)) == 1
+  local added = not (prior or cost > 1 or slice or part) and redis.call('ZADD', key, 'NX', fmt_once(score), fmt_once(score)) == 1
   if not added then
     local last = prior and (slice and prior.last_ahead or not slice and prior.last_own)
     if last and last >= score then
@@ -95,6 +101,9 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
     end
     local s = fmt(score)
     local base = prefix .. s -- a slice's: see reset.lua
+    if part then
+      base = base .. 'p' .. part
+    end
     local args = {}
     for i = 1, cost do
       args[#args + 1] = s
