@@ -9,6 +9,7 @@ import (
 	mathrand "math/rand/v2"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
@@ -138,10 +139,18 @@ func partArg(arg string, h *Hit) (string, string) {
 	if op := h.op(); h.Algorithm != config.SlidingWindowLog || h.Ahead > 0 || h.Cost == 0 || !op.Charges || op.Record || op.AppliedFirst {
 		return arg, ""
 	}
-	// Unique, not secret: no one names these members but their give-back.
-	nonce := strconv.FormatUint(mathrand.Uint64(), 16)
+	nonce := fmt.Sprintf("%s%012x", partPrefix, partCount.Add(1))
 	return arg + "::::" + nonce, nonce
 }
+
+// A part's nonce is unique, not secret (no one names its members but its
+// give-back): this process's random prefix, then a count in fixed width,
+// so that the members of parts at one score sort in the order they were
+// charged, and a refund takes the same ones in every replay.
+var (
+	partPrefix = fmt.Sprintf("%08x", mathrand.Uint32())
+	partCount  atomic.Uint64
+)
 
 // partName is the base name of the members of a part's charge (partArg):
 // its score, "p", its nonce.

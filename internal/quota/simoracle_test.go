@@ -17,17 +17,19 @@ import (
 type simAdmission struct {
 	at              time.Time
 	units, refunded uint64
-	// from is what admitted them: simByStore (the log's members named by
-	// their score, which a refund at the store takes), simBySlice+i (the
-	// slices of instance i, which a refund there gives back to), or
-	// simByBucket (an Envoy's RLQS bucket, out of a lease).
-	from int
+	// from is what admitted them: the store (simByStore: on the log,
+	// members named by their score, which a refund at the store takes), a
+	// slice or an Envoy's RLQS bucket (out of a lease, whose members no
+	// refund at the store takes).
+	from simSource
 }
 
+type simSource uint8
+
 const (
-	simByBucket = -1
-	simByStore  = 0
-	simBySlice  = 1
+	simByStore simSource = iota
+	simBySlice
+	simByBucket
 )
 
 // simSeat is a lease a seats rule's acquisition took: its units count
@@ -82,15 +84,16 @@ func (r *simRun) refundable() uint64 {
 	return n
 }
 
-// cancel takes n units a refund took, from, off the newest admissions in
-// the window. A refund names no charge: the log's at the store takes the
-// newest members a request's charge added (from simByStore: not a slice's
-// nor a lease's), a charge whose request is not answered yet among them
-// (whose give-back then finds nothing), and one given back to an
-// instance's slices the newest they spent (simBySlice+i); the counters'
-// and GCRA's take from a count or a time, whoever admitted the units, and
-// a charge not answered yet keeps its own units, which its give-back takes.
-func (r *simRun) cancel(n uint64, from int) {
+// cancel takes n units a refund took off the newest admissions in the
+// window, and returns what it found no admission for. A refund names no
+// charge: the log's at the store (from simByStore) takes the newest
+// members a request's charge added (not a slice's nor a lease's), a charge
+// whose request is not answered yet among them (whose give-back then finds
+// nothing); one given back to an instance's slices (simBySlice), to spend
+// again, the units they spent. The counters' and GCRA's take from a count
+// or a time, whoever admitted the units, and a charge not answered yet
+// keeps its own units, which its give-back takes.
+func (r *simRun) cancel(n uint64, from simSource) uint64 {
 	for i := len(r.admitted) - 1; i >= 0 && n > 0; i-- {
 		a := &r.admitted[i]
 		if !r.inWindow(i) {
@@ -107,11 +110,12 @@ func (r *simRun) cancel(n uint64, from int) {
 		a.refunded += back
 		n -= back
 	}
+	return n
 }
 
 // admit records n units admitted now, from (see simAdmission), and checks
 // the algorithm's bound.
-func (r *simRun) admit(n uint64, from int) string {
+func (r *simRun) admit(n uint64, from simSource) string {
 	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n, from: from})
 	return r.check(r.count())
 }

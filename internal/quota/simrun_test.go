@@ -365,23 +365,29 @@ type simWrite struct {
 	lease   *simLeaseRef
 }
 
-// simLeaseRef names a slice's lease: its instance, and its token.
+// simLeaseRef names a slice's lease: its instance, its key, and its token
+// (which names it among the key's slices alone: the slices of two keys
+// leased in one call share their record's name).
 type simLeaseRef struct {
 	inst  int
+	key   string
 	token int64
 }
 
 // slice is the live slice the lease made, or nil.
 func (r *simRun) slice(l *simLeaseRef) *slice {
-	var found *slice
-	r.slices[l.inst].each(func(k *hotKey) {
+	s := r.slices[l.inst]
+	sh := s.shard(l.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if k := sh.keys[l.key]; k != nil {
 		for _, sl := range k.slices {
 			if sl.token == l.token {
-				found = sl
+				return sl
 			}
 		}
-	})
-	return found
+	}
+	return nil
 }
 
 var errSimLost = errors.New("simulator: the reply was lost")
@@ -503,7 +509,7 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	}
 	var lease *simLeaseRef
 	if leaser >= 0 && len(v) == 1 && v[0].Charged {
-		lease = &simLeaseRef{inst: leaser, token: v[0].Token}
+		lease = &simLeaseRef{inst: leaser, key: hits[0].Key, token: v[0].Token}
 	}
 	// A request one part of which failed (simFailSlot) wrote the other's
 	// charge: a write a failover can lose like any other.
@@ -870,7 +876,7 @@ func (r *simRun) apply(o simOp) string {
 		v, _ := r.slices[o.inst].Decide(ctx, hits) // a part's failure is in v (see below)
 		from := simByStore
 		if r.local > local {
-			from = simBySlice + o.inst
+			from = simBySlice
 		}
 		if r.pending >= 0 && r.pendingFor == &hits[0] {
 			// Charged before the answer: settled by the answer.
@@ -916,9 +922,16 @@ func (r *simRun) apply(o simOp) string {
 		local := r.local
 		_, err := r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
 		switch {
-		case r.local > local: // given back to the instance's slices
-			r.cancel(n, simBySlice+o.inst)
+		case r.local > local:
+			// Units the slices spent before a Reset or a restart are no
+			// longer counted, but are spent again: what the restart
+			// granted grows by them.
+			r.logf("  %d given back to the instance's slices", n)
+			if left := r.cancel(n, simBySlice); left > 0 {
+				r.faults = append(r.faults, simFault{at: r.now, units: left})
+			}
 		case r.applied || err == nil: // its reply lost or not
+			r.logf("  %d refunded at the store", n)
 			r.cancel(n, simByStore)
 		}
 	case simSettle:
