@@ -96,7 +96,8 @@ function sliding_window_log.commit(key, st, limit, window, cost, now, ahead, lea
     if last and last >= score then
       score = last + 1 -- this call's are not written yet (add_later)
     end
-    while redis.call('ZSCORE', key, prefix .. fmt(score)) do
+    -- A part's name is its nonce's: no other charge's, whatever its score.
+    while not part and redis.call('ZSCORE', key, prefix .. fmt(score)) do
       score = score + 1
     end
     local s = fmt(score)
