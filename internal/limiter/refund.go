@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -32,11 +33,29 @@ var refundScript = redis.NewScript(lua.Refund())
 // undo takes back, in the background, the charges that back marks of the
 // hits at idx (decided by this limiter, a part of a request Split decided
 // across two stores), by the tokens of their verdicts: one refund call per
-// hash slot.
+// hash slot. Hits on one Key were one charge (Decide merges them), named by
+// one token: it is given back once, whole.
 func (l *Limiter) undo(ctx context.Context, what string, hits []Hit, idx []int, verdicts []Verdict, back []bool) {
 	tokens := make([]int64, len(hits))
+	hits, back = slices.Clone(hits), slices.Clone(back)
+	first := map[string]int{} // a charge's key: the first of its hits
+	var merged []int
 	for _, i := range idx {
 		tokens[i] = verdicts[i].Token
+		if !back[i] {
+			continue
+		}
+		j, ok := first[hits[i].Key]
+		if !ok {
+			first[hits[i].Key] = i
+			continue
+		}
+		hits[j].Cost = saturatingAdd(hits[j].Cost, hits[i].Cost)
+		back[i] = false
+		merged = append(merged, i)
+	}
+	for _, i := range merged {
+		takeBack(&hits[first[hits[i].Key]], &verdicts[i]) // the merged charge's remaining
 	}
 	_, groups := l.groups(hits, idx)
 	l.refund(ctx, what, hits, groups, verdicts, tokens, back)

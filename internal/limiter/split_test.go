@@ -285,6 +285,32 @@ func TestSplitGivesBackOnlyItsOwnCharge(t *testing.T) {
 	}
 }
 
+// TestSplitGivesBackHitsOnOneKeyOnce: two hits on one key are one charge
+// (Decide merges them); when the other store denies the request, the whole
+// charge goes back. Given back hit by hit, under the one token, the log's
+// second hit took back the first's first member again, and left its own.
+func TestSplitGivesBackHitsOnOneKeyOnce(t *testing.T) {
+	for _, alg := range []config.Algorithm{config.SlidingWindowLog, config.FixedWindow, config.SlidingWindowCounter, config.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			s, _, _ := newTestSplit(t, epoch.Add(100*time.Millisecond))
+			gate := hit(alg, "gate", 1, time.Second, 1)
+			if v := decideSplit(t, s, gate); !v.Charged {
+				t.Fatalf("the per-second counter's one unit: %+v", v)
+			}
+			a, b := hit(alg, "own", 10, 10*time.Second, 2), hit(alg, "own", 10, 10*time.Second, 3)
+			v, err := s.Decide(context.Background(), []Hit{a, b, gate})
+			if err != nil || v[0].Admitted && v[2].Admitted {
+				t.Fatalf("the request: %+v, %v", v, err)
+			}
+			s.awaitRefunds()
+			probe := hit(alg, "own", 10, 10*time.Second, 10)
+			if v := decideSplit(t, s, probe); !v.Admitted {
+				t.Fatalf("the limit does not fit after the give-back: %+v", v)
+			}
+		})
+	}
+}
+
 // TestSplitGivesBackALogSlice: a log's slice (a charge with Ahead: an RLQS
 // lease of a rule with a per-second limit beside) whose request the
 // per-second store denies is given back by its members' name, "A<score>":
