@@ -133,8 +133,8 @@ func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 }
 
 // run decides the hits at indexes group, which share slot, as one request
-// of a batch, and writes their verdicts, and their refund tokens when
-// tokens is not nil. quotas is the request's rule as known before the
+// of a batch, and writes their verdicts (a part's nonce among them: see
+// partArg), and their refund tokens when tokens is not nil. quotas is the request's rule as known before the
 // store (which quotas are over already); nil sends quota hits as shadow
 // hits. On an error the verdicts follow each hit's failure mode.
 func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge bool, quotas *requestRule,
@@ -169,7 +169,7 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 				}
 				nonces[j] = nonce
 			}
-		} else if hits[i].part || tokens != nil {
+		} else if charge && (hits[i].part || tokens != nil) {
 			var nonce string
 			if arg, nonce = partArg(arg, &hits[i]); nonce != "" {
 				if parts == nil {

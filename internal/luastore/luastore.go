@@ -209,7 +209,9 @@ func (s *Store) compile(script string) (*lua.LFunction, error) {
 
 // protos keeps each source text's compiled code for the process: the
 // simulator's restarts load the same library thousands of times, and a
-// compiled chunk is shared between Lua states as it is read-only.
+// compiled chunk is shared between Lua states as it is read-only. It is
+// never emptied: its texts are the service's few scripts and library, not
+// a client's arbitrary EVALs.
 var protos sync.Map // source text -> *lua.FunctionProto
 
 func compiled(source string) (*lua.FunctionProto, error) {

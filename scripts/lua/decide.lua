@@ -54,7 +54,9 @@
 -- until one unit fits), and a refund token: what refund.lua needs to undo a
 -- charge (the log's score, the counters' window index, GCRA's TAT after
 -- the charge, which ends its time; for a slice of a counter or GCRA, its
--- record's name negated: see record_slice).
+-- record's name negated: see record_slice). A part's log members are named
+-- by its score and the nonce the caller sent (see sliding_window_log.lua's
+-- commit), which the caller keeps.
 
 -- algorithms, generated before this file from algorithms.go, holds each
 -- algorithm's table at its ID.

@@ -4,8 +4,9 @@
 -- KEYS[i]   base key of charged hit i; after them, the records of the
 --           slices given back (decide.lua's record_slice)
 -- ARGV      per hit, five numbers in order: its algorithm's ID (ALG_*), the
---           refund token decide.lua returned (for a lease, its members'
---           base name "L<nonce>" instead; for a slice of a counter or GCRA,
+--           refund token decide.lua returned (for the log's lease, slice or
+--           part of a request, its members' base name instead: "L<nonce>",
+--           "A<score>", "<score>p<nonce>"; for a slice of a counter or GCRA,
 --           the negative name of its record, see slice_record), its cost,
 --           limit, and window in seconds
 --
@@ -50,7 +51,7 @@ for i = 1, #ARGV / 5 do
   if not alg then
     error('refund: unknown algorithm ' .. tostring(ARGV[a + 1]))
   end
-  -- A token is a number, or a lease's base name (the log's "L<nonce>").
+  -- A token is a number, or the log's base name of its members (see above).
   local token, cost, limit = tonumber(ARGV[a + 2]) or ARGV[a + 2], tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   if type(token) == 'number' and token < 0 then
     token, cost = slice_record(key, token, cost)

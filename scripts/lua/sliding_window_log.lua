@@ -40,6 +40,8 @@ end
 -- whose name is free among the charges of its kind (this call's, and
 -- Redis's): a member of another kind, a slice's or a lease's recorded ahead,
 -- never moves a charge's score, which would count it longer than its window.
+-- (A part's name is unique by its nonce: its score is TIME, or after this
+-- call's last charge of the key.)
 --
 -- A part's charge (part: its nonce; a request decided by more than one
 -- call, on two stores or Cluster slots, whose other call may deny it) is
@@ -177,7 +179,7 @@ end
 
 -- undo removes the members a charge of cost added, which token (the
 -- charge's score, or a base name: a slice's "A<score>", a lease's
--- "L<nonce>") names: for refund.lua
+-- "L<nonce>", a part's "<score>p<nonce>") names: for refund.lua
 -- and settle. It returns how many it removed.
 function sliding_window_log.undo(key, token, cost)
   local s = type(token) == 'string' and token or fmt(token)
