@@ -15,7 +15,8 @@ import (
 
 // The simulator searches schedules for a decision past a limit. One seed
 // makes one schedule: the rule (algorithm, limit, window, burst), how many
-// instances decide it, and a list of events -- hits at an instance, refunds
+// instances decide it, and a list of events -- hits at an instance (some
+// carrying two descriptors of the rule, one charge in the limiter), refunds
 // (Envoy's is_negative_hits), the clock moving, the gathered leases of an
 // instance sent with other events run between their store write and its
 // answer (or the next lease sent, when its gathering ends), an admin Reset, a reload that changes the limit, a store reply
@@ -98,6 +99,9 @@ type simOp struct {
 	// only marks a hit of the rule's descriptor alone, where the rule has a
 	// per-second companion (simRule.perSecond): another route's request.
 	only bool
+	// twice makes a hit two, on the rule's counter, of costs adding up to
+	// n (two descriptors of one limit).
+	twice bool
 }
 
 func (o simOp) String() string {
@@ -105,6 +109,9 @@ func (o simOp) String() string {
 	case simHit:
 		if o.only {
 			return fmt.Sprintf("hit(i%d, %d, alone)", o.inst, o.n)
+		}
+		if o.twice {
+			return fmt.Sprintf("hit(i%d, %d, twice)", o.inst, o.n)
 		}
 		return fmt.Sprintf("hit(i%d, %d)", o.inst, o.n)
 	case simRefund:
@@ -346,6 +353,14 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			ops = append(ops, simOp{kind: simRestart})
 		}
 	}
+	// A third of the requests of two units or more carry two descriptors of
+	// the rule (a stream of their own: the other draws are as before).
+	twice := rand.New(rand.NewPCG(seed, uint64(alg)^0x7770))
+	for i := range ops {
+		if ops[i].kind == simHit && ops[i].n >= 2 && !r.seats && twice.IntN(3) == 0 {
+			ops[i].twice = true
+		}
+	}
 	return simSchedule{seed: seed, rule: r, ops: ops}
 }
 
@@ -533,6 +548,15 @@ func TestSimulatorCases(t *testing.T) {
 		ops: slices.Concat(hits(1, 7), []simOp{{kind: simSlowPart, n: 2}, {kind: simRefund, inst: 1, n: 7},
 			{kind: simHit, inst: 0, n: 1, only: true}, at(42 * time.Millisecond), {kind: simHit, inst: 1, n: 1}},
 			slices.Repeat([]simOp{{kind: simHit, inst: 0, n: 1, only: true}}, 12)),
+	}, {
+		// Two descriptors of one counter are one charge; when the other
+		// store denied the request, its give-back took back the first's
+		// units alone: the log then denied with 7 of 8 held (make sim,
+		// seed 39).
+		name: "log/two hits on one key given back whole",
+		rule: simRule{alg: config.SlidingWindowLog, limit: 8, window: 10 * time.Second, instances: 1, perSecond: 2},
+		ops: slices.Concat(hits(0, 1), []simOp{{kind: simHit, inst: 0, n: 2, twice: true}},
+			slices.Repeat([]simOp{{kind: simHit, inst: 0, n: 1, only: true}}, 8)),
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := newSimStore(t)

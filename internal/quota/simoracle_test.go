@@ -285,12 +285,7 @@ func (r *simRun) unsure() {
 // give-back that found nothing, a record that outlives its lease.
 func (r *simRun) denied(n uint64) string {
 	alg, w := r.rule.alg, r.rule.window
-	// Not checked yet beside a rule on another store or slot: a part
-	// answered after other events was decided earlier than the check, and
-	// a denial with this instance's slice holding units of the key, the
-	// other hit having none, is not understood yet.
-	if alg != config.SlidingWindowLog && alg != config.FixedWindow || r.now.Before(r.unsureUntil) ||
-		r.rule.perSecond > 0 || r.rule.otherSlot > 0 {
+	if alg != config.SlidingWindowLog && alg != config.FixedWindow || r.now.Before(r.unsureUntil) {
 		return ""
 	}
 	sameWindow := func(at time.Time) bool { return at.Sub(simEpoch)/w == r.now.Sub(simEpoch)/w }

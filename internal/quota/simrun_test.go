@@ -411,21 +411,25 @@ type simRun struct {
 	ops  []simOp
 	next int // the next op to run
 
-	writes     []simWrite // the last few acknowledged calls, the oldest first; writes[0] is the base
-	applied    bool       // the last store call applied, its reply lost or not
-	loseReply  bool
-	failCall   int     // the store call that many from now fails unapplied (0: none)
-	during     []simOp // run between the next lease's write and its answer
-	hold       int     // the next lease sent answers after this many of the events next
-	slowPart   []simOp // run while the next request's other part waits on its store
-	main       *limiter.Limiter
-	gate       *simGate     // main's
-	slowGate   *simGate     // the other part's store's: the per-second one, or the Cluster's other node
-	partBusy   bool         // a request's other part is waiting: the events run meanwhile hit the rule alone
-	pending    int          // the admission a request's main part charged before its answer (simRun.charged), or -1
-	pendingFor *limiter.Hit // the request whose admission pending is
-	inflight   uint64       // the units of a lease written, its answer on its way
-	inflightAt int          // the instance it goes to
+	writes    []simWrite // the last few acknowledged calls, the oldest first; writes[0] is the base
+	applied   bool       // the last store call applied, its reply lost or not
+	loseReply bool
+	failCall  int     // the store call that many from now fails unapplied (0: none)
+	during    []simOp // run between the next lease's write and its answer
+	hold      int     // the next lease sent answers after this many of the events next
+	slowPart  []simOp // run while the next request's other part waits on its store
+	main      *limiter.Limiter
+	gate      *simGate // main's
+	slowGate  *simGate // the other part's store's: the per-second one, or the Cluster's other node
+	partBusy  bool     // a request's other part is waiting: the events run meanwhile hit the rule alone
+	// answeredLate: the request just decided had a part that answered
+	// after other events (simSlowPart), so its other part was decided
+	// before them, at a state the oracle no longer holds.
+	answeredLate bool
+	pending      int          // the admission a request's main part charged before its answer (simRun.charged), or -1
+	pendingFor   *limiter.Hit // the request whose admission pending is
+	inflight     uint64       // the units of a lease written, its answer on its way
+	inflightAt   int          // the instance it goes to
 
 	admitted []simAdmission
 	// rlqsLeases are the Envoys' leases the store charged; until
@@ -456,10 +460,15 @@ func (r *simRun) hit(cost uint64) limiter.Hit {
 	return limiter.Hit{Key: simKeyName, Algorithm: r.rule.alg, Limit: r.limit, Window: r.rule.window, Burst: r.rule.burst, Cost: cost}
 }
 
-// request is the hits of a request of cost units: the rule's, and the
-// per-second rule's unless the rule has none or o hits the rule alone.
+// request is the hits of a request of cost units: the rule's (two, of
+// costs adding up to it, when o is twice: two descriptors of one counter,
+// which the limiter decides as one charge), and the per-second rule's
+// unless the rule has none or o hits the rule alone.
 func (r *simRun) request(o simOp) []limiter.Hit {
 	hits := []limiter.Hit{r.hit(o.n)}
+	if o.twice {
+		hits = []limiter.Hit{r.hit(o.n / 2), r.hit(o.n - o.n/2)}
+	}
 	if r.rule.perSecond > 0 && !o.only && !r.partBusy {
 		hits = append(hits, limiter.Hit{Key: simSecondKey, Algorithm: r.rule.alg, Limit: r.rule.perSecond, Window: time.Second, Cost: o.n})
 	}
@@ -467,6 +476,17 @@ func (r *simRun) request(o simOp) []limiter.Hit {
 		hits = append(hits, limiter.Hit{Key: simOtherKey, Algorithm: r.rule.alg, Limit: r.rule.otherSlot, Window: r.rule.window, Burst: r.rule.burst, Cost: o.n})
 	}
 	return hits
+}
+
+// rulesCost is the cost of hits on the rule's counter.
+func (r *simRun) rulesCost(hits []limiter.Hit) uint64 {
+	var n uint64
+	for _, h := range hits {
+		if h.Key == simKeyName {
+			n += h.Cost
+		}
+	}
+	return n
 }
 
 // simLedger is the instances' ledger: the real Split, with the store's
@@ -565,18 +585,20 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	if len(second) == 0 || len(other) == 0 {
 		return l.split.Decide(ctx, hits)
 	}
-	// A part whose costs the limit can never hold is answered without a
-	// call.
+	// A part whose cost the limit can never hold is answered without a
+	// call. Its hits are on one key: one demand, their costs added.
 	sent := func(part []int) int {
+		var cost uint64
 		for _, i := range part {
-			h := &hits[i]
-			capacity := h.Limit
-			if h.Algorithm == config.GCRA {
-				capacity = bucket(h.Burst, h.Limit)
-			}
-			if h.Cost <= uint64(capacity) {
-				return 1
-			}
+			cost += hits[i].Cost
+		}
+		h := &hits[part[0]]
+		capacity := h.Limit
+		if h.Algorithm == config.GCRA {
+			capacity = bucket(h.Burst, h.Limit)
+		}
+		if cost <= uint64(capacity) {
+			return 1
 		}
 		return 0
 	}
@@ -584,7 +606,7 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	// The schedule's slow per-second store holds a request of the rule's
 	// hit and the per-second one (simRun.request), both sent.
 	var during []simOp
-	if len(hits) == 2 && other[0] == 0 && mainSent+secondSent == 2 {
+	if len(second) == 1 && second[0] == len(hits)-1 && mainSent+secondSent == 2 {
 		during, r.slowPart = r.slowPart, nil
 	}
 	mainAt, secondAt := r.gate.count(), r.slowGate.count()
@@ -604,7 +626,7 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		r.slowGate.await(math.MaxInt, true)
 		r.gate.await(mainAt+1, false)
 		if r.gate.chargedBy(mainCall) { // the rule's hit alone, landed
-			r.charged(hits[0].Cost)
+			r.charged(r.rulesCost(hits))
 			r.pendingFor = &hits[0]
 		}
 		r.partBusy = true
@@ -612,6 +634,7 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 			r.runDuring(o)
 		}
 		r.partBusy = false
+		r.answeredLate = true       // after the events' own requests
 		mainAt = r.gate.count() - 1 // the events' calls landed too
 	}
 	release()
@@ -873,22 +896,24 @@ func (r *simRun) apply(o simOp) string {
 			hits[0].Lease, hits[0].LeaseTTL, hits[0].NoSlices = true, r.rule.leaseTTL, true
 		}
 		local := r.local
+		r.answeredLate = false
 		v, _ := r.slices[o.inst].Decide(ctx, hits) // a part's failure is in v (see below)
 		from := simByStore
 		if r.local > local {
 			from = simBySlice
 		}
+		last := len(v) - 1 // the other part's, when there is one
 		if r.pending >= 0 && r.pendingFor == &hits[0] {
 			// Charged before the answer: settled by the answer.
 			r.logf("  charged at %.3fs: %+v", r.admitted[r.pending].at.Sub(simEpoch).Seconds(), v)
 			// The other part's failure answers by its failure mode (see below).
-			return r.answered(v[0].Admitted && !v[0].FailureVerdict && v[1].Admitted)
+			return r.answered(v[0].Admitted && !v[0].FailureVerdict && v[last].Admitted)
 		}
-		if len(v) == 2 {
-			r.logf("  other part: admitted %v (failure verdict %v), remaining %d", v[1].Admitted, v[1].FailureVerdict, v[1].Remaining)
+		if len(v) > 1 && hits[last].Key != simKeyName {
+			r.logf("  other part: admitted %v (failure verdict %v), remaining %d", v[last].Admitted, v[last].FailureVerdict, v[last].Remaining)
 			// A part that failed answers by its failure mode: admitted (the
 			// default), the request is, and the rule's charge stands.
-			if !v[1].Admitted {
+			if !v[last].Admitted {
 				break
 			}
 		}
@@ -905,7 +930,7 @@ func (r *simRun) apply(o simOp) string {
 			r.logf("  admitted, remaining %d", v[0].Remaining)
 			return r.admit(o.n, from)
 		}
-		if len(v) > 0 && !v[0].Admitted && !v[0].FailureVerdict && !v[0].CostExceedsLimit {
+		if len(v) > 0 && !v[0].Admitted && !v[0].FailureVerdict && !v[0].CostExceedsLimit && !r.answeredLate {
 			r.logf("  denied: %+v", v[0])
 			return r.denied(o.n)
 		}
