@@ -470,7 +470,7 @@ func TestSimulatorReplays(t *testing.T) {
 		t.Run(alg.String(), func(t *testing.T) {
 			t.Parallel()
 			st := newSimStore(t)
-			for seed := uint64(1); seed <= 20; seed++ {
+			for seed := uint64(1); seed <= 8; seed++ {
 				s := newSimSchedule(seed, alg)
 				var runs [2]string
 				for i := range runs {
