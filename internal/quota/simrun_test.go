@@ -930,8 +930,11 @@ func (r *simRun) apply(o simOp) string {
 			r.logf("  admitted, remaining %d", v[0].Remaining)
 			return r.admit(o.n, from)
 		}
-		if len(v) > 0 && !v[0].Admitted && !v[0].FailureVerdict && !v[0].CostExceedsLimit && !r.answeredLate {
+		if len(v) > 0 && !v[0].Admitted && !v[0].FailureVerdict && !v[0].CostExceedsLimit {
 			r.logf("  denied: %+v", v[0])
+			if r.answeredLate {
+				return "" // decided before the events its other part let run: not checkable now
+			}
 			return r.denied(o.n)
 		}
 	case simRefund:
