@@ -18,7 +18,7 @@ run:
 	$(GO) run ./cmd/ratelimit --config examples/config --log-format console --admin-addr localhost:9090
 
 ## test: install what the tests need when it is missing (make tools: redis-server and
-## redis-sentinel, protoc, promtool, the code generators, h2spec, golangci-lint, apidiff), then lint
+## redis-sentinel, Lua 5.1's C library, protoc, promtool, the code generators, h2spec, golangci-lint, apidiff), then lint
 ## (govet among its linters, with go vet's analyzers), the API check, and every test with
 ## the race detector
 test: tools lint api
@@ -26,13 +26,14 @@ test: tools lint api
 
 ## lint: golangci-lint at its pinned version (installed when missing), config .golangci.yml
 lint:
-	.ci/tools.sh golangci-lint
+	.ci/tools.sh lua golangci-lint
 	golangci-lint run ./...
 
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/ratelimit ./cmd/ratelimit
 
 vet:
+	.ci/tools.sh lua
 	$(GO) vet ./...
 
 ## api: the public packages (pkg/..., scripts/lua) against their committed API baseline
@@ -50,7 +51,7 @@ proto:
 	proto/generate.sh
 
 ## tools: install what is missing of what make test needs, at the pinned versions:
-## redis-server, redis-sentinel, protoc and promtool (apt-get), the protoc plugins, h2spec,
+## redis-server, redis-sentinel, Lua 5.1's C library, protoc and promtool (apt-get), the protoc plugins, h2spec,
 ## golangci-lint and apidiff (go install into GOBIN); a check of about a second when all is there
 tools:
 	.ci/tools.sh

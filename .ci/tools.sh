@@ -6,6 +6,10 @@
 #                       redis-server and redis-sentinel packages): the e2e
 #                       tests start their own standalone, cluster and
 #                       sentinel processes
+#   lua                 Lua 5.1's C library and headers (Debian's
+#                       liblua5.1-0-dev, found by pkg-config): the
+#                       interpreter Redis embeds, which internal/luastore
+#                       runs the scripts in for the simulator (cgo)
 #   protoc              3.21.12  Debian 12's protobuf-compiler, with
 #                                libprotobuf-dev for the well-known types
 #   promtool            2.42.0   Debian 12's prometheus package: checks and
@@ -30,7 +34,7 @@
 # a check of about a second.
 #
 # usage: .ci/tools.sh [--check] [TOOL...]
-#   TOOL: redis, protoc, promtool, protoc-gen-go, protoc-gen-go-grpc,
+#   TOOL: redis, lua, protoc, promtool, protoc-gen-go, protoc-gen-go-grpc,
 #         h2spec, golangci-lint, apidiff (default: all of them)
 #   --check: install nothing; exit 1 naming what is wrong
 set -euo pipefail
@@ -58,13 +62,13 @@ if [ -z "$gobin" ]; then
 fi
 export PATH="$gobin:$PATH"
 
-all=(redis protoc promtool protoc-gen-go protoc-gen-go-grpc h2spec golangci-lint apidiff)
+all=(redis lua protoc promtool protoc-gen-go protoc-gen-go-grpc h2spec golangci-lint apidiff)
 check=false
 tools=()
 for arg in "$@"; do
   case "$arg" in
     --check) check=true ;;
-    redis | protoc | promtool | protoc-gen-go | protoc-gen-go-grpc | h2spec | golangci-lint | apidiff) tools+=("$arg") ;;
+    redis | lua | protoc | promtool | protoc-gen-go | protoc-gen-go-grpc | h2spec | golangci-lint | apidiff) tools+=("$arg") ;;
     *) echo "usage: $0 [--check] [TOOL...], TOOL one of: ${all[*]}" >&2; exit 2 ;;
   esac
 done
@@ -128,6 +132,11 @@ if wanted redis && ! redis_ok; then
   command -v redis-sentinel >/dev/null || packages+=(redis-sentinel)
   need+=("redis-server, redis-cli and redis-sentinel")
 fi
+if wanted lua && ! pkg-config --exists lua5.1 2>/dev/null; then
+  wrong+=("Lua 5.1's C library (pkg-config lua5.1) is missing")
+  packages+=(liblua5.1-0-dev pkg-config)
+  need+=("Lua 5.1's C library and headers, with a pkg-config file lua5.1")
+fi
 if wanted protoc; then
   have="$(version_of protoc)"
   if [ "$have" != "$PROTOC_VERSION" ]; then
@@ -188,6 +197,10 @@ if [ ${#packages[@]} -gt 0 ] && ! $check; then
   "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade --no-install-recommends "${packages[@]}" >/dev/null
   if wanted redis && ! redis_ok; then
     echo "apt-get installed ${packages[*]}, but redis-server, redis-cli or redis-sentinel is still not on PATH" >&2
+    exit 1
+  fi
+  if wanted lua && ! pkg-config --exists lua5.1; then
+    echo "apt-get installed ${packages[*]}, but pkg-config still finds no lua5.1" >&2
     exit 1
   fi
   if wanted protoc; then

@@ -210,6 +210,7 @@ const maxShards = 32
 // shard is one store of a run: an in-process miniredis and a limiter on it.
 type shard struct {
 	m      *miniredis.Miniredis
+	lua    *luastore.Store
 	client *redis.Client
 	l      *limiter.Limiter
 }
@@ -219,7 +220,8 @@ func openShard() (*shard, error) {
 	if err := m.Start(); err != nil {
 		return nil, fmt.Errorf("miniredis: %w", err)
 	}
-	if _, err := luastore.Install(m); err != nil {
+	lua, err := luastore.Install(m)
+	if err != nil {
 		m.Close()
 		return nil, err
 	}
@@ -231,11 +233,12 @@ func openShard() (*shard, error) {
 	// A generous timeout: under the race detector a script takes
 	// milliseconds, and a timeout here would be a wrong answer.
 	l := limiter.New(client, &limiter.Options{Timeout: 30 * time.Second, DenyCache: -1}) // trace time, not wall time
-	return &shard{m: m, client: client, l: l}, nil
+	return &shard{m: m, lua: lua, client: client, l: l}, nil
 }
 
 func (s *shard) close() {
 	_ = s.client.Close() // an in-process store going away with its client: nothing to report
+	s.lua.Close()
 	s.m.Close()
 }
 

@@ -1,11 +1,13 @@
-// Package luastore runs Lua on a miniredis the way Redis does: a script or
-// a function library is compiled once, on SCRIPT LOAD, EVAL or FUNCTION
-// LOAD, and kept in one Lua state with its globals protected; each EVALSHA
-// runs the compiled chunk, each FCALL calls the registered function, whose
-// library keeps its locals between calls. miniredis itself builds a Lua
-// state and runs the whole script text on every call, which is most of the
-// simulator's time. It is for tests and the simulator only: it speaks to
-// database 0, with no MULTI around its commands and no read-only scripts.
+// Package luastore runs Lua on a miniredis the way Redis does: in Lua 5.1's
+// own interpreter, the one Redis embeds (through cgo: Debian's
+// liblua5.1-0-dev), a script or a function library compiled once, on
+// SCRIPT LOAD, EVAL or FUNCTION LOAD, and kept in one Lua state with its
+// globals protected; each EVALSHA runs the compiled chunk, each FCALL calls
+// the registered function, whose library keeps its locals between calls.
+// miniredis itself builds a Lua state of its Go interpreter and runs the
+// whole script text on every call, which was most of the simulator's time.
+// It is for tests and the simulator only: it speaks to database 0, with no
+// MULTI around its commands and no read-only scripts.
 package luastore
 
 import (
@@ -18,35 +20,32 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/alicebob/miniredis/v2/server"
-	lua "github.com/yuin/gopher-lua"
-	"github.com/yuin/gopher-lua/parse"
 )
 
 // Store is the Lua of one miniredis.
 type Store struct {
-	m *miniredis.Miniredis
-	l *lua.LState
+	m  *miniredis.Miniredis
+	st *state // nil once closed
 	// nested is miniredis's context of a command a script calls: it
 	// runs without taking the server's lock, which the script holds.
 	nested    any
-	scripts   map[string]*lua.LFunction // by SHA1
-	functions map[string]*lua.LFunction // by name
-	libraries map[string][]string       // a library's functions
-	loading   map[string]*lua.LFunction // what a FUNCTION LOAD registers; nil outside one
-	reply     bytes.Buffer              // a called command's reply
-	replyW    *bufio.Writer             // into reply
-	replyR    *bufio.Reader             // from reply
+	scripts   map[string]chunk    // by SHA1
+	functions map[string]chunk    // by name
+	libraries map[string][]string // a library's functions
+	loading   map[string]chunk    // what a FUNCTION LOAD registers; nil outside one
+	reply     bytes.Buffer        // a called command's reply
+	replyW    *bufio.Writer       // into reply
+	replyR    *bufio.Reader       // from reply
 }
 
 // ctxCommand is the command Install calls from one of miniredis's own
 // scripts to learn the context of a script's commands.
 const ctxCommand = "LUASTORE.CONTEXT"
 
-// Install makes m's scripts and functions run on a Store.
+// Install makes m's scripts and functions run on a Store, until Close.
 func Install(m *miniredis.Miniredis) (*Store, error) {
 	s := &Store{m: m}
 	s.replyW, s.replyR = bufio.NewWriter(&s.reply), bufio.NewReader(&s.reply)
@@ -64,10 +63,22 @@ func Install(m *miniredis.Miniredis) (*Store, error) {
 	if s.nested == nil {
 		return nil, fmt.Errorf("luastore: no script context from miniredis: %q", out.String())
 	}
-	s.l = s.newState()
-	s.Flush()
+	if s.st, err = newState(s); err != nil {
+		return nil, err
+	}
+	s.scripts, s.functions, s.libraries = map[string]chunk{}, map[string]chunk{}, map[string][]string{}
 	m.Server().SetPreHook(s.hook)
 	return s, nil
+}
+
+// Close frees the Lua state; scripting commands fail after it.
+func (s *Store) Close() {
+	s.m.Lock()
+	defer s.m.Unlock()
+	if s.st != nil {
+		s.st.close()
+		s.st = nil
+	}
 }
 
 // Flush forgets every script and function library, as a restart of Redis
@@ -75,52 +86,23 @@ func Install(m *miniredis.Miniredis) (*Store, error) {
 func (s *Store) Flush() {
 	s.m.Lock()
 	defer s.m.Unlock()
-	s.scripts = map[string]*lua.LFunction{}
-	s.functions = map[string]*lua.LFunction{}
-	s.libraries = map[string][]string{}
+	s.flushScripts()
+	s.flushFunctions()
 }
 
-func (s *Store) newState() *lua.LState {
-	l := lua.NewState(lua.Options{SkipOpenLibs: true})
-	for name, open := range map[string]lua.LGFunction{
-		lua.BaseLibName: lua.OpenBase, lua.TabLibName: lua.OpenTable,
-		lua.StringLibName: lua.OpenString, lua.MathLibName: lua.OpenMath,
-	} {
-		l.Push(l.NewFunction(open))
-		l.Push(lua.LString(name))
-		l.Call(1, 0)
+func (s *Store) flushScripts() {
+	for _, c := range s.scripts {
+		s.st.forget(c)
 	}
-	r := l.NewTable()
-	r.RawSetString("call", l.NewFunction(func(l *lua.LState) int { return s.call(l, true) }))
-	r.RawSetString("pcall", l.NewFunction(func(l *lua.LState) int { return s.call(l, false) }))
-	for fn, name := range map[string]string{"error_reply": "err", "status_reply": "ok"} {
-		r.RawSetString(fn, l.NewFunction(func(l *lua.LState) int {
-			l.Push(field(l, name, l.CheckString(1)))
-			return 1
-		}))
-	}
-	r.RawSetString("register_function", l.NewFunction(s.register))
-	l.SetGlobal("redis", r)
-	l.SetGlobal("server", r)
-	// Redis refuses a script's global writes and reads of undefined
-	// globals: a state kept between calls must not carry a call's leftovers.
-	mt := l.NewTable()
-	mt.RawSetString("__newindex", l.NewFunction(func(l *lua.LState) int {
-		l.RaiseError("Attempt to modify a readonly table: %s", l.ToString(2))
-		return 0
-	}))
-	mt.RawSetString("__index", l.NewFunction(func(l *lua.LState) int {
-		l.RaiseError("Script attempted to access nonexistent global variable '%s'", l.ToString(2))
-		return 0
-	}))
-	l.SetMetatable(l.G.Global, mt)
-	return l
+	clear(s.scripts)
 }
 
-func field(l *lua.LState, name, value string) *lua.LTable {
-	t := l.NewTable()
-	t.RawSetString(name, lua.LString(value))
-	return t
+func (s *Store) flushFunctions() {
+	for _, c := range s.functions {
+		s.st.forget(c)
+	}
+	clear(s.functions)
+	clear(s.libraries)
 }
 
 // hook answers the scripting commands; the others go on to miniredis.
@@ -132,6 +114,10 @@ func (s *Store) hook(c *server.Peer, cmd string, args ...string) bool {
 	}
 	s.m.Lock()
 	defer s.m.Unlock()
+	if s.st == nil {
+		c.WriteError("ERR luastore is closed")
+		return true
+	}
 	if cmd != "SCRIPT" && cmd != "FUNCTION" && len(args) < 2 {
 		c.WriteError("ERR wrong number of arguments for '" + strings.ToLower(cmd) + "' command")
 		return true
@@ -162,7 +148,7 @@ func (s *Store) hook(c *server.Peer, cmd string, args ...string) bool {
 			c.WriteError(err.Error())
 			return true
 		}
-		s.run(c, fn, s.strings(keys), s.strings(argv))
+		s.st.call(c, fn, keys, argv)
 	case "SCRIPT":
 		s.script(c, args)
 	case "FUNCTION":
@@ -183,167 +169,42 @@ func split(args []string) (keys, argv []string, err error) {
 	return args[1 : 1+n], args[1+n:], nil
 }
 
-func (s *Store) strings(v []string) *lua.LTable {
-	t := s.l.CreateTable(len(v), 0)
-	for i, x := range v {
-		t.RawSetInt(i+1, lua.LString(x))
-	}
-	return t
-}
-
 // compile keeps script's chunk, a function Redis would name f_<sha>.
-func (s *Store) compile(script string) (*lua.LFunction, error) {
+func (s *Store) compile(script string) (chunk, error) {
 	sum := sha1.Sum([]byte(script))
 	sha := hex.EncodeToString(sum[:])
 	if fn, ok := s.scripts[sha]; ok {
 		return fn, nil
 	}
-	proto, err := compiled(script)
+	fn, err := s.st.compile(script, "@user_script")
 	if err != nil {
-		return nil, fmt.Errorf("ERR Error compiling script (new function): %w", err)
+		return 0, fmt.Errorf("ERR Error compiling script (new function): %w", err)
 	}
-	fn := s.l.NewFunctionFromProto(proto)
 	s.scripts[sha] = fn
 	return fn, nil
 }
 
-// protos keeps each source text's compiled code for the process: the
-// simulator's restarts load the same library thousands of times, and a
-// compiled chunk is shared between Lua states as it is read-only. It is
-// never emptied: its texts are the service's few scripts and library, not
-// a client's arbitrary EVALs.
-var protos sync.Map // source text -> *lua.FunctionProto
-
-func compiled(source string) (*lua.FunctionProto, error) {
-	if p, ok := protos.Load(source); ok {
-		return p.(*lua.FunctionProto), nil
-	}
-	chunk, err := parse.Parse(strings.NewReader(source), "<string>")
-	if err != nil {
-		return nil, err
-	}
-	p, err := lua.Compile(chunk, "<string>")
-	if err != nil {
-		return nil, err
-	}
-	protos.Store(source, p)
-	return p, nil
-}
-
 // eval runs a script's chunk with its KEYS and ARGV.
-func (s *Store) eval(c *server.Peer, fn *lua.LFunction, args []string) {
+func (s *Store) eval(c *server.Peer, fn chunk, args []string) {
 	keys, argv, err := split(args)
 	if err != nil {
 		c.WriteError(err.Error())
 		return
 	}
-	s.l.G.Global.RawSetString("KEYS", s.strings(keys))
-	s.l.G.Global.RawSetString("ARGV", s.strings(argv))
-	s.run(c, fn)
+	s.st.setGlobals(keys, argv)
+	s.st.call(c, fn)
 }
 
-func (s *Store) run(c *server.Peer, fn *lua.LFunction, args ...lua.LValue) {
-	defer s.l.SetTop(0)
-	if err := s.l.CallByParam(lua.P{Fn: fn, NRet: 1, Protect: true}, args...); err != nil {
-		c.WriteError(err.Error())
-		return
-	}
-	write(c, s.l.Get(-1))
-}
-
-// write answers v as Redis converts a Lua value to its reply.
-func write(c *server.Peer, v lua.LValue) {
-	switch v := v.(type) {
-	case lua.LBool:
-		if v {
-			c.WriteInt(1)
-		} else {
-			c.WriteNull()
-		}
-	case lua.LNumber:
-		c.WriteInt(int(v))
-	case lua.LString:
-		c.WriteBulk(string(v))
-	case *lua.LTable:
-		if e := v.RawGetString("err"); e != lua.LNil {
-			c.WriteError(e.String())
-			return
-		}
-		if ok := v.RawGetString("ok"); ok != lua.LNil {
-			c.WriteInline(ok.String())
-			return
-		}
-		n := 0
-		for v.RawGetInt(n+1) != lua.LNil {
-			n++
-		}
-		c.WriteLen(n)
-		for i := 1; i <= n; i++ {
-			write(c, v.RawGetInt(i))
-		}
-	default:
-		c.WriteNull()
-	}
-}
-
-// call is redis.call (raise) and redis.pcall (raise: false): a command run
-// on miniredis within the script's lock, its reply as a Lua value.
-func (s *Store) call(l *lua.LState, raise bool) int {
-	if s.loading != nil {
-		l.RaiseError("redis.call is not allowed while a function library loads")
-	}
-	top := l.GetTop()
-	if top == 0 {
-		l.RaiseError("Please specify at least one argument for this redis lib call")
-	}
-	args := make([]string, top)
-	for i := range top {
-		switch a := l.Get(i + 1).(type) {
-		case lua.LNumber:
-			args[i] = a.String()
-		case lua.LString:
-			args[i] = string(a)
-		default:
-			l.RaiseError("Lua redis lib command arguments must be strings or integers")
-		}
-	}
+// dispatch runs a command a script calls on miniredis, within the
+// script's lock, and parses its reply.
+func (s *Store) dispatch(args []string) (any, error) {
 	s.reply.Reset()
 	s.replyR.Reset(&s.reply)
 	peer := server.NewPeer(s.replyW)
 	peer.Ctx = s.nested
 	s.m.Server().Dispatch(peer, args)
 	_ = s.replyW.Flush() // into a bytes.Buffer, which takes everything
-	res, err := server.ParseReply(s.replyR)
-	if err != nil {
-		if raise {
-			l.RaiseError("%s", err.Error())
-		}
-		l.Push(field(l, "err", err.Error()))
-		return 1
-	}
-	l.Push(toLua(l, res))
-	return 1
-}
-
-// toLua converts a reply as Redis does for a script.
-func toLua(l *lua.LState, res any) lua.LValue {
-	switch r := res.(type) {
-	case nil:
-		return lua.LFalse
-	case int:
-		return lua.LNumber(r)
-	case string:
-		return lua.LString(r)
-	case server.Simple:
-		return field(l, "ok", string(r))
-	case []any:
-		t := l.CreateTable(len(r), 0)
-		for i, e := range r {
-			t.RawSetInt(i+1, toLua(l, e))
-		}
-		return t
-	}
-	panic(fmt.Sprintf("luastore: a reply of type %T", res))
+	return server.ParseReply(s.replyR)
 }
 
 // script answers SCRIPT LOAD, EXISTS and FLUSH.
@@ -371,7 +232,7 @@ func (s *Store) script(c *server.Peer, args []string) {
 			c.WriteInt(map[bool]int{false: 0, true: 1}[ok])
 		}
 	case "FLUSH":
-		s.scripts = map[string]*lua.LFunction{}
+		s.flushScripts()
 		c.WriteOK()
 	default:
 		c.WriteError("ERR unknown subcommand '" + args[0] + "'")
@@ -409,8 +270,7 @@ func (s *Store) function(c *server.Peer, args []string) {
 		s.deleteLibrary(args[1])
 		c.WriteOK()
 	case "FLUSH":
-		s.functions = map[string]*lua.LFunction{}
-		s.libraries = map[string][]string{}
+		s.flushFunctions()
 		c.WriteOK()
 	default:
 		c.WriteError("ERR unknown subcommand '" + args[0] + "'")
@@ -428,26 +288,31 @@ func (s *Store) load(code string, replace bool) (string, error) {
 		return "", fmt.Errorf("ERR Library '%s' already exists", name)
 	}
 	// The shebang line becomes a blank one: line numbers stay the file's.
-	proto, err := compiled("\n" + body)
+	lib, err := s.st.compile("\n"+body, "@user_function")
 	if err != nil {
 		return "", fmt.Errorf("ERR Error compiling function: %w", err)
 	}
-	fn := s.l.NewFunctionFromProto(proto)
-	s.loading = map[string]*lua.LFunction{}
-	err = s.l.CallByParam(lua.P{Fn: fn, NRet: 0, Protect: true})
+	s.loading = map[string]chunk{}
+	err = s.st.run(lib)
+	s.st.forget(lib)
 	registered := s.loading
 	s.loading = nil
-	s.l.SetTop(0)
+	refuse := func(err error) (string, error) {
+		for _, fn := range registered {
+			s.st.forget(fn)
+		}
+		return "", err
+	}
 	if err != nil {
-		return "", fmt.Errorf("ERR Error registering functions: %w", err)
+		return refuse(fmt.Errorf("ERR Error registering functions: %w", err))
 	}
 	if len(registered) == 0 {
-		return "", errors.New("ERR No functions registered")
+		return refuse(errors.New("ERR No functions registered"))
 	}
 	old := s.libraries[name]
 	for f := range registered {
 		if _, taken := s.functions[f]; taken && !slices.Contains(old, f) {
-			return "", fmt.Errorf("ERR Function %s already exists", f)
+			return refuse(fmt.Errorf("ERR Function %s already exists", f))
 		}
 	}
 	s.deleteLibrary(name)
@@ -460,31 +325,8 @@ func (s *Store) load(code string, replace bool) (string, error) {
 
 func (s *Store) deleteLibrary(name string) {
 	for _, f := range s.libraries[name] {
+		s.st.forget(s.functions[f])
 		delete(s.functions, f)
 	}
 	delete(s.libraries, name)
-}
-
-// register is redis.register_function(name, callback), or its table form
-// {function_name = name, callback = f}.
-func (s *Store) register(l *lua.LState) int {
-	if s.loading == nil {
-		l.RaiseError("redis.register_function can only be called while a function library loads")
-	}
-	var name string
-	var fn *lua.LFunction
-	if t, ok := l.Get(1).(*lua.LTable); ok {
-		name = t.RawGetString("function_name").String()
-		fn, _ = t.RawGetString("callback").(*lua.LFunction)
-	} else {
-		name, fn = l.CheckString(1), l.CheckFunction(2)
-	}
-	if name == "" || fn == nil {
-		l.RaiseError("redis.register_function needs a name and a callback")
-	}
-	if _, dup := s.loading[name]; dup {
-		l.RaiseError("Function already exists in the library")
-	}
-	s.loading[name] = fn
-	return 0
 }

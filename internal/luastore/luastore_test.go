@@ -21,6 +21,7 @@ func open(t *testing.T) (*Store, *redis.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(s.Close)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { c.Close() })
 	return s, c
@@ -55,6 +56,13 @@ func TestReplies(t *testing.T) {
 		{script: "return redis.call('SET', 'j', 1)['ok']", want: "OK"},
 		{script: "return redis.pcall('HGET', 'k', 'f')['err']", want: "WRONGTYPE Operation against a key holding the wrong kind of value"},
 		{script: "return redis.call('HGET', 'k', 'f')", err: "WRONGTYPE"},
+		// Numbers as Lua 5.1 and Redis 7.0 format them (each checked on
+		// redis-server): tostring with 14 digits, a command's argument
+		// with 17.
+		{script: "return tostring(1764680000000000)", want: "1.76468e+15"},
+		{script: "redis.call('SET', 'n', 1764680000000001); return redis.call('GET', 'n')", want: "1764680000000001"},
+		{script: "redis.call('SET', 'n', 0.1); return redis.call('GET', 'n')", want: "0.10000000000000001"},
+		{script: "return {1.9, -2.5}", want: []any{int64(1), int64(-2)}},
 		{script: "x = 1", err: "readonly table"},
 		{script: "return y", err: "nonexistent global variable 'y'"},
 		{script: "return (", err: "compiling"},

@@ -58,6 +58,7 @@ func newSimStore(t *testing.T) *simStore {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(lua.Close) // before m's own Close (cleanups run last first)
 		return m, lua
 	}
 	// The clients reach the stores in-process, through net.Pipe: the
@@ -410,6 +411,9 @@ type simRun struct {
 
 	ops  []simOp
 	next int // the next op to run
+	// failovers counts the failovers among ops still to run: a write
+	// after the last needs no snapshot.
+	failovers int
 
 	writes    []simWrite // the last few acknowledged calls, the oldest first; writes[0] is the base
 	applied   bool       // the last store call applied, its reply lost or not
@@ -712,7 +716,11 @@ func (r *simRun) acknowledge(charged uint64, lease *simLeaseRef, err error) erro
 		return err
 	}
 	r.applied = true
-	r.writes = append(r.writes, simWrite{keys: r.st.snapshot(r.now), charged: charged, lease: lease})
+	w := simWrite{charged: charged, lease: lease}
+	if r.failovers > 0 {
+		w.keys = r.st.snapshot(r.now) // what a failover to come restores
+	}
+	r.writes = append(r.writes, w)
 	if len(r.writes) > 8 {
 		r.writes = slices.Delete(r.writes, 0, len(r.writes)-8)
 	}
@@ -742,6 +750,11 @@ func newSimRun(st *simStore, s simSchedule, tracing bool) *simRun {
 		r.slowGate = st.gateO
 	}
 	r.writes = []simWrite{{}}
+	for _, o := range s.ops {
+		if o.kind == simFailover {
+			r.failovers++
+		}
+	}
 	for i := range s.rule.instances {
 		// Slices of any size that decides a hit: the lease's invariants are
 		// searched where the cost policy (pays) would not lease.
@@ -1031,6 +1044,7 @@ func (r *simRun) apply(o simOp) string {
 		r.slowGate.failKey = simOtherKey
 		r.slowGate.mu.Unlock()
 	case simFailover:
+		r.failovers--
 		n := min(int(o.n), len(r.writes)-1)
 		var lost uint64
 		var spent []*slice

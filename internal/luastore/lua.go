@@ -1,0 +1,248 @@
+package luastore
+
+/*
+#cgo pkg-config: lua5.1
+#include <stdlib.h>
+#include "luastore.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime/cgo"
+	"sync"
+	"unsafe"
+
+	"github.com/alicebob/miniredis/v2/server"
+)
+
+// state is one Lua 5.1 state, the interpreter Redis embeds.
+type state struct {
+	l     *C.lua_State
+	store cgo.Handle
+	data  []byte     // strings laid end to end, on their way into Lua
+	lens  []C.size_t // their lengths
+}
+
+// chunk is a compiled function kept in the state's registry.
+type chunk C.int
+
+func newState(s *Store) (*state, error) {
+	h := cgo.NewHandle(s)
+	l := C.luastore_open(C.uintptr_t(h))
+	if l == nil {
+		h.Delete()
+		return nil, errors.New("luastore: no memory for a Lua state")
+	}
+	return &state{l: l, store: h}, nil
+}
+
+func (st *state) close() {
+	C.lua_close(st.l)
+	st.store.Delete()
+}
+
+// compile compiles code named name (a Lua chunk name: "@user_script").
+func (st *state) compile(code, name string) (chunk, error) {
+	if b, ok := bytecode.Load(code); ok {
+		code = b.(string)
+	} else {
+		cname := C.CString(name)
+		defer C.free(unsafe.Pointer(cname))
+		if C.luastore_load(st.l, cstr(code), C.size_t(len(code)), cname) != 0 {
+			return 0, errors.New(st.errorMessage())
+		}
+		var n C.size_t
+		b := C.luastore_dump(st.l, &n)
+		bytecode.Store(code, C.GoStringN(b, C.int(n)))
+		C.free(unsafe.Pointer(b))
+		return chunk(C.luaL_ref(st.l, C.LUA_REGISTRYINDEX)), nil
+	}
+	if C.luastore_load(st.l, cstr(code), C.size_t(len(code)), nil) != 0 {
+		return 0, errors.New(st.errorMessage())
+	}
+	return chunk(C.luaL_ref(st.l, C.LUA_REGISTRYINDEX)), nil
+}
+
+// bytecode keeps each source text's compiled code for the process, which
+// loads without parsing: the simulator's restarts load the same library
+// thousands of times. It is never emptied: its texts are the service's few
+// scripts and library, not a client's arbitrary EVALs.
+var bytecode sync.Map // source text -> its bytecode (a string)
+
+func (st *state) forget(c chunk) {
+	C.luaL_unref(st.l, C.LUA_REGISTRYINDEX, C.int(c))
+}
+
+// cstr points at s's bytes, which C reads and does not keep.
+func cstr(s string) *C.char {
+	if len(s) == 0 {
+		return nil
+	}
+	return (*C.char)(unsafe.Pointer(unsafe.StringData(s)))
+}
+
+func (st *state) pushStrings(v []string) {
+	st.data, st.lens = st.data[:0], st.lens[:0]
+	for _, s := range v {
+		st.data = append(st.data, s...)
+		st.lens = append(st.lens, C.size_t(len(s)))
+	}
+	var data *C.char
+	var lens *C.size_t
+	if len(v) > 0 {
+		lens = &st.lens[0]
+		if len(st.data) > 0 {
+			data = (*C.char)(unsafe.Pointer(&st.data[0]))
+		}
+	}
+	C.luastore_push_strings(st.l, data, lens, C.int(len(v)))
+}
+
+// setGlobals sets KEYS and ARGV, as EVAL does.
+func (st *state) setGlobals(keys, argv []string) {
+	st.pushStrings(keys)
+	C.luastore_set_global(st.l, keysName)
+	st.pushStrings(argv)
+	C.luastore_set_global(st.l, argvName)
+}
+
+var keysName, argvName = C.CString("KEYS"), C.CString("ARGV")
+
+// call calls c with nargs strings tables (FCALL's keys and arguments)
+// and answers its reply, or its error, to p.
+func (st *state) call(p *server.Peer, c chunk, args ...[]string) {
+	defer C.lua_settop(st.l, 0)
+	C.luastore_push_ref(st.l, C.int(c))
+	for _, a := range args {
+		st.pushStrings(a)
+	}
+	if C.lua_pcall(st.l, C.int(len(args)), 1, 0) != 0 {
+		p.WriteError(st.errorMessage())
+		return
+	}
+	var n C.size_t
+	reply := C.luastore_reply(st.l, boolInt(p.Resp3), &n)
+	p.WriteRaw(C.GoStringN(reply, C.int(n)))
+	C.free(unsafe.Pointer(reply))
+}
+
+// run calls c for its effects (a library's code, which registers its
+// functions).
+func (st *state) run(c chunk) error {
+	defer C.lua_settop(st.l, 0)
+	C.luastore_push_ref(st.l, C.int(c))
+	if C.lua_pcall(st.l, 0, 0, 0) != 0 {
+		return errors.New(st.errorMessage())
+	}
+	return nil
+}
+
+func (st *state) errorMessage() string {
+	var n C.size_t
+	m := C.luastore_error(st.l, &n)
+	return C.GoStringN(m, C.int(n))
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// fail leaves message on l's stack for C to raise.
+func fail(l *C.lua_State, message string) C.int {
+	C.lua_pushlstring(l, cstr(message), C.size_t(len(message)))
+	return -1
+}
+
+//export luastoreCall
+func luastoreCall(l *C.lua_State, h C.uintptr_t, n C.int, ptrs **C.char, lens *C.size_t, raise C.int) C.int {
+	s := cgo.Handle(h).Value().(*Store)
+	if s.loading != nil {
+		return fail(l, "redis.call is not allowed while a function library loads")
+	}
+	ps, ls := unsafe.Slice(ptrs, int(n)), unsafe.Slice(lens, int(n))
+	args := make([]string, n)
+	for i := range args {
+		args[i] = C.GoStringN(ps[i], C.int(ls[i]))
+	}
+	res, err := s.dispatch(args)
+	if err == nil {
+		err = push(l, res)
+	}
+	if err != nil {
+		if raise != 0 {
+			return fail(l, err.Error())
+		}
+		pushField(l, "err", err.Error())
+	}
+	return 1
+}
+
+var okName, errName = C.CString("ok"), C.CString("err")
+
+func pushField(l *C.lua_State, name, value string) {
+	field := okName
+	if name == "err" {
+		field = errName
+	}
+	C.luastore_push_field(l, field, cstr(value), C.size_t(len(value)))
+}
+
+// push pushes a reply as Redis converts it for a script.
+func push(l *C.lua_State, res any) error {
+	switch r := res.(type) {
+	case nil:
+		C.lua_pushboolean(l, 0)
+	case int:
+		C.lua_pushnumber(l, C.lua_Number(r))
+	case string:
+		C.lua_pushlstring(l, cstr(r), C.size_t(len(r)))
+	case server.Simple:
+		pushField(l, "ok", string(r))
+	case []any:
+		C.lua_createtable(l, C.int(len(r)), 0)
+		for i, e := range r {
+			if err := push(l, e); err != nil {
+				return err
+			}
+			C.lua_rawseti(l, -2, C.int(i+1))
+		}
+	default:
+		return fmt.Errorf("luastore: a reply of type %T", res)
+	}
+	return nil
+}
+
+//export luastoreRegister
+func luastoreRegister(l *C.lua_State, h C.uintptr_t) C.int {
+	s := cgo.Handle(h).Value().(*Store)
+	if s.loading == nil {
+		return fail(l, "redis.register_function can only be called while a function library loads")
+	}
+	if C.lua_type(l, 1) == C.LUA_TTABLE {
+		C.lua_getfield(l, 1, functionName)
+		C.lua_getfield(l, 1, callbackName)
+	} else {
+		C.lua_pushvalue(l, 1)
+		C.lua_pushvalue(l, 2)
+	}
+	var n C.size_t
+	name := ""
+	if C.lua_type(l, -2) == C.LUA_TSTRING {
+		name = C.GoStringN(C.lua_tolstring(l, -2, &n), C.int(n))
+	}
+	if name == "" || C.lua_type(l, -1) != C.LUA_TFUNCTION {
+		return fail(l, "redis.register_function needs a name and a callback")
+	}
+	if _, dup := s.loading[name]; dup {
+		return fail(l, "Function already exists in the library")
+	}
+	s.loading[name] = chunk(C.luaL_ref(l, C.LUA_REGISTRYINDEX))
+	return 0
+}
+
+var functionName, callbackName = C.CString("function_name"), C.CString("callback")

@@ -1,0 +1,268 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <lualib.h>
+#include "luastore.h"
+#include "_cgo_export.h"
+
+static uintptr_t store_of(lua_State *L) {
+	return (uintptr_t)lua_tonumber(L, lua_upvalueindex(1));
+}
+
+// call is redis.call and redis.pcall: the arguments, numbers formatted
+// as Redis formats them, go to Go as pointers into Lua's own strings.
+static int call(lua_State *L, int raise) {
+	int n = lua_gettop(L);
+	if (n == 0)
+		return luaL_error(L, "Please specify at least one argument for this redis lib call");
+	for (int i = 1; i <= n; i++) {
+		if (lua_type(L, i) == LUA_TNUMBER) {
+			char num[64];
+			snprintf(num, sizeof num, "%.17g", (double)lua_tonumber(L, i));
+			lua_pushstring(L, num);
+			lua_replace(L, i);
+		} else if (lua_type(L, i) != LUA_TSTRING) {
+			return luaL_error(L, "Lua redis lib command arguments must be strings or integers");
+		}
+	}
+	const char **ptrs = lua_newuserdata(L, n * (sizeof(char *) + sizeof(size_t)));
+	size_t *lens = (size_t *)(ptrs + n);
+	for (int i = 0; i < n; i++)
+		ptrs[i] = lua_tolstring(L, i + 1, &lens[i]);
+	int results = luastoreCall(L, store_of(L), n, (char **)ptrs, lens, raise);
+	if (results < 0)
+		return lua_error(L);
+	return results;
+}
+
+static int redis_call(lua_State *L) { return call(L, 1); }
+static int redis_pcall(lua_State *L) { return call(L, 0); }
+
+static int register_function(lua_State *L) {
+	if (luastoreRegister(L, store_of(L)) < 0)
+		return lua_error(L);
+	return 0;
+}
+
+static int reply_table(lua_State *L, const char *field) {
+	const char *v = luaL_checkstring(L, 1);
+	lua_newtable(L);
+	lua_pushstring(L, v);
+	lua_setfield(L, -2, field);
+	return 1;
+}
+
+static int error_reply(lua_State *L) { return reply_table(L, "err"); }
+static int status_reply(lua_State *L) { return reply_table(L, "ok"); }
+
+// Redis refuses a script's global writes and reads of undefined globals:
+// a state kept between calls must not carry a call's leftovers.
+static int global_write(lua_State *L) {
+	return luaL_error(L, "Attempt to modify a readonly table: %s", lua_tostring(L, 2));
+}
+
+static int global_read(lua_State *L) {
+	return luaL_error(L, "Script attempted to access nonexistent global variable '%s'", lua_tostring(L, 2));
+}
+
+static void open_library(lua_State *L, lua_CFunction open, const char *name) {
+	lua_pushcfunction(L, open);
+	lua_pushstring(L, name);
+	lua_call(L, 1, 0);
+}
+
+lua_State *luastore_open(uintptr_t store) {
+	lua_State *L = luaL_newstate();
+	if (L == NULL)
+		return NULL;
+	open_library(L, luaopen_base, "");
+	open_library(L, luaopen_table, LUA_TABLIBNAME);
+	open_library(L, luaopen_string, LUA_STRLIBNAME);
+	open_library(L, luaopen_math, LUA_MATHLIBNAME);
+	lua_newtable(L);
+	static const struct { const char *name; lua_CFunction fn; } fns[] = {
+		{"call", redis_call}, {"pcall", redis_pcall}, {"register_function", register_function},
+		{"error_reply", error_reply}, {"status_reply", status_reply},
+	};
+	for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+		lua_pushnumber(L, (lua_Number)store);
+		lua_pushcclosure(L, fns[i].fn, 1);
+		lua_setfield(L, -2, fns[i].name);
+	}
+	lua_pushvalue(L, -1);
+	lua_setglobal(L, "redis");
+	lua_setglobal(L, "server");
+	lua_pushvalue(L, LUA_GLOBALSINDEX);
+	lua_newtable(L);
+	lua_pushcfunction(L, global_write);
+	lua_setfield(L, -2, "__newindex");
+	lua_pushcfunction(L, global_read);
+	lua_setfield(L, -2, "__index");
+	lua_setmetatable(L, -2);
+	lua_pop(L, 1);
+	return L;
+}
+
+// luastore_load compiles code: its function on the stack and 0, or its
+// error message and 1.
+int luastore_load(lua_State *L, const char *code, size_t len, const char *name) {
+	return luaL_loadbuffer(L, code, len, name) != 0;
+}
+
+void luastore_push_ref(lua_State *L, int ref) {
+	lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+}
+
+// luastore_push_strings pushes a table of n strings, laid end to end in
+// data.
+void luastore_push_strings(lua_State *L, const char *data, const size_t *lens, int n) {
+	lua_createtable(L, n, 0);
+	for (int i = 0; i < n; i++) {
+		lua_pushlstring(L, data, lens[i]);
+		lua_rawseti(L, -2, i + 1);
+		data += lens[i];
+	}
+}
+
+void luastore_set_global(lua_State *L, const char *name) {
+	lua_pushstring(L, name);
+	lua_insert(L, -2);
+	lua_rawset(L, LUA_GLOBALSINDEX);
+}
+
+// luastore_push_field pushes {name = value}, an error or status reply.
+void luastore_push_field(lua_State *L, const char *name, const char *value, size_t len) {
+	lua_createtable(L, 0, 1);
+	lua_pushlstring(L, value, len);
+	lua_setfield(L, -2, name);
+}
+
+typedef struct {
+	char *b;
+	size_t n, cap;
+} buffer;
+
+static void put(buffer *o, const char *s, size_t n) {
+	if (o->n + n > o->cap) {
+		while (o->n + n > o->cap)
+			o->cap = o->cap ? 2 * o->cap : 256;
+		o->b = realloc(o->b, o->cap);
+		if (o->b == NULL)
+			abort();
+	}
+	memcpy(o->b + o->n, s, n);
+	o->n += n;
+}
+
+// put_line writes a status or error line: its CR and LF become spaces.
+static void put_line(buffer *o, char kind, const char *s, size_t n) {
+	put(o, &kind, 1);
+	for (size_t i = 0; i < n; i++)
+		put(o, s[i] == '\r' || s[i] == '\n' ? " " : s + i, 1);
+	put(o, "\r\n", 2);
+}
+
+// field_string pushes t[name] of the table on top and says whether it
+// is a string.
+static int field_string(lua_State *L, const char *name) {
+	lua_pushstring(L, name);
+	lua_rawget(L, -2);
+	return lua_type(L, -1) == LUA_TSTRING;
+}
+
+// encode writes the value on top of the stack as Redis converts a Lua
+// value to its reply.
+static void encode(lua_State *L, buffer *o, int resp3, int depth) {
+	const char *null = resp3 ? "_\r\n" : "$-1\r\n";
+	char head[64];
+	size_t len;
+	const char *s;
+	switch (lua_type(L, -1)) {
+	case LUA_TBOOLEAN:
+		if (lua_toboolean(L, -1))
+			put(o, ":1\r\n", 4);
+		else
+			put(o, null, strlen(null));
+		return;
+	case LUA_TNUMBER:
+		put(o, head, snprintf(head, sizeof head, ":%lld\r\n", (long long)lua_tonumber(L, -1)));
+		return;
+	case LUA_TSTRING:
+		s = lua_tolstring(L, -1, &len);
+		put(o, head, snprintf(head, sizeof head, "$%zu\r\n", len));
+		put(o, s, len);
+		put(o, "\r\n", 2);
+		return;
+	case LUA_TTABLE:
+		if (depth > 64)
+			break;
+		if (field_string(L, "err")) {
+			s = lua_tolstring(L, -1, &len);
+			put_line(o, '-', s, len);
+			lua_pop(L, 1);
+			return;
+		}
+		lua_pop(L, 1);
+		if (field_string(L, "ok")) {
+			s = lua_tolstring(L, -1, &len);
+			put_line(o, '+', s, len);
+			lua_pop(L, 1);
+			return;
+		}
+		lua_pop(L, 1);
+		int n = 0;
+		for (;; n++) {
+			lua_rawgeti(L, -1, n + 1);
+			int end = lua_isnil(L, -1);
+			lua_pop(L, 1);
+			if (end)
+				break;
+		}
+		put(o, head, snprintf(head, sizeof head, "*%d\r\n", n));
+		for (int i = 1; i <= n; i++) {
+			lua_rawgeti(L, -1, i);
+			encode(L, o, resp3, depth + 1);
+			lua_pop(L, 1);
+		}
+		return;
+	}
+	put(o, null, strlen(null));
+}
+
+// luastore_reply encodes the value on top of the stack, in memory the
+// caller frees.
+char *luastore_reply(lua_State *L, int resp3, size_t *len) {
+	buffer o = {0};
+	encode(L, &o, resp3, 0);
+	*len = o.n;
+	return o.b;
+}
+
+// luastore_error is the message of the error on top of the stack: a
+// string, or an error reply's.
+const char *luastore_error(lua_State *L, size_t *len) {
+	if (lua_type(L, -1) == LUA_TTABLE) {
+		field_string(L, "err");
+		lua_replace(L, -2);
+	}
+	if (lua_type(L, -1) != LUA_TSTRING) {
+		lua_pop(L, 1);
+		lua_pushstring(L, "ERR an error that is not a string");
+	}
+	return lua_tolstring(L, -1, len);
+}
+
+static int dump_writer(lua_State *L, const void *p, size_t n, void *o) {
+	(void)L;
+	put(o, p, n);
+	return 0;
+}
+
+// luastore_dump is the bytecode of the function on top of the stack, in
+// memory the caller frees.
+char *luastore_dump(lua_State *L, size_t *len) {
+	buffer o = {0};
+	lua_dump(L, dump_writer, &o);
+	*len = o.n;
+	return o.b;
+}
