@@ -28,7 +28,7 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	f := &fleet{m: miniredis.RunT(t), now: epoch}
+	f := &fleet{m: runStore(t), now: epoch}
 	f.m.SetTime(f.now)
 	// One dial attempt (go-redis's default is five, 100 ms apart): the tests
 	// that stop the store wait for its failure, not for retries.

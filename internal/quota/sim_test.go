@@ -102,18 +102,26 @@ type simOp struct {
 	// twice makes a hit two, on the rule's counter, of costs adding up to
 	// n (two descriptors of one limit).
 	twice bool
+	// back adds to a hit's request a refund of up to back units of the
+	// rule's counter (a descriptor with is_negative_hits beside the
+	// charge's), which the store applies before the charge.
+	back uint64
 }
 
 func (o simOp) String() string {
 	switch o.kind {
 	case simHit:
+		s := fmt.Sprintf("hit(i%d, %d", o.inst, o.n)
 		if o.only {
-			return fmt.Sprintf("hit(i%d, %d, alone)", o.inst, o.n)
+			s += ", alone"
 		}
 		if o.twice {
-			return fmt.Sprintf("hit(i%d, %d, twice)", o.inst, o.n)
+			s += ", twice"
 		}
-		return fmt.Sprintf("hit(i%d, %d)", o.inst, o.n)
+		if o.back > 0 {
+			s += fmt.Sprintf(", refund %d", o.back)
+		}
+		return s + ")"
 	case simRefund:
 		return fmt.Sprintf("refund(i%d, %d)", o.inst, o.n)
 	case simAdvance:
@@ -361,6 +369,14 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			ops[i].twice = true
 		}
 	}
+	// A tenth of the requests carry a refund of the rule's counter too (a
+	// stream of its own).
+	back := rand.New(rand.NewPCG(seed, uint64(alg)^0x8ac0))
+	for i := range ops {
+		if ops[i].kind == simHit && !r.seats && back.IntN(10) == 0 {
+			ops[i].back = 1 + uint64(back.IntN(3))
+		}
+	}
 	return simSchedule{seed: seed, rule: r, ops: ops}
 }
 
@@ -419,7 +435,7 @@ func (s simSchedule) describe(st *simStore) string {
 }
 
 // simSlice is how many seeds per algorithm make test searches.
-const simSlice = 40
+const simSlice = 160
 
 // TestSimulator searches schedules of every algorithm for a decision past
 // its bound (see the simulator's comment above); on one, it prints the

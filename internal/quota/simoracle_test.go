@@ -3,6 +3,7 @@ package quota
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
@@ -22,6 +23,11 @@ type simAdmission struct {
 	// slice or an Envoy's RLQS bucket (out of a lease, whose members no
 	// refund at the store takes).
 	from simSource
+	// part: charged as a request's part (on two stores, or two Cluster
+	// slots). The log names such a charge's members after its score and a
+	// nonce, which sort after a plain charge's name at that score: among
+	// units admitted at one instant, a refund takes a part's first.
+	part bool
 }
 
 type simSource uint8
@@ -89,23 +95,43 @@ func (r *simRun) refundable() uint64 {
 // charge: the log's at the store (from simByStore) takes the newest
 // members a request's charge added (not a slice's nor a lease's), a charge
 // whose request is not answered yet among them (whose give-back then finds
-// nothing); one given back to an instance's slices (simBySlice), to spend
+// nothing), and of those admitted at one instant a part's first (see
+// simAdmission.part); one given back to an instance's slices (simBySlice), to spend
 // again, the units they spent. The counters' and GCRA's take from a count
 // or a time, whoever admitted the units, and a charge not answered yet
 // keeps its own units, which its give-back takes.
 func (r *simRun) cancel(n uint64, from simSource) uint64 {
-	for i := len(r.admitted) - 1; i >= 0 && n > 0; i-- {
-		a := &r.admitted[i]
-		if !r.inWindow(i) {
-			break
-		}
+	var newest []int
+	for i := len(r.admitted) - 1; i >= 0 && r.inWindow(i); i-- {
 		if i == r.pending && r.rule.alg != config.SlidingWindowLog {
 			continue
 		}
-		if r.rule.alg == config.SlidingWindowLog && a.from != from {
+		if r.rule.alg == config.SlidingWindowLog && r.admitted[i].from != from {
 			continue
 		}
-
+		newest = append(newest, i)
+	}
+	if r.rule.alg == config.SlidingWindowLog {
+		// The log's refund takes the newest members by score, then by name.
+		slices.SortStableFunc(newest, func(i, j int) int {
+			a, b := &r.admitted[i], &r.admitted[j]
+			if c := b.at.Compare(a.at); c != 0 {
+				return c
+			}
+			switch {
+			case a.part && !b.part:
+				return -1
+			case b.part && !a.part:
+				return 1
+			}
+			return 0
+		})
+	}
+	for _, i := range newest {
+		if n == 0 {
+			break
+		}
+		a := &r.admitted[i]
 		back := min(n, a.units-a.refunded)
 		a.refunded += back
 		n -= back
@@ -115,8 +141,8 @@ func (r *simRun) cancel(n uint64, from simSource) uint64 {
 
 // admit records n units admitted now, from (see simAdmission), and checks
 // the algorithm's bound.
-func (r *simRun) admit(n uint64, from simSource) string {
-	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n, from: from})
+func (r *simRun) admit(n uint64, from simSource, part bool) string {
+	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n, from: from, part: part})
 	return r.check(r.count())
 }
 
@@ -126,7 +152,7 @@ func (r *simRun) admit(n uint64, from simSource) string {
 // newest). answered settles them.
 func (r *simRun) charged(n uint64) {
 	r.pending = len(r.admitted)
-	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n})
+	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n, part: true})
 }
 
 // answered settles the units charged ahead of the answer: an admitted

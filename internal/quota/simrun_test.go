@@ -54,12 +54,7 @@ func newSimStore(t *testing.T) *simStore {
 	}
 	open := func() (*miniredis.Miniredis, *luastore.Store) {
 		m := miniredis.RunT(t)
-		lua, err := luastore.Install(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(lua.Close) // before m's own Close (cleanups run last first)
-		return m, lua
+		return m, installLua(t, m)
 	}
 	// The clients reach the stores in-process, through net.Pipe: the
 	// search does not spend its time in the loopback's system calls.
@@ -110,6 +105,26 @@ func newSimStore(t *testing.T) *simStore {
 	})
 	st.cluster = limiterOn(cc)
 	return st
+}
+
+// runStore runs a miniredis whose Lua runs as Redis runs it.
+func runStore(t *testing.T) *miniredis.Miniredis {
+	t.Helper()
+	m := miniredis.RunT(t)
+	installLua(t, m)
+	return m
+}
+
+// installLua makes m's scripts run on a luastore (miniredis's own Lua, a
+// Go interpreter run afresh for every call, is many times slower).
+func installLua(t *testing.T, m *miniredis.Miniredis) *luastore.Store {
+	t.Helper()
+	lua, err := luastore.Install(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lua.Close) // before m's own Close (cleanups run last first)
+	return lua
 }
 
 // simSlot is key's Redis Cluster hash slot: CRC-16/XMODEM of its hash tag,
@@ -432,8 +447,11 @@ type simRun struct {
 	answeredLate bool
 	pending      int          // the admission a request's main part charged before its answer (simRun.charged), or -1
 	pendingFor   *limiter.Hit // the request whose admission pending is
-	inflight     uint64       // the units of a lease written, its answer on its way
-	inflightAt   int          // the instance it goes to
+	// backOwed is the refund the request being decided carries (simOp.back),
+	// which the oracle cancels once the store call carrying it landed.
+	backOwed   uint64
+	inflight   uint64 // the units of a lease written, its answer on its way
+	inflightAt int    // the instance it goes to
 
 	admitted []simAdmission
 	// rlqsLeases are the Envoys' leases the store charged; until
@@ -466,12 +484,20 @@ func (r *simRun) hit(cost uint64) limiter.Hit {
 
 // request is the hits of a request of cost units: the rule's (two, of
 // costs adding up to it, when o is twice: two descriptors of one counter,
-// which the limiter decides as one charge), and the per-second rule's
-// unless the rule has none or o hits the rule alone.
+// which the limiter decides as one charge), a refund of the rule's counter
+// when o carries one (of at most what the client was admitted), and the
+// per-second rule's unless the rule has none or o hits the rule alone.
 func (r *simRun) request(o simOp) []limiter.Hit {
 	hits := []limiter.Hit{r.hit(o.n)}
 	if o.twice {
 		hits = []limiter.Hit{r.hit(o.n / 2), r.hit(o.n - o.n/2)}
+	}
+	r.backOwed = 0
+	if n := min(o.back, r.refundable()); n > 0 {
+		h := r.hit(n)
+		h.Refund = true
+		hits = append(hits, h)
+		r.backOwed = n
 	}
 	if r.rule.perSecond > 0 && !o.only && !r.partBusy {
 		hits = append(hits, limiter.Hit{Key: simSecondKey, Algorithm: r.rule.alg, Limit: r.rule.perSecond, Window: time.Second, Cost: o.n})
@@ -482,11 +508,22 @@ func (r *simRun) request(o simOp) []limiter.Hit {
 	return hits
 }
 
-// rulesCost is the cost of hits on the rule's counter.
+// parted reports a request of parts (on two stores, or two Cluster slots):
+// the limiter names its log charge as a part's.
+func (r *simRun) parted(hits []limiter.Hit) bool {
+	for _, h := range hits {
+		if h.Key != simKeyName {
+			return true
+		}
+	}
+	return false
+}
+
+// rulesCost is the cost of the charges of the rule's counter.
 func (r *simRun) rulesCost(hits []limiter.Hit) uint64 {
 	var n uint64
 	for _, h := range hits {
-		if h.Key == simKeyName {
+		if h.Key == simKeyName && !h.Refund {
 			n += h.Cost
 		}
 	}
@@ -590,10 +627,14 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		return l.split.Decide(ctx, hits)
 	}
 	// A part whose cost the limit can never hold is answered without a
-	// call. Its hits are on one key: one demand, their costs added.
+	// call, unless it gives back. Its charges are of one key: one demand,
+	// their costs added.
 	sent := func(part []int) int {
 		var cost uint64
 		for _, i := range part {
+			if hits[i].Refund {
+				return 1
+			}
 			cost += hits[i].Cost
 		}
 		h := &hits[part[0]]
@@ -629,6 +670,7 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	if during != nil {
 		r.slowGate.await(math.MaxInt, true)
 		r.gate.await(mainAt+1, false)
+		r.backLanded()                  // before the charge: the store applies a refund first
 		if r.gate.chargedBy(mainCall) { // the rule's hit alone, landed
 			r.charged(r.rulesCost(hits))
 			r.pendingFor = &hits[0]
@@ -890,6 +932,16 @@ func (r *simRun) run() (violation string) {
 	return ""
 }
 
+// backLanded cancels the refund the request being decided carries: the
+// store applied it, whatever the request's fate.
+func (r *simRun) backLanded() {
+	if r.backOwed > 0 {
+		r.logf("  %d refunded at the store", r.backOwed)
+		r.cancel(r.backOwed, simByStore)
+		r.backOwed = 0
+	}
+}
+
 // runDuring runs o while a call is on its way (see simHold), keeping the
 // first violation it finds for run to return.
 func (r *simRun) runDuring(o simOp) {
@@ -905,12 +957,17 @@ func (r *simRun) apply(o simOp) string {
 	switch o.kind {
 	case simHit:
 		hits := r.request(o)
+		mainAt := r.gate.count()
 		if r.rule.seats {
 			hits[0].Lease, hits[0].LeaseTTL, hits[0].NoSlices = true, r.rule.leaseTTL, true
 		}
 		local := r.local
 		r.answeredLate = false
 		v, _ := r.slices[o.inst].Decide(ctx, hits) // a part's failure is in v (see below)
+		if r.gate.count() > mainAt {               // the call carrying its refund landed
+			r.backLanded()
+		}
+		r.backOwed = 0
 		from := simByStore
 		if r.local > local {
 			from = simBySlice
@@ -941,7 +998,7 @@ func (r *simRun) apply(o simOp) string {
 		}
 		if admitted {
 			r.logf("  admitted, remaining %d", v[0].Remaining)
-			return r.admit(o.n, from)
+			return r.admit(o.n, from, r.parted(hits))
 		}
 		if len(v) > 0 && !v[0].Admitted && !v[0].FailureVerdict && !v[0].CostExceedsLimit {
 			r.logf("  denied: %+v", v[0])
@@ -1001,7 +1058,7 @@ func (r *simRun) apply(o simOp) string {
 		if n := r.envoyServe(r.envoys[o.inst], o.n); n > 0 {
 			r.byBuckets += n
 			r.logf("  %d admitted by its bucket", n)
-			return r.admit(n, simByBucket)
+			return r.admit(n, simByBucket, false)
 		}
 	case simAdvance:
 		r.advance(o.d)

@@ -36,7 +36,7 @@ type instances struct {
 
 func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
 	t.Helper()
-	in := &instances{m: miniredis.RunT(t), now: epoch}
+	in := &instances{m: runStore(t), now: epoch}
 	in.m.SetTime(in.now)
 	// One dial attempt (go-redis's default is five, 100 ms apart): the tests
 	// that stop the store wait for its failure, not for retries.
