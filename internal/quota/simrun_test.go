@@ -160,8 +160,9 @@ type simGate struct {
 	// failKey makes the next decide call with this key fail on its way.
 	failKey string
 	// charges[i]: call i charged a hit (decide.lua's reply: four numbers
-	// a hit, the first its state, 2 or 3 charged).
-	charges []bool
+	// a hit, the first its state, 2 or 3 charged); denies[i]: call i's
+	// first hit was denied (state 0).
+	charges, denies []bool
 }
 
 // lands reports whether cmd ran a script or function call on the store:
@@ -177,8 +178,9 @@ func lands(cmd redis.Cmder) bool {
 	return err == nil || !strings.HasPrefix(err.Error(), "NOSCRIPT") && !strings.Contains(err.Error(), "Function not found")
 }
 
-// charged reports whether a decide call charged any of its hits.
-func charged(c redis.Cmder) bool {
+// decided reports whether a decide call charged any of its hits, and
+// whether it denied its first.
+func decided(c redis.Cmder) (charged, deniedFirst bool) {
 	var vals []int64
 	var err error
 	switch c := c.(type) {
@@ -188,14 +190,14 @@ func charged(c redis.Cmder) bool {
 		vals, err = c.Int64Slice()
 	}
 	if err != nil || len(vals) < 4 {
-		return false
+		return false, false
 	}
 	for j := 0; j < len(vals); j += 4 {
 		if vals[j] >= 2 {
-			return true
+			charged = true
 		}
 	}
-	return false
+	return charged, vals[0] == 0
 }
 
 // chargedBy reports whether call i (counted from 0) charged a hit.
@@ -203,6 +205,13 @@ func (g *simGate) chargedBy(i int) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return i < len(g.charges) && g.charges[i]
+}
+
+// deniedBy reports whether call i (counted from 0) denied its first hit.
+func (g *simGate) deniedBy(i int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return i < len(g.denies) && g.denies[i]
 }
 
 func newSimGate() *simGate {
@@ -257,7 +266,8 @@ func (g *simGate) pass(cmds []redis.Cmder, send func([]redis.Cmder) error) error
 	for _, c := range cmds {
 		if lands(c) {
 			g.answered++
-			g.charges = append(g.charges, charged(c))
+			charged, denied := decided(c)
+			g.charges, g.denies = append(g.charges, charged), append(g.denies, denied)
 		}
 	}
 	g.changed.Broadcast()
@@ -274,7 +284,7 @@ func hasArg(c redis.Cmder, arg string) bool {
 func (g *simGate) reset() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.answered, g.charges, g.failKey = 0, nil, ""
+	g.answered, g.charges, g.denies, g.failKey = 0, nil, nil, ""
 }
 
 // count is the calls answered so far.
@@ -670,7 +680,15 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	if during != nil {
 		r.slowGate.await(math.MaxInt, true)
 		r.gate.await(mainAt+1, false)
-		r.backLanded()                  // before the charge: the store applies a refund first
+		r.backLanded() // before the charge: the store applies a refund first
+		if r.gate.deniedBy(mainCall) {
+			// The store denied the rule's hit as the part landed: checked
+			// at the state it was decided at, before the events.
+			r.logf("  the rule's part denied at the store, checked before the events")
+			if v := r.denied(r.rulesCost(hits)); v != "" && r.violation == "" {
+				r.violation = v
+			}
+		}
 		if r.gate.chargedBy(mainCall) { // the rule's hit alone, landed
 			r.charged(r.rulesCost(hits))
 			r.pendingFor = &hits[0]
