@@ -365,7 +365,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 	// the rule (a stream of their own: the other draws are as before).
 	twice := rand.New(rand.NewPCG(seed, uint64(alg)^0x7770))
 	for i := range ops {
-		if ops[i].kind == simHit && ops[i].n >= 2 && !r.seats && twice.IntN(3) == 0 {
+		if ops[i].kind == simHit && ops[i].n >= 2 && twice.IntN(3) == 0 {
 			ops[i].twice = true
 		}
 	}

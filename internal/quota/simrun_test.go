@@ -976,8 +976,12 @@ func (r *simRun) apply(o simOp) string {
 	case simHit:
 		hits := r.request(o)
 		mainAt := r.gate.count()
-		if r.rule.seats {
-			hits[0].Lease, hits[0].LeaseTTL, hits[0].NoSlices = true, r.rule.leaseTTL, true
+		if r.rule.seats { // two descriptors of the rule (twice) ask for one lease
+			for i := range hits {
+				if hits[i].Key == simKeyName {
+					hits[i].Lease, hits[i].LeaseTTL, hits[i].NoSlices = true, r.rule.leaseTTL, true
+				}
+			}
 		}
 		local := r.local
 		r.answeredLate = false
