@@ -106,6 +106,10 @@ type simOp struct {
 	// rule's counter (a descriptor with is_negative_hits beside the
 	// charge's), which the store applies before the charge.
 	back uint64
+	// leaves: the request's caller stops waiting while its call is on its
+	// way to the store (Envoy's timeout), and Envoy answers by the failure
+	// mode; the call lands after.
+	leaves bool
 }
 
 func (o simOp) String() string {
@@ -120,6 +124,9 @@ func (o simOp) String() string {
 		}
 		if o.back > 0 {
 			s += fmt.Sprintf(", refund %d", o.back)
+		}
+		if o.leaves {
+			s += ", leaves"
 		}
 		return s + ")"
 	case simRefund:
@@ -375,6 +382,18 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 	for i := range ops {
 		if ops[i].kind == simHit && !r.seats && back.IntN(10) == 0 {
 			ops[i].back = 1 + uint64(back.IntN(3))
+		}
+	}
+	// A tenth of the requests that go to the store whatever the slices
+	// hold (a seat, two descriptors of the rule, a refund beside the
+	// charge), and whose hits are the rule's alone, lose their caller on
+	// the way (a stream of its own).
+	leaves := rand.New(rand.NewPCG(seed, uint64(alg)^0x1eaf))
+	for i := range ops {
+		o := &ops[i]
+		alone := o.only || r.perSecond == 0 && r.otherSlot == 0
+		if o.kind == simHit && alone && (r.seats || o.twice || o.back > 0) && leaves.IntN(10) == 0 {
+			o.leaves = true
 		}
 	}
 	return simSchedule{seed: seed, rule: r, ops: ops}

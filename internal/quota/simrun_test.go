@@ -157,6 +157,10 @@ type simGate struct {
 	parked   bool          // a call is parked
 	park     bool          // the next call parks
 	release  chan struct{} // closed to let the parked call go
+	// parkedDone is closed once the parked call's pass ends, which
+	// parkedLanded and parkedCharged then tell of.
+	parkedDone                  chan struct{}
+	parkedLanded, parkedCharged bool
 	// failKey makes the next decide call with this key fail on its way.
 	failKey string
 	// charges[i]: call i charged a hit (decide.lua's reply: four numbers
@@ -236,9 +240,11 @@ func (g *simGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 
 func (g *simGate) pass(cmds []redis.Cmder, send func([]redis.Cmder) error) error {
 	g.mu.Lock()
+	var parkedDone chan struct{}
 	if g.park {
 		g.park, g.parked = false, true
 		release := g.release
+		parkedDone = g.parkedDone
 		g.changed.Broadcast()
 		g.mu.Unlock()
 		<-release
@@ -268,7 +274,13 @@ func (g *simGate) pass(cmds []redis.Cmder, send func([]redis.Cmder) error) error
 			g.answered++
 			charged, denied := decided(c)
 			g.charges, g.denies = append(g.charges, charged), append(g.denies, denied)
+			if parkedDone != nil {
+				g.parkedLanded, g.parkedCharged = true, g.parkedCharged || charged
+			}
 		}
+	}
+	if parkedDone != nil {
+		close(parkedDone)
 	}
 	g.changed.Broadcast()
 	g.mu.Unlock()
@@ -304,11 +316,39 @@ func (g *simGate) await(n int, parked bool) {
 	}
 }
 
+// awaitParked waits until a call parks, or done closes first (no call
+// came); it reports whether one parked.
+func (g *simGate) awaitParked(done <-chan struct{}) bool {
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-done:
+			g.mu.Lock()
+			g.changed.Broadcast()
+			g.mu.Unlock()
+		case <-stop:
+		}
+	}()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for !g.parked {
+		select {
+		case <-done:
+			return false
+		default:
+		}
+		g.changed.Wait()
+	}
+	return true
+}
+
 // parkNext parks the next call; the function returned lets it go.
 func (g *simGate) parkNext() func() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.park, g.release = true, make(chan struct{})
+	g.parkedDone, g.parkedLanded, g.parkedCharged = make(chan struct{}), false, false
 	release := g.release
 	return func() {
 		g.mu.Lock()
@@ -776,6 +816,19 @@ func (r *simRun) acknowledge(charged uint64, lease *simLeaseRef, err error) erro
 		return err
 	}
 	r.applied = true
+	r.wrote(charged, lease)
+	if r.loseReply {
+		r.loseReply = false
+		r.logf("  the reply was lost")
+		r.unsure()
+		return errSimLost
+	}
+	return nil
+}
+
+// wrote records a write that applied, which charged units (or took
+// lease), in the replica's history.
+func (r *simRun) wrote(charged uint64, lease *simLeaseRef) {
 	w := simWrite{charged: charged, lease: lease}
 	if r.failovers > 0 {
 		w.keys = r.st.snapshot(r.now) // what a failover to come restores
@@ -784,13 +837,6 @@ func (r *simRun) acknowledge(charged uint64, lease *simLeaseRef, err error) erro
 	if len(r.writes) > 8 {
 		r.writes = slices.Delete(r.writes, 0, len(r.writes)-8)
 	}
-	if r.loseReply {
-		r.loseReply = false
-		r.logf("  the reply was lost")
-		r.unsure()
-		return errSimLost
-	}
-	return nil
 }
 
 // newSimRun readies s's run on st; tracing keeps its trace.
@@ -950,6 +996,67 @@ func (r *simRun) run() (violation string) {
 	return ""
 }
 
+// leave decides a request of hits whose caller stops waiting while its
+// call is on its way (simOp.leaves): parked at the store, the caller's
+// context ends, the limiter answers the caller (by the failure mode), and
+// the call lands after, then a lease it took is settled by the limiter
+// (Limiter.orphanedLeases), which the run waits for. Envoy let the request
+// through by the failure mode: what the store charged is admitted, but a
+// seat, which the settlement freed. mainAt is the main store's calls
+// before the request. When no call went (one failed on its way), the
+// caller had its answer before it could leave: leave
+// returns it, and gone false (a call failed on its way).
+func (r *simRun) leave(inst int, hits []limiter.Hit, mainAt int) (v []limiter.Verdict, gone bool, violation string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	release := r.gate.parkNext()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v, _ = r.slices[inst].Decide(ctx, hits) // a failure is in v
+	}()
+	parked := r.gate.awaitParked(done)
+	cancel()
+	<-done
+	release()
+	if !parked {
+		return v, false, ""
+	}
+	r.logf("  the caller left while its call was on its way")
+	r.gate.mu.Lock()
+	done = r.gate.parkedDone
+	r.gate.mu.Unlock()
+	<-done
+	r.gate.mu.Lock()
+	landed, charged := r.gate.parkedLanded, r.gate.parkedCharged
+	r.gate.mu.Unlock()
+	if !landed {
+		// Refused unrun (its function library lost in a restart): a call
+		// whose caller left is not sent again (none of these has a late
+		// form: no settlement, no recorded cost).
+		r.logf("  refused unrun, not sent again")
+		r.backOwed = 0
+		return nil, true, ""
+	}
+	r.backLanded()
+	if !charged {
+		r.wrote(0, nil) // a refund's, maybe
+		return nil, true, ""
+	}
+	if r.rule.seats {
+		// The limiter settles the lease no one holds. (Neither write
+		// holds units the oracle counts.)
+		r.wrote(0, nil)
+		r.gate.await(mainAt+2, false)
+		r.wrote(0, nil)
+		r.logf("  its seat settled by the limiter")
+		return nil, true, ""
+	}
+	r.wrote(r.rulesCost(hits), nil) // a failover may lose it, as any other
+	r.logf("  charged: let through by the failure mode")
+	return nil, true, r.admit(r.rulesCost(hits), simByStore, false)
+}
+
 // backLanded cancels the refund the request being decided carries: the
 // store applied it, whatever the request's fate.
 func (r *simRun) backLanded() {
@@ -985,8 +1092,20 @@ func (r *simRun) apply(o simOp) string {
 		}
 		local := r.local
 		r.answeredLate = false
-		v, _ := r.slices[o.inst].Decide(ctx, hits) // a part's failure is in v (see below)
-		if r.gate.count() > mainAt {               // the call carrying its refund landed
+		var v []limiter.Verdict
+		// Only a request that goes to the store whatever the slices hold
+		// (a refund in it after all, two hits on the key, a seat) leaves:
+		// the call that parks is its own.
+		if o.leaves && !r.partBusy && !r.parted(hits) && (r.rule.seats || o.twice || r.backOwed > 0) {
+			var gone bool
+			var violation string
+			if v, gone, violation = r.leave(o.inst, hits, mainAt); gone {
+				return violation
+			}
+		} else {
+			v, _ = r.slices[o.inst].Decide(ctx, hits) // a part's failure is in v (see below)
+		}
+		if r.gate.count() > mainAt { // the call carrying its refund landed
 			r.backLanded()
 		}
 		r.backOwed = 0
