@@ -32,10 +32,13 @@ import (
 // of which can answer after other events (simSlowPart) or fail on its way
 // (simFailSlot, on a Cluster), and what one part charged is given back
 // when the other denies: the two calls and the give-back are awaited call
-// by call, through a go-redis hook on each store (simGate). The instances
+// by call, through a go-redis hook on each store (simGate). Some requests
+// carry two hits of the rule's counter (simOp.twice), a refund of it beside
+// the charge (simOp.back), or lose their caller while their call is on its
+// way (simOp.leaves). The instances
 // are the real Slices over the real Split, limiters and Lua, on miniredis
-// servers that run the Lua as Redis 7 does (internal/luastore: compiled
-// once, the decide code a function library) and whose clock (Redis TIME)
+// servers that run the Lua as Redis 7 does (internal/luastore: Lua 5.1's C
+// interpreter, the decide code a function library) and whose clock (Redis TIME)
 // the simulator owns; leases and ticks run when the schedule says, on the
 // simulator's goroutine, so a seed replays exactly.
 //

@@ -1004,8 +1004,8 @@ func (r *simRun) run() (violation string) {
 // through by the failure mode: what the store charged is admitted, but a
 // seat, which the settlement freed. mainAt is the main store's calls
 // before the request. When no call went (one failed on its way), the
-// caller had its answer before it could leave: leave
-// returns it, and gone false (a call failed on its way).
+// caller had its answer before it could leave: leave returns it, and gone
+// false.
 func (r *simRun) leave(inst int, hits []limiter.Hit, mainAt int) (v []limiter.Verdict, gone bool, violation string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -1024,9 +1024,9 @@ func (r *simRun) leave(inst int, hits []limiter.Hit, mainAt int) (v []limiter.Ve
 	}
 	r.logf("  the caller left while its call was on its way")
 	r.gate.mu.Lock()
-	done = r.gate.parkedDone
+	passed := r.gate.parkedDone
 	r.gate.mu.Unlock()
-	<-done
+	<-passed
 	r.gate.mu.Lock()
 	landed, charged := r.gate.parkedLanded, r.gate.parkedCharged
 	r.gate.mu.Unlock()
