@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/cgo"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -45,6 +46,10 @@ func (st *state) close() {
 
 // compile compiles code named name (a Lua chunk name: "@user_script").
 func (st *state) compile(code, name string) (chunk, error) {
+	defer C.lua_settop(st.l, 0) // an error's message
+	if strings.HasPrefix(code, "\x1b") {
+		return 0, errors.New("bytecode is not accepted") // as Redis (CVE-2015-4335)
+	}
 	if b, ok := bytecode.Load(code); ok {
 		code = b.(string)
 	} else {
@@ -159,7 +164,8 @@ func fail(l *C.lua_State, message string) C.int {
 }
 
 //export luastoreCall
-func luastoreCall(l *C.lua_State, h C.uintptr_t, n C.int, ptrs **C.char, lens *C.size_t, raise C.int) C.int {
+func luastoreCall(l *C.lua_State, h C.uintptr_t, n C.int, ptrs **C.char, lens *C.size_t, raise C.int) (ret C.int) {
+	defer recoverInto(l, &ret)
 	s := cgo.Handle(h).Value().(*Store)
 	if s.loading != nil {
 		return fail(l, "redis.call is not allowed while a function library loads")
@@ -218,31 +224,24 @@ func push(l *C.lua_State, res any) error {
 }
 
 //export luastoreRegister
-func luastoreRegister(l *C.lua_State, h C.uintptr_t) C.int {
+func luastoreRegister(l *C.lua_State, h C.uintptr_t, cname *C.char, n C.size_t) (ret C.int) {
+	defer recoverInto(l, &ret)
 	s := cgo.Handle(h).Value().(*Store)
 	if s.loading == nil {
 		return fail(l, "redis.register_function can only be called while a function library loads")
 	}
-	if C.lua_type(l, 1) == C.LUA_TTABLE {
-		C.lua_getfield(l, 1, functionName)
-		C.lua_getfield(l, 1, callbackName)
-	} else {
-		C.lua_pushvalue(l, 1)
-		C.lua_pushvalue(l, 2)
-	}
-	var n C.size_t
-	name := ""
-	if C.lua_type(l, -2) == C.LUA_TSTRING {
-		name = C.GoStringN(C.lua_tolstring(l, -2, &n), C.int(n))
-	}
-	if name == "" || C.lua_type(l, -1) != C.LUA_TFUNCTION {
-		return fail(l, "redis.register_function needs a name and a callback")
-	}
+	name := C.GoStringN(cname, C.int(n))
 	if _, dup := s.loading[name]; dup {
 		return fail(l, "Function already exists in the library")
 	}
-	s.loading[name] = chunk(C.luaL_ref(l, C.LUA_REGISTRYINDEX))
+	s.loading[name] = chunk(C.luaL_ref(l, C.LUA_REGISTRYINDEX)) // the callback, on top
 	return 0
 }
 
-var functionName, callbackName = C.CString("function_name"), C.CString("callback")
+// recoverInto turns a panic of an exported function into a Lua error: a
+// panic must not unwind through Lua's C frames.
+func recoverInto(l *C.lua_State, ret *C.int) {
+	if p := recover(); p != nil {
+		*ret = fail(l, fmt.Sprintf("luastore: %v", p))
+	}
+}

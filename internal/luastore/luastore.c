@@ -38,8 +38,25 @@ static int call(lua_State *L, int raise) {
 static int redis_call(lua_State *L) { return call(L, 1); }
 static int redis_pcall(lua_State *L) { return call(L, 0); }
 
+// register_function is redis.register_function(name, callback), or its
+// table form {function_name = name, callback = f}: Go gets the name, and
+// the callback on top of the stack. The table's fields are read raw, so
+// no metamethod of the script's runs.
 static int register_function(lua_State *L) {
-	if (luastoreRegister(L, store_of(L)) < 0)
+	if (lua_type(L, 1) == LUA_TTABLE) {
+		lua_pushstring(L, "function_name");
+		lua_rawget(L, 1);
+		lua_pushstring(L, "callback");
+		lua_rawget(L, 1);
+	} else {
+		lua_pushvalue(L, 1);
+		lua_pushvalue(L, 2);
+	}
+	size_t len = 0;
+	const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
+	if (name == NULL || len == 0 || lua_type(L, -1) != LUA_TFUNCTION)
+		return luaL_error(L, "redis.register_function needs a name and a callback");
+	if (luastoreRegister(L, store_of(L), (char *)name, len) < 0)
 		return lua_error(L);
 	return 0;
 }
@@ -79,6 +96,14 @@ lua_State *luastore_open(uintptr_t store) {
 	open_library(L, luaopen_table, LUA_TABLIBNAME);
 	open_library(L, luaopen_string, LUA_STRLIBNAME);
 	open_library(L, luaopen_math, LUA_MATHLIBNAME);
+	// As Redis: no files; and no code but source text (a crafted bytecode
+	// chunk gets past Lua 5.1's checks), nor finalizers, whose errors
+	// would reach the Go half.
+	static const char *removed[] = {"dofile", "loadfile", "load", "loadstring", "newproxy"};
+	for (size_t i = 0; i < sizeof removed / sizeof removed[0]; i++) {
+		lua_pushnil(L);
+		lua_setglobal(L, removed[i]);
+	}
 	lua_newtable(L);
 	static const struct { const char *name; lua_CFunction fn; } fns[] = {
 		{"call", redis_call}, {"pcall", redis_pcall}, {"register_function", register_function},
@@ -194,7 +219,7 @@ static void encode(lua_State *L, buffer *o, int resp3, int depth) {
 		put(o, "\r\n", 2);
 		return;
 	case LUA_TTABLE:
-		if (depth > 64)
+		if (depth > 64 || !lua_checkstack(L, 4))
 			break;
 		if (field_string(L, "err")) {
 			s = lua_tolstring(L, -1, &len);

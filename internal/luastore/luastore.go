@@ -86,6 +86,9 @@ func (s *Store) Close() {
 func (s *Store) Flush() {
 	s.m.Lock()
 	defer s.m.Unlock()
+	if s.st == nil {
+		return
+	}
 	s.flushScripts()
 	s.flushFunctions()
 }
@@ -196,8 +199,13 @@ func (s *Store) eval(c *server.Peer, fn chunk, args []string) {
 }
 
 // dispatch runs a command a script calls on miniredis, within the
-// script's lock, and parses its reply.
+// script's lock, and parses its reply. Scripting commands are refused, as
+// Redis refuses them (and this store holds the lock they would take).
 func (s *Store) dispatch(args []string) (any, error) {
+	switch strings.ToUpper(args[0]) {
+	case "EVAL", "EVALSHA", "FCALL", "SCRIPT", "FUNCTION":
+		return nil, errors.New("ERR This Redis command is not allowed from script")
+	}
 	s.reply.Reset()
 	s.replyR.Reset(&s.reply)
 	peer := server.NewPeer(s.replyW)

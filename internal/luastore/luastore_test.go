@@ -143,3 +143,47 @@ func TestScriptsAndFunctions(t *testing.T) {
 		t.Fatalf("FCALL after a Flush: %v, want Function not found", err)
 	}
 }
+
+// TestRefusals answers what a script must not do with an error, as Redis
+// does, and the store goes on answering.
+func TestRefusals(t *testing.T) {
+	s, c := open(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		what, script, err string
+	}{
+		{"bytecode", "\x1bLua", "bytecode"},
+		{"a scripting command from a script", "return redis.call('EVAL', 'return 1', '0')", "not allowed from script"},
+		{"loading code", "return loadstring('return 1')()", "nonexistent global variable 'loadstring'"},
+		{"a finalizer", "return newproxy(true)", "nonexistent global variable 'newproxy'"},
+	} {
+		if err := c.Eval(ctx, tc.script, nil).Err(); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: %v, want an error with %q", tc.what, err, tc.err)
+		}
+	}
+	lib := "#!lua name=meta\nredis.register_function(setmetatable({}, {__index = function() error('x') end}))\n"
+	if err := c.FunctionLoad(ctx, lib).Err(); err == nil || !strings.Contains(err.Error(), "needs a name and a callback") {
+		t.Errorf("a registration whose table raises when read: %v, want needs a name and a callback", err)
+	}
+	// A reply nested past the stack Lua gives a C function: the deepest
+	// levels answer null.
+	deep, err := c.Eval(ctx, "local t = {} for i = 1, 200 do t = {t} end return t", nil).Result()
+	if err != nil {
+		t.Fatalf("a deeply nested reply: %v", err)
+	}
+	levels := 0
+	for v, ok := deep.([]any); ok && len(v) == 1; v, ok = v[0].([]any) {
+		levels++
+	}
+	if levels < 10 {
+		t.Errorf("a deeply nested reply kept %d levels, want at least 10", levels)
+	}
+	if n, err := c.Eval(ctx, "return 7", nil).Int(); err != nil || n != 7 {
+		t.Fatalf("after the refusals: %d, %v; want 7", n, err)
+	}
+	s.Close()
+	s.Flush() // a closed store has nothing to forget
+	if err := c.Eval(ctx, "return 1", nil).Err(); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Errorf("EVAL after Close: %v, want closed", err)
+	}
+}
