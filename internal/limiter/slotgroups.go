@@ -136,7 +136,8 @@ func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 // of a batch, and writes their verdicts (a part's nonce among them: see
 // partArg), and their refund tokens when tokens is not nil. quotas is the
 // request's rule as known before the store (which quotas are over
-// already); nil sends quota hits as shadow hits. On an error the verdicts follow each hit's failure mode.
+// already); nil sends quota hits as shadow hits. On an error the verdicts
+// follow each hit's failure mode.
 func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge bool, quotas *requestRule,
 	verdicts []Verdict, tokens []int64) error {
 	keys := make([]string, len(group))

@@ -50,22 +50,21 @@ func (st *state) compile(code, name string) (chunk, error) {
 	if strings.HasPrefix(code, "\x1b") {
 		return 0, errors.New("bytecode is not accepted") // as Redis (CVE-2015-4335)
 	}
-	if b, ok := bytecode.Load(code); ok {
-		code = b.(string)
-	} else {
-		cname := C.CString(name)
-		defer C.free(unsafe.Pointer(cname))
-		if C.luastore_load(st.l, cstr(code), C.size_t(len(code)), cname) != 0 {
-			return 0, errors.New(st.errorMessage())
-		}
-		var n C.size_t
-		b := C.luastore_dump(st.l, &n)
-		bytecode.Store(code, C.GoStringN(b, C.int(n)))
-		C.free(unsafe.Pointer(b))
-		return chunk(C.luaL_ref(st.l, C.LUA_REGISTRYINDEX)), nil
+	text := code // or its bytecode, compiled before
+	b, cached := bytecode.Load(code)
+	if cached {
+		text = b.(string)
 	}
-	if C.luastore_load(st.l, cstr(code), C.size_t(len(code)), nil) != 0 {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	if C.luastore_load(st.l, cstr(text), C.size_t(len(text)), cname) != 0 {
 		return 0, errors.New(st.errorMessage())
+	}
+	if !cached {
+		var n C.size_t
+		dump := C.luastore_dump(st.l, &n)
+		bytecode.Store(code, C.GoStringN(dump, C.int(n)))
+		C.free(unsafe.Pointer(dump))
 	}
 	return chunk(C.luaL_ref(st.l, C.LUA_REGISTRYINDEX)), nil
 }
@@ -115,8 +114,8 @@ func (st *state) setGlobals(keys, argv []string) {
 
 var keysName, argvName = C.CString("KEYS"), C.CString("ARGV")
 
-// call calls c with nargs strings tables (FCALL's keys and arguments)
-// and answers its reply, or its error, to p.
+// call calls c with args, each a table of strings (FCALL's keys and
+// arguments), and answers its reply, or its error, to p.
 func (st *state) call(p *server.Peer, c chunk, args ...[]string) {
 	defer C.lua_settop(st.l, 0)
 	C.luastore_push_ref(st.l, C.int(c))
@@ -183,19 +182,16 @@ func luastoreCall(l *C.lua_State, h C.uintptr_t, n C.int, ptrs **C.char, lens *C
 		if raise != 0 {
 			return fail(l, err.Error())
 		}
-		pushField(l, "err", err.Error())
+		pushField(l, errName, err.Error())
 	}
 	return 1
 }
 
 var okName, errName = C.CString("ok"), C.CString("err")
 
-func pushField(l *C.lua_State, name, value string) {
-	field := okName
-	if name == "err" {
-		field = errName
-	}
-	C.luastore_push_field(l, field, cstr(value), C.size_t(len(value)))
+// pushField pushes {name = value}: an error or a status reply.
+func pushField(l *C.lua_State, name *C.char, value string) {
+	C.luastore_push_field(l, name, cstr(value), C.size_t(len(value)))
 }
 
 // push pushes a reply as Redis converts it for a script.
@@ -208,7 +204,7 @@ func push(l *C.lua_State, res any) error {
 	case string:
 		C.lua_pushlstring(l, cstr(r), C.size_t(len(r)))
 	case server.Simple:
-		pushField(l, "ok", string(r))
+		pushField(l, okName, string(r))
 	case []any:
 		C.lua_createtable(l, C.int(len(r)), 0)
 		for i, e := range r {

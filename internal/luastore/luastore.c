@@ -195,6 +195,19 @@ static int field_string(lua_State *L, const char *name) {
 	return lua_type(L, -1) == LUA_TSTRING;
 }
 
+// put_field writes t[name] of the table on top, when it is a string, as a
+// line of kind (an error's '-', a status's '+'), and says whether it did.
+static int put_field(lua_State *L, buffer *o, const char *name, char kind) {
+	int is = field_string(L, name);
+	if (is) {
+		size_t len;
+		const char *s = lua_tolstring(L, -1, &len);
+		put_line(o, kind, s, len);
+	}
+	lua_pop(L, 1);
+	return is;
+}
+
 // encode writes the value on top of the stack as Redis converts a Lua
 // value to its reply.
 static void encode(lua_State *L, buffer *o, int resp3, int depth) {
@@ -221,20 +234,8 @@ static void encode(lua_State *L, buffer *o, int resp3, int depth) {
 	case LUA_TTABLE:
 		if (depth > 64 || !lua_checkstack(L, 4))
 			break;
-		if (field_string(L, "err")) {
-			s = lua_tolstring(L, -1, &len);
-			put_line(o, '-', s, len);
-			lua_pop(L, 1);
+		if (put_field(L, o, "err", '-') || put_field(L, o, "ok", '+'))
 			return;
-		}
-		lua_pop(L, 1);
-		if (field_string(L, "ok")) {
-			s = lua_tolstring(L, -1, &len);
-			put_line(o, '+', s, len);
-			lua_pop(L, 1);
-			return;
-		}
-		lua_pop(L, 1);
 		int n = 0;
 		for (;; n++) {
 			lua_rawgeti(L, -1, n + 1);

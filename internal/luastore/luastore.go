@@ -108,11 +108,18 @@ func (s *Store) flushFunctions() {
 	clear(s.libraries)
 }
 
-// hook answers the scripting commands; the others go on to miniredis.
-func (s *Store) hook(c *server.Peer, cmd string, args ...string) bool {
+// scripting reports a command this store answers (cmd in upper case).
+func scripting(cmd string) bool {
 	switch cmd {
 	case "EVAL", "EVALSHA", "FCALL", "SCRIPT", "FUNCTION":
-	default:
+		return true
+	}
+	return false
+}
+
+// hook answers the scripting commands; the others go on to miniredis.
+func (s *Store) hook(c *server.Peer, cmd string, args ...string) bool {
+	if !scripting(cmd) {
 		return false
 	}
 	s.m.Lock()
@@ -202,8 +209,7 @@ func (s *Store) eval(c *server.Peer, fn chunk, args []string) {
 // script's lock, and parses its reply. Scripting commands are refused, as
 // Redis refuses them (and this store holds the lock they would take).
 func (s *Store) dispatch(args []string) (any, error) {
-	switch strings.ToUpper(args[0]) {
-	case "EVAL", "EVALSHA", "FCALL", "SCRIPT", "FUNCTION":
+	if scripting(strings.ToUpper(args[0])) {
 		return nil, errors.New("ERR This Redis command is not allowed from script")
 	}
 	s.reply.Reset()

@@ -343,6 +343,18 @@ func (g *simGate) awaitParked(done <-chan struct{}) bool {
 	return true
 }
 
+// awaitParkedPass waits until the parked call's pass ends, and reports
+// whether it landed and whether it charged.
+func (g *simGate) awaitParkedPass() (landed, charged bool) {
+	g.mu.Lock()
+	done := g.parkedDone
+	g.mu.Unlock()
+	<-done
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.parkedLanded, g.parkedCharged
+}
+
 // parkNext parks the next call; the function returned lets it go.
 func (g *simGate) parkNext() func() {
 	g.mu.Lock()
@@ -1023,13 +1035,7 @@ func (r *simRun) leave(inst int, hits []limiter.Hit, mainAt int) (v []limiter.Ve
 		return v, false, ""
 	}
 	r.logf("  the caller left while its call was on its way")
-	r.gate.mu.Lock()
-	passed := r.gate.parkedDone
-	r.gate.mu.Unlock()
-	<-passed
-	r.gate.mu.Lock()
-	landed, charged := r.gate.parkedLanded, r.gate.parkedCharged
-	r.gate.mu.Unlock()
+	landed, charged := r.gate.awaitParkedPass()
 	if !landed {
 		// Refused unrun (its function library lost in a restart): a call
 		// whose caller left is not sent again (none of these has a late
