@@ -66,13 +66,13 @@ bench:
 
 SIM_FOR ?= 10m
 
-## sim: the simulator of the limit's promise (internal/quota/sim_test.go): random schedules of
+## sim: the simulator of the limit's promise (internal/hotkeys/sim_test.go): random schedules of
 ## hits, refunds, leases, Resets, reloads, lost replies, failovers and restarts through several
 ## instances' slices on the real Lua, with a per-second store beside the main one, SIM_FOR per algorithm (the four side by side); a failure
 ## prints its seed and the schedule shrunk (replay: -sim.seed N). GOGC=400: the search allocates
 ## much and lives short; a fifth more schedules in its time
 sim:
-	GOGC=400 $(GO) test -count=1 -timeout 0 -parallel 4 -run '^TestSimulator$$' -v ./internal/quota -sim.for $(SIM_FOR) | grep -v '^=== '
+	GOGC=400 $(GO) test -count=1 -timeout 0 -parallel 4 -run '^TestSimulator$$' -v ./internal/hotkeys -sim.for $(SIM_FOR) | grep -v '^=== '
 
 ## bench-attacks: e2e TestAttack as a measurement: each HTTP/2 attack for 20 s against
 ## both gRPC servers, legitimate calls with Envoy's 50 ms deadline (docs/reliability.md)

@@ -490,7 +490,7 @@ func TestReferenceKeysOnACluster(t *testing.T) {
 	h := limiter.Hit{Key: kb.Key(config.ReferenceFixedWindow, time.Minute), Algorithm: config.ReferenceFixedWindow,
 		Limit: 100, Window: time.Minute, Cost: 5}
 	lease := h
-	lease.Ahead = 12 * time.Second // an RLQS lease (internal/quota)
+	lease.Ahead = 12 * time.Second // an RLQS lease (internal/rlqs)
 	for _, hit := range []limiter.Hit{h, lease} {
 		if v, err := lim.Decide(ctx, []limiter.Hit{hit}); err != nil || !v[0].Charged {
 			t.Fatalf("%+v: %+v, %v", hit, v, err)

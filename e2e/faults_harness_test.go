@@ -32,7 +32,7 @@ const faultLimit = 1_000_000_000
 // correctness checks after a fault.
 // faultConfig's rules keep off hot keys' slices (hot_key_slices: false):
 // the fault tests watch each hit's store call, which a slice would save
-// (slices under an outage: quota's TestSlicesOutlastAnOutage).
+// (slices under an outage: hotkeys' TestSlicesOutlastAnOutage).
 var faultConfig = fmt.Sprintf(`
 domain: faults
 descriptors:

@@ -36,7 +36,7 @@ type decision struct {
 // in a window after the first (counting what may have been decided there)
 // is logged, not asserted: on a loaded machine the offered load itself
 // falls behind (beside two CPU burners: answers' p99 700 ms, least 73); the
-// 90 % is asserted on a frozen clock by internal/quota's
+// 90 % is asserted on a frozen clock by internal/hotkeys'
 // TestSlicesHoldTheLimit. It reports the latency of the hot key's
 // decisions beside those of cold keys sent alongside, and checks that the
 // instances decided the hot key locally.

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/internal/envoyrlqs"
-	"github.com/slidingwindow/ratelimit/internal/quota"
+	"github.com/slidingwindow/ratelimit/internal/rlqs"
 )
 
 // The Rate Limit Quota Service against Envoy's client as Envoy's source has
@@ -239,7 +239,7 @@ func TestRLQSFleetBound(t *testing.T) {
 			waitUntil(f.start.Add(run))
 			// The fleet's leases are on the counter ShouldRateLimit uses,
 			// which they keep full. A report answered later than
-			// quota.AnswerWithin on a loaded machine leaves a bucket without
+			// rlqs.AnswerWithin on a loaded machine leaves a bucket without
 			// its lease until the next report: ShouldRateLimit is asked
 			// until it denies, for at most one report interval, the Envoys
 			// still driving.
@@ -375,8 +375,8 @@ func TestRLQSServiceRestart(t *testing.T) {
 	}
 	s.exited <- <-s.exited // waited for; left for the cleanup
 	killed := time.Now()
-	waitFor(t, quota.DefaultLease+5*time.Second, all(envoyrlqs.FromFallback))
-	t.Logf("fell back %v after the kill (lease %v)", time.Since(killed).Round(100*time.Millisecond), quota.DefaultLease)
+	waitFor(t, rlqs.DefaultLease+5*time.Second, all(envoyrlqs.FromFallback))
+	t.Logf("fell back %v after the kill (lease %v)", time.Since(killed).Round(100*time.Millisecond), rlqs.DefaultLease)
 	opened := envoys[0].Stats().StreamsOpened
 
 	back := startServer(t, r, rlqsConfig, "--grpc-addr", s.grpcAddr)

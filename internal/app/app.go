@@ -21,9 +21,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/slidingwindow/ratelimit/internal/hotkeys"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
-	"github.com/slidingwindow/ratelimit/internal/quota"
+	"github.com/slidingwindow/ratelimit/internal/rlqs"
 	"github.com/slidingwindow/ratelimit/internal/service"
 	"github.com/slidingwindow/ratelimit/internal/settings"
 	"github.com/slidingwindow/ratelimit/internal/statsd"
@@ -39,7 +40,7 @@ type App struct {
 	s        *settings.Settings
 	log      *zap.Logger
 	lim      *limiter.Split
-	slices   *quota.Slices // ShouldRateLimit's and the admin API's way to lim
+	slices   *hotkeys.Slices // ShouldRateLimit's and the admin API's way to lim
 	rlqs     *service.RLQS
 	svc      *service.Service
 	registry *prometheus.Registry
@@ -161,7 +162,7 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	if warm == 0 {
 		warm = -1 // off
 	}
-	a.slices = quota.NewSlices(a.lim, &quota.SliceOptions{
+	a.slices = hotkeys.NewSlices(a.lim, &hotkeys.SliceOptions{
 		Threshold: threshold, WarmThreshold: warm, Period: s.HotKeySlicePeriod, Now: now, Observe: m.SliceObserver(),
 	})
 	a.onClose(a.slices.Close) // before the limiters close: it gives back what the slices did not use
@@ -227,7 +228,7 @@ func New(ctx context.Context, s *settings.Settings) (_ *App, err error) {
 	}
 	rlsv3.RegisterRateLimitServiceServer(a.grpc, a.svc)
 	// The Rate Limit Quota Service leases from the same counters.
-	alloc := quota.New(a.lim, &quota.Options{ReportInterval: s.RLQSReportInterval, Lease: s.RLQSLease})
+	alloc := rlqs.New(a.lim, &rlqs.Options{ReportInterval: s.RLQSReportInterval, Lease: s.RLQSLease})
 	a.rlqs = service.NewRLQS(a.svc, alloc)
 	rlqsv3.RegisterRateLimitQuotaServiceServer(a.grpc, a.rlqs)
 	a.health = health.NewServer()

@@ -76,7 +76,7 @@ type Rule struct {
 	Burst           uint32         // GCRA only: the bucket's size, rate_limit.burst or RequestsPerUnit; 0 otherwise
 	FailureMode     FailureMode    // the rule's, or Defaults.FailureMode
 	RecordCosts     CostRecording  // the rule's, or Defaults.RecordCosts
-	NoSlices        bool           // hot_key_slices: false: never decided from a hot key's slice (internal/quota's Slices)
+	NoSlices        bool           // hot_key_slices: false: never decided from a hot key's slice (internal/hotkeys' Slices)
 	Zone            *time.Location // time_zone: the calendar of a fixed window of days or longer (Calendar); nil is UTC
 	Leases          bool           // leases: true (the log only): acquisitions are leases, settled by the id the answer carries
 	LeaseTTL        time.Duration  // lease_ttl: how long a lease lives unsettled; 0: the window

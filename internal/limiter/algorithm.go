@@ -163,9 +163,9 @@ func (h *Hit) burst() uint32 {
 	return h.Burst
 }
 
-// capacity is the most units the hit's counter ever holds: a bucket's size,
+// Capacity is the most units the hit's counter ever holds: a bucket's size,
 // else the limit (also for an unknown algorithm, which is never decided).
-func (h *Hit) capacity() uint32 {
+func (h *Hit) Capacity() uint32 {
 	if h.Algorithm.Bucket() {
 		return h.burst()
 	}

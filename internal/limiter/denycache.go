@@ -113,7 +113,7 @@ func (c *denyCache) lookup(h Hit, now time.Time) (Verdict, bool) {
 		d, ok = s.prev[h.Key]
 	}
 	s.mu.Unlock()
-	if !ok || at >= d.expires || d.limit != h.Limit || d.capacity != h.capacity() || d.cost != h.Cost {
+	if !ok || at >= d.expires || d.limit != h.Limit || d.capacity != h.Capacity() || d.cost != h.Cost {
 		return Verdict{}, false
 	}
 	return Verdict{Remaining: d.remaining, ResetAfter: time.Duration(d.fitsAt - at)}, true
@@ -125,7 +125,7 @@ func (c *denyCache) lookup(h Hit, now time.Time) (Verdict, bool) {
 func (c *denyCache) remember(h Hit, v Verdict, sent time.Time) {
 	at := c.since(sent)
 	fitsAt := at + int64(v.ResetAfter)
-	d := denial{limit: h.Limit, capacity: h.capacity(), cost: h.Cost, remaining: v.Remaining, fitsAt: fitsAt, expires: min(fitsAt, at+int64(c.maxAge))}
+	d := denial{limit: h.Limit, capacity: h.Capacity(), cost: h.Cost, remaining: v.Remaining, fitsAt: fitsAt, expires: min(fitsAt, at+int64(c.maxAge))}
 	size := len(h.Key) + denyEntryOverhead
 	s := c.shard(h.Key)
 	s.mu.Lock()

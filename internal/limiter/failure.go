@@ -67,5 +67,5 @@ func failureVerdict(h Hit) Verdict {
 	if h.FailureMode == config.FailureDeny && !h.givesBack() { // a refund never denies
 		return Verdict{FailureVerdict: true, ResetAfter: FailureRetry}
 	}
-	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.capacity())}
+	return Verdict{FailureVerdict: true, Admitted: true, Remaining: uint64(h.Capacity())}
 }

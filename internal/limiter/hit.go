@@ -71,11 +71,11 @@ type Hit struct {
 	// always admitted and applied whatever the request's other hits say, and
 	// it drops the deny cache's entry of the counter.
 	Refund bool
-	// NoSlices keeps the hit off the slices of hot keys (internal/quota's
+	// NoSlices keeps the hit off the slices of hot keys (internal/hotkeys'
 	// Slices): decided on the store every time, as a rule with
 	// hot_key_slices: false, or a concurrency rule, asks.
 	NoSlices bool
-	// Ahead makes the charge a hot key's slice (internal/quota's Slices),
+	// Ahead makes the charge a hot key's slice (internal/hotkeys' Slices),
 	// whose units are used over the Ahead that follows. The sliding window
 	// log records it that far ahead of Redis's now, at the last instant a
 	// unit can be used, so that every window holding a use holds its

@@ -72,7 +72,7 @@ func owesBack(h *Hit, v *Verdict) bool { op := h.op(); return v.Charged && op.Ch
 // charged, and the cost remaining again.
 func takeBack(h *Hit, v *Verdict) {
 	v.Charged, v.Token, v.Lease, v.part = false, 0, "", ""
-	v.Remaining = min(v.Remaining+h.Cost, uint64(h.capacity()))
+	v.Remaining = min(v.Remaining+h.Cost, uint64(h.Capacity()))
 }
 
 // refund takes back, in the background, the charges of the hits back
@@ -140,7 +140,7 @@ type Return struct {
 // GiveBack undoes the returns: exactly the members of a log's charge, the
 // counters' count of the charge's window (never another window's), GCRA's
 // TAT by the units' time (never past now). Hot keys' slices give back what
-// they did not use this way (internal/quota's Slices), many at once: one
+// they did not use this way (internal/hotkeys' Slices), many at once: one
 // refund call per hash slot. It returns the units given back, and drops
 // the deny cache's entries of the counters. A failure wraps ErrStore; the
 // returns of the slots that answered stand.

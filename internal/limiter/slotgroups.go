@@ -39,7 +39,7 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 		case h.Record || h.givesBack():
 			sent = append(sent, i) // a cost already spent, or given back: always to the store
 			rule.add(h, true)
-		case h.Cost > uint64(h.capacity()):
+		case h.Cost > uint64(h.Capacity()):
 			// Never admissible: answer at once, without a store write.
 			verdicts[i] = Verdict{CostExceedsLimit: true, ResetAfter: h.windowLeft(now)}
 			rule.add(h, false)

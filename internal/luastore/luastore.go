@@ -45,6 +45,18 @@ type Store struct {
 // scripts to learn the context of a script's commands.
 const ctxCommand = "LUASTORE.CONTEXT"
 
+// RunT starts a miniredis for t whose scripts and functions run on a Store,
+// which is closed when t ends, before the miniredis.
+func RunT(t miniredis.Tester) *miniredis.Miniredis {
+	m := miniredis.RunT(t)
+	s, err := Install(m)
+	if err != nil {
+		t.Fatalf("luastore: %v", err)
+	}
+	t.Cleanup(s.Close) // cleanups run last first: before m's Close
+	return m
+}
+
 // Install makes m's scripts and functions run on a Store, until Close.
 func Install(m *miniredis.Miniredis) (*Store, error) {
 	s := &Store{m: m}

@@ -2,11 +2,10 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/slidingwindow/ratelimit/internal/quota"
+	"github.com/slidingwindow/ratelimit/internal/hotkeys"
 )
 
-// The slices of hot keys (internal/quota's Slices). No label: a key is a
+// The slices of hot keys (internal/hotkeys' Slices). No label: a key is a
 // request's values, which no metric names.
 type sliceMetrics struct {
 	local prometheus.Counter
@@ -41,12 +40,12 @@ func (s *sliceMetrics) collectors() []prometheus.Collector {
 }
 
 // SliceObserver is what hot keys' slices tell the metrics.
-func (m *Metrics) SliceObserver() quota.SliceObserver {
+func (m *Metrics) SliceObserver() hotkeys.SliceObserver {
 	if m == nil {
-		return quota.SliceObserver{}
+		return hotkeys.SliceObserver{}
 	}
 	leased, back := m.slices.units.WithLabelValues("leased"), m.slices.units.WithLabelValues("given_back")
-	return quota.SliceObserver{
+	return hotkeys.SliceObserver{
 		Local:     func(n int) { m.slices.local.Add(float64(n)) },
 		Leased:    func(n uint64) { leased.Add(float64(n)) },
 		GivenBack: func(n uint64) { back.Add(float64(n)) },

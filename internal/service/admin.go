@@ -18,7 +18,7 @@ import (
 )
 
 // AdminStore is what the admin service needs of the limiter. The service
-// (internal/app) gives it the hot keys' *quota.Slices the Service decides
+// (internal/app) gives it the hot keys' *hotkeys.Slices the Service decides
 // through (over the *limiter.Split of both stores), so that a counter is
 // inspected and reset on the store its hits go to, its live slices with it.
 type AdminStore interface {

@@ -22,11 +22,11 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
-	"github.com/slidingwindow/ratelimit/internal/quota"
+	"github.com/slidingwindow/ratelimit/internal/rlqs"
 )
 
 // Envoy's Rate Limit Quota Service: each Envoy streams its usage per
-// bucket, and is answered with an assignment per bucket (internal/quota),
+// bucket, and is answered with an assignment per bucket (internal/rlqs),
 // from the same config and counters as ShouldRateLimit.
 
 // Bounds on what one stream may make the service hold.
@@ -48,7 +48,7 @@ type RLQS struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
 
 	svc      *Service
-	alloc    *quota.Allocator
+	alloc    *rlqs.Allocator
 	instance string        // names this process's streams among the shares
 	streams  atomic.Uint64 // numbers them
 	buckets  atomic.Int64  // held by all streams, at most maxTotal
@@ -59,7 +59,7 @@ type RLQS struct {
 }
 
 // NewRLQS returns the quota service of s, assigning with alloc.
-func NewRLQS(s *Service, alloc *quota.Allocator) *RLQS {
+func NewRLQS(s *Service, alloc *rlqs.Allocator) *RLQS {
 	var id [8]byte
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
 	return &RLQS{svc: s, alloc: alloc, instance: hex.EncodeToString(id[:]), draining: make(chan struct{}), maxTotal: MaxRLQSBucketsTotal}
@@ -68,10 +68,10 @@ func NewRLQS(s *Service, alloc *quota.Allocator) *RLQS {
 // rlqsBucket is one bucket of a stream.
 type rlqsBucket struct {
 	id    *rlqsv3.BucketId
-	lease quota.Bucket
-	lim   quota.Limit // as last leased
+	lease rlqs.Bucket
+	lim   rlqs.Limit // as last leased
 	// decided is when the bucket was last decided (zero: never); it is
-	// decided again quota.MinReportGap later at the earliest.
+	// decided again rlqs.MinReportGap later at the earliest.
 	decided time.Time
 	// The requests reported since it was last decided.
 	allowed, denied uint64
@@ -138,10 +138,10 @@ func (q *RLQS) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_StreamR
 }
 
 // confirm tells the shares which buckets were sent smaller assignments
-// than they held (quota.Allocator.Confirm), so that what they gave up goes
+// than they held (rlqs.Allocator.Confirm), so that what they gave up goes
 // to the other Envoys at their next report.
 func (q *RLQS) confirm(ctx context.Context, sent []*rlqsBucket) {
-	ctx, cancel := context.WithTimeout(ctx, quota.AnswerWithin)
+	ctx, cancel := context.WithTimeout(ctx, rlqs.AnswerWithin)
 	defer cancel()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, rlqsParallel)
@@ -166,9 +166,9 @@ func (q *RLQS) Drain() { q.drainOnce.Do(func() { close(q.draining) }) }
 func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[string]*rlqsBucket,
 	reports *rlqsv3.RateLimitQuotaUsageReports,
 ) (*rlqsv3.RateLimitQuotaResponse, []*rlqsBucket) {
-	// The answer goes within quota.AnswerWithin of the first share, which
+	// The answer goes within rlqs.AnswerWithin of the first share, which
 	// outlives the assignment's time to live by that much.
-	ctx, cancel := context.WithTimeout(ctx, quota.AnswerWithin)
+	ctx, cancel := context.WithTimeout(ctx, rlqs.AnswerWithin)
 	defer cancel()
 	var todo []*rlqsBucket
 	now := q.alloc.Now()
@@ -185,13 +185,13 @@ func (q *RLQS) answer(ctx context.Context, member, domain string, buckets map[st
 				}
 				continue // Envoy applies its no_assignment_behavior
 			}
-			b = &rlqsBucket{id: u.BucketId, lease: quota.Bucket{Member: member + "." + strconv.Itoa(len(buckets))}}
+			b = &rlqsBucket{id: u.BucketId, lease: rlqs.Bucket{Member: member + "." + strconv.Itoa(len(buckets))}}
 			buckets[key] = b
 		}
 		// Counts a client sends: added without wrapping.
 		b.allowed = saturatingAdd(b.allowed, u.NumRequestsAllowed)
 		b.denied = saturatingAdd(b.denied, u.NumRequestsDenied)
-		if b.queued || !b.decided.IsZero() && now.Sub(b.decided) < quota.MinReportGap {
+		if b.queued || !b.decided.IsZero() && now.Sub(b.decided) < rlqs.MinReportGap {
 			// Once per report, however often it names the bucket; and a
 			// bucket decided moments ago keeps its assignment, its counts
 			// going to its next decision: a client reporting every 10 ms
@@ -244,7 +244,7 @@ func (q *RLQS) decide(ctx context.Context, cfg *config.Config, domain string, b 
 		b.action.BucketAction = assignmentAction(q.alloc.Allow())
 		return nil
 	}
-	var a quota.Assignment
+	var a rlqs.Assignment
 	switch {
 	case l.unlimited || l.shadow:
 		a = q.alloc.Allow()
@@ -292,7 +292,7 @@ func (q *RLQS) resolveBucket(cfg *config.Config, domain string, bucket map[strin
 // leaseLimit is what a bucket under l leases from: the counters of l and
 // of its other limits, the one with the least rate first, whose shares
 // are keyed in this service's schema whatever the algorithm's keys.
-func (q *RLQS) leaseLimit(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, l *limit) quota.Limit {
+func (q *RLQS) leaseLimit(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, l *limit) rlqs.Limit {
 	kb := limiter.KeyBuilder{Prefix: q.svc.opts.KeyPrefix, Now: q.svc.opts.Now()}
 	all := append([]*limit{l}, l.also...)
 	slices.SortStableFunc(all, func(x, y *limit) int {
@@ -307,7 +307,7 @@ func (q *RLQS) leaseLimit(domain string, entries []*rlcommon.RateLimitDescriptor
 		}
 		return 0
 	})
-	lim := quota.Limit{Hits: make([]limiter.Hit, len(all))}
+	lim := rlqs.Limit{Hits: make([]limiter.Hit, len(all))}
 	for i, each := range all {
 		lim.Hits[i] = each.storeHit(&kb, domain, entries, 0)
 	}
@@ -325,14 +325,14 @@ func (q *RLQS) leaseLimit(domain string, entries []*rlcommon.RateLimitDescriptor
 }
 
 // assignmentAction is Envoy's form of a.
-func assignmentAction(a quota.Assignment) *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_ {
+func assignmentAction(a rlqs.Assignment) *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_ {
 	strategy := &typev3.RateLimitStrategy{}
 	switch a.Kind {
-	case quota.AllowAll:
+	case rlqs.AllowAll:
 		strategy.Strategy = &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_ALLOW_ALL}
-	case quota.DenyAll:
+	case rlqs.DenyAll:
 		strategy.Strategy = &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_DENY_ALL}
-	case quota.TokenBucket:
+	case rlqs.TokenBucket:
 		strategy.Strategy = &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
 			MaxTokens:     uint32(min(a.MaxTokens, 1<<32-1)),
 			TokensPerFill: wrapperspb.UInt32(uint32(min(a.TokensPerFill, 1<<32-1))),
@@ -348,11 +348,11 @@ func assignmentAction(a quota.Assignment) *rlqsv3.RateLimitQuotaResponse_BucketA
 	}
 }
 
-func kindLabel(k quota.Kind) string {
+func kindLabel(k rlqs.Kind) string {
 	switch k {
-	case quota.DenyAll:
+	case rlqs.DenyAll:
 		return "deny_all"
-	case quota.TokenBucket:
+	case rlqs.TokenBucket:
 		return "token_bucket"
 	}
 	return "allow_all"

@@ -22,7 +22,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
-	"github.com/slidingwindow/ratelimit/internal/quota"
+	"github.com/slidingwindow/ratelimit/internal/rlqs"
 	"github.com/slidingwindow/ratelimit/internal/waitfor"
 )
 
@@ -75,7 +75,7 @@ func newRLQSTest(t *testing.T) *rlqsTest {
 	t.Cleanup(l.Close)
 	reg := prometheus.NewRegistry()
 	svc := New(cfg, l, &Options{Metrics: metrics.New(reg)})
-	q := NewRLQS(svc, quota.New(l, &quota.Options{Now: func() time.Time { return r.now }}))
+	q := NewRLQS(svc, rlqs.New(l, &rlqs.Options{Now: func() time.Time { return r.now }}))
 
 	ln := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
@@ -184,8 +184,8 @@ func TestRLQSAssignments(t *testing.T) {
 		if got := strategyOf(a); got == nil || got.GetBlanketRule() != tc.want || got.GetTokenBucket() != nil {
 			t.Errorf("%v: %v, want %v", tc.id, got, tc.want)
 		}
-		if ttl := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); ttl != quota.DefaultLease {
-			t.Errorf("%v: time to live %v, want %v", tc.id, ttl, quota.DefaultLease)
+		if ttl := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); ttl != rlqs.DefaultLease {
+			t.Errorf("%v: time to live %v, want %v", tc.id, ttl, rlqs.DefaultLease)
 		}
 	}
 	if got := counterValue(t, r.metrics, "ratelimit_rlqs_unmatched_total"); got != 2 {
@@ -295,7 +295,7 @@ func TestRLQSBucketsBound(t *testing.T) {
 	if len(actions) != 2 || actions[bucketKey(map[string]string{"name": "nowhere"})] != nil {
 		t.Fatalf("3 buckets with room for 2: %d actions (%v), want the first two", len(actions), actions)
 	}
-	r.advance(quota.MinReportGap)
+	r.advance(rlqs.MinReportGap)
 	if actions = r.report(t, "edge", usage(1, "name", "open"), usage(1, "name", "nowhere")); len(actions) != 1 {
 		t.Fatalf("a known bucket and a new one past the bound: %d actions, want the known one's", len(actions))
 	}
@@ -310,7 +310,7 @@ func TestRLQSBucketsBound(t *testing.T) {
 
 // TestRLQSFrequentReportsCostNoMore: a client reporting every 10 ms costs
 // the store no more commands than one reporting every second: its bucket
-// is decided once a second (quota.MinReportGap), its counts added up.
+// is decided once a second (rlqs.MinReportGap), its counts added up.
 func TestRLQSFrequentReportsCostNoMore(t *testing.T) {
 	commands := map[time.Duration]int{}
 	decisions := map[time.Duration]int{}

@@ -8,7 +8,7 @@
 // the reference's /rlconfig text (http.go, rlconfig.go), the admin API
 // (admin.go), envoyproxy/ratelimit's metrics (refmetrics.go), and Envoy's
 // Rate Limit Quota Service (rlqs.go): usage reports per bucket answered with
-// the assignments internal/quota leases from the same counters. It knows
+// the assignments internal/rlqs leases from the same counters. It knows
 // nothing of Redis; errors become gRPC status codes here and nowhere deeper.
 // What the ports need around it, shedding past --max-inflight and the
 // request codec, is internal/transport's, which this package does not
@@ -61,7 +61,7 @@ const (
 )
 
 // Decider decides a request's hits. The service (internal/app) gives it
-// the hot keys' *quota.Slices over the *limiter.Split of the main and
+// the hot keys' *hotkeys.Slices over the *limiter.Split of the main and
 // per-second stores, or, with --region, the regions' decider
 // (internal/regions) over those slices.
 type Decider interface {

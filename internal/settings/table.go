@@ -10,7 +10,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
-	"github.com/slidingwindow/ratelimit/internal/quota"
+	"github.com/slidingwindow/ratelimit/internal/hotkeys"
+	"github.com/slidingwindow/ratelimit/internal/rlqs"
 	"github.com/slidingwindow/ratelimit/internal/service"
 	"github.com/slidingwindow/ratelimit/internal/transport"
 )
@@ -257,14 +258,14 @@ func requestSettings(s *Settings) []Setting {
 // rlqsSettings: the Rate Limit Quota Service's reports and assignments.
 func rlqsSettings(s *Settings) []Setting {
 	return []Setting{
-		{Name: "rlqs-report-interval", bind: durationFlag(&s.RLQSReportInterval, quota.DefaultReportInterval),
+		{Name: "rlqs-report-interval", bind: durationFlag(&s.RLQSReportInterval, rlqs.DefaultReportInterval),
 			Help: "how often Envoys report to the Rate Limit Quota Service (Envoy's is 5s, whatever its reporting_interval)",
 			Doc: "how often Envoys send their usage to the Rate Limit Quota Service: Envoy reports every 5 s whatever its " +
 				"filter's `reporting_interval` says. A token bucket holds about one interval's refill (see [RLQS](rlqs.md))",
 			check: func() error {
 				return want(s.RLQSReportInterval >= time.Second, s.RLQSReportInterval, "a duration of 1s or more")
 			}},
-		{Name: "rlqs-lease", bind: durationFlag(&s.RLQSLease, quota.DefaultLease),
+		{Name: "rlqs-lease", bind: durationFlag(&s.RLQSLease, rlqs.DefaultLease),
 			Help: "how long an RLQS assignment lives unless renewed: whole seconds, at least twice --rlqs-report-interval and 1s",
 			Doc: "how long a Rate Limit Quota Service assignment lives unless a report renews it (its " +
 				"`assignment_time_to_live`), and how far ahead its token bucket's refills are leased from the counter: whole " +
@@ -280,14 +281,14 @@ func rlqsSettings(s *Settings) []Setting {
 // hotKeySettings: the slices hot keys are decided from at this instance.
 func hotKeySettings(s *Settings) []Setting {
 	return []Setting{
-		{Name: "hot-key-threshold", bind: floatFlag(&s.HotKeyThreshold, quota.DefaultSliceThreshold),
+		{Name: "hot-key-threshold", bind: floatFlag(&s.HotKeyThreshold, hotkeys.DefaultSliceThreshold),
 			Help: "hits/s of one counter at this instance from which it is decided from leased slices; 0: off",
 			Doc: "hits per second of one counter at this instance from which the instance leases a slice of the counter's " +
 				"limit from Redis (charged there before a unit is used) and decides the counter's hits from it, without a " +
 				"Redis call, until the slice is used up or ends. `0` turns slices off: every hit is a Redis call " +
 				"([reliability.md](reliability.md#hot-keys))",
 			check: func() error { return want(s.HotKeyThreshold >= 0, s.HotKeyThreshold, "a rate, 0 for off") }},
-		{Name: "hot-key-warm-threshold", bind: floatFlag(&s.HotKeyWarmThreshold, quota.DefaultSliceWarmThreshold),
+		{Name: "hot-key-warm-threshold", bind: floatFlag(&s.HotKeyWarmThreshold, hotkeys.DefaultSliceWarmThreshold),
 			Help: "hits/s of one counter at this instance, averaged over ~10s, from which a warm one gets small slices; 0: off",
 			Doc: "hits per second of one counter at this instance, averaged over about ten seconds, from which a counter " +
 				"under `--hot-key-threshold` (a warm one) is also decided from slices: of ten seconds of its demand, at least 4 units (at most a " +
@@ -297,7 +298,7 @@ func hotKeySettings(s *Settings) []Setting {
 			check: func() error {
 				return want(s.HotKeyWarmThreshold >= 0, s.HotKeyWarmThreshold, "a rate, 0 for off")
 			}},
-		{Name: "hot-key-slice-period", bind: durationFlag(&s.HotKeySlicePeriod, quota.DefaultSlicePeriod),
+		{Name: "hot-key-slice-period", bind: durationFlag(&s.HotKeySlicePeriod, hotkeys.DefaultSlicePeriod),
 			Help: "a hot key's slice holds this long of its demand and ends this long unused (window counters: see docs)",
 			Doc: "a hot key's slice is sized to this instance's demand over this period, and ends after a period unused " +
 				"(its unused units are then given back). A `sliding_window_log` slice lives at most this long and at most " +

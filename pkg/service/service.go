@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc/encoding"
 
 	"github.com/slidingwindow/ratelimit/internal/pkgbridge"
-	"github.com/slidingwindow/ratelimit/internal/quota"
+	"github.com/slidingwindow/ratelimit/internal/rlqs"
 	"github.com/slidingwindow/ratelimit/internal/service"
 	"github.com/slidingwindow/ratelimit/internal/transport"
 	"github.com/slidingwindow/ratelimit/pkg/config"
@@ -83,7 +83,7 @@ func New(cfg *config.Config, lim *limiter.Limiter, opts *Options) *Service {
 	})
 	return &Service{
 		svc:          svc,
-		rlqs:         service.NewRLQS(svc, quota.New(l, nil)),
+		rlqs:         service.NewRLQS(svc, rlqs.New(l, nil)),
 		codec:        transport.NewCodec(orDefault(opts.MaxDescriptors, service.DefaultMaxDescriptors), orDefault(opts.MaxEntries, service.DefaultMaxEntries)),
 		maxRecvBytes: orDefault(opts.MaxRequestBytes, service.DefaultMaxRequestBytes),
 	}

@@ -1,4 +1,4 @@
-package quota
+package rlqs
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 var epoch = time.Unix(1_700_006_400, 0) // a multiple of 60 s
@@ -28,7 +29,7 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	f := &fleet{m: runStore(t), now: epoch}
+	f := &fleet{m: luastore.RunT(t), now: epoch}
 	f.m.SetTime(f.now)
 	// One dial attempt (go-redis's default is five, 100 ms apart): the tests
 	// that stop the store wait for its failure, not for retries.

@@ -1,4 +1,4 @@
-package quota
+package hotkeys
 
 import (
 	"math"
@@ -69,7 +69,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	if k.known {
 		want = min(want, k.remaining/4)
 	} else {
-		want = min(want, uint64(capacity(h))/4)
+		want = min(want, uint64(h.Capacity())/4)
 	}
 	if h.Algorithm == config.GCRA {
 		want = min(want, gcraUsable(h, k.remaining, k.known, now.Sub(k.answered), units, k.available(now)))
@@ -185,7 +185,7 @@ func gcraUsable(h limiter.Hit, remaining uint64, known bool, since time.Duration
 		return 0
 	}
 	interval := h.Window.Seconds() / float64(h.Limit)
-	size := uint64(capacity(h))
+	size := uint64(h.Capacity())
 	ahead := float64(size-min(remaining, size))*interval - interval - since.Seconds() - leaseGather.Seconds() - float64(held)/rate
 	n := ahead / (1/rate - interval)
 	if !(n > 0) { // NaN included

@@ -1,4 +1,4 @@
-package quota
+package hotkeys
 
 import (
 	"context"
@@ -145,11 +145,11 @@ func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 func (k *hotKey) answer(h *limiter.Hit, v *limiter.Verdict, now time.Time) {
 	newest := k.slices[len(k.slices)-1]
 	left := k.held(now)
-	v.Remaining = min(newest.remaining+left+k.unlanded+k.landed, uint64(capacity(*h)))
+	v.Remaining = min(newest.remaining+left+k.unlanded+k.landed, uint64(h.Capacity()))
 	if newest.interval > 0 {
 		v.ResetAfter = max(0, newest.resetAfter-now.Sub(newest.sent)-time.Duration(left)*newest.interval)
 		owed := math.Ceil(float64(v.ResetAfter)*float64(h.Limit)/float64(h.Window) - owedSlack)
-		v.Remaining = uint64(max(0, float64(capacity(*h))-owed))
+		v.Remaining = uint64(max(0, float64(h.Capacity())-owed))
 	}
 }
 

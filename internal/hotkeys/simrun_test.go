@@ -1,4 +1,4 @@
-package quota
+package hotkeys
 
 import (
 	"cmp"
@@ -19,6 +19,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
+	"github.com/slidingwindow/ratelimit/internal/rlqs"
 )
 
 // The simulator's run of one schedule (see sim_test.go): the store whose
@@ -105,14 +106,6 @@ func newSimStore(t *testing.T) *simStore {
 	})
 	st.cluster = limiterOn(cc)
 	return st
-}
-
-// runStore runs a miniredis whose Lua runs as Redis runs it.
-func runStore(t *testing.T) *miniredis.Miniredis {
-	t.Helper()
-	m := miniredis.RunT(t)
-	installLua(t, m)
-	return m
 }
 
 // installLua makes m's scripts run on a luastore (miniredis's own Lua, a
@@ -481,7 +474,7 @@ type simRun struct {
 	limit  uint32
 	now    time.Time // Redis TIME, the truth
 	slices []*Slices
-	alloc  *Allocator
+	alloc  *rlqs.Allocator
 	envoys []*simEnvoyBucket
 	gather []func() // an instance's gathered leases, waiting to be sent
 	due    []time.Time
@@ -890,9 +883,9 @@ func newSimRun(st *simStore, s simSchedule, tracing bool) *simRun {
 		r.gather = append(r.gather, nil)
 		r.due = append(r.due, time.Time{})
 	}
-	r.alloc = New(simLedger{r: r, split: limiter.NewSplit(r.main, st.second), rlqs: true}, &Options{Now: func() time.Time { return r.now }})
+	r.alloc = rlqs.New(simLedger{r: r, split: limiter.NewSplit(r.main, st.second), rlqs: true}, &rlqs.Options{Now: func() time.Time { return r.now }})
 	for i := range s.rule.envoys {
-		r.envoys = append(r.envoys, &simEnvoyBucket{lease: Bucket{Member: fmt.Sprint("envoy-", i)}, seen: 1})
+		r.envoys = append(r.envoys, &simEnvoyBucket{lease: rlqs.Bucket{Member: fmt.Sprint("envoy-", i)}, seen: 1})
 	}
 	for _, e := range r.envoys {
 		r.report(e)
@@ -905,8 +898,8 @@ func newSimRun(st *simStore, s simSchedule, tracing bool) *simRun {
 // changes; denying once its assignment expired (the bucket's expired
 // assignment behavior, deny).
 type simEnvoyBucket struct {
-	lease    Bucket
-	held     Assignment
+	lease    rlqs.Bucket
+	held     rlqs.Assignment
 	received time.Time
 	tokens   float64
 	refilled time.Time
@@ -924,7 +917,7 @@ type simBucketLife struct {
 
 // envoyServe lets n requests through Envoy e's bucket now.
 func (r *simRun) envoyServe(e *simEnvoyBucket, n uint64) uint64 {
-	live := e.held.Kind == TokenBucket && r.now.Before(e.received.Add(e.held.TTL))
+	live := e.held.Kind == rlqs.TokenBucket && r.now.Before(e.received.Add(e.held.TTL))
 	if live {
 		rate := float64(e.held.TokensPerFill) / e.held.FillInterval.Seconds()
 		e.tokens = min(float64(e.held.MaxTokens), e.tokens+rate*r.now.Sub(e.refilled).Seconds())
@@ -943,7 +936,7 @@ func (r *simRun) envoyServe(e *simEnvoyBucket, n uint64) uint64 {
 
 // report sends Envoy e's report to the allocator and applies the answer.
 func (r *simRun) report(e *simEnvoyBucket) {
-	lim := Limit{Hits: []limiter.Hit{r.hit(0)}, ShareKey: simKeyName + ":rlqs"}
+	lim := rlqs.Limit{Hits: []limiter.Hit{r.hit(0)}, ShareKey: simKeyName + ":rlqs"}
 	a, err := r.alloc.Report(context.Background(), &e.lease, lim, e.seen)
 	if err != nil {
 		return // the held assignment runs out at its time to live
@@ -951,13 +944,13 @@ func (r *simRun) report(e *simEnvoyBucket) {
 	r.logf("  report: %+v", a)
 	e.seen = 0
 	r.envoyServe(e, 0) // refilled up to now under the old assignment
-	if a.Kind == TokenBucket && (e.held.Kind != TokenBucket || e.held.MaxTokens != a.MaxTokens ||
+	if a.Kind == rlqs.TokenBucket && (e.held.Kind != rlqs.TokenBucket || e.held.MaxTokens != a.MaxTokens ||
 		e.held.TokensPerFill != a.TokensPerFill || e.held.FillInterval != a.FillInterval ||
 		!r.now.Before(e.received.Add(e.held.TTL))) {
 		e.tokens = float64(a.MaxTokens)
 		e.endBucket(r.now)
 		e.buckets = append(e.buckets, simBucketLife{first: a.MaxTokens})
-	} else if a.Kind != TokenBucket {
+	} else if a.Kind != rlqs.TokenBucket {
 		e.endBucket(r.now)
 	}
 	e.held, e.received = a, r.now
@@ -1297,9 +1290,8 @@ func (r *simRun) apply(o simOp) string {
 func (r *simRun) leasedAhead() uint64 {
 	var n uint64
 	for _, e := range r.envoys {
-		if b := &e.lease; b.held.Kind == TokenBucket && b.leaseEnd.After(r.now) {
-			rate := float64(b.held.TokensPerFill) / b.held.FillInterval.Seconds()
-			n += uint64(math.Ceil(rate*b.leaseEnd.Sub(r.now).Seconds()+b.carry)) + 1
+		if ahead := e.lease.LeasedAhead(r.now); ahead > 0 {
+			n += ahead + 1
 		}
 	}
 	return n
@@ -1377,7 +1369,7 @@ func (r *simRun) advance(d time.Duration) {
 				s.flush()
 			}
 		}
-		if r.now.Truncate(DefaultReportInterval).Equal(r.now) {
+		if r.now.Truncate(rlqs.DefaultReportInterval).Equal(r.now) {
 			for _, e := range r.envoys {
 				r.report(e)
 			}

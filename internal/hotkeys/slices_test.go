@@ -1,4 +1,4 @@
-package quota
+package hotkeys
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // instances are service instances deciding one counter through Slices of
@@ -36,7 +37,7 @@ type instances struct {
 
 func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
 	t.Helper()
-	in := &instances{m: runStore(t), now: epoch}
+	in := &instances{m: luastore.RunT(t), now: epoch}
 	in.m.SetTime(in.now)
 	// One dial attempt (go-redis's default is five, 100 ms apart): the tests
 	// that stop the store wait for its failure, not for retries.

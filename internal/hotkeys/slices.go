@@ -1,4 +1,10 @@
-package quota
+// Package hotkeys decides hot keys at a service instance from slices
+// leased from their counters (Slices: slices.go decides, slicepolicy.go
+// sizes, slicelease.go leases), charged to the counter before a unit is
+// used, so that every reader of it counts them. Its tests hold the
+// simulator of the promise (sim_test.go, make sim), which runs slices,
+// RLQS buckets and the limiter together.
+package hotkeys
 
 import (
 	"cmp"
@@ -426,7 +432,7 @@ func (s *Slices) withHeld(ctx context.Context, hits []limiter.Hit, verdicts []li
 		} else if k != nil && k.unlanded > 0 && k.ruleOf(h) && !h.Algorithm.Bucket() {
 			// Its slices ended, their unused units on their way back: the
 			// store still counts them, and they are this instance's.
-			v.Remaining = min(v.Remaining+k.unlanded, uint64(capacity(*h)))
+			v.Remaining = min(v.Remaining+k.unlanded, uint64(h.Capacity()))
 		}
 		sh.mu.Unlock()
 	}
@@ -438,7 +444,7 @@ func (s *Slices) leasable(hits []limiter.Hit) bool {
 	for i := range hits {
 		h := &hits[i]
 		if h.NoSlices || h.Shadow || h.Quota || h.Record || h.Refund || h.Lease || h.Settle != "" || h.Cost == 0 ||
-			h.Algorithm.ReferenceKeys() || h.Cost > uint64(capacity(*h)) {
+			h.Algorithm.ReferenceKeys() || h.Cost > uint64(h.Capacity()) {
 			return false
 		}
 		for j := range i {

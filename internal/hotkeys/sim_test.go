@@ -1,4 +1,4 @@
-package quota
+package hotkeys
 
 import (
 	"flag"
@@ -61,8 +61,8 @@ import (
 // algorithm); make sim searches for SIM_FOR per algorithm, the four side
 // by side; one seed replays with its trace:
 //
-//	go test -run '^TestSimulator$' ./internal/quota -sim.for 10m -v
-//	go test -run '^TestSimulator$/gcra' ./internal/quota -sim.seed 1234 -v
+//	go test -run '^TestSimulator$' ./internal/hotkeys -sim.for 10m -v
+//	go test -run '^TestSimulator$/gcra' ./internal/hotkeys -sim.seed 1234 -v
 var (
 	simSeed = flag.Uint64("sim.seed", 0, "replay the schedule of this seed only, and print it")
 	simFor  = flag.Duration("sim.for", 0, "search schedules for this long per algorithm (make sim); 0: make test's bounded slice")

@@ -1,11 +1,9 @@
-// Package quota leases parts of limits from the counters ShouldRateLimit
-// decides on: the token buckets of Envoy's Rate Limit Quota Service (RLQS,
-// Allocator), and the slices of hot keys a service instance decides from
-// itself (Slices: slices.go decides, slicepolicy.go sizes, slicelease.go
-// leases). Both charge the counter before a unit is used, so that every
-// reader of it counts them. It knows nothing of gRPC or of Envoy's
-// messages: a report is a number of requests seen for one bucket by one
-// Envoy, an answer an Assignment.
+// Package rlqs leases the token buckets of Envoy's Rate Limit Quota Service
+// (RLQS) from the counters ShouldRateLimit decides on (Allocator): each is
+// charged to the counter before a unit is used, so that every reader of it
+// counts them. It knows nothing of gRPC or of Envoy's messages: a report
+// is a number of requests seen for one bucket by one Envoy, an answer an
+// Assignment.
 //
 // Two things in the store make a fleet's buckets hold one limit (see
 // docs/rlqs.md):
@@ -26,7 +24,7 @@
 //     so that no client refund takes it; a replaced bucket's refills not yet
 //     made are given back once its successor was sent (Confirm), by the
 //     tokens of its leases' charges; others expire with the counter's window.
-package quota
+package rlqs
 
 import (
 	"cmp"
@@ -412,9 +410,20 @@ func (a *Allocator) measureOthers(ctx context.Context, b *Bucket, lim Limit) err
 // others is what the counter of h holds that the fleet did not lease, by
 // the verdicts of h and of its fleet count.
 func others(h, fleet limiter.Hit, onCounter, onFleet limiter.Verdict) uint64 {
-	counted := uint64(capacity(h)) - min(onCounter.Remaining, uint64(capacity(h)))
-	leased := uint64(capacity(fleet)) - min(onFleet.Remaining, uint64(capacity(fleet)))
+	counted := uint64(h.Capacity()) - min(onCounter.Remaining, uint64(h.Capacity()))
+	leased := uint64(fleet.Capacity()) - min(onFleet.Remaining, uint64(fleet.Capacity()))
 	return counted - min(leased, counted)
+}
+
+// LeasedAhead is how many refills of the token bucket b holds are charged
+// to the counter ahead of now, not yet made (rounded up): what the counter
+// holds for the bucket beyond what Envoy took.
+func (b *Bucket) LeasedAhead(now time.Time) uint64 {
+	if b.held.Kind != TokenBucket || !b.leaseEnd.After(now) {
+		return 0
+	}
+	rate := float64(b.held.TokensPerFill) / b.held.FillInterval.Seconds()
+	return uint64(math.Ceil(rate*b.leaseEnd.Sub(now).Seconds() + b.carry))
 }
 
 // replace readies, when a bucket of tokens and maxTokens replaces the token
@@ -455,14 +464,6 @@ func fleetHit(h limiter.Hit) limiter.Hit {
 		f.Limit, f.Burst = h.Limit, math.MaxUint32
 	}
 	return f
-}
-
-// capacity is what h's counter holds at most.
-func capacity(h limiter.Hit) uint32 {
-	if h.Algorithm.Bucket() && h.Burst != 0 {
-		return h.Burst
-	}
-	return h.Limit
 }
 
 // deny makes DENY_ALL b's assignment, readying the give-back of what the

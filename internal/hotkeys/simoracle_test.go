@@ -1,4 +1,4 @@
-package quota
+package hotkeys
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/rlqs"
 )
 
 // The simulator's oracle (see sim_test.go): what was admitted and refunded,
@@ -235,7 +236,7 @@ func (r *simRun) check(count uint64) string {
 	// lease at its end, and GCRA's bucket is a total: what they leased
 	// ahead stays counted.
 	if len(r.envoys) > 0 && (r.rule.alg == config.FixedWindow || r.rule.alg == config.SlidingWindowCounter) {
-		slack += uint64(math.Ceil(float64(limit) * (DefaultLease + deliveryMargin).Seconds() / w.Seconds()))
+		slack += uint64(math.Ceil(float64(limit) * (rlqs.DefaultLease + rlqs.AnswerWithin).Seconds() / w.Seconds()))
 	}
 	for _, e := range r.envoys {
 		for _, b := range e.buckets {
@@ -294,7 +295,7 @@ type simLease struct {
 func (r *simRun) unsure() {
 	reach := r.rule.window + r.rule.window/20 + 2*time.Second
 	if len(r.envoys) > 0 {
-		reach += DefaultLease + deliveryMargin
+		reach += rlqs.DefaultLease + rlqs.AnswerWithin
 	}
 	r.unsureUntil = r.now.Add(reach)
 }
