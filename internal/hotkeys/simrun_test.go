@@ -53,10 +53,6 @@ func newSimStore(t *testing.T) *simStore {
 		t.Cleanup(lim.Close)
 		return lim
 	}
-	open := func() (*miniredis.Miniredis, *luastore.Store) {
-		m := miniredis.RunT(t)
-		return m, installLua(t, m)
-	}
 	// The clients reach the stores in-process, through net.Pipe: the
 	// search does not spend its time in the loopback's system calls.
 	byPort := map[string]*miniredis.Miniredis{}
@@ -76,9 +72,9 @@ func newSimStore(t *testing.T) *simStore {
 		client.AddHook(g)
 		return limiterOn(client), g
 	}
-	st.m, st.lua = open()
-	st.ms, _ = open()
-	st.mo, _ = open()
+	st.m, st.lua = luastore.RunT(t)
+	st.ms, _ = luastore.RunT(t)
+	st.mo, _ = luastore.RunT(t)
 	for _, m := range []*miniredis.Miniredis{st.m, st.ms, st.mo} {
 		byPort[m.Port()] = m
 	}
@@ -106,18 +102,6 @@ func newSimStore(t *testing.T) *simStore {
 	})
 	st.cluster = limiterOn(cc)
 	return st
-}
-
-// installLua makes m's scripts run on a luastore (miniredis's own Lua, a
-// Go interpreter run afresh for every call, is many times slower).
-func installLua(t *testing.T, m *miniredis.Miniredis) *luastore.Store {
-	t.Helper()
-	lua, err := luastore.Install(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lua.Close) // before m's own Close (cleanups run last first)
-	return lua
 }
 
 // simSlot is key's Redis Cluster hash slot: CRC-16/XMODEM of its hash tag,

@@ -37,7 +37,8 @@ type instances struct {
 
 func newInstances(t *testing.T, n int, opts SliceOptions) *instances {
 	t.Helper()
-	in := &instances{m: luastore.RunT(t), now: epoch}
+	m, _ := luastore.RunT(t)
+	in := &instances{m: m, now: epoch}
 	in.m.SetTime(in.now)
 	// One dial attempt (go-redis's default is five, 100 ms apart): the tests
 	// that stop the store wait for its failure, not for retries.

@@ -47,14 +47,14 @@ const ctxCommand = "LUASTORE.CONTEXT"
 
 // RunT starts a miniredis for t whose scripts and functions run on a Store,
 // which is closed when t ends, before the miniredis.
-func RunT(t miniredis.Tester) *miniredis.Miniredis {
+func RunT(t miniredis.Tester) (*miniredis.Miniredis, *Store) {
 	m := miniredis.RunT(t)
 	s, err := Install(m)
 	if err != nil {
 		t.Fatalf("luastore: %v", err)
 	}
 	t.Cleanup(s.Close) // cleanups run last first: before m's Close
-	return m
+	return m, s
 }
 
 // Install makes m's scripts and functions run on a Store, until Close.

@@ -29,7 +29,8 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	f := &fleet{m: luastore.RunT(t), now: epoch}
+	m, _ := luastore.RunT(t)
+	f := &fleet{m: m, now: epoch}
 	f.m.SetTime(f.now)
 	// One dial attempt (go-redis's default is five, 100 ms apart): the tests
 	// that stop the store wait for its failure, not for retries.
