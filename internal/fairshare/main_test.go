@@ -9,6 +9,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // TestMain fails the package when a test leaves a goroutine behind: a
@@ -34,7 +35,7 @@ func (c *clock) add(d time.Duration) { c.set(c.now.Add(d)) }
 // at start.
 func newTestLimiter(t *testing.T, start time.Time) (*limiter.Limiter, *clock) {
 	t.Helper()
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	// A dial is tried once: the tests that stop the store wait for its
 	// failure, not for retries.
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 const shareKey = "test:k_v:rlqs"
@@ -384,7 +385,7 @@ func TestShareErrors(t *testing.T) {
 }
 
 func TestShareIsObserved(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 	var observed []error

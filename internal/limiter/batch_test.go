@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // request is one request of a decide call, in decide.lua's argument form.
@@ -52,7 +53,7 @@ func decideCall(t *testing.T, client *redis.Client, reqs ...request) [][4]int64 
 // decideClient returns a client of a fresh miniredis whose clock is at start.
 func decideClient(t *testing.T, start time.Time) (*miniredis.Miniredis, *redis.Client) {
 	t.Helper()
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(start)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })

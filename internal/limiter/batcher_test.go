@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // pipelineCounter counts the pipelines a client sends and their largest size.
@@ -38,7 +38,7 @@ func (p *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 }
 
 func TestConcurrentCallsSharePipelines(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(epoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
@@ -76,7 +76,7 @@ func TestConcurrentCallsSharePipelines(t *testing.T) {
 }
 
 func TestNoScriptInABatchIsResentOnce(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(epoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
@@ -123,7 +123,7 @@ func TestCallerDeadlineWhileABatchStalls(t *testing.T) {
 // TestCallsWhoseCallerLeftAreNotSent: calls that queued behind a stalled
 // batch until their callers' deadlines passed are dropped, not charged late.
 func TestCallsWhoseCallerLeftAreNotSent(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(epoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
@@ -144,7 +144,7 @@ func TestCallsWhoseCallerLeftAreNotSent(t *testing.T) {
 // that failed before sending (here a wrong password) only from Exec; the
 // commands must carry that error, not a puzzling empty reply.
 func TestAFailureBeforeSendingIsTheCommandsError(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.RequireAuth("secret")
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), Password: "wrong", MaxRetries: -1})
 	defer client.Close()

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 func recorded(a config.Algorithm, key string, limit uint32, window time.Duration, cost uint64) Hit {
@@ -263,7 +263,7 @@ func TestRefundNeverCrossesWindows(t *testing.T) {
 func TestRefundDropsTheCachedDenial(t *testing.T) {
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {
-			m := miniredis.RunT(t)
+			m, _ := luastore.RunT(t)
 			client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 			t.Cleanup(func() { client.Close() })
 			m.SetTime(epoch.Add(time.Second))
@@ -411,7 +411,7 @@ func TestRefundAndChargeInOneCallThenALaterRequest(t *testing.T) {
 	for _, a := range algorithms {
 		for _, refundFirst := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%v/refund first %t", a, refundFirst), func(t *testing.T) {
-				m := miniredis.RunT(t)
+				m, _ := luastore.RunT(t)
 				m.SetTime(epoch.Add(10 * time.Second))
 				client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 				defer client.Close()
@@ -453,7 +453,7 @@ func TestRefundAndChargeInOneCallThenALaterRequest(t *testing.T) {
 // the limit is raised; a GCRA refund with a limit of 0 leaves the bucket as
 // it was (its refill time would divide by zero).
 func TestBudgetsOnALimitOfZero(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(epoch.Add(time.Second))
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()

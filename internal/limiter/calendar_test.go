@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // calendarLimiter is a limiter whose Go clock (the edges it sends) is goNow,
@@ -26,7 +27,7 @@ type calendarLimiter struct {
 
 func newCalendarLimiter(t *testing.T) *calendarLimiter {
 	t.Helper()
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
 	c := &calendarLimiter{m: m}

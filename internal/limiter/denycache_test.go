@@ -12,13 +12,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // newCachingLimiter runs on a miniredis that keeps real time, as the deny
 // cache does.
 func newCachingLimiter(t *testing.T, maxAge time.Duration) (*Limiter, *miniredis.Miniredis) {
 	t.Helper()
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
 	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: maxAge})
@@ -291,7 +292,7 @@ func TestDenyCacheRetainedBytes(t *testing.T) {
 // freezes it: a cached denial repeats Redis's wait exactly while the clock
 // stands, and past maxAge on that clock Redis is asked again.
 func TestDenyCacheRunsOnOptionsNow(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(epoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()

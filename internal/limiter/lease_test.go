@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 	"github.com/slidingwindow/ratelimit/internal/netproxy"
 	"github.com/slidingwindow/ratelimit/internal/waitfor"
 )
@@ -303,7 +304,7 @@ func TestLeaseMergedWithACheck(t *testing.T) {
 // is sent once).
 func newSlowLimiter(t *testing.T) (*Limiter, *slowStore) {
 	t.Helper()
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(epoch)
 	p, err := netproxy.Start("127.0.0.1:0", m.Addr())
 	if err != nil {

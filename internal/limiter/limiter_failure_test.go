@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 func TestScriptFlushIsTransparent(t *testing.T) {
@@ -62,7 +62,7 @@ func TestStoreDownAnswersByFailureMode(t *testing.T) {
 // TestNoRetryAfterALostReply: the script is not idempotent, so a reply lost
 // with its connection must not make the client run it again.
 func TestNoRetryAfterALostReply(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(epoch)
 	// The proxy relays both ways until a script call passes: it forwards
 	// that one, then drops the connection instead of relaying the reply.
@@ -104,7 +104,7 @@ func TestNoRetryAfterALostReply(t *testing.T) {
 					if err != nil {
 						return
 					}
-					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("eval")) {
+					if lower := bytes.ToLower(buf[:n]); bytes.Contains(lower, []byte("eval")) || bytes.Contains(lower, []byte("fcall")) {
 						scriptSent.Store(true)
 					}
 					if _, err := upstream.Write(buf[:n]); err != nil {
@@ -118,7 +118,11 @@ func TestNoRetryAfterALostReply(t *testing.T) {
 	defer directClient.Close()
 	direct := New(directClient, nil)
 	defer direct.Close()
-	// Loaded, so that the proxied EVALSHA runs rather than meeting NOSCRIPT.
+	// Loaded, so that the proxied call (FCALL, or EVALSHA where functions
+	// are refused) runs rather than meeting a missing function or NOSCRIPT.
+	if err := loadLibrary(context.Background(), directClient); err != nil {
+		t.Fatal(err)
+	}
 	if err := decideScript.Load(context.Background(), directClient).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +162,7 @@ func TestStoreDeadline(t *testing.T) {
 }
 
 func TestRedisErrorsAreObservedWithTheirKind(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 	var observed []error

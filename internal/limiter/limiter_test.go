@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // algorithms are those whose window Redis's clock places, which the tests
@@ -33,7 +34,7 @@ func (c *clock) add(d time.Duration) { c.set(c.now.Add(d)) }
 // at start.
 func newTestLimiter(t *testing.T, start time.Time) (*Limiter, *clock) {
 	t.Helper()
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	// A dial is tried once (go-redis's default is five, 100 ms apart): the
 	// tests that stop the store wait for its failure, not for retries.
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})

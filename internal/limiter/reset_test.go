@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 func reset1(t *testing.T, l *Limiter, h Hit) int64 {
@@ -122,7 +122,7 @@ func TestResetErrors(t *testing.T) {
 }
 
 func TestResetIsObserved(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 	var observed []error

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 	"github.com/slidingwindow/ratelimit/internal/waitfor"
 )
 
@@ -110,7 +111,7 @@ func newShards(t *testing.T, n int, at time.Time, wait func(context.Context) err
 	s := &shards{}
 	var scripters []redis.UniversalClient
 	for i := 0; i < n; i++ {
-		m := miniredis.RunT(t)
+		m, _ := luastore.RunT(t)
 		m.SetTime(at)
 		client := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
 		t.Cleanup(func() { client.Close() })

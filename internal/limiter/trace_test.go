@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -16,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // batchSpans returns the batch spans rec saw end.
@@ -41,7 +41,7 @@ func spanAttrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 // root of its own (the batch outlives any one caller), linked to both
 // requests' spans and saying what it sent where.
 func TestBatchSpanLinksItsRequests(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(epoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
@@ -105,7 +105,7 @@ func TestBatchSpanLinksItsRequests(t *testing.T) {
 // TestLimiterBatchSpans: the limiter's batches use Options.TracerProvider,
 // link the request's span, and record a store failure.
 func TestLimiterBatchSpans(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(epoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
 	defer client.Close()

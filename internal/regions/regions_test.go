@@ -12,13 +12,14 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // store is a limiter on a fresh miniredis, on the real clock (Redis TIME is
 // the machine's, as the sync loop's).
 func store(t *testing.T) (*limiter.Limiter, *miniredis.Miniredis) {
 	t.Helper()
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // The simulator of the promise across regions: one seed replays a whole
@@ -57,7 +58,7 @@ func (c *simClock) add(d time.Duration) {
 // simStore is a limiter on a fresh miniredis on the simulator's clock.
 func (c *simClock) simStore(t *testing.T) (*limiter.Limiter, *miniredis.Miniredis) {
 	t.Helper()
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(c.Now())
 	c.stores = append(c.stores, m)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), DialerRetries: 1})

@@ -24,6 +24,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 	adminv1 "github.com/slidingwindow/ratelimit/proto/ratelimit/admin/v1"
 )
 
@@ -50,7 +51,7 @@ func newAdminTest(t *testing.T, opts *Options) (*Service, *Admin, *miniredis.Min
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(adminEpoch)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })

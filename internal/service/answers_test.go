@@ -19,6 +19,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 // answersConfig has the reference's quota example (service_1, service_2)
@@ -59,7 +60,7 @@ func miniService(t *testing.T, file, yaml string, opts *Options) (*Service, *min
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(time.Unix(1_700_006_400, 0))
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
@@ -311,7 +312,7 @@ descriptors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
@@ -363,7 +364,7 @@ descriptors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 const budgetConfig = `
@@ -44,7 +45,7 @@ func budgetServiceWith(t *testing.T, d config.Defaults, denyCache time.Duration)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(time.Unix(1_700_006_400, 0))
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })

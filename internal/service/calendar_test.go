@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 const calendarRules = `
@@ -34,7 +35,7 @@ func calendarService(t *testing.T, now *time.Time) (*Service, *miniredis.Minired
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(*now)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 	adminv1 "github.com/slidingwindow/ratelimit/proto/ratelimit/admin/v1"
 )
 
@@ -43,7 +43,7 @@ func TestReferenceKeysBuilt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	now := time.Unix(1_700_006_400+90*60+5, 0) // 1:30:05 into an hour that starts at 1_700_006_400
 	m.SetTime(now)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 )
 
@@ -105,7 +105,7 @@ func BenchmarkShouldRateLimitParallel(b *testing.B) {
 
 func newMiniredisBenchService(b *testing.B) *Service {
 	b.Helper()
-	m := miniredis.RunT(b)
+	m, _ := luastore.RunT(b)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), PoolSize: 64})
 	lim := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second})
 	b.Cleanup(func() {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 	"github.com/slidingwindow/ratelimit/internal/rlqs"
 	"github.com/slidingwindow/ratelimit/internal/waitfor"
@@ -66,7 +67,7 @@ func newRLQSTest(t *testing.T) *rlqsTest {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	r := &rlqsTest{m: m, now: time.Unix(1_700_006_400, 0)}
 	m.SetTime(r.now)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})

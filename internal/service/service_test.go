@@ -19,6 +19,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
 
 const testConfig = `
@@ -53,7 +54,7 @@ func serveRules(t *testing.T, rules string, opts *Options) (*Service, *miniredis
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := miniredis.RunT(t)
+	m, _ := luastore.RunT(t)
 	m.SetTime(time.Unix(1_700_006_400, 0)) // a multiple of 60
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { client.Close() })
