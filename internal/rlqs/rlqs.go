@@ -1,29 +1,12 @@
 // Package rlqs leases the token buckets of Envoy's Rate Limit Quota Service
-// (RLQS) from the counters ShouldRateLimit decides on (Allocator): each is
-// charged to the counter before a unit is used, so that every reader of it
-// counts them. It knows nothing of gRPC or of Envoy's messages: a report
-// is a number of requests seen for one bucket by one Envoy, an answer an
-// Assignment.
-//
-// Two things in the store make a fleet's buckets hold one limit (see
-// docs/rlqs.md):
-//
-//   - the shares (fairshare.Assign): each Envoy's part of a limit, a max-min
-//     fair share of the demands every Envoy reported, less what others
-//     (ShouldRateLimit's callers) took, capped so that the parts the Envoys
-//     hold, across Envoys and service instances, add up to the limit at
-//     most; a part lives as long as its assignment, and a smaller one counts
-//     once sent (Confirm);
-//   - the lease: before an assignment is sent, the refills its token bucket
-//     can make until the assignment expires are charged to the counter
-//     (limiter.Decide), so that ShouldRateLimit sees them, and to the fleet's
-//     own count beside it, whose difference is what others took. On a
-//     counter only the fleet uses a lease is recorded whatever the counter
-//     says; on one others use, it must fit beside them, or the bucket is
-//     denied. A lease is charged as a hot key's slice is (limiter.Hit.Ahead),
-//     so that no client refund takes it; a replaced bucket's refills not yet
-//     made are given back once its successor was sent (Confirm), by the
-//     tokens of its leases' charges; others expire with the counter's window.
+// (RLQS) from the counters ShouldRateLimit decides on (Allocator): each
+// Envoy's bucket is its fair share of the limit (fairshare.Assign), and its
+// refills until the assignment expires are charged to the counter before a
+// unit is used, as a hot key's slice is, so that every reader of the counter
+// counts them. It knows nothing of gRPC or of Envoy's messages: a report is
+// a number of requests seen for one bucket by one Envoy, an answer an
+// Assignment. docs/rlqs.md says how shares, leases and give-backs hold one
+// limit across a fleet.
 package rlqs
 
 import (

@@ -347,27 +347,22 @@ local function decide(keys, args)
       local charged = rule.charges and
         (rule.record and (recorded or not rule.alone) or
           charge and st.admit and not (rule.quota and quota_over[rule.group] == q))
+      -- (A denial answered again is never charged: see the check loop.)
+      if charged then
+        alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease, rule.part)
+        if denied then
+          denied[key] = nil
+        end
+      end
       local remaining, reset
       if st.again then
         remaining, reset = st.remaining, st.reset
       elseif rule.refund or charged and not st.admit then
         -- A refund (applied above), or a recorded cost past the limit: the
         -- state changed, so the answer is about the next unit.
-        if charged then
-          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease, rule.part)
-          if denied then
-            denied[key] = nil
-          end
-        end
         local next = alg.check(key, rule.limit, rule.window, 1, now, rule.burst)
         remaining, reset = alg.result(key, next, rule.limit, rule.window, 1, now)
       else
-        if charged then
-          alg.commit(key, st, rule.limit, rule.window, rule.cost, now, rule.ahead, rule.lease, rule.part)
-          if denied then
-            denied[key] = nil
-          end
-        end
         remaining, reset = alg.result(key, st, rule.limit, rule.window, rule.need, now)
         if not st.admit then
           denied = denied or {}
