@@ -40,7 +40,7 @@ func newState(s *Store) (*state, error) {
 }
 
 func (st *state) close() {
-	C.lua_close(st.l)
+	C.luastore_close(st.l)
 	st.store.Delete()
 }
 
@@ -174,50 +174,18 @@ func luastoreCall(l *C.lua_State, h C.uintptr_t, n C.int, ptrs **C.char, lens *C
 	for i := range args {
 		args[i] = C.GoStringN(ps[i], C.int(ls[i]))
 	}
-	res, err := s.dispatch(args)
-	if err == nil {
-		err = push(l, res)
-	}
+	reply, err := s.dispatch(args)
 	if err != nil {
 		if raise != 0 {
 			return fail(l, err.Error())
 		}
-		pushField(l, errName, err.Error())
+		C.luastore_push_field(l, errName, cstr(err.Error()), C.size_t(len(err.Error())))
+		return 1
 	}
-	return 1
+	return C.luastore_push_reply(l, (*C.char)(unsafe.Pointer(unsafe.SliceData(reply))), C.size_t(len(reply)), raise)
 }
 
-var okName, errName = C.CString("ok"), C.CString("err")
-
-// pushField pushes {name = value}: an error or a status reply.
-func pushField(l *C.lua_State, name *C.char, value string) {
-	C.luastore_push_field(l, name, cstr(value), C.size_t(len(value)))
-}
-
-// push pushes a reply as Redis converts it for a script.
-func push(l *C.lua_State, res any) error {
-	switch r := res.(type) {
-	case nil:
-		C.lua_pushboolean(l, 0)
-	case int:
-		C.lua_pushnumber(l, C.lua_Number(r))
-	case string:
-		C.lua_pushlstring(l, cstr(r), C.size_t(len(r)))
-	case server.Simple:
-		pushField(l, okName, string(r))
-	case []any:
-		C.lua_createtable(l, C.int(len(r)), 0)
-		for i, e := range r {
-			if err := push(l, e); err != nil {
-				return err
-			}
-			C.lua_rawseti(l, -2, C.int(i+1))
-		}
-	default:
-		return fmt.Errorf("luastore: a reply of type %T", res)
-	}
-	return nil
-}
+var errName = C.CString("err")
 
 //export luastoreRegister
 func luastoreRegister(l *C.lua_State, h C.uintptr_t, cname *C.char, n C.size_t) (ret C.int) {

@@ -38,7 +38,6 @@ type Store struct {
 	loading   map[string]chunk    // what a FUNCTION LOAD registers; nil outside one
 	reply     bytes.Buffer        // a called command's reply
 	replyW    *bufio.Writer       // into reply
-	replyR    *bufio.Reader       // from reply
 }
 
 // ctxCommand is the command Install calls from one of miniredis's own
@@ -60,7 +59,7 @@ func RunT(t miniredis.Tester) (*miniredis.Miniredis, *Store) {
 // Install makes m's scripts and functions run on a Store, until Close.
 func Install(m *miniredis.Miniredis) (*Store, error) {
 	s := &Store{m: m}
-	s.replyW, s.replyR = bufio.NewWriter(&s.reply), bufio.NewReader(&s.reply)
+	s.replyW = bufio.NewWriter(&s.reply)
 	err := m.Server().Register(ctxCommand, func(c *server.Peer, _ string, _ []string) {
 		s.nested = c.Ctx
 		c.WriteOK()
@@ -218,19 +217,20 @@ func (s *Store) eval(c *server.Peer, fn chunk, args []string) {
 }
 
 // dispatch runs a command a script calls on miniredis, within the
-// script's lock, and parses its reply. Scripting commands are refused, as
-// Redis refuses them (and this store holds the lock they would take).
-func (s *Store) dispatch(args []string) (any, error) {
+// script's lock, and returns its reply as RESP2 (the C half pushes it into
+// Lua: one cgo call, where pushing its values from Go took one each).
+// Scripting commands are refused, as Redis refuses them (and this store
+// holds the lock they would take).
+func (s *Store) dispatch(args []string) ([]byte, error) {
 	if scripting(strings.ToUpper(args[0])) {
 		return nil, errors.New("ERR This Redis command is not allowed from script")
 	}
 	s.reply.Reset()
-	s.replyR.Reset(&s.reply)
 	peer := server.NewPeer(s.replyW)
 	peer.Ctx = s.nested
 	s.m.Server().Dispatch(peer, args)
 	_ = s.replyW.Flush() // into a bytes.Buffer, which takes everything
-	return server.ParseReply(s.replyR)
+	return s.reply.Bytes(), nil
 }
 
 // script answers SCRIPT LOAD, EXISTS and FLUSH.

@@ -8,8 +8,10 @@
 #include <lauxlib.h>
 
 lua_State *luastore_open(uintptr_t store);
+void luastore_close(lua_State *L);
 int luastore_load(lua_State *L, const char *code, size_t len, const char *name);
 void luastore_push_ref(lua_State *L, int ref);
+int luastore_push_reply(lua_State *L, const char *reply, size_t len, int raise);
 void luastore_push_strings(lua_State *L, const char *data, const size_t *lens, int n);
 void luastore_set_global(lua_State *L, const char *name);
 void luastore_push_field(lua_State *L, const char *name, const char *value, size_t len);

@@ -54,6 +54,9 @@ func TestReplies(t *testing.T) {
 		{script: "return redis.call('GET', 'missing') == false", want: int64(1)},
 		{script: "return redis.call('INCRBY', 'k', 2)", want: int64(9)},
 		{script: "return redis.call('SET', 'j', 1)['ok']", want: "OK"},
+		{script: "redis.call('ZADD', 'z', 1, 'a', 2, 'b'); return redis.call('ZRANGE', 'z', 0, -1, 'WITHSCORES')", want: []any{"a", "1", "b", "2"}},
+		{script: "local r = redis.call('MGET', 'k', 'missing', 'j'); return {r[1], r[2] == false, r[3], #r}", want: []any{"9", int64(1), "1", int64(3)}},
+		{script: "return #redis.call('ZRANGE', 'missing', 0, -1)", want: int64(0)},
 		{script: "return redis.pcall('HGET', 'k', 'f')['err']", want: "WRONGTYPE Operation against a key holding the wrong kind of value"},
 		{script: "return redis.call('HGET', 'k', 'f')", err: "WRONGTYPE"},
 		// Numbers as Lua 5.1 and Redis 7.0 format them (each checked on
