@@ -17,8 +17,8 @@ import (
 // every call, no answer fails or comes by failure mode, and never more
 // than the limit is admitted.
 // Once the slices have ended and given back what they did not use, what
-// is left is admitted to the limit exactly, never past it, and the master
-// holds it.
+// is left is admitted to the limit exactly (gcra: less what its slices
+// dropped unused), never past it, and the master holds it.
 func TestClusterSlices(t *testing.T) {
 	t.Parallel()
 	c := startCluster(t)
@@ -30,7 +30,7 @@ func TestClusterSlices(t *testing.T) {
 	for i, key := range []string{"hot_log", "hot_counter", "hot_fixed", "hot_gcra"} {
 		t.Run(key, func(t *testing.T) {
 			const clients, perClient, limit = 200, 3, 100
-			leasedBefore := leased(t, servers)
+			leasedBefore, givenBackBefore := leased(t, servers), givenBack(t, servers)
 			var admitted, failed atomic.Int64
 			ask := func(s *server) {
 				resp, err := s.rls.ShouldRateLimit(context.Background(), request("e2e", descriptor(key, "one")))
@@ -75,13 +75,22 @@ func TestClusterSlices(t *testing.T) {
 			ask(servers[0])
 			base := dayKey(key, "one", algCodes[i])
 			stored := c.usage(t, base)
-			t.Logf("%s: %v units leased; %d admitted before the slices ended, %d in all, %d errors; %d stored",
-				key, leased(t, servers)-leasedBefore, first, admitted.Load(), failed.Load(), stored)
-			if failed.Load() != 0 || admitted.Load() != limit || stored != limit {
-				t.Fatalf("admitted %d with %d errors, the master holding %d: want exactly %d, none, %d", admitted.Load(), failed.Load(), stored, limit, limit)
-			}
-			if leased(t, servers) == leasedBefore {
+			t.Logf("%s: %v units leased, %v given back; %d admitted before the slices ended, %d in all, %d errors; %d stored",
+				key, leased(t, servers)-leasedBefore, givenBack(t, servers)-givenBackBefore, first, admitted.Load(), failed.Load(), stored)
+			units := leased(t, servers) - leasedBefore
+			if units == 0 {
 				t.Fatal("no slice leased: the case tests nothing")
+			}
+			// A gcra slice that ends with units unused drops them, as its
+			// slots pass (docs/reliability.md): a slice leased late in the
+			// race, at a server whose clients had finished, keeps them from
+			// the limit. Never more than the slices were leased.
+			want := int64(limit)
+			if key == "hot_gcra" {
+				want = max(0, limit-int64(units))
+			}
+			if failed.Load() != 0 || admitted.Load() < want || admitted.Load() > limit || stored != limit {
+				t.Fatalf("admitted %d with %d errors, the master holding %d: want %d to %d, none, %d", admitted.Load(), failed.Load(), stored, want, limit, limit)
 			}
 		})
 	}
@@ -90,9 +99,18 @@ func TestClusterSlices(t *testing.T) {
 
 // leased is the units the servers leased to slices so far.
 func leased(t *testing.T, servers []*server) float64 {
+	return sliceUnits(t, servers, "leased")
+}
+
+// givenBack is the units of slices the servers gave back so far.
+func givenBack(t *testing.T, servers []*server) float64 {
+	return sliceUnits(t, servers, "given_back")
+}
+
+func sliceUnits(t *testing.T, servers []*server, event string) float64 {
 	var n float64
 	for _, s := range servers {
-		n += metricSum(t, s, "ratelimit_hot_key_slice_units_total", `event="leased"`)
+		n += metricSum(t, s, "ratelimit_hot_key_slice_units_total", `event="`+event+`"`)
 	}
 	return n
 }
