@@ -53,8 +53,9 @@ func newSimStore(t *testing.T) *simStore {
 		t.Cleanup(lim.Close)
 		return lim
 	}
-	// The clients reach the stores in-process, through net.Pipe: the
-	// search does not spend its time in the loopback's system calls.
+	// The clients reach the stores in-process, through a buffered
+	// connection in memory (simConnPair): the search does not spend its
+	// time in the loopback's system calls, nor in net.Pipe's handovers.
 	byPort := map[string]*miniredis.Miniredis{}
 	dial := func(_ context.Context, _, addr string) (net.Conn, error) {
 		_, port, _ := net.SplitHostPort(addr)
@@ -62,7 +63,7 @@ func newSimStore(t *testing.T) *simStore {
 		if !ok {
 			return nil, fmt.Errorf("no store at %s", addr)
 		}
-		client, server := net.Pipe()
+		client, server := simConnPair()
 		m.Server().ServeConn(server)
 		return client, nil
 	}
