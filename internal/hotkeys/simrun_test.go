@@ -55,16 +55,17 @@ func newSimStore(t *testing.T) *simStore {
 	}
 	// The clients reach the stores in-process, through a buffered
 	// connection in memory (simConnPair): the search does not spend its
-	// time in the loopback's system calls, nor in net.Pipe's handovers.
-	byPort := map[string]*miniredis.Miniredis{}
+	// time in the loopback's system calls, nor in net.Pipe's handovers;
+	// each is served in one goroutine (luastore's ServeConn).
+	byPort := map[string]*luastore.Store{}
 	dial := func(_ context.Context, _, addr string) (net.Conn, error) {
 		_, port, _ := net.SplitHostPort(addr)
-		m, ok := byPort[port]
+		store, ok := byPort[port]
 		if !ok {
 			return nil, fmt.Errorf("no store at %s", addr)
 		}
 		client, server := simConnPair()
-		m.Server().ServeConn(server)
+		store.ServeConn(server)
 		return client, nil
 	}
 	plain := func(m *miniredis.Miniredis) (*limiter.Limiter, *simGate) {
@@ -73,12 +74,11 @@ func newSimStore(t *testing.T) *simStore {
 		client.AddHook(g)
 		return limiterOn(client), g
 	}
+	var ms, mo *luastore.Store
 	st.m, st.lua = luastore.RunT(t)
-	st.ms, _ = luastore.RunT(t)
-	st.mo, _ = luastore.RunT(t)
-	for _, m := range []*miniredis.Miniredis{st.m, st.ms, st.mo} {
-		byPort[m.Port()] = m
-	}
+	st.ms, ms = luastore.RunT(t)
+	st.mo, mo = luastore.RunT(t)
+	byPort[st.m.Port()], byPort[st.ms.Port()], byPort[st.mo.Port()] = st.lua, ms, mo
 	st.lim, st.gate = plain(st.m)
 	st.second, st.gateS = plain(st.ms)
 	st.gateC, st.gateO = newSimGate(), newSimGate()

@@ -1,7 +1,9 @@
 package luastore
 
 import (
+	"bufio"
 	"context"
+	"net"
 	"strings"
 	"testing"
 
@@ -188,5 +190,48 @@ func TestRefusals(t *testing.T) {
 	s.Flush() // a closed store has nothing to forget
 	if err := c.Eval(ctx, "return 1", nil).Err(); err == nil || !strings.Contains(err.Error(), "closed") {
 		t.Errorf("EVAL after Close: %v, want closed", err)
+	}
+}
+
+// TestServeConn serves a pipeline on one connection, replies in order,
+// and ends the connection on a command that is not a RESP array.
+func TestServeConn(t *testing.T) {
+	s, _ := open(t)
+	client, server := net.Pipe()
+	s.ServeConn(server)
+	c := redis.NewClient(&redis.Options{
+		Dialer:     func(context.Context, string, string) (net.Conn, error) { return client, nil },
+		PoolSize:   1,
+		MaxRetries: -1,
+	})
+	defer c.Close()
+	ctx := context.Background()
+	cmds, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "k", "1", 0)
+		p.IncrBy(ctx, "k", 2)
+		p.Eval(ctx, "return redis.call('GET', KEYS[1])", []string{"k"})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cmds[2].(*redis.Cmd).Val(); got != "3" {
+		t.Fatalf("the pipeline's script read %v, want 3", got)
+	}
+
+	for _, tc := range []struct{ in, err string }{
+		{in: "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"},
+		{in: "GET k\r\n", err: "protocol error"},
+		{in: "*1\r\n$3\r\nGETX\r\n", err: "not ended by CRLF"},
+		{in: "*1\r\n$-1\r\n", err: "bulk string of -1 bytes"},
+		{in: "*0\r\n", err: "an empty command"},
+	} {
+		args, err := readCommand(bufio.NewReader(strings.NewReader(tc.in)))
+		if tc.err == "" && (err != nil || len(args) != 2 || args[0] != "GET") {
+			t.Errorf("%q: %q, %v", tc.in, args, err)
+		}
+		if tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%q: error %v, want %q", tc.in, err, tc.err)
+		}
 	}
 }
