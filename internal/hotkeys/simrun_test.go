@@ -20,6 +20,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 	"github.com/slidingwindow/ratelimit/internal/rlqs"
+	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
 // The simulator's run of one schedule (see sim_test.go): the store whose
@@ -231,7 +232,7 @@ func (g *simGate) pass(cmds []redis.Cmder, send func([]redis.Cmder) error) error
 	}
 	var failed redis.Cmder
 	if g.failKey != "" {
-		if i := slices.IndexFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "fcall" && hasArg(c, g.failKey) }); i >= 0 {
+		if i := slices.IndexFunc(cmds, func(c redis.Cmder) bool { return isDecide(c) && hasArg(c, g.failKey) }); i >= 0 {
 			failed, g.failKey = cmds[i], ""
 			cmds = slices.Delete(slices.Clone(cmds), i, i+1)
 		}
@@ -263,6 +264,12 @@ func (g *simGate) pass(cmds []redis.Cmder, send func([]redis.Cmder) error) error
 	g.changed.Broadcast()
 	g.mu.Unlock()
 	return err
+}
+
+// isDecide reports a decide call (refunds are calls of the library too).
+func isDecide(c redis.Cmder) bool {
+	args := c.Args()
+	return c.Name() == "fcall" && len(args) > 1 && args[1] == lua.DecideFunction()
 }
 
 func hasArg(c redis.Cmder, arg string) bool {

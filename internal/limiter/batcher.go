@@ -80,9 +80,11 @@ type call struct {
 	deadline time.Time
 	slot     int
 	// script is the script to run, or nil for a decide request, which
-	// shares one decide call with the other requests of its slot.
-	script *redis.Script
-	keys   []string
+	// shares one decide call with the other requests of its slot; function,
+	// if set, the library's function of the same code, called where it can.
+	script   *redis.Script
+	function string
+	keys     []string
 	// records are keys a decide request's calls touch besides its hits'
 	// (a slice's record: see SliceRecordKey), declared after every hit's
 	// key of the call, so that Redis Cluster refuses the call during a
@@ -159,14 +161,15 @@ func (b *batcher) decide(c *call) ([]int64, error) {
 	return o.vals, o.err
 }
 
-// do runs script on its own (not merged with others) in the next batch, by
-// ctx's deadline and at most the store timeout from now.
-func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
+// do runs script (or function: see call.function) on its own (not merged
+// with others) in the next batch, by ctx's deadline and at most the store
+// timeout from now.
+func (b *batcher) do(ctx context.Context, function string, script *redis.Script, keys []string, args []any) *redis.Cmd {
 	deadline := time.Now().Add(b.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	o := b.enqueue(&call{ctx: ctx, deadline: deadline, script: script, keys: keys, args: args})
+	o := b.enqueue(&call{ctx: ctx, deadline: deadline, script: script, function: function, keys: keys, args: args})
 	if o.err != nil {
 		return errCmd(ctx, o.err)
 	}

@@ -70,7 +70,7 @@ type send struct {
 type form uint8
 
 const (
-	formFunction form = iota // FCALL of the decide function
+	formFunction form = iota // FCALL of the library's function
 	formSHA                  // EVALSHA
 	formEval                 // EVAL, which also caches the script
 )
@@ -203,7 +203,11 @@ func (b *batcher) sends(batch []*call) []*send {
 	var slots map[int]*send
 	for _, c := range batch {
 		if c.script != nil {
-			sends = append(sends, &send{calls: []*call{c}, script: c.script, keys: c.keys, args: c.args, form: formSHA, target: b.server})
+			f := formSHA
+			if c.function != "" {
+				f = decideForm
+			}
+			sends = append(sends, &send{calls: []*call{c}, script: c.script, keys: c.keys, args: c.args, form: f, target: b.server})
 			continue
 		}
 		s := last
@@ -362,6 +366,8 @@ func (b *batcher) pipeline(ctx context.Context, target redis.UniversalClient, gr
 			_ = pipe.Process(ctx, s.cmd) // queues: the result is the command's, after Exec
 		case s.form == formEval:
 			s.cmd = s.script.Eval(ctx, pipe, s.keys, s.args...)
+		case s.form == formFunction:
+			s.cmd = pipe.FCall(ctx, s.calls[0].function, s.keys, s.args...)
 		default:
 			s.cmd = s.script.EvalSha(ctx, pipe, s.keys, s.args...)
 		}

@@ -197,14 +197,14 @@ func (l *Limiter) Prepare(ctx context.Context) error {
 	return nil
 }
 
-// script runs s on the server of keys (which share a slot), in that
-// server's next pipeline.
-func (l *Limiter) script(ctx context.Context, s *redis.Script, keys []string, args []any) *redis.Cmd {
+// script runs s (or function: see call.function) on the server of keys
+// (which share a slot), in that server's next pipeline.
+func (l *Limiter) script(ctx context.Context, function string, s *redis.Script, keys []string, args []any) *redis.Cmd {
 	server, err := l.router.server(ctx, keys[0])
 	if err != nil {
 		return errCmd(ctx, err)
 	}
-	cmd := l.batcher(server).do(ctx, s, keys, args)
+	cmd := l.batcher(server).do(ctx, function, s, keys, args)
 	// A caller that gave up says nothing of the cluster's layout.
 	if cmd.Err() != nil && ctx.Err() == nil {
 		l.router.failed(cmd.Err())

@@ -120,7 +120,7 @@ func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups []
 			ctx, cancel := context.WithTimeout(ctx, l.timeout)
 			defer cancel()
 			start := time.Now()
-			err := l.script(ctx, refundScript, keys, args).Err()
+			err := l.script(ctx, lua.RefundFunction(), refundScript, keys, args).Err()
 			if err != nil {
 				err = fmt.Errorf("%w: %s: %w", ErrStore, what, err)
 			}
@@ -212,7 +212,7 @@ func (l *Limiter) giveBack(ctx context.Context, keys []string, args []any) (uint
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	start := time.Now()
-	n, err := l.script(ctx, refundScript, keys, args).Int64()
+	n, err := l.script(ctx, lua.RefundFunction(), refundScript, keys, args).Int64()
 	l.observe(time.Since(start), err)
 	if err != nil {
 		return 0, fmt.Errorf("%w: give back: %w", ErrStore, err)

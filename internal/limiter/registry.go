@@ -38,7 +38,7 @@ func (l *Limiter) Numbers(ctx context.Context, c Call) ([]uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	start := time.Now()
-	reply, err := l.script(ctx, c.Script, []string{c.Key}, c.Args).StringSlice()
+	reply, err := l.script(ctx, "", c.Script, []string{c.Key}, c.Args).StringSlice()
 	l.observe(time.Since(start), err)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrStore, c.What, err)

@@ -51,9 +51,9 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	if recordsSlices(h.Algorithm) {
 		keys = append(keys, sliceRecordKey(keys[0]), sliceRecordKey(keys[1])) // their slices' records go with them
 	}
-	n, err := l.script(ctx, resetScript, keys, nil).Int64()
+	n, err := l.script(ctx, "", resetScript, keys, nil).Int64()
 	if err == nil && h.Algorithm.ReferenceKeys() {
-		err = l.script(ctx, resetScript, []string{fleet}, nil).Err()
+		err = l.script(ctx, "", resetScript, []string{fleet}, nil).Err()
 	}
 	l.observe(time.Since(start), err)
 	if err != nil {

@@ -1,28 +1,16 @@
 // Package lua holds the Redis Lua scripts of the rate limiter, embedded into
 // the binary so the deployed service always runs the scripts it was tested
-// with. Each script is a function returning its text; the calling
-// convention of each (its keys and arguments) is documented at the top of
-// its .lua file.
+// with. Each script is a function returning its text, its calling convention
+// documented at the top of its .lua file.
 //
-// Each algorithm lives in its own file and defines a local table with five
-// functions (check, commit, result, refund, undo); prelude.lua holds their
-// shared helpers. Which algorithms there are, and their IDs, comes from
-// internal/algorithm's table; Constants declares those IDs and the table of
-// operation kinds (Ops: what a hit asks of its counter) to the Lua. decide.lua runs the algorithms: it
-// reads Redis TIME once and decides a batch of requests in order, each all
-// or nothing. refund.lua undoes charges with each algorithm's undo.
-// reset.lua deletes a counter. rlqs_shares.lua keeps the registry of RLQS
-// assignments on a counter and decides one Envoy's share of its limit;
-// it and region_allowance.lua start with water_level.lua, the max-min fair
-// share;
-// rlqs_confirm.lua lowers an entry to the share sent. region_allowance.lua
-// keeps a global limit's registry of regional allowances on the ledger and
-// decides one region's; region_sync.lua keeps a region's record of its
-// grant on the region's store. The decide code
-// reaches Redis in one of two forms: Library, a Redis Functions library
-// (Redis 7 and later: loaded once, called with FCALL as DecideFunction), or
-// Decide, the same code as a script for EVALSHA (older servers and the
-// embedded store).
+// Each algorithm's file defines a local table of five functions (check,
+// commit, result, refund, undo) on prelude.lua's helpers; which algorithms
+// there are, and their IDs, comes from internal/algorithm's table, and
+// Constants declares them and the operation kinds (Ops) to the Lua.
+// decide.lua runs the algorithms on a batch of requests, each all or
+// nothing, and refund.lua undoes its charges: both reach Redis as Library,
+// a Redis Functions library (Redis 7 and later, called with FCALL), or as
+// the scripts Decide and Refund (EVALSHA, older servers).
 package lua
 
 import (
@@ -61,11 +49,13 @@ var (
 // TestLibraryOrder checks that every name a file uses is declared before it.
 var library = constants + prelude + algorithmCode()
 
-// decideCode defines the local function decide(keys, args).
-var decideCode = library + decide
-
-// decideScript is Decide's text.
-var decideScript = decideCode + "return decide(KEYS, ARGV)\n"
+// decideCode defines the local functions decide(keys, args) and
+// undo_charges(keys, args), which the scripts and the library call.
+var (
+	decideCode   = library + decide + refund
+	decideScript = decideCode + "return decide(KEYS, ARGV)\n"
+	refundScript = decideCode + "return undo_charges(KEYS, ARGV)\n"
+)
 
 // version names the decide code: instances running different code register
 // different functions, so a rolling update never runs one version's
@@ -75,21 +65,19 @@ var version = func() string {
 	return hex.EncodeToString(sum[:6])
 }()
 
-// decideFunction is DecideFunction's name.
-var decideFunction = "ratelimit_decide_" + version
-
-// functionLibrary is Library's text.
-var functionLibrary = "#!lua name=ratelimit_" + version + "\n" + decideCode +
-	"redis.register_function('" + decideFunction + "', decide)\n"
+var (
+	decideFunction  = "ratelimit_decide_" + version
+	refundFunction  = "ratelimit_refund_" + version
+	functionLibrary = "#!lua name=ratelimit_" + version + "\n" + decideCode +
+		"redis.register_function('" + decideFunction + "', decide)\n" +
+		"redis.register_function('" + refundFunction + "', undo_charges)\n"
+)
 
 // The registries that split a limit share one water-filling.
 var (
 	rlqsShares      = waterLevel + rlqsSharesFile
 	regionAllowance = waterLevel + regionAllowanceFile
 )
-
-// refundScript is Refund's text.
-var refundScript = library + refund
 
 // Decide returns the script that decides a batch of requests. Its calling
 // convention is documented at the top of decide.lua.
@@ -101,7 +89,7 @@ func Decide() string { return decideScript }
 func DecideFunction() string { return decideFunction }
 
 // Library returns the Redis Functions library (FUNCTION LOAD) that
-// registers DecideFunction. It declares no flags: it writes, so Redis
+// registers DecideFunction and RefundFunction. It declares no flags: it writes, so Redis
 // refuses it as a whole, before it runs, when maxmemory is reached, and its
 // keys share one slot in a cluster.
 func Library() string { return functionLibrary }
@@ -110,10 +98,14 @@ func Library() string { return functionLibrary }
 // algorithm. Its calling convention is documented at the top of reset.lua.
 func Reset() string { return reset }
 
-// Refund returns the script that undoes charges made by Decide, for a
-// request denied across Redis Cluster slots. Its calling convention is
-// documented at the top of refund.lua.
+// Refund returns the script that undoes charges made by Decide, by the
+// tokens it returned. Its calling convention is documented at the top of
+// refund.lua.
 func Refund() string { return refundScript }
+
+// RefundFunction returns the name under which Library registers Refund's
+// code: "ratelimit_refund_" and the hash DecideFunction's name carries.
+func RefundFunction() string { return refundFunction }
 
 // RLQSShares returns the script that decides one Envoy's share of a limit
 // in the registry of RLQS assignments. Its calling convention is documented

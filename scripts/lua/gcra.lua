@@ -298,13 +298,12 @@ function gcra.refund(key, cost, limit, window, now)
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end
 
--- undo gives back a charge of cost, for refund.lua, at the instant clock()
--- reads: only the part of its time still ahead of now, up to its token
--- (the TAT it left, commit): the rest has refilled, and giving it back
--- would give the bucket's later charges' time instead. A token of 0 (a
--- charge written before tokens named its end) gives back as refund does.
-function gcra.undo(key, token, cost, limit, window, clock)
-  local now = clock()
+-- undo gives back a charge of cost, for refund.lua: only the part of its
+-- time still ahead of now, up to its token (the TAT it left, commit): the
+-- rest has refilled, and giving it back would give the bucket's later
+-- charges' time instead. A token of 0 (a charge written before tokens named
+-- its end) gives back as refund does.
+function gcra.undo(key, token, cost, limit, window, now)
   if limit <= 0 or type(token) ~= 'number' or token <= 0 then
     return gcra.refund(key, cost, limit, window, now)
   end

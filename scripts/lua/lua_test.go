@@ -52,7 +52,7 @@ func TestAlgorithmTable(t *testing.T) {
 // and every script and name is set.
 func TestScripts(t *testing.T) {
 	for name, got := range map[string]string{
-		"Constants": Constants(), "Decide": Decide(), "DecideFunction": DecideFunction(), "Library": Library(),
+		"Constants": Constants(), "Decide": Decide(), "DecideFunction": DecideFunction(), "RefundFunction": RefundFunction(), "Library": Library(),
 		"Refund": Refund(), "Reset": Reset(), "RLQSShares": RLQSShares(), "RLQSConfirm": RLQSConfirm(), "RegionAllowance": RegionAllowance(), "RegionSync": RegionSync(),
 	} {
 		if got == "" {
@@ -60,12 +60,13 @@ func TestScripts(t *testing.T) {
 		}
 	}
 	if Constants() != constants || Decide() != decideScript || Library() != functionLibrary || Refund() != refundScript ||
-		Reset() != reset || RLQSShares() != rlqsShares || RLQSConfirm() != rlqsConfirm || RegionAllowance() != regionAllowance || RegionSync() != regionSync || DecideFunction() != decideFunction {
+		Reset() != reset || RLQSShares() != rlqsShares || RLQSConfirm() != rlqsConfirm || RegionAllowance() != regionAllowance || RegionSync() != regionSync || DecideFunction() != decideFunction || RefundFunction() != refundFunction {
 		t.Error("an exported function does not return its script")
 	}
 	if !strings.HasPrefix(Library(), "#!lua name=ratelimit_"+version+"\n") ||
-		!strings.HasSuffix(Library(), "redis.register_function('"+DecideFunction()+"', decide)\n") {
-		t.Errorf("Library does not register DecideFunction %q", DecideFunction())
+		!strings.HasSuffix(Library(), "redis.register_function('"+DecideFunction()+"', decide)\n"+
+			"redis.register_function('"+RefundFunction()+"', undo_charges)\n") {
+		t.Errorf("Library does not register DecideFunction %q and RefundFunction %q", DecideFunction(), RefundFunction())
 	}
 }
 
@@ -147,7 +148,8 @@ func TestLibraryOrder(t *testing.T) {
 	if !strings.HasPrefix(algorithmCode(), strings.Join(sources, "")) {
 		t.Fatal("algorithmCode does not start with the algorithms' files in ID order")
 	}
-	if library != constants+prelude+algorithmCode() || decideScript != library+decide+"return decide(KEYS, ARGV)\n" || refundScript != library+refund {
+	if library != constants+prelude+algorithmCode() || decideScript != library+decide+refund+"return decide(KEYS, ARGV)\n" ||
+		refundScript != library+decide+refund+"return undo_charges(KEYS, ARGV)\n" {
 		t.Fatal("the scripts are not assembled from library as this test checks them")
 	}
 
@@ -169,18 +171,17 @@ func TestLibraryOrder(t *testing.T) {
 			}
 		}
 	}
-	// decide.lua ends the library; refund.lua, a script, may read globals
-	// at its top level. Each sees the library's locals, not the other's.
-	decideScope, refundScope := top.clone(), top.clone()
+	// decide.lua, then refund.lua, end the library.
+	decideScope := top.clone()
 	(&checker{file: "decide.lua"}).check(t, decideScope, decide)
-	(&checker{file: "refund.lua", script: true}).check(t, refundScope, refund)
+	(&checker{file: "refund.lua"}).check(t, decideScope, refund)
 	(&checker{file: "reset.lua", script: true}).check(t, newScope(nil), reset)
 	(&checker{file: "rlqs_shares.lua", script: true}).check(t, newScope(nil), rlqsShares)
 	(&checker{file: "region_allowance.lua", script: true}).check(t, newScope(nil), regionAllowance)
 	(&checker{file: "rlqs_confirm.lua", script: true}).check(t, newScope(nil), rlqsConfirm)
 	(&checker{file: "region_sync.lua", script: true}).check(t, newScope(nil), regionSync)
-	if !decideScope.names["decide"] {
-		t.Error("decide.lua declares no local decide, which Decide and Library call")
+	if !decideScope.names["decide"] || !decideScope.names["undo_charges"] {
+		t.Error("decide.lua declares no local decide, or refund.lua no undo_charges, which the scripts and Library call")
 	}
 }
 

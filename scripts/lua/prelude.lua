@@ -3,7 +3,7 @@
 -- Lua's math functions, as locals: called for every hit, they cost less
 -- as upvalues than as fields of a global. A function library sees math
 -- only when it is called, so bind_math sets them as a call begins
--- (begin_call, and refund.lua's first line).
+-- (begin_call).
 local floor, ceil, min, max, fmod
 
 local function bind_math()

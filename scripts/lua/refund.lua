@@ -1,9 +1,11 @@
--- refund: undo charges that decide.lua made, for a request that turned out
--- denied by a hit on another Redis Cluster slot (all or nothing across slots).
+-- undo_charges(keys, args), the one way back: it undoes charges decide made,
+-- by the tokens decide returned, for a request denied across Cluster slots
+-- or stores, a quota over, a slice or a lease given back. It ends the
+-- function library; Refund runs it as a script.
 --
--- KEYS[i]   base key of charged hit i; after them, the records of the
+-- keys[i]   base key of charged hit i; after them, the records of the
 --           slices given back (decide.lua's record_slice)
--- ARGV      per hit, five numbers in order: its algorithm's ID (ALG_*), the
+-- args      per hit, five numbers in order: its algorithm's ID (ALG_*), the
 --           refund token decide.lua returned (for the log's lease, slice or
 --           part of a request, its members' base name instead: "L<nonce>",
 --           "A<score>", "<score>p<nonce>"; for a slice of a counter or GCRA,
@@ -18,7 +20,6 @@
 -- given twice).
 -- Reply: the number of units refunded (for GCRA, the whole units of the
 -- time given back).
-bind_math()
 
 -- slice_record takes the record of a counter's or GCRA's slice that token
 -- names (decide.lua's record_slice): the charge's token and the units to
@@ -35,30 +36,25 @@ local function slice_record(key, token, cost)
   return tonumber(charge), min(cost, tonumber(units) or 0)
 end
 
-local refunded = 0
-local now -- Redis TIME, read once, and only when an algorithm asks
-local function clock()
-  if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function undo_charges(keys, args)
+  begin_call()
+  local refunded, t = 0, redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  for i = 1, #args / 5 do
+    local key, a = keys[i], 5 * (i - 1)
+    local alg = algorithms[tonumber(args[a + 1])]
+    if not alg then
+      error('refund: unknown algorithm ' .. tostring(args[a + 1]))
+    end
+    -- A token is a number, or the log's base name of its members (see above).
+    local token, cost, limit = tonumber(args[a + 2]) or args[a + 2], tonumber(args[a + 3]), tonumber(args[a + 4])
+    if type(token) == 'number' and token < 0 then
+      token, cost = slice_record(key, token, cost)
+    end
+    if cost > 0 then
+      refunded = refunded + alg.undo(key, token, cost, limit, tonumber(args[a + 5]) * 1000000, now)
+    end
   end
-  return now
+  write_all() -- GCRA's refunds
+  return refunded
 end
--- KEYS holds the records of the slices given back after the charges' keys.
-for i = 1, #ARGV / 5 do
-  local key, a = KEYS[i], 5 * (i - 1)
-  local alg = algorithms[tonumber(ARGV[a + 1])]
-  if not alg then
-    error('refund: unknown algorithm ' .. tostring(ARGV[a + 1]))
-  end
-  -- A token is a number, or the log's base name of its members (see above).
-  local token, cost, limit = tonumber(ARGV[a + 2]) or ARGV[a + 2], tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  if type(token) == 'number' and token < 0 then
-    token, cost = slice_record(key, token, cost)
-  end
-  if cost > 0 then
-    refunded = refunded + alg.undo(key, token, cost, limit, tonumber(ARGV[a + 5]) * 1000000, clock)
-  end
-end
-write_all() -- GCRA's refunds
-return refunded
