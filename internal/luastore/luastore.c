@@ -25,8 +25,17 @@ static int call(lua_State *L, int raise) {
 			return luaL_error(L, "Lua redis lib command arguments must be strings or integers");
 		}
 	}
-	const char **ptrs = lua_newuserdata(L, n * (sizeof(char *) + sizeof(size_t)));
-	size_t *lens = (size_t *)(ptrs + n);
+	// A call's few arguments are listed on the C stack: a userdata for
+	// each call was garbage for Lua's collector to sweep.
+	enum { FEW = 16 };
+	const char *few[FEW];
+	size_t few_lens[FEW];
+	const char **ptrs = few;
+	size_t *lens = few_lens;
+	if (n > FEW) {
+		ptrs = lua_newuserdata(L, n * (sizeof(char *) + sizeof(size_t)));
+		lens = (size_t *)(ptrs + n);
+	}
 	for (int i = 0; i < n; i++)
 		ptrs[i] = lua_tolstring(L, i + 1, &lens[i]);
 	int results = luastoreCall(L, store_of(L), n, (char **)ptrs, lens, raise);

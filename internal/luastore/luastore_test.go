@@ -59,6 +59,7 @@ func TestReplies(t *testing.T) {
 		{script: "redis.call('ZADD', 'z', 1, 'a', 2, 'b'); return redis.call('ZRANGE', 'z', 0, -1, 'WITHSCORES')", want: []any{"a", "1", "b", "2"}},
 		{script: "local r = redis.call('MGET', 'k', 'missing', 'j'); return {r[1], r[2] == false, r[3], #r}", want: []any{"9", int64(1), "1", int64(3)}},
 		{script: "return #redis.call('ZRANGE', 'missing', 0, -1)", want: int64(0)},
+		{script: "redis.call('MSET', 'a1', 1, 'a2', 2, 'a3', 3, 'a4', 4, 'a5', 5, 'a6', 6, 'a7', 7, 'a8', 8, 'a9', 9, 'a10', 10); return redis.call('GET', 'a10')", want: "10"}, // more arguments than call lists on the C stack
 		{script: "return redis.pcall('HGET', 'k', 'f')['err']", want: "WRONGTYPE Operation against a key holding the wrong kind of value"},
 		{script: "return redis.call('HGET', 'k', 'f')", err: "WRONGTYPE"},
 		// Numbers as Lua 5.1 and Redis 7.0 format them (each checked on
