@@ -21,8 +21,9 @@ import (
 //   - a give back returns only units this instance did not use, by the
 //     charge's token, and never a fixed window's that has ended;
 //   - a Reset ends every slice of the counter at this instance, and a lease
-//     on its way is not installed; a log's members of them are removed by
-//     name, other instances' live ones kept (scripts/lua's reset).
+//     on its way is not installed (its charge goes back by its token); a
+//     log's members of them are removed by name, other instances' live
+//     ones kept (scripts/lua's reset).
 //
 // What a store that forgets writes (a failover, a restart) or a Reset on
 // another instance can still add is bounded in docs/accuracy.md.
@@ -269,11 +270,14 @@ func (s *Slices) lease(l pendingLease) {
 	}
 	now := s.now()
 	if overlapped || k.resets != l.resets {
-		// The counter was reset while the lease was on its way: its
-		// charge went to the counter before the reset (gone with it) or
-		// after (counted there). Either way its units are not this
-		// instance's to spend, nor to give back. (A lease queued before a
-		// Reset and sent after it is installed: its charge is counted.)
+		// A Reset while the lease was on its way: its units are not ours
+		// to spend; the charge's token takes back what it still holds. (A
+		// lease queued before a Reset and sent after it is installed.)
+		if err == nil && len(verdicts) == 1 && verdicts[0].Charged {
+			s.returnsMu.Lock()
+			s.returns = append(s.returns, limiter.Return{Hit: h, Token: verdicts[0].Token, Units: h.Cost})
+			s.returnsMu.Unlock()
+		}
 		return
 	}
 	if err != nil || len(verdicts) != 1 || verdicts[0].FailureVerdict {

@@ -41,6 +41,15 @@ func TestSliceGivesBackOnlyWhatTheStoreHolds(t *testing.T) {
 			{"reset", func(t *testing.T, l *Limiter, _ *clock, h Hit, _ int64, _ string) {
 				reset1(t, l, h)
 			}, 0},
+			{"reset, then another lease at the same instant", func(t *testing.T, l *Limiter, _ *clock, h Hit, token int64, _ string) {
+				// Redis TIME has not moved: the new lease's record must not
+				// take the name the reset freed, which the first lease's
+				// give-back (a lease on its way at the reset) still names.
+				reset1(t, l, h)
+				if v := decide1(t, l, h); !v.Charged || v.Token == token {
+					t.Fatalf("the second lease: %+v, want charged under another record than %d", v, token)
+				}
+			}, 0},
 		} {
 			t.Run(a.String()+"/"+tc.name, func(t *testing.T) {
 				l, c := newTestLimiter(t, epoch)

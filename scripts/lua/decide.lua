@@ -134,22 +134,19 @@ local function parse_rule(s)
   return rule
 end
 
--- record_slice records a hot key's slice leased from a counter or GCRA (a
--- charge with ahead; the log names its members instead, see its commit)
--- beside the count, in the hash "<key>:slices", under the charge's time:
--- "<token>:<units>". Its give-back (refund.lua) takes back at most what
--- the record holds, once, and nothing once the record is gone: a failover
--- that lost the lease lost its record with it (a call's writes replicate
--- together), and a Reset deletes it. The record lives while the count can
--- hold the lease's units. It returns the lease's token for the reply: the
--- record's name, negated. The name is the charge's time, or the first
--- microsecond after it that no record of the key holds: the slices of one
--- call (two Envoys' leases batched together) share its time, and each
--- needs a record of its own.
+-- record_slice records a hot key's slice leased from a counter or GCRA (the
+-- log names its members instead) beside the count, in the hash
+-- "<key>:slices": "<token>:<units>", while the count can hold them. Its
+-- give-back (refund.lua) takes back at most what the record holds, once:
+-- nothing once a failover lost it with the lease, or a Reset deleted it.
+-- It returns the record's name, negated, for the reply's token: the
+-- charge's time, or the first microsecond after it no record of the key
+-- holds, nor held before a Reset ("next", see reset.lua), so that no
+-- give-back names another lease's record.
 local function record_slice(key, token, rule, st, now)
   local h = key .. ':slices' -- declared in the call's keys after the hits' (Go's sliceRecordKey)
   local rec = fmt(token) .. ':' .. fmt(rule.cost)
-  local name = now
+  local name = max(now, tonumber(redis.call('HGET', h, 'next')) or 0)
   while redis.call('HSETNX', h, fmt(name), rec) == 0 do
     name = name + 1
   end

@@ -5,8 +5,7 @@
 -- KEYS[1]  the counter's key: every algorithm keeps its state there
 -- KEYS[2]  the fleet's count of it (its key .. FLEET_SUFFIX), when it
 --          shares the counter's slot (not the reference's keys)
--- KEYS[3], KEYS[4]  for a counter or GCRA, the records of their slices
---          (decide.lua's record_slice)
+-- KEYS[3], KEYS[4]  for a counter or GCRA, its slices' records (record_slice)
 --
 -- A sliding log keeps the members of a live slice (a hot key's, or an
 -- RLQS lease: "A<score>", recorded at its end, still ahead of Redis TIME):
@@ -16,10 +15,16 @@
 -- Reply: the number of keys of the counter deleted (0 for an empty one).
 local function reset(key, records)
   if redis.call('TYPE', key).ok ~= 'zset' then
-    -- A counter's or GCRA's slices' records go with it: a slice leased
-    -- before gives nothing back to the new count (decide.lua's record_slice).
-    if records then
+    -- Its slices' records go too, but for the first name free of them ("next").
+    local fields, next = records and redis.call('HGETALL', records) or {}, 0
+    for i = 1, #fields, 2 do -- a record's value is "<token>:<units>"; next's a number
+      next = math.max(next, tonumber(fields[i + 1]) or fields[i] + 1)
+    end
+    if next > 0 then
+      local ttl = redis.call('PTTL', records)
       redis.call('DEL', records)
+      redis.call('HSET', records, 'next', string.format('%d', next))
+      redis.call('PEXPIRE', records, ttl)
     end
     return redis.call('DEL', key)
   end
