@@ -64,6 +64,8 @@ func (h *Hit) op() lua.Op {
 		return opRecordIfAlone
 	case h.Record:
 		return opRecord
+	case h.RecordIfAlone: // an RLQS lease decided as a charge
+		return opBucketLease
 	}
 	return opCharge
 }
@@ -72,6 +74,7 @@ func (h *Hit) op() lua.Op {
 var (
 	opCharge, opRecord, opRecordIfAlone = lua.OpOf(lua.OpCharge), lua.OpOf(lua.OpRecord), lua.OpOf(lua.OpRecordIfAlone)
 	opRefund, opLease, opSettle         = lua.OpOf(lua.OpRefund), lua.OpOf(lua.OpLease), lua.OpOf(lua.OpSettle)
+	opBucketLease                       = lua.OpOf(lua.OpBucketLease)
 )
 
 // appendRole appends h's role in its request's rule (lua.RoleEnforced and

@@ -88,26 +88,33 @@ func giveBack(t *testing.T, l *Limiter, r Return) uint64 {
 	return n
 }
 
-// TestGCRARefundLeavesLiveSlices: a client's refund (is_negative_hits) of
-// units whose time has refilled gives back nothing of what a live slice
-// still holds ahead of now, only what is ahead and no slice's: the slice
-// spends its units whatever the bucket says, so giving their time back too
-// would admit them twice.
+// TestGCRARefundLeavesLiveSlices: a client's refund (is_negative_hits), or
+// the give-back of a charge by its token, moves the TAT back only over time
+// above every live slice: a slice spends its units up to the TAT its lease
+// left, so time taken from under it is charged again while the slice still
+// spends it (make sim seed 59971: 25 of burst + limit 24, a refund just
+// after a lease). Time above the slices, and above now, goes back.
 func TestGCRARefundLeavesLiveSlices(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		charged   uint64        // units a client charged at the start, before the slice
-		after     time.Duration // then the slice's lease, and the clock moves this much
-		refund    uint64
-		remaining uint64 // what the bucket of 20 holds after the refund
+		name       string
+		charged    uint64        // units a client charged at the start
+		afterSlice bool          // charged after the slice's lease, not before
+		after      time.Duration // then the clock moves this much
+		undo       bool          // the charge given back by its token, not a refund
+		refund     uint64
+		remaining  uint64 // what the bucket of 20 holds after the refund
 	}{
-		// 10 charged (500 ms of a 50 ms unit), the slice's 5 after them: at
-		// 500 ms the client's time has refilled and the slice's 250 ms is
-		// ahead; a refund of 10 finds nothing to give.
+		// 10 charged (500 ms of a 50 ms unit), the slice's 5 (250 ms) above
+		// them: at 500 ms the client's time has refilled; nothing goes back.
 		{name: "a refund of refilled units", charged: 10, after: 500 * time.Millisecond, refund: 10, remaining: 15},
-		// At 300 ms, 200 ms of the client's time is still ahead (4 units),
-		// and the slice's 250 ms: the refund gives the 4 back.
-		{name: "a refund of units still ahead", charged: 10, after: 300 * time.Millisecond, refund: 10, remaining: 20 - 5},
+		// At 300 ms, 200 ms of the client's time is still ahead, under the
+		// slice's 250 ms: nothing goes back while the slice is live.
+		{name: "a refund of units under the slice", charged: 10, after: 300 * time.Millisecond, refund: 10, remaining: 20 - 9},
+		{name: "a give-back of a charge under the slice", charged: 10, after: 300 * time.Millisecond, undo: true, remaining: 20 - 9},
+		// The client's 500 ms above the slice's 250 ms: at 100 ms, all of it
+		// goes back, and the slice's 150 ms still ahead stays.
+		{name: "a refund of units above the slice", charged: 10, afterSlice: true, after: 100 * time.Millisecond, refund: 10, remaining: 20 - 3},
+		{name: "a give-back of a charge above the slice", charged: 10, afterSlice: true, after: 100 * time.Millisecond, undo: true, remaining: 20 - 3},
 		// No client charge: the slice alone is ahead (150 ms of its 250 ms
 		// at 100 ms, 3 units), and nothing goes back.
 		{name: "only the slice", after: 100 * time.Millisecond, refund: 3, remaining: 20 - 3},
@@ -116,18 +123,26 @@ func TestGCRARefundLeavesLiveSlices(t *testing.T) {
 			l, c := newTestLimiter(t, epoch)
 			h := hit(config.GCRA, "refund-slice", 40, 2*time.Second, tc.charged)
 			h.Burst = 20
-			if tc.charged > 0 {
-				decide1(t, l, h)
+			var charge Verdict
+			if tc.charged > 0 && !tc.afterSlice {
+				charge = decide1(t, l, h)
 			}
 			lease := h
 			lease.Cost, lease.Ahead = 5, time.Second
 			if v := decide1(t, l, lease); !v.Charged {
 				t.Fatalf("the slice's lease: %+v", v)
 			}
+			if tc.charged > 0 && tc.afterSlice {
+				charge = decide1(t, l, h)
+			}
 			c.add(tc.after)
-			back := h
-			back.Cost, back.Refund = tc.refund, true
-			decide1(t, l, back)
+			if tc.undo {
+				giveBack(t, l, Return{Hit: h, Token: charge.Token, Units: tc.charged})
+			} else {
+				back := h
+				back.Cost, back.Refund = tc.refund, true
+				decide1(t, l, back)
+			}
 			check := h
 			check.Cost = 0
 			if got := decide1(t, l, check).Remaining; got != tc.remaining {
@@ -186,11 +201,13 @@ func TestSlicesOfOneInstantKeepTheirRecords(t *testing.T) {
 			if v1.Token == v2.Token {
 				t.Fatalf("both leases have the token %d: one record for two slices", v1.Token)
 			}
-			if n := giveBack(t, l, Return{Hit: first, Token: v1.Token, Units: 5}); n != 5 {
-				t.Errorf("the first gave back %d, want its 5", n)
-			}
+			// The second first: GCRA's first lies under it, and gives back
+			// nothing while it is live (TestGCRARefundLeavesLiveSlices).
 			if n := giveBack(t, l, Return{Hit: second, Token: v2.Token, Units: 7}); n != 7 {
 				t.Errorf("the second gave back %d, want its 7", n)
+			}
+			if n := giveBack(t, l, Return{Hit: first, Token: v1.Token, Units: 5}); n != 5 {
+				t.Errorf("the first gave back %d, want its 5", n)
 			}
 		})
 	}

@@ -104,6 +104,7 @@ local function parse_rule(s)
     group = quota and tonumber(group) or 0, -- a quota hit's: its quota
     over = role == ROLE_QUOTA_OVER, -- a quota hit's: its quota is over already
     alone = kind.alone, -- a record only when the fleet is alone: see alone_fleet
+    bucket = kind.bucket, -- an Envoy's token bucket's lease: see record_slice
     lease = false, -- a lease's { ttl (microseconds), nonce }
     part = not (kind.lease or kind.settle) and nonce ~= '' and nonce, -- a part's charge's nonce (see sliding_window_log.commit)
     settle = false, -- a settlement's { units reserved, nonce }
@@ -134,9 +135,10 @@ local function parse_rule(s)
   return rule
 end
 
--- record_slice records a hot key's slice leased from a counter or GCRA (the
--- log names its members instead) beside the count, in the hash
--- "<key>:slices": "<token>:<units>", while the count can hold them. Its
+-- record_slice records a hot key's slice or an RLQS lease taken from a
+-- counter or GCRA (the log names its members instead) beside the count, in
+-- the hash "<key>:slices": "<token>:<units>", and ":bucket" after an RLQS
+-- lease's (see gcra_above_slices), while the count can hold them. Its
 -- give-back (refund.lua) takes back at most what the record holds, once:
 -- nothing once a failover lost it with the lease, or a Reset deleted it.
 -- It returns the record's name, negated, for the reply's token: the
@@ -145,7 +147,7 @@ end
 -- give-back names another lease's record.
 local function record_slice(key, token, rule, st, now)
   local h = key .. ':slices' -- declared in the call's keys after the hits' (Go's sliceRecordKey)
-  local rec = fmt(token) .. ':' .. fmt(rule.cost)
+  local rec = fmt(token) .. ':' .. fmt(rule.cost) .. (rule.bucket and ':bucket' or '')
   local name = max(now, tonumber(redis.call('HGET', h, 'next')) or 0)
   while redis.call('HSETNX', h, fmt(name), rec) == 0 do
     name = name + 1

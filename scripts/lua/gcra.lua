@@ -253,47 +253,45 @@ local function gcra_at_most(rule, limit, cost, cw, cf, mw, mf)
   return cost, mw, mf
 end
 
--- gcra_slices_ahead returns the time, in whole microseconds, that the
--- live slices recorded beside key (decide.lua's record_slice) still hold
--- ahead of now: each one's units' time, and no more than the part of it
--- before the TAT its lease left (the record's token; 0, a record written
--- before tokens named their end, counts whole).
-local function gcra_slices_ahead(key, rule, now)
-  local records = redis.call('HGETALL', key .. ':slices')
-  local held = 0
+-- gcra_above_slices cuts cost units' time (cw, cf) to what key's TAT holds
+-- above now and above every live hot key's slice recorded beside it
+-- (decide.lua's record_slice): a slice spends its units up to the TAT its
+-- lease left (the record's token; a record without one, its units' time
+-- from now), so time taken from under it would be charged again while the
+-- slice still spends it. An RLQS lease's bucket spends its units at any
+-- time: what is under it is the bucket's total, which may go back. It
+-- returns the cut cost and time, or 0 when nothing is above.
+local function gcra_above_slices(key, rule, limit, now, cost, cw, cf)
+  local w, f = gcra_state(key, limit, now)
+  local records, top = redis.call('HGETALL', key .. ':slices'), now
   for i = 2, #records, 2 do
-    local token, units = string.match(records[i], '^(%d+):(%d+)$')
-    token, units = tonumber(token), tonumber(units)
-    if units then
-      local ahead = gcra_up(gcra_times(rule, units))
-      if token > 0 then
-        ahead = min(ahead, max(0, token - now))
-      end
-      held = held + ahead
+    local token, units, bucket = string.match(records[i], '^(%d+):(%d+)(:?%a*)$')
+    if units and bucket == '' then
+      token = tonumber(token)
+      top = max(top, token > 0 and token or now + gcra_up(gcra_times(rule, tonumber(units))))
     end
   end
-  return held
+  local fw, ff = gcra_sub(limit, w, f, top, 0)
+  if fw < 0 or (fw == 0 and ff == 0) then
+    return 0
+  end
+  return gcra_at_most(rule, limit, cost, cw, cf, fw, ff)
 end
 
 -- refund gives back cost units' time on key (Envoy's is_negative_hits),
--- never past now, and never the time live slices still hold ahead: a
--- client's units whose time has refilled are no longer the bucket's to
--- give, and taking a slice's instead would let its units be spent twice.
--- It returns the whole units given back.
+-- never past now, and never from under a live slice's time: a client's
+-- units whose time has refilled are no longer the bucket's to give, and
+-- taking a slice's instead would let its units be spent twice. It returns
+-- the whole units given back.
 function gcra.refund(key, cost, limit, window, now)
   if limit <= 0 then
     return 0 -- no rate: nothing was charged (see check)
   end
   local rule = gcra_setup({}, limit, window)
-  local cw, cf = gcra_times(rule, cost)
-  local w, f = gcra_state(key, limit, now)
-  if w > now then
-    -- What is ahead of now and no slice's: at most that goes back.
-    local fw, ff = gcra_sub(limit, w - now, f, gcra_slices_ahead(key, rule, now), 0)
-    if fw < 0 or (fw == 0 and ff == 0) then
-      return 0
-    end
-    cost, cw, cf = gcra_at_most(rule, limit, cost, cw, cf, fw, ff)
+  local cw, cf
+  cost, cw, cf = gcra_above_slices(key, rule, limit, now, cost, gcra_times(rule, cost))
+  if cost == 0 then
+    return 0
   end
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end
@@ -301,8 +299,9 @@ end
 -- undo gives back a charge of cost, for refund.lua: only the part of its
 -- time still ahead of now, up to its token (the TAT it left, commit): the
 -- rest has refilled, and giving it back would give the bucket's later
--- charges' time instead. A token of 0 (a charge written before tokens named
--- its end) gives back as refund does.
+-- charges' time instead; and, as refund, never from under a live slice. A
+-- token of 0 (a charge written before tokens named its end) gives back as
+-- refund does.
 function gcra.undo(key, token, cost, limit, window, now)
   if limit <= 0 or type(token) ~= 'number' or token <= 0 then
     return gcra.refund(key, cost, limit, window, now)
@@ -313,6 +312,9 @@ function gcra.undo(key, token, cost, limit, window, now)
   end
   local rule = gcra_setup({}, limit, window)
   local cw, cf = gcra_times(rule, cost)
-  cost, cw, cf = gcra_at_most(rule, limit, cost, cw, cf, ahead, 0)
+  cost, cw, cf = gcra_above_slices(key, rule, limit, now, gcra_at_most(rule, limit, cost, cw, cf, ahead, 0))
+  if cost == 0 then
+    return 0
+  end
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end

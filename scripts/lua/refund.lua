@@ -32,7 +32,7 @@ local function slice_record(key, token, cost)
     return 0, 0
   end
   redis.call('HDEL', h, name)
-  local charge, units = string.match(rec, '^(%d+):(%d+)$')
+  local charge, units = string.match(rec, '^(%d+):(%d+)')
   return tonumber(charge), min(cost, tonumber(units) or 0)
 end
 
