@@ -152,4 +152,8 @@ type Verdict struct {
 	// part is the nonce that names the members of a log charge made as a
 	// part of a request (partArg), for its give-back.
 	part string
+	// generation is a counter's or GCRA's, as the charge found it: the
+	// Resets its key saw (decide.lua's reply). Its give-back names it, and
+	// takes nothing once a Reset came between.
+	generation int64
 }

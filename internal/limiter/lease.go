@@ -194,7 +194,7 @@ func (l *Limiter) orphanedLeases(hits []Hit, group []int, nonces []string) func(
 			back := make([]bool, len(leased))
 			var taken []int
 			for k, h := range leased {
-				if o.err == nil && o.vals[4*at[k]] != 2 { // not admitted and charged: no lease
+				if o.err == nil && o.vals[4*at[k]]&3 != 2 { // not admitted and charged: no lease
 					continue
 				}
 				verdicts[k] = Verdict{Admitted: true, Charged: true, Lease: leaseID(min(h.Cost, uint64(h.Limit)), nonces[at[k]])}

@@ -71,7 +71,7 @@ func owesBack(h *Hit, v *Verdict) bool { op := h.op(); return v.Charged && op.Ch
 // takeBack says in v, the verdict of h, that its charge was given back: not
 // charged, and the cost remaining again.
 func takeBack(h *Hit, v *Verdict) {
-	v.Charged, v.Token, v.Lease, v.part = false, 0, "", ""
+	v.Charged, v.Token, v.Lease, v.part, v.generation = false, 0, "", "", 0
 	v.Remaining = min(v.Remaining+h.Cost, uint64(h.Capacity()))
 }
 
@@ -101,6 +101,8 @@ func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups []
 				token = partName(tokens[i], v.part)
 			case h.Ahead > 0 && h.Algorithm == config.SlidingWindowLog:
 				token = sliceName(tokens[i])
+			case v.generation > 0:
+				token = strconv.FormatInt(tokens[i], 10) + "/" + strconv.FormatInt(v.generation, 10)
 			}
 			if args, err = refundArgs(args, h, token); err != nil {
 				continue // Decide refused the hit already

@@ -213,17 +213,19 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 	l.observe(time.Since(start), nil)
 	for j, i := range group {
 		r := reply[4*j : 4*j+4]
+		state := r[0] & 3 // and, above, a charge's generation (decide.lua's reply)
 		verdicts[i] = Verdict{
-			Admitted:   r[0] == 1 || r[0] == 2,
-			Charged:    r[0] >= 2,
+			Admitted:   state == 1 || state == 2,
+			Charged:    state >= 2,
 			Remaining:  uint64(max(r[1], 0)),
 			ResetAfter: time.Duration(r[2]) * time.Microsecond,
 			Token:      r[3],
+			generation: r[0] >> 2,
 		}
-		if r[0] == 2 && nonces != nil && nonces[j] != "" {
+		if state == 2 && nonces != nil && nonces[j] != "" {
 			verdicts[i].Lease = leaseID(min(hits[i].Cost, uint64(hits[i].Limit)), nonces[j])
 		}
-		if r[0] == 2 && parts != nil {
+		if state == 2 && parts != nil {
 			verdicts[i].part = parts[j]
 		}
 		if tokens != nil {

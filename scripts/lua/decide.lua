@@ -49,7 +49,8 @@
 --
 -- Reply: four integers per hit, in order: state (0 denied, 1 admitted and
 -- not charged, 2 admitted and charged, 3 denied but charged: a recorded cost
--- that did not fit), remaining, microseconds until reset (see each
+-- that did not fit; plus 4 times a charged counter's or GCRA's generation,
+-- see prelude.lua's generation), remaining, microseconds until reset (see each
 -- algorithm's result; for a recorded cost that did not fit and for a refund,
 -- until one unit fits), and a refund token: what refund.lua needs to undo a
 -- charge (the log's score, the counters' window index, GCRA's TAT after
@@ -374,7 +375,7 @@ local function decide(keys, args)
       else
         state = st.admit and 1 or 0
       end
-      reply[r + 1] = state
+      reply[r + 1] = state + 4 * (charged and st.gen or 0)
       reply[r + 2] = floor(remaining)
       reply[r + 3] = floor(reset)
       local token = charged and st.token or 0

@@ -33,12 +33,13 @@ end
 
 function fixed_window.check(key, limit, window, cost, now)
   local idx, start, length = span(window, now)
-  local token, used, keep = idx, 0, false
+  local token, used, keep, gen = idx, 0, false, 0
   local prior = seen[key] -- charged earlier in this call: count known
   if prior then
-    token, used, keep = prior.token, prior.used, prior.keep
+    token, used, keep, gen = prior.token, prior.used, prior.keep, prior.gen
   else
-    local stored, count = parse_windows(get(key))
+    local stored, count, _
+    stored, count, _, gen = parse_windows(get(key))
     if stored and stored >= idx then
       -- This window; or a later one, after Redis's clock stepped back (a
       -- failover): its count still stands, and a charge keeps its index,
@@ -47,14 +48,14 @@ function fixed_window.check(key, limit, window, cost, now)
     end
   end
   local st = take(fixed_window_states) -- every field set here
-  st.token, st.elapsed, st.length, st.used, st.keep = token, now - start, length, used, keep
+  st.token, st.elapsed, st.length, st.used, st.keep, st.gen = token, now - start, length, used, keep, gen
   st.admit = used + cost <= limit
   return st
 end
 
 function fixed_window.commit(key, st, limit, window, cost, now)
   st.used = min(st.used + cost, max_count)
-  write_later(key, string.format('%d:%d', st.token, st.used),
+  write_later(key, string.format('%d:%d', st.token, st.used) .. generation(st.gen),
     not st.keep and fmt_ttl(max(1, ceil((st.length - st.elapsed) / 1000))) or nil)
   seen[key] = st -- what a later check of key in this call reads
 end
@@ -70,16 +71,17 @@ function fixed_window.refund(key, units, limit, window, now)
 end
 
 -- undo takes a charge of cost back from the window token names, for
--- refund.lua, never below zero; a count of another window is not the
--- charge's. It returns how many units it took back.
-function fixed_window.undo(key, token, cost)
-  local stored, curr = parse_windows(redis.call('GET', key))
-  if stored ~= token then
+-- refund.lua, never below zero; a count of another window or generation
+-- (gen, nil for a slice's record) is not the charge's. It returns how many
+-- units it took back.
+function fixed_window.undo(key, token, cost, limit, window, now, gen)
+  local stored, curr, _, g = parse_windows(redis.call('GET', key))
+  if stored ~= token or gen and gen ~= g then
     return 0
   end
   local back = min(curr, cost)
   if back > 0 then
-    redis.call('SET', key, fmt(stored) .. ':' .. fmt(curr - back), 'KEEPTTL')
+    redis.call('SET', key, fmt(stored) .. ':' .. fmt(curr - back) .. generation(g), 'KEEPTTL')
   end
   return back
 end

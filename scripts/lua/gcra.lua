@@ -66,27 +66,40 @@ local function gcra_up(w, f)
   return w
 end
 
--- gcra_state reads key's TAT for a bucket of limit, as max(TAT, now). A
--- remainder written under another limit (a reload changed it) rounds up.
+-- gcra_state reads key's TAT for a bucket of limit, as max(TAT, now), and
+-- its generation (prelude.lua's generation). A remainder written under
+-- another limit (a reload changed it) rounds up.
 local function gcra_state(key, limit, now)
-  local w, f
+  local w, f, gen
   local prior = seen[key] -- charged earlier in this call: TAT known
   if prior then
-    w, f = prior.w, prior.f
+    w, f, gen = prior.w, prior.f, prior.gen
   else
     local v = get(key)
     if v then
-      w, f = string.match(v, '^(%d+):(%d+)$')
-      w, f = tonumber(w), tonumber(f)
+      w, f, gen = string.match(v, '^(%d+):(%d+)/?(%d*)$')
+      w, f, gen = tonumber(w), tonumber(f), tonumber(gen)
       if f and f >= limit then
         w, f = w + 1, 0
       end
     end
   end
   if not w or w < now then
-    return now, 0
+    return now, 0, gen or 0
   end
-  return w, f
+  return w, f, gen or 0
+end
+
+-- gcra_write writes key's TAT (w, f) with the call's other writes
+-- (write_all), expiring when the bucket is full again; a key that saw a
+-- Reset no sooner than it would have: its generation must outlive every
+-- charge made before the Reset that is still ahead of now (reset.lua).
+local function gcra_write(key, w, f, gen, now)
+  local ttl = max(1, ceil(gcra_up(w - now, f) / 1000))
+  if gen > 0 then
+    ttl = max(ttl, redis.call('PTTL', key))
+  end
+  write_later(key, fmt(w) .. ':' .. fmt(f) .. generation(gen), fmt(ttl))
 end
 
 -- gcra_setup fills rule with T split as whole microseconds and remainder.
@@ -129,8 +142,8 @@ function gcra.check(key, limit, window, cost, now, burst)
   -- Every field named in the constructor: Lua then sizes the table once.
   -- units: what the bucket lacks in whole units, while known without
   -- arithmetic (a full bucket lacks none, and after a charge of c, c).
-  local st = { rule = rule, w = 0, f = 0, cw = rule.wq, cf = rule.wr, units = false, admit = false, token = 0 }
-  st.w, st.f = gcra_state(key, limit, now)
+  local st = { rule = rule, w = 0, f = 0, gen = 0, cw = rule.wq, cf = rule.wr, units = false, admit = false, token = 0 }
+  st.w, st.f, st.gen = gcra_state(key, limit, now)
   if st.w == now and st.f == 0 then
     st.units = 0
   end
@@ -161,7 +174,7 @@ function gcra.commit(key, st, limit, window, cost, now)
     -- 100 years, which denies as long as anyone waits.
     st.w, st.f, st.units = now + gcra_max_debt, 0, false
   end
-  write_later(key, string.format('%d:%d', st.w, st.f), fmt(max(1, ceil(gcra_up(st.w - now, st.f) / 1000))))
+  gcra_write(key, st.w, st.f, st.gen, now)
   seen[key] = st -- its w and f are what a later check of key in this call reads
   st.token = gcra_up(st.w, st.f)
 end
@@ -220,22 +233,26 @@ end
 -- never past now (a bucket is never fuller than full), and returns the
 -- whole units given back. Its write waits for write_all, as a charge's.
 local function gcra_give_back(key, rule, cost, cw, cf, limit, now)
-  local w, f = gcra_state(key, limit, now)
+  local w, f, gen = gcra_state(key, limit, now)
   if w == now and f == 0 then
     return 0 -- full
   end
   local nw, nf = gcra_sub(limit, w, f, cw, cf)
   if nw < now or (nw == now and nf == 0) then
-    -- Full again: no key, and no write of this call's to come back.
-    redis.call('DEL', key)
-    unwritten[key] = nil
-    seen[key] = { w = now, f = 0 }
+    -- Full again: no key (but for its generation), and no write of this
+    -- call's to come back.
+    if gen > 0 then
+      gcra_write(key, now, 0, gen, now)
+    else
+      redis.call('DEL', key)
+      unwritten[key] = nil
+    end
+    seen[key] = { w = now, f = 0, gen = gen }
     return max(0, cost - gcra_owed_units(rule, gcra_sub(limit, cw, cf, w - now, f))) -- what had refilled stays
   end
-  -- Written with the call's other writes (write_all), and known to the
-  -- call's later hits of key (seen), as a charge is.
-  write_later(key, fmt(nw) .. ':' .. fmt(nf), fmt(max(1, ceil(gcra_up(nw - now, nf) / 1000))))
-  seen[key] = { w = nw, f = nf }
+  -- Known to the call's later hits of key (seen), as a charge is.
+  gcra_write(key, nw, nf, gen, now)
+  seen[key] = { w = nw, f = nf, gen = gen }
   return cost
 end
 
@@ -299,15 +316,17 @@ end
 -- undo gives back a charge of cost, for refund.lua: only the part of its
 -- time still ahead of now, up to its token (the TAT it left, commit): the
 -- rest has refilled, and giving it back would give the bucket's later
--- charges' time instead; and, as refund, never from under a live slice. A
+-- charges' time instead; and, as refund, never from under a live slice;
+-- nothing for a charge of another generation (gen, nil for a slice's
+-- record: a Reset since). A
 -- token of 0 (a charge written before tokens named its end) gives back as
 -- refund does.
-function gcra.undo(key, token, cost, limit, window, now)
+function gcra.undo(key, token, cost, limit, window, now, gen)
   if limit <= 0 or type(token) ~= 'number' or token <= 0 then
     return gcra.refund(key, cost, limit, window, now)
   end
   local ahead = token - now
-  if ahead <= 0 then
+  if ahead <= 0 or gen and gen ~= select(3, gcra_state(key, limit, now)) then
     return 0
   end
   local rule = gcra_setup({}, limit, window)

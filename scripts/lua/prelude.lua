@@ -23,14 +23,24 @@ end
 local max_count = 2 ^ 52
 
 -- parse_windows reads a window counter's string (see fixed_window.lua and
--- sliding_window_counter.lua), "<index>:<count>[:<previous count>]"; nil reads as
--- nothing counted.
+-- sliding_window_counter.lua), "<index>:<count>[:<previous count>][/<generation>]";
+-- nil reads as nothing counted. The generation counts the Resets the
+-- counter's key has seen while it lived (see generation).
 local function parse_windows(v)
   if not v then
-    return nil, 0, 0
+    return nil, 0, 0, 0
   end
-  local idx, curr, prev = string.match(v, '^(%d+):(%d+):?(%d*)$')
-  return tonumber(idx), tonumber(curr) or 0, tonumber(prev) or 0
+  local idx, curr, prev, gen = string.match(v, '^(%d+):(%d+):?(%d*)/?(%d*)$')
+  return tonumber(idx), tonumber(curr) or 0, tonumber(prev) or 0, tonumber(gen) or 0
+end
+
+-- generation is the suffix a counter's or GCRA's value carries after a
+-- Reset (reset.lua): "/<generation>", kept by every write while the key
+-- lives, and named in each charge's reply (decide.lua), so that the
+-- give-back of a charge made before a Reset finds another generation, and
+-- takes nothing of the charges made since.
+local function generation(gen)
+  return gen > 0 and '/' .. fmt(gen) or ''
 end
 
 -- seen holds what one decide call learnt about its keys, and unwritten the

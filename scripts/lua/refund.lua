@@ -9,7 +9,9 @@
 --           refund token decide.lua returned (for the log's lease, slice or
 --           part of a request, its members' base name instead: "L<nonce>",
 --           "A<score>", "<score>p<nonce>"; for a slice of a counter or GCRA,
---           the negative name of its record, see slice_record), its cost,
+--           the negative name of its record, see slice_record; for another
+--           charge of theirs, "<token>/<generation>" when its generation
+--           was not 0, see prelude.lua's generation), its cost,
 --           limit, and window in seconds
 --
 -- Each algorithm's undo takes the charge back: the log removes exactly the
@@ -48,11 +50,16 @@ local function undo_charges(keys, args)
     end
     -- A token is a number, or the log's base name of its members (see above).
     local token, cost, limit = tonumber(args[a + 2]) or args[a + 2], tonumber(args[a + 3]), tonumber(args[a + 4])
-    if type(token) == 'number' and token < 0 then
-      token, cost = slice_record(key, token, cost)
+    local t, gen = string.match(args[a + 2], '^(%d+)/(%d+)$')
+    if t then
+      token, gen = tonumber(t), tonumber(gen)
+    elseif type(token) == 'number' and token < 0 then
+      token, cost = slice_record(key, token, cost) -- a slice's record: no Reset since
+    else
+      gen = 0
     end
     if cost > 0 then
-      refunded = refunded + alg.undo(key, token, cost, limit, tonumber(args[a + 5]) * 1000000, now)
+      refunded = refunded + alg.undo(key, token, cost, limit, tonumber(args[a + 5]) * 1000000, now, gen)
     end
   end
   write_all() -- GCRA's refunds

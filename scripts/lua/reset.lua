@@ -1,4 +1,4 @@
--- reset: deletes a counter, whatever its algorithm, so that its whole limit
+-- reset: empties a counter, whatever its algorithm, so that its whole limit
 -- is available again, and its RLQS fleet's count of it alike, so that the
 -- two still differ by what others took. Run on its own, not with decide.lua.
 --
@@ -12,9 +12,17 @@
 -- another instance, or an Envoy, goes on spending its units without
 -- asking.
 --
--- Reply: the number of keys of the counter deleted (0 for an empty one).
+-- A counter's or GCRA's state becomes "0:0/<generation>" (prelude.lua's
+-- generation: one more than the state's), which reads as empty, for as long
+-- as the state would have lived: a give-back of a charge made before the
+-- Reset, on its way, then finds another generation than its charge's and
+-- takes nothing of the charges made since. (The reference's keys, a bare
+-- count, are deleted.)
+--
+-- Reply: the number of keys of the counter reset (0 for an empty one).
 local function reset(key, records)
-  if redis.call('TYPE', key).ok ~= 'zset' then
+  local kind = redis.call('TYPE', key).ok
+  if kind ~= 'zset' then
     -- Its slices' records go too, but for the first name free of them ("next").
     local fields, next = records and redis.call('HGETALL', records) or {}, 0
     for i = 1, #fields, 2 do -- a record's value is "<token>:<units>"; next's a number
@@ -26,7 +34,15 @@ local function reset(key, records)
       redis.call('HSET', records, 'next', string.format('%d', next))
       redis.call('PEXPIRE', records, ttl)
     end
-    return redis.call('DEL', key)
+    local v, ttl = kind == 'string' and redis.call('GET', key), redis.call('PTTL', key)
+    local gen = v and string.match(v, '^%d+:%d+:?%d*/?(%d*)$')
+    if not gen or ttl <= 0 then
+      return redis.call('DEL', key)
+    elseif string.find(v, '^0:0/') then
+      return 0 -- nothing charged since the last Reset
+    end
+    redis.call('SET', key, '0:0/' .. string.format('%d', (tonumber(gen) or 0) + 1), 'PX', ttl)
+    return 1
   end
   local t = redis.call('TIME')
   local now = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))

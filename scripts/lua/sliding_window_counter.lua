@@ -21,12 +21,13 @@ end
 function sliding_window_counter.check(key, limit, window, cost, now)
   local idx = floor(now / window)
   local elapsed = now - idx * window
-  local token, curr, prev, keep = idx, 0, 0, false
+  local token, curr, prev, keep, gen = idx, 0, 0, false, 0
   local prior = seen[key] -- charged earlier in this call: counts known
   if prior then
-    token, curr, prev, keep = prior.token, prior.curr, prior.prev, prior.keep
+    token, curr, prev, keep, gen = prior.token, prior.curr, prior.prev, prior.keep, prior.gen
   else
-    local stored, c, p = parse_windows(get(key))
+    local stored, c, p
+    stored, c, p, gen = parse_windows(get(key))
     if stored and stored >= idx then
       -- This window; or a later one, after Redis's clock stepped back (a
       -- failover): its counts still stand, and a charge keeps its index,
@@ -37,7 +38,7 @@ function sliding_window_counter.check(key, limit, window, cost, now)
     end
   end
   local st = take(sliding_window_counter_states) -- every field set here
-  st.token, st.window, st.elapsed, st.prev, st.curr, st.keep = token, window, elapsed, prev, curr, keep
+  st.token, st.window, st.elapsed, st.prev, st.curr, st.keep, st.gen = token, window, elapsed, prev, curr, keep, gen
   -- The estimate written out (see estimate): this runs for every hit.
   st.admit = prev * (window - elapsed) / window + curr + cost <= limit
   return st
@@ -46,7 +47,7 @@ end
 function sliding_window_counter.commit(key, st, limit, window, cost, now)
   st.curr = min(st.curr + cost, max_count)
   -- This window's count is read as "previous" through the whole next window.
-  write_later(key, string.format('%d:%d:%d', st.token, st.curr, st.prev),
+  write_later(key, string.format('%d:%d:%d', st.token, st.curr, st.prev) .. generation(st.gen),
     not st.keep and fmt_ttl(ceil((2 * window - st.elapsed) / 1000)) or nil)
   seen[key] = st -- what a later check of key in this call reads
 end
@@ -64,12 +65,15 @@ end
 
 -- undo takes a charge of cost back from the window token names, for
 -- refund.lua, never below zero: from the current count, or from the
--- previous one once that window has passed; a count of any other window is
--- not the charge's. It returns how many units it took back.
-function sliding_window_counter.undo(key, token, cost)
-  local stored, curr, prev = parse_windows(redis.call('GET', key))
+-- previous one once that window has passed; a count of any other window or
+-- generation (gen, nil for a slice's record) is not the charge's. It
+-- returns how many units it took back.
+function sliding_window_counter.undo(key, token, cost, limit, window, now, gen)
+  local stored, curr, prev, g = parse_windows(redis.call('GET', key))
   local back = 0
-  if stored == token then
+  if gen and gen ~= g then
+    return 0
+  elseif stored == token then
     back = min(curr, cost)
     curr = curr - back
   elseif stored == token + 1 then
@@ -77,7 +81,7 @@ function sliding_window_counter.undo(key, token, cost)
     prev = prev - back
   end
   if back > 0 then
-    redis.call('SET', key, fmt(stored) .. ':' .. fmt(curr) .. ':' .. fmt(prev), 'KEEPTTL')
+    redis.call('SET', key, fmt(stored) .. ':' .. fmt(curr) .. ':' .. fmt(prev) .. generation(g), 'KEEPTTL')
   end
   return back
 end

@@ -426,7 +426,9 @@ type ResetResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The store key of the counter that was reset.
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// How many store keys were deleted: 0 when the counter was empty already.
+	// How many store keys were reset (deleted, or for a counter or GCRA, left
+	// empty but for the generation its give-backs check): 0 when the counter
+	// was empty already.
 	Deleted       uint32 `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
