@@ -21,81 +21,16 @@ import (
 
 // Slices takes hot keys off Redis: ShouldRateLimit decides through it
 // (it wraps the *limiter.Split), and a key whose hits at this instance pass
-// Threshold per second (or, warm, WarmThreshold on average: below) gets a
-// slice of its limit, leased from the counter itself, from which this
-// instance decides the key's hits locally until the slice is used up, goes
-// unused a period (a warm key's: its units' time at its rate), or reaches
-// the end its algorithm's bound sets (below). A lease is a charge of the counter
-// like any hit (limiter.Decide), made before a unit of it is used, so that
-// every reader of the counter (the other instances, RLQS fleets, the
-// reference's replicas) counts it; a lease that does not fit is not made.
-// The slices and the hits Redis decides therefore never pass the limit:
-//
-//   - sliding_window_log: a slice is recorded at the end of its period, the
-//     last instant one of its units can be used (limiter.Hit.Ahead): every
-//     window that holds a use holds the slice's members. Exact, at the
-//     price of holding the slice's units for one period longer than hits;
-//     the period is at most a twentieth of the window.
-//   - fixed_window, sliding_window_counter: a slice ends where the window
-//     its charge went to ends, so its uses count in that window, as hits at
-//     the instant of the charge would: exact for the fixed window, within
-//     the counter's own approximation for the sliding one.
-//   - gcra: unit k of a slice of n is usable until the start of its
-//     emission slot, the TAT the charge left less (n-k) emission intervals:
-//     no unit is used later than a hit charged then would be, so the bucket's
-//     bound holds (burst plus the limit in any window). Units whose slot has
-//     started are dropped unused.
-//
-// A hot key's slice's size follows this instance's demand on the key (the
-// units of its hits in the last second times the period, at least
-// minSlice and two hits' cost), and the slice ends after a period unused;
-// but a window counter's (fixed_window, sliding_window_counter: their
-// slices end with their window at the latest) holds warmSpan of the
-// key's demand at least and ends as a warm key's (below), unused: a key at
-// ten hits a second pays a lease per hundred hits, not per ten (with warm
-// keys off, a period's demand, as the others). A GCRA
-// key's slice holds at most the units this instance's hits reach before
-// their emission slots start (gcraUsable): all of them at the bucket's
-// pace, none slower with the bucket empty.
-//
-// Warm keys: a key under Threshold whose rate at this instance, averaged
-// over about rateTau (ten seconds; see hotKey.rates), reaches
-// WarmThreshold gets slices of warmSpan of its demand (at least minSlice
-// units and two hits' cost), each ending after the
-// time its units take at the key's rate unused (want/rate, by the lower
-// of its averages while the key is young: at least a period, at most what
-// minSlice units take at the warm threshold), not after a period: a key
-// at half a hit a second holds 5 units about 10 s, and one at two a second
-// pays a lease per 20 hits where it paid a Redis call per hit; they end
-// with their window at the latest, as hot keys'. Only the window counters'
-// warm keys are leased: GCRA's units are usable only until their emission
-// slots start, which a key that slow would mostly miss, and the log's warm
-// slices (living a twentieth of its window, recorded at their end) saved
-// no Redis CPU per decision on the keys they served (docs/bench.md). Keys stay tracked while their averaged rate is above
-// a quarter of the warm threshold (a key seen once: about 7 s), within
-// the bound on tracked keys (SliceOptions.Keys; past it, a new key is
-// not tracked and goes to Redis).
-//
-// Every slice, hot or warm, shrinks with the quota left: at most a quarter
-// of what the counter had left at this instance's last store answer of
-// it, and never a single unit (it would save nothing). Slices are leased
-// only for requests every key of which is hot or warm, ahead of need (a
-// hot key's when its slices hold under a quarter of the next or end within
-// a quarter of a period, a warm key's when they hold under a quarter of
-// the next: none left of minSlice). Unused
-// units are given back by the charge's token (limiter.GiveBack: exactly
-// the slice's log members, the count of the slice's window) at the tick
-// after the slice ends, all of them together; GCRA's are not (the slots
-// they held have passed, or are the next charge's), nor a fixed window's
-// whose window has ended (no one reads that count again).
-//
-// What is never leased, and goes to Redis hit by hit as before: shadow and
-// quota hits (their answers say what Redis would), recorded costs and
-// refunds (a budget's report and a release), checks (cost 0), concurrency
-// rules (leases: a slice would hold seats), the reference's
-// keys (their window is this instance's clock, not Redis's), and rules
-// that opt out (hot_key_slices: false). A request is decided locally only
-// when every hit of it is: all or nothing, as on Redis.
+// Threshold per second (or, warm, WarmThreshold on average) gets a slice of
+// its limit, leased from the counter itself, from which this instance
+// decides the key's hits until the slice is used up, goes unused, or
+// reaches the end its algorithm's bound sets. A lease is a charge of the
+// counter like any hit, made before a unit of it is used, so that every
+// reader of the counter counts it, and the slices and the hits Redis
+// decides never pass the limit; what a slice did not use is given back by
+// its charge's token. A request is decided locally only when every hit of
+// it is. docs/reliability.md ("Hot keys") says each algorithm's bound,
+// how slices are sized, when they end, and what is never leased.
 type Slices struct {
 	ledger    SliceLedger
 	threshold float64

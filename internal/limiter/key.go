@@ -9,52 +9,20 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
-// KeyBuilder builds store keys. The schema is
+// KeyBuilder builds store keys:
 //
 //	rl:{<domain>|<key>=<value>|<key>=*<pattern>...}:<algorithm>:<window seconds>
 //
-// or, for a fixed window aligned to the calendar, its calendar in place of
-// the window's length (CalendarKey),
-// with <algorithm> its key code (the Key of internal/algorithm's
-// Descriptor: log, counter, fixed, gcra), one `|<key>=<value>` per
-// descriptor entry in request order, and `|<key>=*<pattern>` for an entry
-// matched by a share_threshold wildcard (all its values share one counter). Each component (domain, key, value,
-// pattern) is written one of two ways:
-//
-//   - up to MaxKeyComponent bytes: percent-encoded, every byte outside
-//     [A-Za-z0-9-._~/] becoming %XX;
-//   - longer: '#' and the unpadded base64url SHA-256 of its bytes (44 bytes
-//     in all), so that a client's 100 KiB header value makes a short key.
-//
-// Percent-encoding writes '#' as %23, so the two forms never meet, and
-// neither holds a separator | = * { } :. Hence no two distinct (domain,
-// entries, algorithm, window) share a key, whatever bytes the values hold
-// (valid UTF-8 or not), except two long components with one SHA-256: a
-// collision nobody knows how to find. A key is at most about 200 bytes per
-// component. The braces are a Redis Cluster hash tag around the whole
-// identity, and every algorithm keeps its whole state at the key itself,
-// but for the records of a counter's or GCRA's slices (sliceRecordKey).
-//
-// Prefix, when set, comes before the whole key, outside the hash tag: it
-// separates the counters of services sharing one Redis (the reference's
-// CACHE_KEY_PREFIX), and never changes which slot a key hashes to.
-//
-// The algorithms with ReferenceKeys in internal/algorithm's table
-// (reference_fixed_window) are keyed instead as envoyproxy/ratelimit keys
-// its counters, byte for byte, so that its replicas and this service count
-// together (started with ResetReference):
-//
-//	<prefix><domain>_<key>_<value>_..._<window start>
-//
-// one `<key>_<value>_` per descriptor entry, `<key>_<pattern>_` for an entry
-// matched by a share_threshold wildcard (the configured value, its '*'
-// included), and the start of the window that holds Now, in Unix seconds:
-// Now's seconds rounded down to a multiple of the window's. Nothing is
-// escaped or hashed and there is no hash tag, as in the reference: distinct
-// descriptors can share a key there too ("a_b" and "a", "b_c"), a key is as
-// long as its values, and the keys of one request land on as many Redis
-// Cluster slots as they hash to (the limiter decides a request's slots all
-// or nothing). A new window is a new key.
+// (a calendar's fixed window names its calendar in place of the seconds,
+// CalendarKey), each component percent-encoded, or hashed when longer than
+// MaxKeyComponent, so that no two identities share a key and none holds a
+// separator; the braces are a Redis Cluster hash tag around the identity.
+// Prefix, when set, comes first, outside the tag (the reference's
+// CACHE_KEY_PREFIX). After ResetReference it writes envoyproxy/ratelimit's
+// keys byte for byte instead (reference_fixed_window), so that its replicas
+// and this service count together: <prefix><domain>_<key>_<value>_..._<window
+// start>, unescaped, untagged. docs/stores.md ("Key schema") says both in
+// full, with what each algorithm keeps at its key.
 //
 // The zero value is ready to use; reusing a builder reuses its buffer.
 type KeyBuilder struct {
