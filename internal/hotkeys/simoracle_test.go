@@ -199,8 +199,8 @@ func (r *simRun) admitSeat() string {
 func (r *simRun) check(count uint64) string {
 	w := r.rule.window
 	// A fault's units count while a window can hold them: a slice ends
-	// within its window or a period after it (GCRA's: see below), and the
-	// sliding counter weighs its previous window in.
+	// within its window or a period after it (GCRA's and an RLQS bucket's:
+	// see below), and the sliding counter weighs its previous window in.
 	reach := w + time.Second
 	switch r.rule.alg {
 	case config.SlidingWindowCounter:
@@ -209,6 +209,10 @@ func (r *simRun) check(count uint64) string {
 		// A GCRA slice's units are spent up to their slots, as far ahead
 		// of its lease as the bucket was full: a whole bucket's time.
 		reach += time.Duration(bucket(r.rule.burst, r.limit)) * w / time.Duration(r.limit)
+	}
+	if len(r.envoys) > 0 {
+		// An Envoy's bucket spends what it was leased up to its lease's end.
+		reach += rlqs.DefaultLease + rlqs.AnswerWithin
 	}
 	// Across a reload, a count holds the larger limit; a GCRA bucket, whose
 	// TAT the new rate reads, the two rules' bounds together.
