@@ -30,11 +30,17 @@ import (
 func TestSkewScenarios(t *testing.T) {
 	names := nameList[Scenario]
 	// The skewed keys per algorithm and window, per distribution, in run
-	// order: envoyproxy/ratelimit per second first, then the service's (and
-	// on uniform keys the slices-off ones after each).
-	const zipfAlgos = "zipf/envoyproxy/second/1d/c64 zipf/service/log-second/1d/c64 zipf/service/counter-second/1d/c64 " +
-		"zipf/service/fixed-second/1d/c64 zipf/service/gcra-second/1d/c64 zipf/service/log-minute/1d/c64 " +
-		"zipf/service/counter-minute/1d/c64 zipf/service/fixed-minute/1d/c64 zipf/service/gcra-minute/1d/c64"
+	// order: envoyproxy/ratelimit per second first, then the service's, each
+	// with its slices-off one after it.
+	const zipfAlgos = "zipf/envoyproxy/second/1d/c64 " +
+		"zipf/service/log-second/1d/c64 zipf/service-noslices/log-second/1d/c64 " +
+		"zipf/service/counter-second/1d/c64 zipf/service-noslices/counter-second/1d/c64 " +
+		"zipf/service/fixed-second/1d/c64 zipf/service-noslices/fixed-second/1d/c64 " +
+		"zipf/service/gcra-second/1d/c64 zipf/service-noslices/gcra-second/1d/c64 " +
+		"zipf/service/log-minute/1d/c64 zipf/service-noslices/log-minute/1d/c64 " +
+		"zipf/service/counter-minute/1d/c64 zipf/service-noslices/counter-minute/1d/c64 " +
+		"zipf/service/fixed-minute/1d/c64 zipf/service-noslices/fixed-minute/1d/c64 " +
+		"zipf/service/gcra-minute/1d/c64 zipf/service-noslices/gcra-minute/1d/c64"
 	const uniformAlgos = "uniform/envoyproxy/second/1d/c64 " +
 		"uniform/service/log-second/1d/c64 uniform/service-noslices/log-second/1d/c64 " +
 		"uniform/service/counter-second/1d/c64 uniform/service-noslices/counter-second/1d/c64 " +
@@ -61,7 +67,7 @@ func TestSkewScenarios(t *testing.T) {
 		// of its window (per minute, the skewed keys' own), not slices off.
 		{false, true, true, "^zipf/service/gcra-second/", "zipf/floor/1d/c64 zipf/envoyproxy/second/1d/c64 zipf/service/gcra-second/1d/c64"},
 		{false, false, true, "^uniform/service/fixed-minute/", "uniform/envoyproxy/1d/c64 uniform/service/fixed-minute/1d/c64"},
-		{false, false, false, "-noslices/log-second", "uniform/service-noslices/log-second/1d/c64"},
+		{false, false, false, "-noslices/log-second", "zipf/service-noslices/log-second/1d/c64 uniform/service-noslices/log-second/1d/c64"},
 		{false, true, true, "^log/", ""},
 	} {
 		got, err := selectSkew(tc.quick, tc.run, tc.floors, tc.upstreams)
@@ -339,9 +345,9 @@ func TestSkewAlgoConfig(t *testing.T) {
 			t.Errorf("%s: %s is %s", s.Name(), s.RuleKey(), rule.Algorithm)
 		}
 	}
-	// Per distribution: four algorithms by two windows, uniform's twice
-	// (slices off); envoyproxy/ratelimit per second.
-	if services != 8+16 || upstreams != 2 {
+	// Per distribution: four algorithms by two windows, twice (slices
+	// off); envoyproxy/ratelimit per second.
+	if services != 16+16 || upstreams != 2 {
 		t.Errorf("%d service scenarios, %d of envoyproxy/ratelimit", services, upstreams)
 	}
 }
