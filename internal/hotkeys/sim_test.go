@@ -389,13 +389,12 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 	}
 	// A tenth of the requests that go to the store whatever the slices
 	// hold (a seat, two descriptors of the rule, a refund beside the
-	// charge), and whose hits are the rule's alone, lose their caller on
-	// the way (a stream of its own).
+	// charge) lose their caller on the way, those of parts too (a stream
+	// of its own).
 	leaves := rand.New(rand.NewPCG(seed, uint64(alg)^0x1eaf))
 	for i := range ops {
 		o := &ops[i]
-		alone := o.only || r.perSecond == 0 && r.otherSlot == 0
-		if o.kind == simHit && alone && (r.seats || o.twice || o.back > 0) && leaves.IntN(10) == 0 {
+		if o.kind == simHit && (r.seats || o.twice || o.back > 0) && leaves.IntN(10) == 0 {
 			o.leaves = true
 		}
 	}
@@ -477,20 +476,20 @@ func TestSimulator(t *testing.T) {
 				return
 			}
 			start := time.Now()
-			seed, n, events, local, leased, byBuckets, seats, denials := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0
+			seed, n, events, local, leased, byBuckets, seats, denials, left, leftParts := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0, 0, 0
 			for ; *simFor > 0 && time.Since(start) < *simFor || *simFor == 0 && n < simSlice; seed++ {
 				n++
 				s := newSimSchedule(seed, alg)
 				v, r := simulate(st, s)
 				events += len(s.ops)
 				local, leased, byBuckets, seats = local+r.local, leased+r.leased, byBuckets+r.byBuckets, seats+len(r.seats)
-				denials += r.denialsChecked
+				denials, left, leftParts = denials+r.denialsChecked, left+r.left, leftParts+r.leftParts
 				if v != "" {
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}
-			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds",
-				n, *simFrom, seed-1, events, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials)
+			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts)",
+				n, *simFrom, seed-1, events, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials, left, leftParts)
 		})
 	}
 }

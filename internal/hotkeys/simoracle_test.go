@@ -354,7 +354,7 @@ func (r *simRun) denied(n uint64) string {
 			held += ret.Units
 		}
 	}
-	held += r.inflight
+	held += r.inflightUnits(-1)
 	r.denialsChecked++
 	if held+n <= uint64(r.limit) {
 		return fmt.Sprintf("%d units denied where the store holds at most %d of the limit %d", n, held, r.limit)

@@ -492,35 +492,44 @@ type simRun struct {
 	// after other events (simSlowPart), so its other part was decided
 	// before them, at a state the oracle no longer holds.
 	answeredLate bool
-	pending      int          // the admission a request's main part charged before its answer (simRun.charged), or -1
-	pendingFor   *limiter.Hit // the request whose admission pending is
+	// leaving: the request being decided loses its caller (simRun.leave);
+	// partsLanded, for a request of parts, closes once its other part's
+	// call landed, before the caller leaves (else that call would go or
+	// not by the goroutines' race).
+	leaving     bool
+	partsLanded chan struct{}
+	pending     int          // the admission a request's main part charged before its answer (simRun.charged), or -1
+	pendingFor  *limiter.Hit // the request whose admission pending is
 	// backOwed is the refund the request being decided carries (simOp.back),
 	// which the oracle cancels once the store call carrying it landed.
-	backOwed   uint64
-	inflight   uint64 // the units of a lease written, its answer on its way
-	inflightAt int    // the instance it goes to
+	backOwed uint64
+	// inflight is the leases written whose answers are on their way, the
+	// innermost last (a lease's answer can wait on events that send
+	// another: simHold within simHold).
+	inflight []simInflight
 
 	admitted []simAdmission
 	// rlqsLeases are the Envoys' leases the store charged; until
 	// unsureUntil the store may hold what no one knows of (a lost reply's
 	// charge, a failed give-back): no denial is checked (simRun.denied).
-	rlqsLeases     []simLease
-	unsureUntil    time.Time
-	sinceAt        time.Time // when since was set
-	restartAt      time.Time // the last restart
-	since          int       // the first admission after the last Reset or restart: the count starts again
-	seats          []simSeat // a seats rule's leases, the oldest first
-	seatsFrom      int       // the first seat after the last Reset or restart
-	faults         []simFault
-	reloads        []simReload
-	violation      string   // the first found by an event run during a call (runDuring)
-	tracing        bool     // keep the trace: a failing schedule described
-	trace          []string // what happened, for a failing schedule
-	local          int      // hits decided from a slice
-	leased         uint64   // units leased
-	leases         int      // leases sent to the store
-	byBuckets      uint64   // units Envoys' RLQS buckets admitted
-	denialsChecked int      // against what the store holds (simRun.denied)
+	rlqsLeases      []simLease
+	unsureUntil     time.Time
+	sinceAt         time.Time // when since was set
+	restartAt       time.Time // the last restart
+	since           int       // the first admission after the last Reset or restart: the count starts again
+	seats           []simSeat // a seats rule's leases, the oldest first
+	seatsFrom       int       // the first seat after the last Reset or restart
+	faults          []simFault
+	reloads         []simReload
+	violation       string   // the first found by an event run during a call (runDuring)
+	tracing         bool     // keep the trace: a failing schedule described
+	trace           []string // what happened, for a failing schedule
+	local           int      // hits decided from a slice
+	leased          uint64   // units leased
+	leases          int      // leases sent to the store
+	byBuckets       uint64   // units Envoys' RLQS buckets admitted
+	denialsChecked  int      // against what the store holds (simRun.denied)
+	left, leftParts int      // callers that left (simRun.leave), those of requests of parts
 }
 
 const simKeyName, simSecondKey, simOtherKey = "{sim}:k", "{sim}:s", "{simo}:o"
@@ -635,8 +644,8 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		if leaser >= 0 {
 			// A lease on its way is a slice a restart or another
 			// instance's Reset can forget, as a live one.
-			l.r.inflight, l.r.inflightAt = charged, leaser
-			defer func() { l.r.inflight = 0 }()
+			l.r.inflight = append(l.r.inflight, simInflight{units: charged, inst: leaser})
+			defer func() { l.r.inflight = l.r.inflight[:len(l.r.inflight)-1] }()
 		}
 		for _, o := range during {
 			l.r.runDuring(o)
@@ -714,6 +723,10 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		defer close(done)
 		v, err = l.split.Decide(ctx, hits)
 	}()
+	if r.leaving && r.partsLanded != nil {
+		r.slowGate.await(secondAt+secondSent, false)
+		close(r.partsLanded)
+	}
 	if during != nil {
 		r.slowGate.await(math.MaxInt, true)
 		r.gate.await(mainAt+1, false)
@@ -755,7 +768,9 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 			secondAt++
 		}
 	}
-	r.gate.await(mainAt, false)
+	if !r.leaving { // else the rule's part is parked: leave awaits it
+		r.gate.await(mainAt, false)
+	}
 	r.slowGate.await(secondAt, false)
 	return v, err
 }
@@ -994,7 +1009,8 @@ func (r *simRun) run() (violation string) {
 }
 
 // leave decides a request of hits whose caller stops waiting while its
-// call is on its way (simOp.leaves): parked at the store, the caller's
+// call is on its way (simOp.leaves): parked at the store (a request of
+// parts: its rule's part, once the other part's call landed), the caller's
 // context ends, the limiter answers the caller (by the failure mode), and
 // the call lands after, then a lease it took is settled by the limiter
 // (Limiter.orphanedLeases), which the run waits for. Envoy let the request
@@ -1008,18 +1024,30 @@ func (r *simRun) leave(inst int, hits []limiter.Hit, mainAt int) (v []limiter.Ve
 	defer cancel()
 	release := r.gate.parkNext()
 	done := make(chan struct{})
+	r.leaving, r.partsLanded = true, nil
+	if r.parted(hits) {
+		r.partsLanded = make(chan struct{})
+	}
 	go func() {
 		defer close(done)
 		v, _ = r.slices[inst].Decide(ctx, hits) // a failure is in v
 	}()
 	parked := r.gate.awaitParked(done)
+	if parked && r.partsLanded != nil {
+		<-r.partsLanded
+	}
 	cancel()
 	<-done
+	r.leaving = false
 	release()
 	if !parked {
 		return v, false, ""
 	}
 	r.logf("  the caller left while its call was on its way")
+	r.left++
+	if r.parted(hits) {
+		r.leftParts++
+	}
 	landed, charged := r.gate.awaitParkedPass()
 	if !landed {
 		// Refused unrun (its function library lost in a restart): a call
@@ -1045,7 +1073,7 @@ func (r *simRun) leave(inst int, hits []limiter.Hit, mainAt int) (v []limiter.Ve
 	}
 	r.wrote(r.rulesCost(hits), nil) // a failover may lose it, as any other
 	r.logf("  charged: let through by the failure mode")
-	return nil, true, r.admit(r.rulesCost(hits), simByStore, false)
+	return nil, true, r.admit(r.rulesCost(hits), simByStore, r.parted(hits))
 }
 
 // backLanded cancels the refund the request being decided carries: the
@@ -1087,7 +1115,9 @@ func (r *simRun) apply(o simOp) string {
 		// Only a request that goes to the store whatever the slices hold
 		// (a refund in it after all, two hits on the key, a seat) leaves:
 		// the call that parks is its own.
-		if o.leaves && !r.partBusy && !r.parted(hits) && (r.rule.seats || o.twice || r.backOwed > 0) {
+		// A request of parts leaves with its rule's part on the way, unless
+		// that part is the one a slow other part waits for (simSlowPart).
+		if o.leaves && !r.partBusy && (r.slowPart == nil || !r.parted(hits)) && (r.rule.seats || o.twice || r.backOwed > 0) {
 			var gone bool
 			var violation string
 			if v, gone, violation = r.leave(o.inst, hits, mainAt); gone {
@@ -1205,9 +1235,7 @@ func (r *simRun) apply(o simOp) string {
 		held := r.leasedAhead()
 		if r.rule.alg != config.SlidingWindowLog {
 			held += r.held(o.inst)
-			if r.inflightAt != o.inst {
-				held += r.inflight
-			}
+			held += r.inflightUnits(o.inst)
 		}
 		r.applied = false
 		_, _ = r.slices[o.inst].Reset(ctx, r.hit(0))
@@ -1273,9 +1301,26 @@ func (r *simRun) apply(o simOp) string {
 		if r.pending >= 0 {
 			owed = r.admitted[r.pending].units - r.admitted[r.pending].refunded
 		}
-		r.faults = append(r.faults, simFault{at: r.now, units: r.held(-1) + r.leasedAhead() + r.inflight + owed})
+		r.faults = append(r.faults, simFault{at: r.now, units: r.held(-1) + r.leasedAhead() + r.inflightUnits(-1) + owed})
 	}
 	return ""
+}
+
+// simInflight is a lease written, its answer on its way to inst.
+type simInflight struct {
+	units uint64
+	inst  int
+}
+
+// inflightUnits is the units of the leases on their way but to except.
+func (r *simRun) inflightUnits(except int) uint64 {
+	var n uint64
+	for _, l := range r.inflight {
+		if l.inst != except {
+			n += l.units
+		}
+	}
+	return n
 }
 
 // leasedAhead is the refills the Envoys' buckets were leased ahead.
