@@ -111,7 +111,8 @@ type simOp struct {
 	back uint64
 	// leaves: the request's caller stops waiting while its call is on its
 	// way to the store (Envoy's timeout), and Envoy answers by the failure
-	// mode; the call lands after.
+	// mode; the call lands after. A settlement's caller leaves before its
+	// call goes: the limiter sends it all the same (its late form).
 	leaves bool
 }
 
@@ -153,7 +154,11 @@ func (o simOp) String() string {
 	case simEnvoy:
 		return fmt.Sprintf("envoy(e%d, %d)", o.inst, o.n)
 	case simSettle:
-		return fmt.Sprintf("settle(i%d, lease %d, cost %d)", o.inst, o.n, o.cost)
+		s := fmt.Sprintf("settle(i%d, lease %d, cost %d", o.inst, o.n, o.cost)
+		if o.leaves {
+			s += ", leaves"
+		}
+		return s + ")"
 	case simHold:
 		return fmt.Sprintf("hold(next lease, during %d)", o.n)
 	case simSlowPart:
@@ -389,12 +394,13 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 	}
 	// A tenth of the requests that go to the store whatever the slices
 	// hold (a seat, two descriptors of the rule, a refund beside the
-	// charge) lose their caller on the way, those of parts too (a stream
-	// of its own).
+	// charge) lose their caller on the way, those of parts too, and a
+	// tenth of the settlements before their call goes (a stream of its
+	// own).
 	leaves := rand.New(rand.NewPCG(seed, uint64(alg)^0x1eaf))
 	for i := range ops {
 		o := &ops[i]
-		if o.kind == simHit && (r.seats || o.twice || o.back > 0) && leaves.IntN(10) == 0 {
+		if (o.kind == simHit && (r.seats || o.twice || o.back > 0) || o.kind == simSettle) && leaves.IntN(10) == 0 {
 			o.leaves = true
 		}
 	}
@@ -485,6 +491,9 @@ func TestSimulator(t *testing.T) {
 				local, leased, byBuckets, seats = local+r.local, leased+r.leased, byBuckets+r.byBuckets, seats+len(r.seats)
 				denials, left, leftParts = denials+r.denialsChecked, left+r.left, leftParts+r.leftParts
 				if v != "" {
+					if strings.HasPrefix(v, simNeverSent) { // each run of it waits simOwedWait: not shrunk
+						t.Fatalf("seed %d (-sim.seed %d): %s", seed, seed, v)
+					}
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}

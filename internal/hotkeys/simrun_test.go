@@ -301,6 +301,33 @@ func (g *simGate) await(n int, parked bool) {
 	}
 }
 
+// A call the limiter owes the store (a settlement whose caller left) is
+// awaited for simOwedWait of real time, far more than it takes, and a
+// schedule in which it never lands is reported as simNeverSent.
+const (
+	simOwedWait  = 10 * time.Second
+	simNeverSent = "a call owed to the store never reached it"
+)
+
+// awaitFor waits until the calls answered reach n, for at most d of real
+// time (a call the limiter owes the store and never sends would be awaited
+// for ever); it reports whether they did.
+func (g *simGate) awaitFor(n int, d time.Duration) bool {
+	t := time.AfterFunc(d, func() {
+		g.mu.Lock()
+		g.changed.Broadcast()
+		g.mu.Unlock()
+	})
+	defer t.Stop()
+	end := time.Now().Add(d)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for g.answered < n && time.Now().Before(end) {
+		g.changed.Wait()
+	}
+	return g.answered >= n
+}
+
 // awaitParked waits until a call parks, or done closes first (no call
 // came); it reports whether one parked.
 func (g *simGate) awaitParked(done <-chan struct{}) bool {
@@ -1210,7 +1237,26 @@ func (r *simRun) apply(o simOp) string {
 		h := r.hit(o.cost)
 		h.Settle = r.seats[i].id
 		r.applied = false
-		_, _ = r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
+		if o.leaves {
+			// Its caller left before the call went: the limiter answers at
+			// once and sends the call as owed (its late form), which the
+			// run awaits, unless the call failed on its way.
+			left, cancel := context.WithCancel(ctx)
+			cancel()
+			mainAt, fails := r.gate.count(), r.failCall == 1
+			_, _ = r.slices[o.inst].Decide(left, []limiter.Hit{h})
+			if fails {
+				return ""
+			}
+			if !r.gate.awaitFor(mainAt+1, simOwedWait) {
+				return simNeverSent + ": its seat stays held"
+			}
+			r.wrote(0, nil)
+			r.logf("  its caller left before the call went; the call landed after")
+			r.applied, r.left = true, r.left+1
+		} else {
+			_, _ = r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
+		}
 		if r.applied { // its reply lost or not
 			r.seats[i].settled = true
 			// The actual cost counts in its window, even past the limit.
