@@ -85,7 +85,7 @@ func takeBack(h *Hit, v *Verdict) {
 func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64, back []bool) {
 	ctx = context.WithoutCancel(ctx)
 	for _, group := range groups {
-		var keys []string
+		var keys, records []string
 		var args []any
 		for _, i := range group {
 			h, v := &hits[i], &verdicts[i]
@@ -101,13 +101,16 @@ func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups []
 				token = partName(tokens[i], v.part)
 			case h.Ahead > 0 && h.Algorithm == config.SlidingWindowLog:
 				token = sliceName(tokens[i])
-			case v.generation > 0:
+			case v.generation > 0 && tokens[i] > 0: // a slice's record (negative) names its charge alone
 				token = strconv.FormatInt(tokens[i], 10) + "/" + strconv.FormatInt(v.generation, 10)
 			}
 			if args, err = refundArgs(args, h, token); err != nil {
 				continue // Decide refused the hit already
 			}
 			keys = append(keys, h.Key)
+			if readsRecords(h, tokens[i]) {
+				records = append(records, sliceRecordKey(h.Key))
+			}
 			takeBack(h, v)
 		}
 		if len(keys) == 0 {
@@ -118,6 +121,7 @@ func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups []
 				l.denied.forget(k) // units come back: a denial remembered may no longer hold
 			}
 		}
+		keys = append(keys, records...) // declared after every charge's key, as decide's
 		l.refunds.Go(func() {
 			ctx, cancel := context.WithTimeout(ctx, l.timeout)
 			defer cancel()
@@ -182,7 +186,7 @@ func (l *Limiter) GiveBack(ctx context.Context, returns []Return) (uint64, error
 				continue
 			}
 			keys = append(keys, h.Key)
-			if returns[i].Token < 0 { // a counter's or GCRA's slice, by its record
+			if readsRecords(&h, returns[i].Token) {
 				records = append(records, sliceRecordKey(h.Key))
 			}
 		}
@@ -204,6 +208,12 @@ func (l *Limiter) GiveBack(ctx context.Context, returns []Return) (uint64, error
 	}
 	return total, errors.Join(errs...)
 }
+
+// readsRecords reports whether the undo of h's charge of token reads the
+// slices' records beside its key (sliceRecordKey), which its call must
+// declare: a counter's or GCRA's slice, by its record, and any GCRA charge,
+// whose undo never takes from under a live slice.
+func readsRecords(h *Hit, token int64) bool { return token < 0 || h.Algorithm == config.GCRA }
 
 // sliceName is the base name of the members of a log's slice (a charge
 // with Hit.Ahead) whose token is score: "A<score>" (the log's commit).

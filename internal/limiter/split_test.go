@@ -308,29 +308,40 @@ func TestSplitGivesBackOnlyItsOwnCharge(t *testing.T) {
 // still goes back whole.
 func TestGiveBackAfterAReset(t *testing.T) {
 	for _, a := range []config.Algorithm{config.FixedWindow, config.SlidingWindowCounter, config.GCRA, config.SlidingWindowLog} {
-		for _, between := range []bool{true, false} {
-			name := a.String() + "/a Reset before the charge"
-			if between {
-				name = a.String() + "/a Reset between the charge and its give-back"
-			}
-			t.Run(name, func(t *testing.T) {
+		for _, tc := range []struct {
+			name           string
+			between, slice bool
+		}{
+			{name: "a Reset before the charge"},
+			{name: "a Reset between the charge and its give-back", between: true},
+			// A slice (an RLQS lease, say) goes back by its record, which
+			// a Reset deletes: the generation is not its to name.
+			{name: "a Reset before a slice's charge", slice: true},
+		} {
+			between := tc.between
+			t.Run(a.String()+"/"+tc.name, func(t *testing.T) {
 				l, _ := newTestLimiter(t, epoch)
 				h := hit(a, "gen", 10, 10*time.Second, 5)
 				h.part = true // as Split's (the log names a part's members by a nonce)
+				if tc.slice {
+					h.Ahead = time.Second
+				}
+				plain := h
+				plain.Ahead = 0 // a log keeps a live slice's members through a Reset
 				if !between {
-					decide1(t, l, h)
+					decide1(t, l, plain)
 					reset1(t, l, h)
 				}
 				first := decide1(t, l, h)
 				if between {
 					reset1(t, l, h)
 				}
-				if other := decide1(t, l, h); !first.Charged || !other.Charged {
+				if other := decide1(t, l, plain); !first.Charged || !other.Charged {
 					t.Fatalf("the two charges: %+v, %+v", first, other)
 				}
 				l.undo(context.Background(), "test", []Hit{h}, []int{0}, []Verdict{first}, []bool{true})
 				l.refunds.Wait()
-				check := h
+				check := plain
 				check.Cost = 0
 				if v := decide1(t, l, check); v.Remaining != 5 {
 					t.Fatalf("remaining %d after the give-back, want 5: the other charge's 5 held, the first's gone", v.Remaining)
