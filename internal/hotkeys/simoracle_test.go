@@ -310,7 +310,9 @@ func (r *simRun) unsure() {
 // what it holds, and what it may hold is the units admitted in the window
 // (the log's from a slice are recorded up to a slice's period, a twentieth
 // of the window, later than spent), what the slices hold charged and
-// unspent (until a tick gives it back) or are being leased, the seats held, and the Envoys' leases still counted (the
+// unspent (until a tick gives it back) or are being leased, what a log's
+// Reset kept of the other instances' live slices (simRun.keptMembers), the
+// seats held, and the Envoys' leases still counted (the
 // log's until a window after their end, the fixed window's in the window
 // they were made). More than that held is a charge nothing takes back: a
 // give-back that found nothing, a record that outlives its lease.
@@ -328,6 +330,11 @@ func (r *simRun) denied(n uint64) string {
 			held += a.units - a.refunded
 		case alg == config.SlidingWindowLog && inLog(a.at):
 			held += a.units - a.refunded
+		}
+	}
+	for _, k := range r.keptMembers {
+		if inLog(k.at) {
+			held += k.units
 		}
 	}
 	for _, l := range r.rlqsLeases {

@@ -544,6 +544,10 @@ type simRun struct {
 	sinceAt         time.Time // when since was set
 	restartAt       time.Time // the last restart
 	since           int       // the first admission after the last Reset or restart: the count starts again
+	// keptMembers is, for the log, what a Reset kept of other instances'
+	// live slices: the units they had spent, whose members (recorded at the
+	// slice's end) stay, while their admissions are before since.
+	keptMembers map[*slice]simKept
 	seats           []simSeat // a seats rule's leases, the oldest first
 	seatsFrom       int       // the first seat after the last Reset or restart
 	faults          []simFault
@@ -1248,10 +1252,15 @@ func (r *simRun) apply(o simOp) string {
 			if fails {
 				return ""
 			}
+			if r.applied {
+				// Acknowledged before it landed: what a failover restores
+				// is the store after it.
+				r.writes = r.writes[:len(r.writes)-1]
+			}
 			if !r.gate.awaitFor(mainAt+1, simOwedWait) {
 				return simNeverSent + ": its seat stays held"
 			}
-			r.wrote(0, nil)
+			r.wrote(o.cost, nil)
 			r.logf("  its caller left before the call went; the call landed after")
 			r.applied, r.left = true, r.left+1
 		} else {
@@ -1286,6 +1295,7 @@ func (r *simRun) apply(o simOp) string {
 		r.applied = false
 		_, _ = r.slices[o.inst].Reset(ctx, r.hit(0))
 		if r.applied { // its reply lost or not
+			r.keepSliceMembers(o.inst)
 			r.since, r.seatsFrom, r.sinceAt = len(r.admitted), len(r.seats), r.now
 			r.faults = append(r.faults, simFault{at: r.now, units: held})
 		}
@@ -1338,6 +1348,7 @@ func (r *simRun) apply(o simOp) string {
 		r.st.m.FlushAll()
 		r.st.lua.Flush()
 		r.writes = []simWrite{{}}
+		r.keptMembers = nil
 		r.since, r.seatsFrom, r.sinceAt, r.restartAt = len(r.admitted), len(r.seats), r.now, r.now
 		// The live slices' units are still spent, and no longer counted.
 		// A request whose other part is still to answer gives back what
@@ -1378,6 +1389,44 @@ func (r *simRun) leasedAhead() uint64 {
 		}
 	}
 	return n
+}
+
+// simKept is units a log's Reset kept of a live slice of inst's: their
+// members are recorded at at.
+type simKept struct {
+	inst  int
+	units uint64
+	at    time.Time
+}
+
+// keepSliceMembers records, at a Reset of the log at inst, the units the
+// other instances' live slices spent before it: the Reset keeps their
+// members, which count as long as the log holds them. inst's own slices
+// end, and their members go by name.
+func (r *simRun) keepSliceMembers(inst int) {
+	if r.rule.alg != config.SlidingWindowLog {
+		return
+	}
+	for sl, k := range r.keptMembers {
+		if k.inst == inst {
+			delete(r.keptMembers, sl)
+		}
+	}
+	for i, s := range r.slices {
+		if i == inst {
+			continue
+		}
+		s.each(func(k *hotKey) {
+			for _, sl := range k.slices {
+				if sl.live(r.now) && sl.used > 0 {
+					if r.keptMembers == nil {
+						r.keptMembers = map[*slice]simKept{}
+					}
+					r.keptMembers[sl] = simKept{inst: i, units: sl.used, at: sl.expires}
+				}
+			}
+		})
+	}
 }
 
 // held is the units the slices of every instance but except hold: live,
