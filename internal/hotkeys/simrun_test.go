@@ -539,15 +539,15 @@ type simRun struct {
 	// rlqsLeases are the Envoys' leases the store charged; until
 	// unsureUntil the store may hold what no one knows of (a lost reply's
 	// charge, a failed give-back): no denial is checked (simRun.denied).
-	rlqsLeases      []simLease
-	unsureUntil     time.Time
-	sinceAt         time.Time // when since was set
-	restartAt       time.Time // the last restart
-	since           int       // the first admission after the last Reset or restart: the count starts again
+	rlqsLeases  []simLease
+	unsureUntil time.Time
+	sinceAt     time.Time // when since was set
+	restartAt   time.Time // the last restart
+	since       int       // the first admission after the last Reset or restart: the count starts again
 	// keptMembers is, for the log, what a Reset kept of other instances'
 	// live slices: the units they had spent, whose members (recorded at the
 	// slice's end) stay, while their admissions are before since.
-	keptMembers map[*slice]simKept
+	keptMembers     map[*slice]simKept
 	seats           []simSeat // a seats rule's leases, the oldest first
 	seatsFrom       int       // the first seat after the last Reset or restart
 	faults          []simFault
