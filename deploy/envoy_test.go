@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/service"
 )
@@ -52,7 +53,7 @@ func newRig(t *testing.T, e *edge, cfg *config.Config) *rig {
 	// A generous store deadline: the race detector slows the Lua scripts.
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1}) // the test moves Redis's clock
 	t.Cleanup(l.Close)
-	x.svc = service.New(cfg, l, nil)
+	x.svc = service.New(cfg, decision.Direct(l), nil)
 	return x
 }
 

@@ -58,14 +58,15 @@ import (
 // schedule shrunk to the events it needs.
 //
 // make test runs a bounded slice of seeds (TestSimulator, simSlice per
-// algorithm); make sim searches for SIM_FOR per algorithm, the four side
-// by side; one seed replays with its trace:
+// algorithm); make sim searches SIM_SCHEDULES per algorithm, the four side
+// by side (SIM_FOR caps its time); one seed replays with its trace:
 //
-//	go test -run '^TestSimulator$' ./internal/hotkeys -sim.for 10m -v
+//	go test -run '^TestSimulator$' ./internal/hotkeys -sim.schedules 100000 -v
 //	go test -run '^TestSimulator$/gcra' ./internal/hotkeys -sim.seed 1234 -v
 var (
 	simSeed = flag.Uint64("sim.seed", 0, "replay the schedule of this seed only, and print it")
-	simFor  = flag.Duration("sim.for", 0, "search schedules for this long per algorithm (make sim); 0: make test's bounded slice")
+	simFor  = flag.Duration("sim.for", 0, "search schedules for at most this long per algorithm; 0: no time limit")
+	simRuns = flag.Int("sim.schedules", 0, "search this many schedules per algorithm (make sim); 0: make test's bounded slice, or no count limit with -sim.for")
 	simFrom = flag.Uint64("sim.from", 1, "the first seed searched")
 )
 
@@ -483,7 +484,11 @@ func TestSimulator(t *testing.T) {
 			}
 			start := time.Now()
 			seed, n, events, local, leased, byBuckets, seats, denials, left, leftParts := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0, 0, 0
-			for ; *simFor > 0 && time.Since(start) < *simFor || *simFor == 0 && n < simSlice; seed++ {
+			budget := *simRuns
+			if budget == 0 && *simFor == 0 {
+				budget = simSlice
+			}
+			for ; (budget == 0 || n < budget) && (*simFor == 0 || time.Since(start) < *simFor); seed++ {
 				n++
 				s := newSimSchedule(seed, alg)
 				v, r := simulate(st, s)

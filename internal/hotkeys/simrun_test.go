@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 	"github.com/slidingwindow/ratelimit/internal/rlqs"
@@ -525,8 +526,8 @@ type simRun struct {
 	// not by the goroutines' race).
 	leaving     bool
 	partsLanded chan struct{}
-	pending     int          // the admission a request's main part charged before its answer (simRun.charged), or -1
-	pendingFor  *limiter.Hit // the request whose admission pending is
+	pending     int           // the admission a request's main part charged before its answer (simRun.charged), or -1
+	pendingFor  *decision.Hit // the request whose admission pending is (simRequest)
 	// backOwed is the refund the request being decided carries (simOp.back),
 	// which the oracle cancels once the store call carrying it landed.
 	backOwed uint64
@@ -574,7 +575,7 @@ func (r *simRun) hit(cost uint64) limiter.Hit {
 // which the limiter decides as one charge), a refund of the rule's counter
 // when o carries one (of at most what the client was admitted), and the
 // per-second rule's unless the rule has none or o hits the rule alone.
-func (r *simRun) request(o simOp) []limiter.Hit {
+func (r *simRun) request(o simOp) []decision.Hit {
 	hits := []limiter.Hit{r.hit(o.n)}
 	if o.twice {
 		hits = []limiter.Hit{r.hit(o.n / 2), r.hit(o.n - o.n/2)}
@@ -592,12 +593,22 @@ func (r *simRun) request(o simOp) []limiter.Hit {
 	if r.rule.otherSlot > 0 && !o.only && !r.partBusy {
 		hits = append(hits, limiter.Hit{Key: simOtherKey, Algorithm: r.rule.alg, Limit: r.rule.otherSlot, Window: r.rule.window, Burst: r.rule.burst, Cost: o.n})
 	}
-	return hits
+	return plain(hits...)
+}
+
+// simRequestKey is the context key of the request a store call is of: its
+// hits, as simRun.apply has them.
+type simRequestKey struct{}
+
+// simRequest tags ctx with the request of hits, for the ledger's calls to
+// tell its own (simRun.pendingFor) from leases' and others'.
+func simRequest(ctx context.Context, hits []decision.Hit) context.Context {
+	return context.WithValue(ctx, simRequestKey{}, &hits[0])
 }
 
 // parted reports a request of parts (on two stores, or two Cluster slots):
 // the limiter names its log charge as a part's.
-func (r *simRun) parted(hits []limiter.Hit) bool {
+func (r *simRun) parted(hits []decision.Hit) bool {
 	for _, h := range hits {
 		if h.Key != simKeyName {
 			return true
@@ -772,7 +783,7 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		}
 		if r.gate.chargedBy(mainCall) { // the rule's hit alone, landed
 			r.charged(r.rulesCost(hits))
-			r.pendingFor = &hits[0]
+			r.pendingFor, _ = ctx.Value(simRequestKey{}).(*decision.Hit)
 		}
 		r.partBusy = true
 		for _, o := range during {
@@ -1050,8 +1061,8 @@ func (r *simRun) run() (violation string) {
 // before the request. When no call went (one failed on its way), the
 // caller had its answer before it could leave: leave returns it, and gone
 // false.
-func (r *simRun) leave(inst int, hits []limiter.Hit, mainAt int) (v []limiter.Verdict, gone bool, violation string) {
-	ctx, cancel := context.WithCancel(context.Background())
+func (r *simRun) leave(inst int, hits []decision.Hit, mainAt int) (v []limiter.Verdict, gone bool, violation string) {
+	ctx, cancel := context.WithCancel(simRequest(context.Background(), hits))
 	defer cancel()
 	release := r.gate.parkNext()
 	done := make(chan struct{})
@@ -1102,9 +1113,10 @@ func (r *simRun) leave(inst int, hits []limiter.Hit, mainAt int) (v []limiter.Ve
 		r.logf("  its seat settled by the limiter")
 		return nil, true, ""
 	}
-	r.wrote(r.rulesCost(hits), nil) // a failover may lose it, as any other
+	cost := r.rulesCost(decision.LimiterHits(hits))
+	r.wrote(cost, nil) // a failover may lose it, as any other
 	r.logf("  charged: let through by the failure mode")
-	return nil, true, r.admit(r.rulesCost(hits), simByStore, r.parted(hits))
+	return nil, true, r.admit(cost, simByStore, r.parted(hits))
 }
 
 // backLanded cancels the refund the request being decided carries: the
@@ -1155,7 +1167,7 @@ func (r *simRun) apply(o simOp) string {
 				return violation
 			}
 		} else {
-			v, _ = r.slices[o.inst].Decide(ctx, hits) // a part's failure is in v (see below)
+			v, _ = r.slices[o.inst].Decide(simRequest(ctx, hits), hits) // a part's failure is in v (see below)
 		}
 		if r.gate.count() > mainAt { // the call carrying its refund landed
 			r.backLanded()
@@ -1211,7 +1223,7 @@ func (r *simRun) apply(o simOp) string {
 		h.Refund = true
 		r.applied = false
 		local := r.local
-		_, err := r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
+		_, err := r.slices[o.inst].Decide(ctx, plain(h))
 		switch {
 		case r.local > local:
 			// Units the slices spent before a Reset or a restart are no
@@ -1248,7 +1260,7 @@ func (r *simRun) apply(o simOp) string {
 			left, cancel := context.WithCancel(ctx)
 			cancel()
 			mainAt, fails := r.gate.count(), r.failCall == 1
-			_, _ = r.slices[o.inst].Decide(left, []limiter.Hit{h})
+			_, _ = r.slices[o.inst].Decide(left, plain(h))
 			if fails {
 				return ""
 			}
@@ -1264,7 +1276,7 @@ func (r *simRun) apply(o simOp) string {
 			r.logf("  its caller left before the call went; the call landed after")
 			r.applied, r.left = true, r.left+1
 		} else {
-			_, _ = r.slices[o.inst].Decide(ctx, []limiter.Hit{h})
+			_, _ = r.slices[o.inst].Decide(ctx, plain(h))
 		}
 		if r.applied { // its reply lost or not
 			r.seats[i].settled = true

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
@@ -253,17 +254,17 @@ func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
 // every hit has one with units left, else on the ledger (whose answers then
 // count the units the slices still hold as remaining), after which the
 // hot keys among them lease a slice in the background.
-func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+func (s *Slices) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
 	if s.threshold < 0 || s.closed.Load() || len(hits) == 0 {
-		return s.ledger.Decide(ctx, hits)
+		return s.ledger.Decide(ctx, decision.LimiterHits(hits))
 	}
 	if len(hits) == 1 && hits[0].Refund && !hits[0].NoSlices && !hits[0].Shadow && !hits[0].Quota {
-		if v, ok := s.refundLocally(&hits[0]); ok {
+		if v, ok := s.refundLocally(&hits[0].Hit); ok {
 			return []limiter.Verdict{v}, nil
 		}
 	}
 	if !s.leasable(hits) {
-		verdicts, err := s.ledger.Decide(ctx, hits)
+		verdicts, err := s.ledger.Decide(ctx, decision.LimiterHits(hits))
 		if err == nil {
 			s.withHeld(ctx, hits, verdicts)
 		}
@@ -277,7 +278,7 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 		if s.observe.Local != nil {
 			s.observe.Local(len(hits))
 		}
-	} else if verdicts, err = s.ledger.Decide(ctx, hits); err == nil {
+	} else if verdicts, err = s.ledger.Decide(ctx, decision.LimiterHits(hits)); err == nil {
 		s.withHeld(ctx, hits, verdicts)
 	}
 	// Slices are leased ahead of need, and only for a request every hit of
@@ -289,7 +290,7 @@ func (s *Slices) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verd
 			if !local {
 				v = &verdicts[i]
 			}
-			s.maybeLease(hits[i], v, now)
+			s.maybeLease(hits[i].Hit, v, now)
 		}
 	}
 	return verdicts, err
@@ -343,10 +344,13 @@ func (s *Slices) refundLocally(h *limiter.Hit) (limiter.Verdict, bool) {
 // without slices. Shadow and quota-mode answers say what Redis says. The
 // store may have charged a lease of their keys still on its way before or
 // after them: its answer is awaited, to know (see rebase).
-func (s *Slices) withHeld(ctx context.Context, hits []limiter.Hit, verdicts []limiter.Verdict) {
+func (s *Slices) withHeld(ctx context.Context, hits []decision.Hit, verdicts []limiter.Verdict) {
 	for i := range min(len(hits), len(verdicts)) {
-		h, v := &hits[i], &verdicts[i]
-		if h.NoSlices || h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
+		h, v := &hits[i].Hit, &verdicts[i]
+		if hits[i].NoSlices {
+			continue
+		}
+		if h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
 			continue
 		}
 		sh := s.shard(h.Key)
@@ -375,7 +379,7 @@ func (s *Slices) withHeld(ctx context.Context, hits []limiter.Hit, verdicts []li
 
 // leasable reports whether every hit may be decided from a slice, and no
 // two share a key (the ledger merges those).
-func (s *Slices) leasable(hits []limiter.Hit) bool {
+func (s *Slices) leasable(hits []decision.Hit) bool {
 	for i := range hits {
 		h := &hits[i]
 		if h.NoSlices || h.Shadow || h.Quota || h.Record || h.Refund || h.Lease || h.Settle != "" || h.Cost == 0 ||
@@ -400,7 +404,7 @@ func (s *Slices) shard(key string) *sliceShard {
 // then nothing was taken. hot reports whether every hit's key is hot or
 // warm at this instance (read under the same locks). Shards are locked in order, so that a request of
 // several keys takes its units all at once.
-func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Verdict, hot bool) {
+func (s *Slices) local(hits []decision.Hit, now time.Time) (verdicts []limiter.Verdict, hot bool) {
 	var ofHit, order [4]int
 	shardOf, idx := ofHit[:0], order[:0]
 	for i := range hits {
@@ -422,7 +426,7 @@ func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Ve
 	keys := make([]*hotKey, len(hits))
 	fits, hot := true, true
 	for i := range hits {
-		h := &hits[i]
+		h := &hits[i].Hit
 		k := s.shards[shardOf[i]].track(h.Key, s.perShard)
 		keys[i] = k
 		if k == nil {
@@ -441,7 +445,7 @@ func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Ve
 	}
 	verdicts = make([]limiter.Verdict, len(hits))
 	for i := range hits {
-		verdicts[i] = keys[i].take(&hits[i], now)
+		verdicts[i] = keys[i].take(&hits[i].Hit, now)
 	}
 	return verdicts, hot
 }

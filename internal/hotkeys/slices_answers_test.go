@@ -64,7 +64,7 @@ func answersAsWithout(t *testing.T, hit limiter.Hit, hits int, step time.Duratio
 			if tick := in.now.Truncate(time.Second); tick.After(in.now.Add(-step)) {
 				in.slices[0].turn(tick)
 			}
-			v, err := in.slices[0].Decide(context.Background(), []limiter.Hit{h})
+			v, err := in.slices[0].Decide(context.Background(), plain(h))
 			if err != nil {
 				t.Fatal(err)
 			}

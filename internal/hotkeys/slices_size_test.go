@@ -79,7 +79,7 @@ func (in *instances) tenASecond(t *testing.T, s *Slices, hit limiter.Hit, second
 	t.Helper()
 	for range seconds {
 		for range 10 {
-			if v, err := s.Decide(context.Background(), []limiter.Hit{hit}); err != nil || !v[0].Admitted {
+			if v, err := s.Decide(context.Background(), plain(hit)); err != nil || !v[0].Admitted {
 				t.Fatalf("a hit under a limit of a million: %v, %v", v, err)
 			}
 			in.settle()

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
@@ -114,7 +115,7 @@ func TestSlicesHoldTheLimit(t *testing.T) {
 						s.turn(in.now)
 					}
 				}
-				v, err := s.Decide(context.Background(), []limiter.Hit{hit})
+				v, err := s.Decide(context.Background(), plain(hit))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -180,7 +181,7 @@ func TestSlicesCountExactly(t *testing.T) {
 						s.turn(in.now)
 					}
 				}
-				v, err := in.slices[i%3].Decide(context.Background(), []limiter.Hit{hit})
+				v, err := in.slices[i%3].Decide(context.Background(), plain(hit))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -223,7 +224,7 @@ func TestSlicesOutlastAnOutage(t *testing.T) {
 	hit := limiter.Hit{Key: "{hot}:k", Algorithm: config.FixedWindow, Limit: 100000, Window: time.Minute, Cost: 1,
 		FailureMode: config.FailureDeny}
 	decide := func() limiter.Verdict {
-		v, _ := s.Decide(context.Background(), []limiter.Hit{hit})
+		v, _ := s.Decide(context.Background(), plain(hit))
 		in.settle()
 		return v[0]
 	}
@@ -267,7 +268,7 @@ func TestSlicesLeaseAgainAfterTheLimit(t *testing.T) {
 			if i%20 == 0 {
 				s.turn(in.now)
 			}
-			v, err := s.Decide(context.Background(), []limiter.Hit{hit})
+			v, err := s.Decide(context.Background(), plain(hit))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -299,7 +300,7 @@ func TestSlicesOnlyWhereAllHot(t *testing.T) {
 			}
 		}
 		cold := limiter.Hit{Key: fmt.Sprintf("{h}:user%d", i), Algorithm: config.FixedWindow, Limit: 1000, Window: 10 * time.Second, Cost: 1}
-		v, err := in.slices[i%3].Decide(context.Background(), []limiter.Hit{hot, cold})
+		v, err := in.slices[i%3].Decide(context.Background(), plain(hot, cold))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -329,7 +330,7 @@ func TestSlicesResetDropsThem(t *testing.T) {
 				if i == 10 {
 					s.turn(in.now)
 				}
-				if _, err := s.Decide(context.Background(), []limiter.Hit{hit}); err != nil {
+				if _, err := s.Decide(context.Background(), plain(hit)); err != nil {
 					t.Fatal(err)
 				}
 				in.settle()
@@ -384,7 +385,7 @@ func TestSlicesGiveBackOnlyWhatStillCounts(t *testing.T) {
 				if i%20 == 0 {
 					in.slices[0].turn(in.now)
 				}
-				if _, err := in.slices[0].Decide(context.Background(), []limiter.Hit{hit}); err != nil {
+				if _, err := in.slices[0].Decide(context.Background(), plain(hit)); err != nil {
 					t.Fatal(err)
 				}
 				in.settle()
@@ -407,4 +408,13 @@ func TestSlicesGiveBackOnlyWhatStillCounts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// plain is hits as a request of no global rule, each sliceable.
+func plain(hits ...limiter.Hit) []decision.Hit {
+	out := make([]decision.Hit, len(hits))
+	for i := range hits {
+		out[i].Hit = hits[i]
+	}
+	return out
 }

@@ -19,7 +19,7 @@ func (in *instances) warmHits(t *testing.T, hit limiter.Hit, n int) (admitted []
 	for range n {
 		for _, s := range in.slices {
 			local := in.local.Load()
-			v, err := s.Decide(context.Background(), []limiter.Hit{hit})
+			v, err := s.Decide(context.Background(), plain(hit))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -71,10 +71,6 @@ type Hit struct {
 	// always admitted and applied whatever the request's other hits say, and
 	// it drops the deny cache's entry of the counter.
 	Refund bool
-	// NoSlices keeps the hit off the slices of hot keys (internal/hotkeys'
-	// Slices): decided on the store every time, as a rule with
-	// hot_key_slices: false, or a concurrency rule, asks.
-	NoSlices bool
 	// Ahead makes the charge a hot key's slice (internal/hotkeys' Slices),
 	// whose units are used over the Ahead that follows. The sliding window
 	// log records it that far ahead of Redis's now, at the last instant a
@@ -85,10 +81,6 @@ type Hit struct {
 	// at most what the store still holds of it: nothing after a failover
 	// lost it, or a Reset deleted it.
 	Ahead time.Duration
-	// Global marks a hit of a global rule (config.Rule.Global): the
-	// regions' decider (internal/regions) sets its Limit to the region's
-	// allowance and clears it. The limiter ignores it.
-	Global *config.Global
 	// Lease makes the hit's charge a lease (the sliding window log only,
 	// Decide refuses it on another algorithm): its units are named by a
 	// random id, Verdict.Lease, that only Settle frees, and they leave the

@@ -25,14 +25,9 @@ import (
 	"time"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
-
-// Decider decides a request's hits: the region's store, through its hot
-// keys' slices or not.
-type Decider interface {
-	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
-}
 
 // Defaults where Options leave a field zero.
 const (
@@ -63,7 +58,7 @@ type Options struct {
 	Local *limiter.Limiter
 	// Counts reads a key's count on the region's store (a check of cost
 	// 0): the store's decider without slices. Nil means Local.
-	Counts Decider
+	Counts decision.Store
 	// Lease, Refresh: see DefaultLease and DefaultRefresh. Refresh must be
 	// under a quarter of Lease: an instance sees a grant before the
 	// region's next renewal (see fairshare.Allow's Current).
@@ -99,8 +94,8 @@ type KeyStates struct {
 // Regions decides the hits of global rules within their regions'
 // allowances and keeps the allowances; other hits pass through.
 type Regions struct {
-	inner  Decider
-	counts Decider
+	inner  decision.Decider
+	counts decision.Store
 	o      Options
 	now    func() time.Time
 
@@ -129,7 +124,7 @@ type globalKey struct {
 }
 
 // New returns Regions deciding through inner, started: call Close to stop.
-func New(inner Decider, o Options) (*Regions, error) {
+func New(inner decision.Decider, o Options) (*Regions, error) {
 	r, err := newRegions(inner, o)
 	if err != nil {
 		return nil, err
@@ -141,7 +136,7 @@ func New(inner Decider, o Options) (*Regions, error) {
 
 // newRegions returns Regions with its options checked and filled, not
 // started.
-func newRegions(inner Decider, o Options) (*Regions, error) {
+func newRegions(inner decision.Decider, o Options) (*Regions, error) {
 	switch {
 	case o.Region == "":
 		return nil, errors.New("regions: no region named")
@@ -187,7 +182,7 @@ func (r *Regions) Close() {
 // Decide decides hits through the inner decider, each hit of a global rule
 // with its region's allowance as its limit and no slice (the allowance
 // moves; a slice would hold units of an older one).
-func (r *Regions) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+func (r *Regions) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
 	global := -1
 	for i := range hits {
 		if hits[i].Global != nil {
@@ -198,7 +193,7 @@ func (r *Regions) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ver
 	if global < 0 {
 		return r.inner.Decide(ctx, hits)
 	}
-	hits = append([]limiter.Hit(nil), hits...)
+	hits = append([]decision.Hit(nil), hits...)
 	now := r.now()
 	r.mu.Lock()
 	for i := global; i < len(hits); i++ {
@@ -213,8 +208,8 @@ func (r *Regions) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ver
 		}
 		// The rule as this hit has it: a reload or a limit override may
 		// change it.
-		k.hit, k.global = *h, *h.Global
-		k.hit.Cost, k.hit.Global = 0, nil
+		k.hit, k.global = h.Hit, *h.Global
+		k.hit.Cost = 0
 		k.seen = now
 		k.units += float64(h.Cost)
 		h.Limit = k.allowance(now)

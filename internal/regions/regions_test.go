@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
@@ -28,8 +29,8 @@ func store(t *testing.T) (*limiter.Limiter, *miniredis.Miniredis) {
 }
 
 // globalHit is a hit of a global sliding log of limit per window.
-func globalHit(g *config.Global, limit uint32, window time.Duration) limiter.Hit {
-	return limiter.Hit{Key: "test:{plan}_acme", Algorithm: config.SlidingWindowLog, Limit: limit, Window: window, Cost: 1, Global: g}
+func globalHit(g *config.Global, limit uint32, window time.Duration) decision.Hit {
+	return decision.Hit{Hit: limiter.Hit{Key: "test:{plan}_acme", Algorithm: config.SlidingWindowLog, Limit: limit, Window: window, Cost: 1}, Global: g}
 }
 
 // admission is an admitted hit: decided between sent and answered.
@@ -72,7 +73,7 @@ func TestRegionsShareOneLimit(t *testing.T) {
 	for _, region := range []string{"us", "eu", "ap"} {
 		local, _ := store(t)
 		for i := range 2 {
-			r, err := New(local, Options{Region: region, Regions: 3, Instance: fmt.Sprint(i), Ledger: ledger, Local: local,
+			r, err := New(decision.Direct(local), Options{Region: region, Regions: 3, Instance: fmt.Sprint(i), Ledger: ledger, Local: local,
 				Lease: 400 * time.Millisecond, Refresh: 50 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
@@ -103,7 +104,7 @@ func TestRegionsShareOneLimit(t *testing.T) {
 					case <-pace.C:
 					}
 					sent := time.Now()
-					v, err := in.r.Decide(context.Background(), []limiter.Hit{globalHit(g, limit, window)})
+					v, err := in.r.Decide(context.Background(), []decision.Hit{globalHit(g, limit, window)})
 					if err != nil {
 						t.Error(err)
 						return

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
@@ -136,7 +137,7 @@ func simulate(t *testing.T, seed uint64, steps int) {
 	locals := make([]*limiter.Limiter, regions)
 	cut := make([]bool, regions)
 	start := func(region, n int) *instance {
-		r, err := newRegions(locals[region], Options{Region: fmt.Sprint(region), Regions: regions,
+		r, err := newRegions(decision.Direct(locals[region]), Options{Region: fmt.Sprint(region), Regions: regions,
 			Instance: fmt.Sprintf("%d-%d", region, n), Ledger: ledger, Local: locals[region],
 			Lease: lease, Refresh: refresh, Now: clk.Now})
 		if err != nil {
@@ -167,7 +168,7 @@ func simulate(t *testing.T, seed uint64, steps int) {
 		trace = append(trace, fmt.Sprintf("%v ", clk.Now().Sub(time.Unix(1_700_006_400, 0)))+fmt.Sprintf(format, args...))
 	}
 	say("limit %d per %v, share %v (floor %d), when_cut %v", limit, window, share, floor, g.WhenCut)
-	hit := limiter.Hit{Key: "sim:{acme}", Algorithm: config.SlidingWindowLog, Limit: limit, Window: window, Cost: 1, Global: g}
+	hit := decision.Hit{Hit: limiter.Hit{Key: "sim:{acme}", Algorithm: config.SlidingWindowLog, Limit: limit, Window: window, Cost: 1}, Global: g}
 	for step := range steps {
 		clk.add(time.Duration(rng.IntN(int(refresh/time.Millisecond)+50)) * time.Millisecond)
 		switch x := rng.IntN(100); {
@@ -176,7 +177,7 @@ func simulate(t *testing.T, seed uint64, steps int) {
 			n := int(demand[in.region] * float64(limit) / 4)
 			ok := 0
 			for range n {
-				v, err := in.r.Decide(context.Background(), []limiter.Hit{hit})
+				v, err := in.r.Decide(context.Background(), []decision.Hit{hit})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	adminv1 "github.com/slidingwindow/ratelimit/proto/ratelimit/admin/v1"
 )
@@ -22,7 +23,7 @@ import (
 // through (over the *limiter.Split of both stores), so that a counter is
 // inspected and reset on the store its hits go to, its live slices with it.
 type AdminStore interface {
-	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
+	Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Verdict, error)
 	Reset(ctx context.Context, h limiter.Hit) (int64, error)
 }
 
@@ -54,7 +55,7 @@ func (a *Admin) config() *config.Config { return a.svc.current.Load().config }
 // rule matches.
 type target struct {
 	l   *limit
-	hit limiter.Hit
+	hit decision.Hit
 }
 
 // find validates a descriptor as ShouldRateLimit would and resolves it
@@ -83,7 +84,7 @@ func (a *Admin) find(domain string, entries []*adminv1.Entry) (target, error) {
 	// global modes as a request's hit gets them.
 	first := *l
 	first.also, first.hit = nil, 0
-	hits := []limiter.Hit{first.storeHit(&kb, domain, d.Entries, 0)}
+	hits := []decision.Hit{first.storeHit(&kb, domain, d.Entries, 0)}
 	a.svc.applyModes([]*limit{&first}, hits)
 	return target{l: l, hit: hits[0]}, nil
 }
@@ -116,7 +117,7 @@ func (a *Admin) Inspect(ctx context.Context, req *adminv1.InspectRequest) (*admi
 	resp.FailureMode = l.failureMode.String()
 	resp.Key = t.hit.Key
 
-	verdicts, err := a.store.Decide(ctx, []limiter.Hit{t.hit})
+	verdicts, err := a.store.Decide(ctx, []decision.Hit{t.hit})
 	if err != nil {
 		return nil, storeError(ctx, err)
 	}
@@ -140,7 +141,7 @@ func (a *Admin) Reset(ctx context.Context, req *adminv1.ResetRequest) (*adminv1.
 	case t.l.unlimited:
 		return nil, status.Errorf(codes.NotFound, "rule %q is unlimited: it has no counter", t.l.String())
 	}
-	deleted, err := a.store.Reset(ctx, t.hit)
+	deleted, err := a.store.Reset(ctx, t.hit.Hit)
 	if err != nil {
 		return nil, storeError(ctx, err)
 	}

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 	adminv1 "github.com/slidingwindow/ratelimit/proto/ratelimit/admin/v1"
@@ -58,8 +59,15 @@ func newAdminTest(t *testing.T, opts *Options) (*Service, *Admin, *miniredis.Min
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
-	s := New(cfg, l, opts)
-	return s, NewAdmin(s, l), m
+	s := New(cfg, decision.Direct(l), opts)
+	return s, NewAdmin(s, directAdmin{l}), m
+}
+
+// directAdmin is a limiter as the admin's store, with no slices between.
+type directAdmin struct{ *limiter.Limiter }
+
+func (d directAdmin) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
+	return d.Limiter.Decide(ctx, decision.LimiterHits(hits))
 }
 
 func adminEntries(kv ...string) []*adminv1.Entry {
@@ -292,7 +300,7 @@ func TestAdminNoCounter(t *testing.T) {
 // downStore fails as an unreachable store does.
 type downStore struct{}
 
-func (downStore) Decide(_ context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+func (downStore) Decide(_ context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
 	return make([]limiter.Verdict, len(hits)), errors.Join(limiter.ErrStore, errors.New("connection refused"))
 }
 

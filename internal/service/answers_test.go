@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
@@ -66,7 +67,7 @@ func miniService(t *testing.T, file, yaml string, opts *Options) (*Service, *min
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
-	return New(cfg, l, opts), m, cfg
+	return New(cfg, decision.Direct(l), opts), m, cfg
 }
 
 func askRequest(t *testing.T, s *Service, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
@@ -317,7 +318,7 @@ descriptors:
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
-	s := New(cfg, l, nil)
+	s := New(cfg, decision.Direct(l), nil)
 	resp := ask(t, s, desc("user", "u"), desc("quota", "q"), desc("watched", "w"))
 	if got := answerCodes(resp); !equalCodes(got, []rlsv3.RateLimitResponse_Code{ok, ok, over, ok}) {
 		t.Fatalf("codes %v, want the request OK, its quota over", got)
@@ -370,7 +371,7 @@ descriptors:
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
 	for _, quotaMode := range []bool{false, true} {
-		s := New(cfg, l, &Options{QuotaMode: quotaMode})
+		s := New(cfg, decision.Direct(l), &Options{QuotaMode: quotaMode})
 		resp := ask(t, s, desc("free", "x"), desc("capped", "y"))
 		if got := answerCodes(resp); !equalCodes(got, []rlsv3.RateLimitResponse_Code{over, ok, over}) {
 			t.Errorf("quota mode %v: codes %v, want [OVER_LIMIT OK OVER_LIMIT]", quotaMode, got)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
@@ -51,7 +52,7 @@ func budgetServiceWith(t *testing.T, d config.Defaults, denyCache time.Duration)
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: denyCache})
 	t.Cleanup(l.Close)
-	return New(cfg, l, nil), m
+	return New(cfg, decision.Direct(l), nil), m
 }
 
 // costDesc is a descriptor with its own hits_addend, as Envoy sends a route

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
@@ -42,7 +43,7 @@ func calendarService(t *testing.T, now *time.Time) (*Service, *miniredis.Minired
 	clock := func() time.Time { return *now }
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1, Now: clock})
 	t.Cleanup(l.Close)
-	return New(cfg, l, &Options{Now: clock}), m
+	return New(cfg, decision.Direct(l), &Options{Now: clock}), m
 }
 
 func askCalendar(t *testing.T, s *Service, hits uint32, d *rlcommon.RateLimitDescriptor) *rlsv3.RateLimitResponse_DescriptorStatus {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
@@ -48,7 +49,7 @@ descriptors:
 // "over=" stand for a slot that did answer: over the limit, 30 s to wait.
 type storeDown struct{}
 
-func (storeDown) Decide(_ context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+func (storeDown) Decide(_ context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
 	verdicts := make([]limiter.Verdict, len(hits))
 	failed := false
 	for i, h := range hits {
@@ -263,7 +264,7 @@ func TestLimiterStoreDownDefers(t *testing.T) {
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
 	m.Close()
-	s, _ := newFailureService(t, l, nil)
+	s, _ := newFailureService(t, decision.Direct(l), nil)
 	for _, ds := range [][]*rlcommon.RateLimitDescriptor{
 		{desc("unset", "x")},
 		{desc("allow", "x"), desc("unset", "x")},
@@ -283,7 +284,7 @@ func TestLimiterStoreDownDefers(t *testing.T) {
 // overloaded is a Decider that never got to ask the store in time.
 type overloaded struct{}
 
-func (overloaded) Decide(_ context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+func (overloaded) Decide(_ context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
 	verdicts := make([]limiter.Verdict, len(hits))
 	for i, h := range hits {
 		verdicts[i] = limiter.Verdict{FailureVerdict: true, Admitted: h.FailureMode != config.FailureDeny}
@@ -313,7 +314,7 @@ func TestOverloadIsNotAStoreFailure(t *testing.T) {
 // overloaded, the other met a store failure.
 type mixedFailure struct{}
 
-func (mixedFailure) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+func (mixedFailure) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
 	verdicts, _ := overloaded{}.Decide(ctx, hits)
 	return verdicts, errors.Join(
 		fmt.Errorf("decide: %w: context deadline exceeded", limiter.ErrOverloaded),

@@ -9,6 +9,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
@@ -28,10 +29,10 @@ descriptors:
 `
 
 // recordingDecider admits every hit and keeps the hits it was given.
-type recordingDecider struct{ hits []limiter.Hit }
+type recordingDecider struct{ hits []decision.Hit }
 
-func (r *recordingDecider) Decide(_ context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
-	r.hits = append([]limiter.Hit(nil), hits...)
+func (r *recordingDecider) Decide(_ context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
+	r.hits = append([]decision.Hit(nil), hits...)
 	verdicts := make([]limiter.Verdict, len(hits))
 	for i := range verdicts {
 		verdicts[i] = limiter.Verdict{Admitted: true, Charged: true}

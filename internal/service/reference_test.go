@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 	adminv1 "github.com/slidingwindow/ratelimit/proto/ratelimit/admin/v1"
@@ -50,7 +51,7 @@ func TestReferenceKeysBuilt(t *testing.T) {
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
-	s := New(cfg, l, &Options{KeyPrefix: "pre_", Now: func() time.Time { return now }})
+	s := New(cfg, decision.Direct(l), &Options{KeyPrefix: "pre_", Now: func() time.Time { return now }})
 	for _, tc := range []struct {
 		name  string
 		req   *rlsv3.RateLimitRequest
@@ -86,7 +87,7 @@ func TestReferenceKeysBuilt(t *testing.T) {
 	}
 
 	// The admin API addresses the current window's key.
-	a := NewAdmin(s, l)
+	a := NewAdmin(s, directAdmin{l})
 	entries := []*adminv1.Entry{{Key: "user", Value: "bob"}}
 	insp, err := a.Inspect(context.Background(), &adminv1.InspectRequest{Domain: "ref", Entries: entries})
 	if err != nil || insp.Key != "pre_ref_user_bob_1700010000" || insp.Used != 2 || insp.Algorithm != "reference_fixed_window" ||

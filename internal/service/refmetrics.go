@@ -10,6 +10,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
@@ -18,7 +19,7 @@ import (
 // (see statKey), a request that only --shadow-mode admitted (shadowed) in
 // its global_shadow_mode, and one to a domain cfg does not have in its
 // domain_not_found.
-func (s *Service) referenceMetrics(cfg *config.Config, req *rlsv3.RateLimitRequest, limits []*limit, hits []limiter.Hit,
+func (s *Service) referenceMetrics(cfg *config.Config, req *rlsv3.RateLimitRequest, limits []*limit, hits []decision.Hit,
 	verdicts []limiter.Verdict, shadowed bool,
 ) {
 	m := s.opts.Metrics

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 )
@@ -186,7 +187,7 @@ func dropReplaced(limits []*limit) {
 // requestCost. A descriptor's own hits_addend wins; with is_negative_hits the
 // cost is given back. Whether a cost that does not fit is recorded anyway
 // (a cost reported after it was spent) is the limit's record_costs.
-func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateLimitDescriptor, requestCost uint64) limiter.Hit {
+func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateLimitDescriptor, requestCost uint64) decision.Hit {
 	cost, fromDescriptor := requestCost, false
 	if d.HitsAddend != nil {
 		cost, fromDescriptor = d.HitsAddend.Value, true
@@ -204,7 +205,7 @@ func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateL
 	}
 	h := l.storeHit(kb, domain, entries, cost)
 	if l.leases {
-		l.leaseHit(&h, d)
+		l.leaseHit(&h.Hit, d)
 		return h
 	}
 	h.Refund = d.IsNegativeHits
@@ -214,9 +215,9 @@ func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateL
 	return h
 }
 
-// storeHit is the limiter's hit for a descriptor under this limit.
-func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, cost uint64) limiter.Hit {
-	return limiter.Hit{
+// storeHit is the hit for a descriptor under this limit.
+func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, cost uint64) decision.Hit {
+	return decision.Hit{Hit: limiter.Hit{
 		Key:       storeKey(kb, domain, entries, l),
 		Algorithm: l.algorithm,
 		Limit:     l.requestsPerUnit,
@@ -230,6 +231,7 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		// descriptor's limits) fits whole.
 		Quota:       l.quota,
 		FailureMode: l.failureMode,
+	},
 		// A concurrency rule's acquisitions are seats: a slice would hold
 		// seats no request uses.
 		NoSlices: l.leases || l.rule != nil && l.rule.NoSlices,

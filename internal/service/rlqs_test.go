@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
@@ -75,7 +76,7 @@ func newRLQSTest(t *testing.T) *rlqsTest {
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
 	reg := prometheus.NewRegistry()
-	svc := New(cfg, l, &Options{Metrics: metrics.New(reg)})
+	svc := New(cfg, decision.Direct(l), &Options{Metrics: metrics.New(reg)})
 	q := NewRLQS(svc, rlqs.New(l, &rlqs.Options{Now: func() time.Time { return r.now }}))
 
 	ln := bufconn.Listen(1 << 20)

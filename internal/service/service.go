@@ -38,6 +38,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 )
@@ -63,10 +64,9 @@ const (
 // Decider decides a request's hits. The service (internal/app) gives it
 // the hot keys' *hotkeys.Slices over the *limiter.Split of the main and
 // per-second stores, or, with --region, the regions' decider
-// (internal/regions) over those slices.
-type Decider interface {
-	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
-}
+// (internal/regions) over those slices; pkg/service a limiter directly
+// (decision.Direct).
+type Decider = decision.Decider
 
 // Options configure a Service. A nil *Options means the defaults.
 type Options struct {
@@ -245,7 +245,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if requestCost == 0 {
 		requestCost = 1
 	}
-	hits := make([]limiter.Hit, 0, len(limits))
+	hits := make([]decision.Hit, 0, len(limits))
 	kb := limiter.KeyBuilder{Prefix: s.opts.KeyPrefix, Now: s.opts.Now()}
 	for i, l := range limits {
 		if l == nil || l.unlimited {
@@ -318,7 +318,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 //   - A request whose quotas cannot deny it (quotaAlwaysPasses) has its
 //     Quota hits go as Shadow hits, which never keep the others from being
 //     charged.
-func (s *Service) applyModes(limits []*limit, hits []limiter.Hit) {
+func (s *Service) applyModes(limits []*limit, hits []decision.Hit) {
 	if s.opts.QuotaMode {
 		for _, l := range limits {
 			if l == nil {

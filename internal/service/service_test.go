@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
 )
@@ -60,7 +61,7 @@ func serveRules(t *testing.T, rules string, opts *Options) (*Service, *miniredis
 	t.Cleanup(func() { client.Close() })
 	l := limiter.New(client, &limiter.Options{Timeout: 5 * time.Second, DenyCache: -1})
 	t.Cleanup(l.Close)
-	return New(cfg, l, opts), m
+	return New(cfg, decision.Direct(l), opts), m
 }
 
 func desc(kv ...string) *rlcommon.RateLimitDescriptor {

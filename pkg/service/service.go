@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 
+	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/pkgbridge"
 	"github.com/slidingwindow/ratelimit/internal/rlqs"
 	"github.com/slidingwindow/ratelimit/internal/service"
@@ -72,7 +73,7 @@ func New(cfg *config.Config, lim *limiter.Limiter, opts *Options) *Service {
 		opts = &Options{}
 	}
 	l := pkgbridge.LimiterOf(lim)
-	svc := service.New(pkgbridge.ConfigOf(cfg), l, &service.Options{
+	svc := service.New(pkgbridge.ConfigOf(cfg), decision.Direct(l), &service.Options{
 		KeyPrefix:        opts.KeyPrefix,
 		RateLimitHeaders: opts.RateLimitHeaders,
 		ShadowMode:       opts.ShadowMode,
