@@ -69,7 +69,7 @@ SIM_FOR ?= 0
 SIM_FROM ?= 1
 
 ## sim: the simulator of the limit's promise (internal/hotkeys/sim_test.go): random schedules of
-## hits, refunds, leases, Resets, reloads, lost replies, failovers and restarts through several
+## hits, refunds, recorded costs, leases, Resets, reloads, lost replies, failovers and restarts through several
 ## instances' slices on the real Lua, with a per-second store beside the main one: SIM_SCHEDULES
 ## per algorithm from seed SIM_FROM (the four side by side), for at most SIM_FOR (0: no cap); a failure
 ## prints its seed and the schedule shrunk (replay: -sim.seed N). GOGC=400: the search allocates

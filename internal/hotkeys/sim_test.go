@@ -17,7 +17,8 @@ import (
 // makes one schedule: the rule (algorithm, limit, window, burst), how many
 // instances decide it, and a list of events -- hits at an instance (some
 // carrying two descriptors of the rule, one charge in the limiter), refunds
-// (Envoy's is_negative_hits), the clock moving, the gathered leases of an
+// (Envoy's is_negative_hits), costs recorded once spent (apply_on_stream_done:
+// charged even past the limit), the clock moving, the gathered leases of an
 // instance sent with other events run between their store write and its
 // answer (or the next lease sent, when its gathering ends), an admin Reset, a reload that changes the limit, a store reply
 // lost after its write applied, a failover that loses the last
@@ -35,7 +36,8 @@ import (
 // by call, through a go-redis hook on each store (simGate). Some requests
 // carry two hits of the rule's counter (simOp.twice), a refund of it beside
 // the charge (simOp.back), or lose their caller while their call is on its
-// way (simOp.leaves). The instances
+// way (simOp.leaves), as do some settlements and recorded costs before
+// their call goes. The instances
 // are the real Slices over the real Split, limiters and Lua, on miniredis
 // servers that run the Lua as Redis 7 does (internal/luastore: Lua 5.1's C
 // interpreter, the decide code a function library) and whose clock (Redis TIME)
@@ -92,6 +94,7 @@ const (
 	simHold                       // the next lease sent, however, answers after the n events then next
 	simSlowPart                   // the per-second store (or the Cluster's other node) answers the next request with a part there after the n events then next
 	simFailSlot                   // the next decide call of the other slot's key fails before it reaches the store
+	simRecord                     // inst records a cost of n spent before it was reported (apply_on_stream_done)
 )
 
 type simOp struct {
@@ -166,6 +169,12 @@ func (o simOp) String() string {
 		return fmt.Sprintf("slow-other-part(next request, during %d)", o.n)
 	case simFailSlot:
 		return "fail-other-slot"
+	case simRecord:
+		s := fmt.Sprintf("record(i%d, %d", o.inst, o.n)
+		if o.leaves {
+			s += ", leaves"
+		}
+		return s + ")"
 	}
 	return "?"
 }
@@ -279,6 +288,10 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			// A seat given back (cost 0), or a reservation settled by its
 			// actual cost, more or less than it took.
 			ops = append(ops, simOp{kind: simSettle, inst: inst, n: uint64(rng.IntN(8)), cost: uint64(max(0, rng.IntN(6)-3))})
+		case p < 575:
+			// A cost reported once spent (tokens streamed): recorded even
+			// past the limit, a debt the next hits wait out.
+			ops = append(ops, simOp{kind: simRecord, inst: inst, n: 1 + uint64(rng.IntN(int(r.limit)/3+1))})
 		case p < 680 && size == simLongSize && r.envoys > 0 && rng.IntN(4) == 0:
 			// An Envoy's demand falls, so that its next report replaces its
 			// bucket by a smaller one, and a store call of that report fails
@@ -396,12 +409,12 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 	// A tenth of the requests that go to the store whatever the slices
 	// hold (a seat, two descriptors of the rule, a refund beside the
 	// charge) lose their caller on the way, those of parts too, and a
-	// tenth of the settlements before their call goes (a stream of its
-	// own).
+	// tenth of the settlements and recorded costs before their call goes
+	// (a stream of its own).
 	leaves := rand.New(rand.NewPCG(seed, uint64(alg)^0x1eaf))
 	for i := range ops {
 		o := &ops[i]
-		if (o.kind == simHit && (r.seats || o.twice || o.back > 0) || o.kind == simSettle) && leaves.IntN(10) == 0 {
+		if (o.kind == simHit && (r.seats || o.twice || o.back > 0) || o.kind == simSettle || o.kind == simRecord) && leaves.IntN(10) == 0 {
 			o.leaves = true
 		}
 	}
@@ -483,7 +496,7 @@ func TestSimulator(t *testing.T) {
 				return
 			}
 			start := time.Now()
-			seed, n, events, local, leased, byBuckets, seats, denials, left, leftParts := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0, 0, 0
+			seed, n, events, local, leased, byBuckets, seats, denials, left, leftParts, recorded := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0, 0, 0, 0
 			budget := *simRuns
 			if budget == 0 && *simFor == 0 {
 				budget = simSlice
@@ -494,7 +507,7 @@ func TestSimulator(t *testing.T) {
 				v, r := simulate(st, s)
 				events += len(s.ops)
 				local, leased, byBuckets, seats = local+r.local, leased+r.leased, byBuckets+r.byBuckets, seats+len(r.seats)
-				denials, left, leftParts = denials+r.denialsChecked, left+r.left, leftParts+r.leftParts
+				denials, left, leftParts, recorded = denials+r.denialsChecked, left+r.left, leftParts+r.leftParts, recorded+r.recorded
 				if v != "" {
 					if strings.HasPrefix(v, simNeverSent) { // each run of it waits simOwedWait: not shrunk
 						t.Fatalf("seed %d (-sim.seed %d): %s", seed, seed, v)
@@ -502,8 +515,8 @@ func TestSimulator(t *testing.T) {
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}
-			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts)",
-				n, *simFrom, seed-1, events, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials, left, leftParts)
+			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts); %d costs recorded",
+				n, *simFrom, seed-1, events, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials, left, leftParts, recorded)
 		})
 	}
 }

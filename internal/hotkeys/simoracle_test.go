@@ -223,13 +223,18 @@ func (r *simRun) check(count uint64) string {
 			reloaded += uint64(bucket(r.rule.burst, l.from)) + uint64(l.from)
 		}
 	}
-	var slack uint64
+	var slack, debt uint64
 	for _, f := range r.faults {
 		if f.at.After(r.now.Add(-reach)) {
 			slack += f.units
 			for _, sl := range f.spent {
 				slack += sl.used - sl.returned
 			}
+		}
+	}
+	for _, d := range r.debts {
+		if d.at.After(r.now.Add(-reach)) {
+			debt += d.units
 		}
 	}
 	// Each token bucket an Envoy held in the window lets its fill through
@@ -251,13 +256,13 @@ func (r *simRun) check(count uint64) string {
 	}
 	switch r.rule.alg {
 	case config.SlidingWindowLog, config.FixedWindow:
-		if count > uint64(limit)+slack {
-			return fmt.Sprintf("%d units in the window, limit %d (+%d lost)", count, limit, slack)
+		if count > uint64(limit)+slack+debt {
+			return fmt.Sprintf("%d units in the window, limit %d (+%d lost, +%d recorded past it)", count, limit, slack, debt)
 		}
 	case config.GCRA:
 		bound := uint64(bucket(r.rule.burst, r.limit)) + uint64(r.limit) + reloaded
-		if count > bound+slack {
-			return fmt.Sprintf("%d units in a window, burst + limit %d (+%d lost)", count, bound, slack)
+		if count > bound+slack+debt {
+			return fmt.Sprintf("%d units in a window, burst + limit %d (+%d lost, +%d recorded past it)", count, bound, slack, debt)
 		}
 	case config.SlidingWindowCounter:
 		// Its own estimate: the previous window weighed by what the
@@ -271,8 +276,8 @@ func (r *simRun) check(count uint64) string {
 		}
 		elapsed := r.now.Sub(simEpoch) - idx*w
 		est := float64(prev)*float64(w-elapsed)/float64(w) + float64(count)
-		if est > float64(uint64(limit)+slack)+1e-9 {
-			return fmt.Sprintf("estimate %.3f (previous %d, current %d), limit %d (+%d lost)", est, prev, count, limit, slack)
+		if est > float64(uint64(limit)+slack+debt)+1e-9 {
+			return fmt.Sprintf("estimate %.3f (previous %d, current %d), limit %d (+%d lost, +%d recorded past it)", est, prev, count, limit, slack, debt)
 		}
 	}
 	return ""

@@ -552,6 +552,7 @@ type simRun struct {
 	seats           []simSeat // a seats rule's leases, the oldest first
 	seatsFrom       int       // the first seat after the last Reset or restart
 	faults          []simFault
+	debts           []simFault // costs recorded past the limit (simRecord): their units
 	reloads         []simReload
 	violation       string   // the first found by an event run during a call (runDuring)
 	tracing         bool     // keep the trace: a failing schedule described
@@ -562,6 +563,7 @@ type simRun struct {
 	byBuckets       uint64   // units Envoys' RLQS buckets admitted
 	denialsChecked  int      // against what the store holds (simRun.denied)
 	left, leftParts int      // callers that left (simRun.leave), those of requests of parts
+	recorded        int      // costs recorded (simRecord) that the store applied
 }
 
 const simKeyName, simSecondKey, simOtherKey = "{sim}:k", "{sim}:s", "{simo}:o"
@@ -1119,6 +1121,39 @@ func (r *simRun) leave(inst int, hits []decision.Hit, mainAt int) (v []limiter.V
 	return nil, true, r.admit(cost, simByStore, r.parted(hits))
 }
 
+// owed decides h, a call owed to the store (a settlement, a recorded
+// cost), for o, and returns its verdicts when its caller had them;
+// r.applied then says whether the store applied it, its reply lost or not. When o leaves, its caller left before the call went:
+// the limiter answers at once and sends the call all the same (its late
+// form), which the run awaits, unless the call failed on its way; never
+// sent, it returns a violation that says what stays wrong.
+func (r *simRun) owed(o simOp, h limiter.Hit, unsent string) ([]limiter.Verdict, string) {
+	r.applied = false
+	if !o.leaves {
+		v, _ := r.slices[o.inst].Decide(context.Background(), plain(h))
+		return v, ""
+	}
+	left, cancel := context.WithCancel(context.Background())
+	cancel()
+	mainAt, fails := r.gate.count(), r.failCall == 1
+	_, _ = r.slices[o.inst].Decide(left, plain(h))
+	if fails {
+		return nil, ""
+	}
+	if r.applied {
+		// Acknowledged before it landed: what a failover restores is the
+		// store after it.
+		r.writes = r.writes[:len(r.writes)-1]
+	}
+	if !r.gate.awaitFor(mainAt+1, simOwedWait) {
+		return nil, simNeverSent + ": " + unsent
+	}
+	r.wrote(h.Cost, nil)
+	r.logf("  its caller left before the call went; the call landed after")
+	r.applied, r.left = true, r.left+1
+	return nil, ""
+}
+
 // backLanded cancels the refund the request being decided carries: the
 // store applied it, whatever the request's fate.
 func (r *simRun) backLanded() {
@@ -1252,37 +1287,30 @@ func (r *simRun) apply(o simOp) string {
 		i := held[int(o.n)%len(held)]
 		h := r.hit(o.cost)
 		h.Settle = r.seats[i].id
-		r.applied = false
-		if o.leaves {
-			// Its caller left before the call went: the limiter answers at
-			// once and sends the call as owed (its late form), which the
-			// run awaits, unless the call failed on its way.
-			left, cancel := context.WithCancel(ctx)
-			cancel()
-			mainAt, fails := r.gate.count(), r.failCall == 1
-			_, _ = r.slices[o.inst].Decide(left, plain(h))
-			if fails {
-				return ""
-			}
-			if r.applied {
-				// Acknowledged before it landed: what a failover restores
-				// is the store after it.
-				r.writes = r.writes[:len(r.writes)-1]
-			}
-			if !r.gate.awaitFor(mainAt+1, simOwedWait) {
-				return simNeverSent + ": its seat stays held"
-			}
-			r.wrote(o.cost, nil)
-			r.logf("  its caller left before the call went; the call landed after")
-			r.applied, r.left = true, r.left+1
-		} else {
-			_, _ = r.slices[o.inst].Decide(ctx, plain(h))
+		if _, v := r.owed(o, h, "its seat stays held"); v != "" || !r.applied {
+			return v
 		}
-		if r.applied { // its reply lost or not
-			r.seats[i].settled = true
-			// The actual cost counts in its window, even past the limit.
-			r.admitted = append(r.admitted, simAdmission{at: r.now, units: o.cost})
+		r.seats[i].settled = true
+		// The actual cost counts in its window, even past the limit.
+		r.admitted = append(r.admitted, simAdmission{at: r.now, units: o.cost})
+	case simRecord:
+		h := r.hit(o.n)
+		h.Record = true
+		verdicts, v := r.owed(o, h, "a spent cost is not counted")
+		if v != "" || !r.applied {
+			return v
 		}
+		// Counted in its window, even past the limit: a debt the store
+		// denies the next hits for. Recorded past it (its caller left:
+		// maybe), it lets the window hold its units more than the limit:
+		// what was admitted before it in the store (a part's charge
+		// answered after it, a slice leased before it) may be spent or
+		// answered after it.
+		r.admitted = append(r.admitted, simAdmission{at: r.now, units: o.n})
+		if len(verdicts) == 0 || !verdicts[0].Admitted {
+			r.debts = append(r.debts, simFault{at: r.now, units: o.n})
+		}
+		r.recorded++
 	case simEnvoy:
 		if n := r.envoyServe(r.envoys[o.inst], o.n); n > 0 {
 			r.byBuckets += n
@@ -1309,6 +1337,7 @@ func (r *simRun) apply(o simOp) string {
 		if r.applied { // its reply lost or not
 			r.keepSliceMembers(o.inst)
 			r.since, r.seatsFrom, r.sinceAt = len(r.admitted), len(r.seats), r.now
+			r.debts = nil // the store holds them no more
 			r.faults = append(r.faults, simFault{at: r.now, units: held})
 		}
 	case simReloadOp:
@@ -1362,6 +1391,7 @@ func (r *simRun) apply(o simOp) string {
 		r.writes = []simWrite{{}}
 		r.keptMembers = nil
 		r.since, r.seatsFrom, r.sinceAt, r.restartAt = len(r.admitted), len(r.seats), r.now, r.now
+		r.debts = nil // the store holds them no more
 		// The live slices' units are still spent, and no longer counted.
 		// A request whose other part is still to answer gives back what
 		// its main part charged if that part denies: the counter it takes
