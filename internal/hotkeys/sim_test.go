@@ -40,9 +40,11 @@ import (
 // their call goes. The instances
 // are the real Slices over the real Split, limiters and Lua, on miniredis
 // servers that run the Lua as Redis 7 does (internal/luastore: Lua 5.1's C
-// interpreter, the decide code a function library) and whose clock (Redis TIME)
-// the simulator owns; leases and ticks run when the schedule says, on the
-// simulator's goroutine, so a seed replays exactly.
+// interpreter, the decide code a function library) and whose clock (Redis TIME,
+// and the keys' lives) the simulator owns; leases and ticks run when the
+// schedule says, on the simulator's goroutine, so a seed replays exactly.
+// reference_fixed_window's schedules count at keys that name their window,
+// as the reference's do; its bound is fixed_window's.
 //
 // The oracle keeps what was admitted and what refunds gave back (a refund
 // cancels the newest admitted units of its counter's window: the log's and
@@ -215,7 +217,7 @@ type simSchedule struct {
 	ops  []simOp
 }
 
-var simAlgorithms = []config.Algorithm{config.SlidingWindowLog, config.FixedWindow, config.SlidingWindowCounter, config.GCRA}
+var simAlgorithms = []config.Algorithm{config.SlidingWindowLog, config.FixedWindow, config.SlidingWindowCounter, config.GCRA, config.ReferenceFixedWindow}
 
 // simShortSize is how many events a short schedule draws (its bursts and
 // scenarios add theirs); a long one draws simLongSize.

@@ -62,6 +62,15 @@ type simReload struct {
 	from uint32
 }
 
+// semantics is the algorithm whose bound the rule's is: the reference's
+// fixed window counts as fixed_window does, at keys of its own.
+func (r *simRun) semantics() config.Algorithm {
+	if r.rule.alg == config.ReferenceFixedWindow {
+		return config.FixedWindow
+	}
+	return r.rule.alg
+}
+
 // inWindow reports whether an admission at at counts in the window the
 // oracle checks at now: the log's and GCRA's sliding window, the counters'
 // current window.
@@ -71,7 +80,7 @@ func (r *simRun) inWindow(i int) bool {
 	}
 	at := r.admitted[i].at
 	w := r.rule.window
-	switch r.rule.alg {
+	switch r.semantics() {
 	case config.FixedWindow, config.SlidingWindowCounter:
 		return at.Sub(simEpoch)/w == r.now.Sub(simEpoch)/w
 	}
@@ -104,15 +113,15 @@ func (r *simRun) refundable() uint64 {
 func (r *simRun) cancel(n uint64, from simSource) uint64 {
 	var newest []int
 	for i := len(r.admitted) - 1; i >= 0 && r.inWindow(i); i-- {
-		if i == r.pending && r.rule.alg != config.SlidingWindowLog {
+		if i == r.pending && r.semantics() != config.SlidingWindowLog {
 			continue
 		}
-		if r.rule.alg == config.SlidingWindowLog && r.admitted[i].from != from {
+		if r.semantics() == config.SlidingWindowLog && r.admitted[i].from != from {
 			continue
 		}
 		newest = append(newest, i)
 	}
-	if r.rule.alg == config.SlidingWindowLog {
+	if r.semantics() == config.SlidingWindowLog {
 		// The log's refund takes the newest members by score, then by name.
 		slices.SortStableFunc(newest, func(i, j int) int {
 			a, b := &r.admitted[i], &r.admitted[j]
@@ -202,7 +211,7 @@ func (r *simRun) check(count uint64) string {
 	// within its window or a period after it (GCRA's and an RLQS bucket's:
 	// see below), and the sliding counter weighs its previous window in.
 	reach := w + time.Second
-	switch r.rule.alg {
+	switch r.semantics() {
 	case config.SlidingWindowCounter:
 		reach += w
 	case config.GCRA:
@@ -244,7 +253,7 @@ func (r *simRun) check(count uint64) string {
 	// current one) holds refills it does not count. The log records a
 	// lease at its end, and GCRA's bucket is a total: what they leased
 	// ahead stays counted.
-	if len(r.envoys) > 0 && (r.rule.alg == config.FixedWindow || r.rule.alg == config.SlidingWindowCounter) {
+	if len(r.envoys) > 0 && (r.semantics() == config.FixedWindow || r.semantics() == config.SlidingWindowCounter) {
 		slack += uint64(math.Ceil(float64(limit) * (rlqs.DefaultLease + rlqs.AnswerWithin).Seconds() / w.Seconds()))
 	}
 	for _, e := range r.envoys {
@@ -254,7 +263,7 @@ func (r *simRun) check(count uint64) string {
 			}
 		}
 	}
-	switch r.rule.alg {
+	switch r.semantics() {
 	case config.SlidingWindowLog, config.FixedWindow:
 		if count > uint64(limit)+slack+debt {
 			return fmt.Sprintf("%d units in the window, limit %d (+%d lost, +%d recorded past it)", count, limit, slack, debt)
@@ -322,7 +331,7 @@ func (r *simRun) unsure() {
 // they were made). More than that held is a charge nothing takes back: a
 // give-back that found nothing, a record that outlives its lease.
 func (r *simRun) denied(n uint64) string {
-	alg, w := r.rule.alg, r.rule.window
+	alg, w := r.semantics(), r.rule.window
 	if alg != config.SlidingWindowLog && alg != config.FixedWindow || r.now.Before(r.unsureUntil) {
 		return ""
 	}

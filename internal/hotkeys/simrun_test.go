@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -81,6 +82,12 @@ func newSimStore(t *testing.T) *simStore {
 	st.ms, ms = luastore.RunT(t)
 	st.mo, mo = luastore.RunT(t)
 	byPort[st.m.Port()], byPort[st.ms.Port()], byPort[st.mo.Port()] = st.lua, ms, mo
+	for _, m := range []*miniredis.Miniredis{st.m, st.ms, st.mo} {
+		// Keys' lives run with the simulator's clock, as in Redis (the
+		// reference's keys name a charge by their expiry); a store holds
+		// one schedule's few keys.
+		m.ClockTTL(true)
+	}
 	st.lim, st.gate = plain(st.m)
 	st.second, st.gateS = plain(st.ms)
 	st.gateC, st.gateO = newSimGate(), newSimGate()
@@ -233,7 +240,7 @@ func (g *simGate) pass(cmds []redis.Cmder, send func([]redis.Cmder) error) error
 	}
 	var failed redis.Cmder
 	if g.failKey != "" {
-		if i := slices.IndexFunc(cmds, func(c redis.Cmder) bool { return isDecide(c) && hasArg(c, g.failKey) }); i >= 0 {
+		if i := slices.IndexFunc(cmds, func(c redis.Cmder) bool { return isDecide(c) && hasKeyArg(c, g.failKey) }); i >= 0 {
 			failed, g.failKey = cmds[i], ""
 			cmds = slices.Delete(slices.Clone(cmds), i, i+1)
 		}
@@ -273,8 +280,8 @@ func isDecide(c redis.Cmder) bool {
 	return c.Name() == "fcall" && len(args) > 1 && args[1] == lua.DecideFunction()
 }
 
-func hasArg(c redis.Cmder, arg string) bool {
-	return slices.ContainsFunc(c.Args(), func(a any) bool { s, ok := a.(string); return ok && s == arg })
+func hasKeyArg(c redis.Cmder, name string) bool {
+	return slices.ContainsFunc(c.Args(), func(a any) bool { s, ok := a.(string); return ok && isKey(s, name) })
 }
 
 // reset forgets the calls answered: a schedule's calls are all awaited
@@ -569,8 +576,22 @@ type simRun struct {
 const simKeyName, simSecondKey, simOtherKey = "{sim}:k", "{sim}:s", "{simo}:o"
 
 func (r *simRun) hit(cost uint64) limiter.Hit {
-	return limiter.Hit{Key: simKeyName, Algorithm: r.rule.alg, Limit: r.limit, Window: r.rule.window, Burst: r.rule.burst, Cost: cost}
+	return limiter.Hit{Key: r.key(simKeyName, r.rule.window), Algorithm: r.rule.alg, Limit: r.limit, Window: r.rule.window, Burst: r.rule.burst, Cost: cost}
 }
+
+// key is the store key of the counter named name whose window is w: name
+// itself, but for the reference's keys, which name the window they count
+// by its start (by the instance's clock, which is the store's here), as
+// limiter.KeyBuilder does.
+func (r *simRun) key(name string, w time.Duration) string {
+	if !r.rule.alg.ReferenceKeys() {
+		return name
+	}
+	return name + "_" + strconv.FormatInt(r.now.Truncate(w).Unix(), 10)
+}
+
+// isKey reports whether key is the counter named name, of any window.
+func isKey(key, name string) bool { return strings.HasPrefix(key, name) }
 
 // request is the hits of a request of cost units: the rule's (two, of
 // costs adding up to it, when o is twice: two descriptors of one counter,
@@ -590,10 +611,10 @@ func (r *simRun) request(o simOp) []decision.Hit {
 		r.backOwed = n
 	}
 	if r.rule.perSecond > 0 && !o.only && !r.partBusy {
-		hits = append(hits, limiter.Hit{Key: simSecondKey, Algorithm: r.rule.alg, Limit: r.rule.perSecond, Window: time.Second, Cost: o.n})
+		hits = append(hits, limiter.Hit{Key: r.key(simSecondKey, time.Second), Algorithm: r.rule.alg, Limit: r.rule.perSecond, Window: time.Second, Cost: o.n})
 	}
 	if r.rule.otherSlot > 0 && !o.only && !r.partBusy {
-		hits = append(hits, limiter.Hit{Key: simOtherKey, Algorithm: r.rule.alg, Limit: r.rule.otherSlot, Window: r.rule.window, Burst: r.rule.burst, Cost: o.n})
+		hits = append(hits, limiter.Hit{Key: r.key(simOtherKey, r.rule.window), Algorithm: r.rule.alg, Limit: r.rule.otherSlot, Window: r.rule.window, Burst: r.rule.burst, Cost: o.n})
 	}
 	return plain(hits...)
 }
@@ -612,7 +633,7 @@ func simRequest(ctx context.Context, hits []decision.Hit) context.Context {
 // the limiter names its log charge as a part's.
 func (r *simRun) parted(hits []decision.Hit) bool {
 	for _, h := range hits {
-		if h.Key != simKeyName {
+		if !isKey(h.Key, simKeyName) {
 			return true
 		}
 	}
@@ -623,7 +644,7 @@ func (r *simRun) parted(hits []decision.Hit) bool {
 func (r *simRun) rulesCost(hits []limiter.Hit) uint64 {
 	var n uint64
 	for _, h := range hits {
-		if h.Key == simKeyName && !h.Refund {
+		if isKey(h.Key, simKeyName) && !h.Refund {
 			n += h.Cost
 		}
 	}
@@ -717,7 +738,7 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	r := l.r
 	var second, other []int
 	for i := range hits {
-		if hits[i].Window == time.Second || hits[i].Key == simOtherKey {
+		if hits[i].Window == time.Second || isKey(hits[i].Key, simOtherKey) {
 			second = append(second, i)
 		} else {
 			other = append(other, i)
@@ -987,7 +1008,7 @@ func (r *simRun) envoyServe(e *simEnvoyBucket, n uint64) uint64 {
 
 // report sends Envoy e's report to the allocator and applies the answer.
 func (r *simRun) report(e *simEnvoyBucket) {
-	lim := rlqs.Limit{Hits: []limiter.Hit{r.hit(0)}, ShareKey: simKeyName + ":rlqs"}
+	lim := rlqs.Limit{Hits: []limiter.Hit{r.hit(0)}, ShareKey: r.key(simKeyName, r.rule.window) + ":rlqs"}
 	a, err := r.alloc.Report(context.Background(), &e.lease, lim, e.seen)
 	if err != nil {
 		return // the held assignment runs out at its time to live
@@ -1182,7 +1203,7 @@ func (r *simRun) apply(o simOp) string {
 		mainAt := r.gate.count()
 		if r.rule.seats { // two descriptors of the rule (twice) ask for one lease
 			for i := range hits {
-				if hits[i].Key == simKeyName {
+				if isKey(hits[i].Key, simKeyName) {
 					hits[i].Lease, hits[i].LeaseTTL, hits[i].NoSlices = true, r.rule.leaseTTL, true
 				}
 			}
@@ -1219,7 +1240,7 @@ func (r *simRun) apply(o simOp) string {
 			// The other part's failure answers by its failure mode (see below).
 			return r.answered(v[0].Admitted && !v[0].FailureVerdict && v[last].Admitted)
 		}
-		if len(v) > 1 && hits[last].Key != simKeyName {
+		if len(v) > 1 && !isKey(hits[last].Key, simKeyName) {
 			r.logf("  other part: admitted %v (failure verdict %v), remaining %d", v[last].Admitted, v[last].FailureVerdict, v[last].Remaining)
 			// A part that failed answers by its failure mode: admitted (the
 			// default), the request is, and the rule's charge stands.

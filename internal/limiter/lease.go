@@ -134,9 +134,20 @@ func leaseArg(arg string, h *Hit) (string, string) {
 // alone. Named by their score only, a client's refund in between could
 // take them (a refund takes the newest) and free their name for a later
 // charge of the same microsecond, whose members the give-back would then
-// take: another request's units, counted by no one.
+// take: another request's units, counted by no one. A charge on the
+// reference's keys that may be given back (a part, an RLQS lease) asks
+// instead for its key's life as its token ("::::1": a nonce it keeps
+// nowhere; reference_fixed_window.lua), which only such a charge pays to
+// read.
 func partArg(arg string, h *Hit) (string, string) {
-	if op := h.op(); h.Algorithm != config.SlidingWindowLog || h.Ahead > 0 || h.Cost == 0 || !op.Charges || op.Record || op.AppliedFirst {
+	op := h.op()
+	if h.Cost == 0 || !op.Charges || op.Record || op.AppliedFirst {
+		return arg, ""
+	}
+	if h.Algorithm.ReferenceKeys() {
+		return arg + "::::1", ""
+	}
+	if h.Algorithm != config.SlidingWindowLog || h.Ahead > 0 {
 		return arg, ""
 	}
 	nonce := fmt.Sprintf("%s%012x", partPrefix, partCount.Add(1))

@@ -170,7 +170,7 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 				}
 				nonces[j] = nonce
 			}
-		} else if charge && (hits[i].part || tokens != nil) {
+		} else if charge && (hits[i].part || tokens != nil || hits[i].Ahead > 0) {
 			var nonce string
 			if arg, nonce = partArg(arg, &hits[i]); nonce != "" {
 				if parts == nil {

@@ -32,6 +32,9 @@ func newFleet(t *testing.T) *fleet {
 	m, _ := luastore.RunT(t)
 	f := &fleet{m: m, now: epoch}
 	f.m.SetTime(f.now)
+	// Keys' lives run with the clock, as in Redis: the reference's keys
+	// name a charge by their expiry.
+	f.m.ClockTTL(true)
 	// One dial attempt (go-redis's default is five, 100 ms apart): the tests
 	// that stop the store wait for its failure, not for retries.
 	client := redis.NewClient(&redis.Options{Addr: f.m.Addr(), DialerRetries: 1})

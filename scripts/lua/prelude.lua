@@ -50,6 +50,7 @@ end
 local seen = {}
 local unwritten = {} -- key to its value
 local expiries = {} -- key to its ttl in ms, or false to keep it
+local expire_ats = {} -- key to the Unix ms it expires at, set in place of a ttl (see write_later_at)
 local lives = {} -- a log key to the ms it must live from now (see live_later)
 local created = {} -- a log key to true when this call created it
 local members = {} -- a log key to the ZADD arguments its charges wait to write (see add_later)
@@ -144,6 +145,7 @@ local function begin_call()
   clear(seen)
   clear(unwritten)
   clear(expiries)
+  clear(expire_ats)
   clear(stored)
   clear(formatted)
   clear(lives)
@@ -181,6 +183,13 @@ end
 local function write_later(key, value, ttl)
   unwritten[key] = value
   expiries[key] = ttl or false
+end
+
+-- write_later_at is write_later with an expiry at a Unix instant in ms, for
+-- a key whose expiry names it (reference_fixed_window's).
+local function write_later_at(key, value, at)
+  unwritten[key] = value
+  expiries[key], expire_ats[key] = false, at
 end
 
 -- live_later records that a log key must live ms more milliseconds, for
@@ -227,9 +236,11 @@ end
 local function write_all()
   flush_members() -- before the expiries: a key this call created exists once written
   for key, value in pairs(unwritten) do
-    local ttl = expiries[key]
+    local ttl, at = expiries[key], expire_ats[key]
     if ttl then
       redis.call('SET', key, value, 'PX', ttl)
+    elseif at then
+      redis.call('SET', key, value, 'PXAT', at)
     else
       redis.call('SET', key, value, 'KEEPTTL')
     end

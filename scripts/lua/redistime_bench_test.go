@@ -41,6 +41,7 @@ func BenchmarkRedisTimePerHit(b *testing.B) {
 		{"sliding_window_counter", "2:ce:100000000:1:1"},
 		{"fixed_window", "3:ce:100000000:1:1"},
 		{"gcra", "4:ce:100000000:1:1:100000000"},
+		{"reference_fixed_window", "5:ce:100000000:1:1"},
 	} {
 		b.Run("decide/"+a.name, func(b *testing.B) {
 			perHit(b, c, "commandstats", "fcall", func(keys []string) error {

@@ -12,14 +12,25 @@
 -- the key's window, named by the clock of a replica that is using it, ends
 -- sooner), else keeping the one it has (the reference's replicas renew it
 -- on every hit).
+--
+-- The count is a bare integer, with no room for a Reset's generation: a
+-- charge's token is its key's expiry instead (Unix ms; 0 for a key someone
+-- made persistent), which names this life of the key. A Reset deletes the
+-- key, and a charge after it makes it anew with another expiry, so a charge
+-- made before the Reset finds, at its give-back, a key of another life, and
+-- takes nothing from what was charged since. (A reference replica renews
+-- the expiry on every hit: beside one, a give-back takes nothing, as the
+-- reference never gives back.) Reading the expiry of a key that exists costs
+-- a PEXPIRETIME per key per call, paid only by a charge that may be given
+-- back (part, which the Go side marks).
 local reference_fixed_window = {}
 
 function reference_fixed_window.check(key, limit, window, cost, now)
   -- Every field named in the constructor: Lua then sizes the table once.
   local st = { token = 0, prior = seen[key], used = 0, keep = false, admit = false }
   if st.prior then
-    -- charged earlier in this call, count known
-    st.used, st.keep = st.prior.used, st.prior.keep
+    -- charged earlier in this call, count and life known
+    st.used, st.keep, st.token = st.prior.used, st.prior.keep, st.prior.token
   else
     local v = get(key)
     -- A value that is not a count (nothing the reference or this code
@@ -30,10 +41,17 @@ function reference_fixed_window.check(key, limit, window, cost, now)
   return st
 end
 
-function reference_fixed_window.commit(key, st, limit, window, cost, now)
+function reference_fixed_window.commit(key, st, limit, window, cost, now, ahead, lease, part)
   st.used = min(st.used + cost, max_count)
-  local ttl = not st.keep and fmt_ttl(ceil(window / 1000)) or nil
-  write_later(key, fmt(st.used), ttl)
+  if st.keep then
+    if st.token == 0 and part then
+      st.token = max(0, redis.call('PEXPIRETIME', key)) -- -1: persistent
+    end
+    write_later(key, fmt(st.used))
+  else
+    st.token = floor(now / 1000) + ceil(window / 1000)
+    write_later_at(key, fmt(st.used), fmt_once(st.token))
+  end
   seen[key] = st -- what a later check of key in this call reads
 end
 
@@ -47,9 +65,13 @@ function reference_fixed_window.refund(key, units, limit, window, now)
 end
 
 -- undo takes a charge of cost back from the key the charge went to (its
--- window is in the key, so the token says nothing more), for refund.lua,
--- never below zero. It returns how many units it took back.
+-- window is in the key), for refund.lua, never below zero, and nothing from
+-- a key of another life than the one the token names (see above). It
+-- returns how many units it took back.
 function reference_fixed_window.undo(key, token, cost)
+  if token ~= 0 and redis.call('PEXPIRETIME', key) ~= token then
+    return 0
+  end
   local curr = max(0, tonumber(redis.call('GET', key)) or 0)
   local back = min(curr, cost)
   if back > 0 then

@@ -16,8 +16,11 @@
 -- generation: one more than the state's), which reads as empty, for as long
 -- as the state would have lived: a give-back of a charge made before the
 -- Reset, on its way, then finds another generation than its charge's and
--- takes nothing of the charges made since. (The reference's keys, a bare
--- count, are deleted.)
+-- takes nothing of the charges made since. The reference's keys, a bare
+-- count, become "0" with an expiry a millisecond later: their charges name
+-- the key's life by its expiry (reference_fixed_window.lua), which a charge
+-- before the Reset then no longer finds, even one made in the millisecond
+-- the Reset came.
 --
 -- Reply: the number of keys of the counter reset (0 for an empty one).
 local function reset(key, records)
@@ -35,6 +38,10 @@ local function reset(key, records)
       redis.call('PEXPIRE', records, ttl)
     end
     local v, ttl = kind == 'string' and redis.call('GET', key), redis.call('PTTL', key)
+    if v and ttl > 0 and string.find(v, '^%d+$') then
+      redis.call('SET', key, '0', 'PXAT', string.format('%d', redis.call('PEXPIRETIME', key) + 1))
+      return v == '0' and 0 or 1
+    end
     local gen = v and string.match(v, '^%d+:%d+:?%d*/?(%d*)$')
     if not gen or ttl <= 0 then
       return redis.call('DEL', key)
