@@ -71,11 +71,11 @@ SIM_FROM ?= 1
 ## sim: the simulator of the limit's promise (internal/hotkeys/sim_test.go): random schedules of
 ## hits, refunds, recorded costs, leases, Resets, reloads, lost replies, failovers and restarts through several
 ## instances' slices on the real Lua, with a per-second store beside the main one: SIM_SCHEDULES
-## per algorithm from seed SIM_FROM (the four side by side), for at most SIM_FOR (0: no cap); a failure
+## per algorithm from seed SIM_FROM (the five side by side), for at most SIM_FOR (0: no cap); a failure
 ## prints its seed and the schedule shrunk (replay: -sim.seed N). GOGC=400: the search allocates
 ## much and lives short; a fifth more schedules in its time
 sim:
-	GOGC=400 $(GO) test -count=1 -timeout 0 -parallel 4 -run '^TestSimulator$$' -v ./internal/hotkeys -sim.schedules $(SIM_SCHEDULES) -sim.for $(SIM_FOR) -sim.from $(SIM_FROM) | grep -v '^=== '
+	GOGC=400 $(GO) test -count=1 -timeout 0 -parallel 5 -run '^TestSimulator$$' -v ./internal/hotkeys -sim.schedules $(SIM_SCHEDULES) -sim.for $(SIM_FOR) -sim.from $(SIM_FROM) | grep -v '^=== '
 
 ## bench-attacks: e2e TestAttack as a measurement: each HTTP/2 attack for 20 s against
 ## both gRPC servers, legitimate calls with Envoy's 50 ms deadline (docs/reliability.md)

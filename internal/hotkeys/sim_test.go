@@ -62,7 +62,7 @@ import (
 // schedule shrunk to the events it needs.
 //
 // make test runs a bounded slice of seeds (TestSimulator, simSlice per
-// algorithm); make sim searches SIM_SCHEDULES per algorithm, the four side
+// algorithm); make sim searches SIM_SCHEDULES per algorithm, the five side
 // by side (SIM_FOR caps its time); one seed replays with its trace:
 //
 //	go test -run '^TestSimulator$' ./internal/hotkeys -sim.schedules 100000 -v
