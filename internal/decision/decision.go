@@ -1,6 +1,7 @@
 // Package decision holds what the service asks of the deciders layered
-// over the limiter (internal/regions, internal/hotkeys): a limiter.Hit
-// with what those layers read of its rule, which the limiter never sees.
+// over the limiter (internal/regions, internal/hotkeys): a request's
+// limiter hits and, beside them, what those layers read of each hit's
+// rule, which the limiter never sees.
 package decision
 
 import (
@@ -10,9 +11,16 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
-// Hit is a limiter.Hit with how the layers over the limiter route it.
-type Hit struct {
-	limiter.Hit
+// Request is a request's hits, in their order, and how the layers over
+// the limiter route each: Routes[i] is Hits[i]'s, and a nil Routes routes
+// none. The limiter takes Hits as they are.
+type Request struct {
+	Hits   []limiter.Hit
+	Routes []Route
+}
+
+// Route is how the layers over the limiter route a hit.
+type Route struct {
 	// Global marks a hit of a global rule (config.Rule.Global): the
 	// regions' decider sets its Limit to the region's allowance.
 	Global *config.Global
@@ -22,9 +30,17 @@ type Hit struct {
 	NoSlices bool
 }
 
+// Route returns hit i's route.
+func (r Request) Route(i int) Route {
+	if r.Routes == nil {
+		return Route{}
+	}
+	return r.Routes[i]
+}
+
 // Decider decides a request's hits, one verdict per hit in their order.
 type Decider interface {
-	Decide(ctx context.Context, hits []Hit) ([]limiter.Verdict, error)
+	Decide(ctx context.Context, req Request) ([]limiter.Verdict, error)
 }
 
 // Store is what decides the limiter's hits: a *limiter.Limiter or a
@@ -38,15 +54,6 @@ func Direct(store Store) Decider { return direct{store} }
 
 type direct struct{ store Store }
 
-func (d direct) Decide(ctx context.Context, hits []Hit) ([]limiter.Verdict, error) {
-	return d.store.Decide(ctx, LimiterHits(hits))
-}
-
-// LimiterHits returns the limiter's hits of hits, in their order.
-func LimiterHits(hits []Hit) []limiter.Hit {
-	out := make([]limiter.Hit, len(hits))
-	for i := range hits {
-		out[i] = hits[i].Hit
-	}
-	return out
+func (d direct) Decide(ctx context.Context, req Request) ([]limiter.Verdict, error) {
+	return d.store.Decide(ctx, req.Hits)
 }

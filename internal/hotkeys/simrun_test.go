@@ -533,8 +533,8 @@ type simRun struct {
 	// not by the goroutines' race).
 	leaving     bool
 	partsLanded chan struct{}
-	pending     int           // the admission a request's main part charged before its answer (simRun.charged), or -1
-	pendingFor  *decision.Hit // the request whose admission pending is (simRequest)
+	pending     int          // the admission a request's main part charged before its answer (simRun.charged), or -1
+	pendingFor  *limiter.Hit // the request whose admission pending is (simRequest)
 	// backOwed is the refund the request being decided carries (simOp.back),
 	// which the oracle cancels once the store call carrying it landed.
 	backOwed uint64
@@ -598,7 +598,7 @@ func isKey(key, name string) bool { return strings.HasPrefix(key, name) }
 // which the limiter decides as one charge), a refund of the rule's counter
 // when o carries one (of at most what the client was admitted), and the
 // per-second rule's unless the rule has none or o hits the rule alone.
-func (r *simRun) request(o simOp) []decision.Hit {
+func (r *simRun) request(o simOp) decision.Request {
 	hits := []limiter.Hit{r.hit(o.n)}
 	if o.twice {
 		hits = []limiter.Hit{r.hit(o.n / 2), r.hit(o.n - o.n/2)}
@@ -616,7 +616,7 @@ func (r *simRun) request(o simOp) []decision.Hit {
 	if r.rule.otherSlot > 0 && !o.only && !r.partBusy {
 		hits = append(hits, limiter.Hit{Key: r.key(simOtherKey, r.rule.window), Algorithm: r.rule.alg, Limit: r.rule.otherSlot, Window: r.rule.window, Burst: r.rule.burst, Cost: o.n})
 	}
-	return plain(hits...)
+	return decision.Request{Hits: hits, Routes: make([]decision.Route, len(hits))}
 }
 
 // simRequestKey is the context key of the request a store call is of: its
@@ -625,13 +625,13 @@ type simRequestKey struct{}
 
 // simRequest tags ctx with the request of hits, for the ledger's calls to
 // tell its own (simRun.pendingFor) from leases' and others'.
-func simRequest(ctx context.Context, hits []decision.Hit) context.Context {
+func simRequest(ctx context.Context, hits []limiter.Hit) context.Context {
 	return context.WithValue(ctx, simRequestKey{}, &hits[0])
 }
 
 // parted reports a request of parts (on two stores, or two Cluster slots):
 // the limiter names its log charge as a part's.
-func (r *simRun) parted(hits []decision.Hit) bool {
+func (r *simRun) parted(hits []limiter.Hit) bool {
 	for _, h := range hits {
 		if !isKey(h.Key, simKeyName) {
 			return true
@@ -806,7 +806,7 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		}
 		if r.gate.chargedBy(mainCall) { // the rule's hit alone, landed
 			r.charged(r.rulesCost(hits))
-			r.pendingFor, _ = ctx.Value(simRequestKey{}).(*decision.Hit)
+			r.pendingFor, _ = ctx.Value(simRequestKey{}).(*limiter.Hit)
 		}
 		r.partBusy = true
 		for _, o := range during {
@@ -1084,7 +1084,8 @@ func (r *simRun) run() (violation string) {
 // before the request. When no call went (one failed on its way), the
 // caller had its answer before it could leave: leave returns it, and gone
 // false.
-func (r *simRun) leave(inst int, hits []decision.Hit, mainAt int) (v []limiter.Verdict, gone bool, violation string) {
+func (r *simRun) leave(inst int, req decision.Request, mainAt int) (v []limiter.Verdict, gone bool, violation string) {
+	hits := req.Hits
 	ctx, cancel := context.WithCancel(simRequest(context.Background(), hits))
 	defer cancel()
 	release := r.gate.parkNext()
@@ -1095,7 +1096,7 @@ func (r *simRun) leave(inst int, hits []decision.Hit, mainAt int) (v []limiter.V
 	}
 	go func() {
 		defer close(done)
-		v, _ = r.slices[inst].Decide(ctx, hits) // a failure is in v
+		v, _ = r.slices[inst].Decide(ctx, req) // a failure is in v
 	}()
 	parked := r.gate.awaitParked(done)
 	if parked && r.partsLanded != nil {
@@ -1136,7 +1137,7 @@ func (r *simRun) leave(inst int, hits []decision.Hit, mainAt int) (v []limiter.V
 		r.logf("  its seat settled by the limiter")
 		return nil, true, ""
 	}
-	cost := r.rulesCost(decision.LimiterHits(hits))
+	cost := r.rulesCost(hits)
 	r.wrote(cost, nil) // a failover may lose it, as any other
 	r.logf("  charged: let through by the failure mode")
 	return nil, true, r.admit(cost, simByStore, r.parted(hits))
@@ -1199,12 +1200,13 @@ func (r *simRun) apply(o simOp) string {
 	ctx := context.Background()
 	switch o.kind {
 	case simHit:
-		hits := r.request(o)
+		req := r.request(o)
+		hits := req.Hits
 		mainAt := r.gate.count()
 		if r.rule.seats { // two descriptors of the rule (twice) ask for one lease
 			for i := range hits {
 				if isKey(hits[i].Key, simKeyName) {
-					hits[i].Lease, hits[i].LeaseTTL, hits[i].NoSlices = true, r.rule.leaseTTL, true
+					hits[i].Lease, hits[i].LeaseTTL, req.Routes[i].NoSlices = true, r.rule.leaseTTL, true
 				}
 			}
 		}
@@ -1219,11 +1221,11 @@ func (r *simRun) apply(o simOp) string {
 		if o.leaves && !r.partBusy && (r.slowPart == nil || !r.parted(hits)) && (r.rule.seats || o.twice || r.backOwed > 0) {
 			var gone bool
 			var violation string
-			if v, gone, violation = r.leave(o.inst, hits, mainAt); gone {
+			if v, gone, violation = r.leave(o.inst, req, mainAt); gone {
 				return violation
 			}
 		} else {
-			v, _ = r.slices[o.inst].Decide(simRequest(ctx, hits), hits) // a part's failure is in v (see below)
+			v, _ = r.slices[o.inst].Decide(simRequest(ctx, hits), req) // a part's failure is in v (see below)
 		}
 		if r.gate.count() > mainAt { // the call carrying its refund landed
 			r.backLanded()

@@ -254,19 +254,20 @@ func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
 // every hit has one with units left, else on the ledger (whose answers then
 // count the units the slices still hold as remaining), after which the
 // hot keys among them lease a slice in the background.
-func (s *Slices) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
+func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Verdict, error) {
+	hits := req.Hits
 	if s.threshold < 0 || s.closed.Load() || len(hits) == 0 {
-		return s.ledger.Decide(ctx, decision.LimiterHits(hits))
+		return s.ledger.Decide(ctx, hits)
 	}
-	if len(hits) == 1 && hits[0].Refund && !hits[0].NoSlices && !hits[0].Shadow && !hits[0].Quota {
-		if v, ok := s.refundLocally(&hits[0].Hit); ok {
+	if len(hits) == 1 && hits[0].Refund && !req.Route(0).NoSlices && !hits[0].Shadow && !hits[0].Quota {
+		if v, ok := s.refundLocally(&hits[0]); ok {
 			return []limiter.Verdict{v}, nil
 		}
 	}
-	if !s.leasable(hits) {
-		verdicts, err := s.ledger.Decide(ctx, decision.LimiterHits(hits))
+	if !s.leasable(req) {
+		verdicts, err := s.ledger.Decide(ctx, hits)
 		if err == nil {
-			s.withHeld(ctx, hits, verdicts)
+			s.withHeld(ctx, req, verdicts)
 		}
 		return verdicts, err
 	}
@@ -278,8 +279,8 @@ func (s *Slices) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Ver
 		if s.observe.Local != nil {
 			s.observe.Local(len(hits))
 		}
-	} else if verdicts, err = s.ledger.Decide(ctx, decision.LimiterHits(hits)); err == nil {
-		s.withHeld(ctx, hits, verdicts)
+	} else if verdicts, err = s.ledger.Decide(ctx, hits); err == nil {
+		s.withHeld(ctx, req, verdicts)
 	}
 	// Slices are leased ahead of need, and only for a request every hit of
 	// which can have one (every key hot or warm): a request that goes to
@@ -290,7 +291,7 @@ func (s *Slices) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Ver
 			if !local {
 				v = &verdicts[i]
 			}
-			s.maybeLease(hits[i].Hit, v, now)
+			s.maybeLease(hits[i], v, now)
 		}
 	}
 	return verdicts, err
@@ -344,10 +345,10 @@ func (s *Slices) refundLocally(h *limiter.Hit) (limiter.Verdict, bool) {
 // without slices. Shadow and quota-mode answers say what Redis says. The
 // store may have charged a lease of their keys still on its way before or
 // after them: its answer is awaited, to know (see rebase).
-func (s *Slices) withHeld(ctx context.Context, hits []decision.Hit, verdicts []limiter.Verdict) {
-	for i := range min(len(hits), len(verdicts)) {
-		h, v := &hits[i].Hit, &verdicts[i]
-		if hits[i].NoSlices {
+func (s *Slices) withHeld(ctx context.Context, req decision.Request, verdicts []limiter.Verdict) {
+	for i := range min(len(req.Hits), len(verdicts)) {
+		h, v := &req.Hits[i], &verdicts[i]
+		if req.Route(i).NoSlices {
 			continue
 		}
 		if h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
@@ -379,10 +380,11 @@ func (s *Slices) withHeld(ctx context.Context, hits []decision.Hit, verdicts []l
 
 // leasable reports whether every hit may be decided from a slice, and no
 // two share a key (the ledger merges those).
-func (s *Slices) leasable(hits []decision.Hit) bool {
+func (s *Slices) leasable(req decision.Request) bool {
+	hits := req.Hits
 	for i := range hits {
 		h := &hits[i]
-		if h.NoSlices || h.Shadow || h.Quota || h.Record || h.Refund || h.Lease || h.Settle != "" || h.Cost == 0 ||
+		if req.Route(i).NoSlices || h.Shadow || h.Quota || h.Record || h.Refund || h.Lease || h.Settle != "" || h.Cost == 0 ||
 			h.Algorithm.ReferenceKeys() || h.Cost > uint64(h.Capacity()) {
 			return false
 		}
@@ -404,7 +406,7 @@ func (s *Slices) shard(key string) *sliceShard {
 // then nothing was taken. hot reports whether every hit's key is hot or
 // warm at this instance (read under the same locks). Shards are locked in order, so that a request of
 // several keys takes its units all at once.
-func (s *Slices) local(hits []decision.Hit, now time.Time) (verdicts []limiter.Verdict, hot bool) {
+func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Verdict, hot bool) {
 	var ofHit, order [4]int
 	shardOf, idx := ofHit[:0], order[:0]
 	for i := range hits {
@@ -426,7 +428,7 @@ func (s *Slices) local(hits []decision.Hit, now time.Time) (verdicts []limiter.V
 	keys := make([]*hotKey, len(hits))
 	fits, hot := true, true
 	for i := range hits {
-		h := &hits[i].Hit
+		h := &hits[i]
 		k := s.shards[shardOf[i]].track(h.Key, s.perShard)
 		keys[i] = k
 		if k == nil {
@@ -445,7 +447,7 @@ func (s *Slices) local(hits []decision.Hit, now time.Time) (verdicts []limiter.V
 	}
 	verdicts = make([]limiter.Verdict, len(hits))
 	for i := range hits {
-		verdicts[i] = keys[i].take(&hits[i].Hit, now)
+		verdicts[i] = keys[i].take(&hits[i], now)
 	}
 	return verdicts, hot
 }

@@ -411,10 +411,4 @@ func TestSlicesGiveBackOnlyWhatStillCounts(t *testing.T) {
 }
 
 // plain is hits as a request of no global rule, each sliceable.
-func plain(hits ...limiter.Hit) []decision.Hit {
-	out := make([]decision.Hit, len(hits))
-	for i := range hits {
-		out[i].Hit = hits[i]
-	}
-	return out
-}
+func plain(hits ...limiter.Hit) decision.Request { return decision.Request{Hits: hits} }

@@ -21,6 +21,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -182,23 +183,23 @@ func (r *Regions) Close() {
 // Decide decides hits through the inner decider, each hit of a global rule
 // with its region's allowance as its limit and no slice (the allowance
 // moves; a slice would hold units of an older one).
-func (r *Regions) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
+func (r *Regions) Decide(ctx context.Context, req decision.Request) ([]limiter.Verdict, error) {
 	global := -1
-	for i := range hits {
-		if hits[i].Global != nil {
+	for i := range req.Routes {
+		if req.Routes[i].Global != nil {
 			global = i
 			break
 		}
 	}
 	if global < 0 {
-		return r.inner.Decide(ctx, hits)
+		return r.inner.Decide(ctx, req)
 	}
-	hits = append([]decision.Hit(nil), hits...)
+	req = decision.Request{Hits: slices.Clone(req.Hits), Routes: slices.Clone(req.Routes)}
 	now := r.now()
 	r.mu.Lock()
-	for i := global; i < len(hits); i++ {
-		h := &hits[i]
-		if h.Global == nil {
+	for i := global; i < len(req.Hits); i++ {
+		h, route := &req.Hits[i], &req.Routes[i]
+		if route.Global == nil {
 			continue
 		}
 		k := r.keys[h.Key]
@@ -208,15 +209,15 @@ func (r *Regions) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Ve
 		}
 		// The rule as this hit has it: a reload or a limit override may
 		// change it.
-		k.hit, k.global = h.Hit, *h.Global
+		k.hit, k.global = *h, *route.Global
 		k.hit.Cost = 0
 		k.seen = now
 		k.units += float64(h.Cost)
 		h.Limit = k.allowance(now)
-		h.NoSlices, h.Global = true, nil
+		*route = decision.Route{NoSlices: true}
 	}
 	r.mu.Unlock()
-	return r.inner.Decide(ctx, hits)
+	return r.inner.Decide(ctx, req)
 }
 
 // floor is the units every region keeps of k's limit.

@@ -28,9 +28,12 @@ func store(t *testing.T) (*limiter.Limiter, *miniredis.Miniredis) {
 	return l, m
 }
 
-// globalHit is a hit of a global sliding log of limit per window.
-func globalHit(g *config.Global, limit uint32, window time.Duration) decision.Hit {
-	return decision.Hit{Hit: limiter.Hit{Key: "test:{plan}_acme", Algorithm: config.SlidingWindowLog, Limit: limit, Window: window, Cost: 1}, Global: g}
+// globalHit is a request of a hit of a global sliding log of limit per window.
+func globalHit(g *config.Global, limit uint32, window time.Duration) decision.Request {
+	return decision.Request{
+		Hits:   []limiter.Hit{{Key: "test:{plan}_acme", Algorithm: config.SlidingWindowLog, Limit: limit, Window: window, Cost: 1}},
+		Routes: []decision.Route{{Global: g}},
+	}
 }
 
 // admission is an admitted hit: decided between sent and answered.
@@ -104,7 +107,7 @@ func TestRegionsShareOneLimit(t *testing.T) {
 					case <-pace.C:
 					}
 					sent := time.Now()
-					v, err := in.r.Decide(context.Background(), []decision.Hit{globalHit(g, limit, window)})
+					v, err := in.r.Decide(context.Background(), globalHit(g, limit, window))
 					if err != nil {
 						t.Error(err)
 						return

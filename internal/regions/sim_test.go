@@ -168,7 +168,10 @@ func simulate(t *testing.T, seed uint64, steps int) {
 		trace = append(trace, fmt.Sprintf("%v ", clk.Now().Sub(time.Unix(1_700_006_400, 0)))+fmt.Sprintf(format, args...))
 	}
 	say("limit %d per %v, share %v (floor %d), when_cut %v", limit, window, share, floor, g.WhenCut)
-	hit := decision.Hit{Hit: limiter.Hit{Key: "sim:{acme}", Algorithm: config.SlidingWindowLog, Limit: limit, Window: window, Cost: 1}, Global: g}
+	hit := decision.Request{
+		Hits:   []limiter.Hit{{Key: "sim:{acme}", Algorithm: config.SlidingWindowLog, Limit: limit, Window: window, Cost: 1}},
+		Routes: []decision.Route{{Global: g}},
+	}
 	for step := range steps {
 		clk.add(time.Duration(rng.IntN(int(refresh/time.Millisecond)+50)) * time.Millisecond)
 		switch x := rng.IntN(100); {
@@ -177,7 +180,7 @@ func simulate(t *testing.T, seed uint64, steps int) {
 			n := int(demand[in.region] * float64(limit) / 4)
 			ok := 0
 			for range n {
-				v, err := in.r.Decide(context.Background(), []decision.Hit{hit})
+				v, err := in.r.Decide(context.Background(), hit)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -23,7 +23,7 @@ import (
 // through (over the *limiter.Split of both stores), so that a counter is
 // inspected and reset on the store its hits go to, its live slices with it.
 type AdminStore interface {
-	Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Verdict, error)
+	Decide(ctx context.Context, req decision.Request) ([]limiter.Verdict, error)
 	Reset(ctx context.Context, h limiter.Hit) (int64, error)
 }
 
@@ -54,8 +54,9 @@ func (a *Admin) config() *config.Config { return a.svc.current.Load().config }
 // target is the limit and the counter of one descriptor; l is nil when no
 // rule matches.
 type target struct {
-	l   *limit
-	hit decision.Hit
+	l     *limit
+	hit   limiter.Hit
+	route decision.Route
 }
 
 // find validates a descriptor as ShouldRateLimit would and resolves it
@@ -84,9 +85,14 @@ func (a *Admin) find(domain string, entries []*adminv1.Entry) (target, error) {
 	// global modes as a request's hit gets them.
 	first := *l
 	first.also, first.hit = nil, 0
-	hits := []decision.Hit{first.storeHit(&kb, domain, d.Entries, 0)}
+	hits := []limiter.Hit{first.storeHit(&kb, domain, d.Entries, 0)}
 	a.svc.applyModes([]*limit{&first}, hits)
-	return target{l: l, hit: hits[0]}, nil
+	return target{l: l, hit: hits[0], route: first.route()}, nil
+}
+
+// request is a request of the target's hit alone.
+func (t target) request() decision.Request {
+	return decision.Request{Hits: []limiter.Hit{t.hit}, Routes: []decision.Route{t.route}}
 }
 
 // Inspect answers which rule applies to a descriptor and what its counter
@@ -117,7 +123,7 @@ func (a *Admin) Inspect(ctx context.Context, req *adminv1.InspectRequest) (*admi
 	resp.FailureMode = l.failureMode.String()
 	resp.Key = t.hit.Key
 
-	verdicts, err := a.store.Decide(ctx, []decision.Hit{t.hit})
+	verdicts, err := a.store.Decide(ctx, t.request())
 	if err != nil {
 		return nil, storeError(ctx, err)
 	}
@@ -141,7 +147,7 @@ func (a *Admin) Reset(ctx context.Context, req *adminv1.ResetRequest) (*adminv1.
 	case t.l.unlimited:
 		return nil, status.Errorf(codes.NotFound, "rule %q is unlimited: it has no counter", t.l.String())
 	}
-	deleted, err := a.store.Reset(ctx, t.hit.Hit)
+	deleted, err := a.store.Reset(ctx, t.hit)
 	if err != nil {
 		return nil, storeError(ctx, err)
 	}

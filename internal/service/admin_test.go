@@ -66,8 +66,8 @@ func newAdminTest(t *testing.T, opts *Options) (*Service, *Admin, *miniredis.Min
 // directAdmin is a limiter as the admin's store, with no slices between.
 type directAdmin struct{ *limiter.Limiter }
 
-func (d directAdmin) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
-	return d.Limiter.Decide(ctx, decision.LimiterHits(hits))
+func (d directAdmin) Decide(ctx context.Context, req decision.Request) ([]limiter.Verdict, error) {
+	return d.Limiter.Decide(ctx, req.Hits)
 }
 
 func adminEntries(kv ...string) []*adminv1.Entry {
@@ -300,8 +300,8 @@ func TestAdminNoCounter(t *testing.T) {
 // downStore fails as an unreachable store does.
 type downStore struct{}
 
-func (downStore) Decide(_ context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
-	return make([]limiter.Verdict, len(hits)), errors.Join(limiter.ErrStore, errors.New("connection refused"))
+func (downStore) Decide(_ context.Context, req decision.Request) ([]limiter.Verdict, error) {
+	return make([]limiter.Verdict, len(req.Hits)), errors.Join(limiter.ErrStore, errors.New("connection refused"))
 }
 
 func (downStore) Reset(context.Context, limiter.Hit) (int64, error) {

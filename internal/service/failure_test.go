@@ -49,7 +49,8 @@ descriptors:
 // "over=" stand for a slot that did answer: over the limit, 30 s to wait.
 type storeDown struct{}
 
-func (storeDown) Decide(_ context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
+func (storeDown) Decide(_ context.Context, req decision.Request) ([]limiter.Verdict, error) {
+	hits := req.Hits
 	verdicts := make([]limiter.Verdict, len(hits))
 	failed := false
 	for i, h := range hits {
@@ -284,7 +285,8 @@ func TestLimiterStoreDownDefers(t *testing.T) {
 // overloaded is a Decider that never got to ask the store in time.
 type overloaded struct{}
 
-func (overloaded) Decide(_ context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
+func (overloaded) Decide(_ context.Context, req decision.Request) ([]limiter.Verdict, error) {
+	hits := req.Hits
 	verdicts := make([]limiter.Verdict, len(hits))
 	for i, h := range hits {
 		verdicts[i] = limiter.Verdict{FailureVerdict: true, Admitted: h.FailureMode != config.FailureDeny}
@@ -314,8 +316,8 @@ func TestOverloadIsNotAStoreFailure(t *testing.T) {
 // overloaded, the other met a store failure.
 type mixedFailure struct{}
 
-func (mixedFailure) Decide(ctx context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
-	verdicts, _ := overloaded{}.Decide(ctx, hits)
+func (mixedFailure) Decide(ctx context.Context, req decision.Request) ([]limiter.Verdict, error) {
+	verdicts, _ := overloaded{}.Decide(ctx, req)
 	return verdicts, errors.Join(
 		fmt.Errorf("decide: %w: context deadline exceeded", limiter.ErrOverloaded),
 		fmt.Errorf("%w: decide: dial tcp: connection refused", limiter.ErrStore))

@@ -28,11 +28,15 @@ descriptors:
     rate_limit: {unlimited: true}
 `
 
-// recordingDecider admits every hit and keeps the hits it was given.
-type recordingDecider struct{ hits []decision.Hit }
+// recordingDecider admits every hit and keeps the request it was given.
+type recordingDecider struct {
+	hits   []limiter.Hit
+	routes []decision.Route
+}
 
-func (r *recordingDecider) Decide(_ context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
-	r.hits = append([]decision.Hit(nil), hits...)
+func (r *recordingDecider) Decide(_ context.Context, req decision.Request) ([]limiter.Verdict, error) {
+	hits := req.Hits
+	r.hits, r.routes = append([]limiter.Hit(nil), hits...), req.Routes
 	verdicts := make([]limiter.Verdict, len(hits))
 	for i := range verdicts {
 		verdicts[i] = limiter.Verdict{Admitted: true, Charged: true}
@@ -107,5 +111,67 @@ func TestAdminInspectUnderGlobalShadowMode(t *testing.T) {
 	target, err := a.find("adm", adminEntries("counter", "x"))
 	if err != nil || !target.hit.Shadow {
 		t.Fatalf("inspected hit %+v, %v: want a shadow hit", target.hit, err)
+	}
+}
+
+const routesConfig = `
+domain: routes
+descriptors:
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: bulk
+    rate_limit: {unit: minute, requests_per_unit: 5, hot_key_slices: false}
+  - key: seat
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window_log, leases: true}
+  - key: plan
+    rate_limit: {unit: minute, requests_per_unit: 1000, global: true, regional_share: 0.2}
+`
+
+// TestRoutes: each hit's route says what its rule asks of the layers over
+// the limiter: a global rule's its global, hot_key_slices: false's and a
+// seat's no slices; a request of plain rules routes none (nil).
+func TestRoutes(t *testing.T) {
+	cfg, err := config.Parse("routes.yaml", []byte(routesConfig), config.Defaults{Regions: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := &config.Global{Share: 0.2, WhenCut: config.CutShare}
+	for _, tc := range []struct {
+		name string
+		keys []string
+		want []decision.Route // nil: none routed
+	}{
+		{"plain rules", []string{"plain", "plain", "nothing"}, nil},
+		{"no slices", []string{"plain", "bulk", "nothing", "plain"}, []decision.Route{{}, {NoSlices: true}, {}}},
+		{"a seat", []string{"seat"}, []decision.Route{{NoSlices: true}}},
+		{"global", []string{"plan", "plain"}, []decision.Route{{Global: plan}, {}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &recordingDecider{}
+			s := New(cfg, d, nil)
+			req := &rlsv3.RateLimitRequest{Domain: "routes"}
+			for _, k := range tc.keys {
+				req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
+					Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: k, Value: "v"}}})
+			}
+			if _, err := s.ShouldRateLimit(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == nil {
+				if d.routes != nil {
+					t.Errorf("routes %+v, want none", d.routes)
+				}
+				return
+			}
+			if len(d.routes) != len(d.hits) || len(d.routes) != len(tc.want) {
+				t.Fatalf("%d routes for %d hits, want %d", len(d.routes), len(d.hits), len(tc.want))
+			}
+			for i, w := range tc.want {
+				got := d.routes[i]
+				if got.NoSlices != w.NoSlices || (got.Global == nil) != (w.Global == nil) || got.Global != nil && *got.Global != *w.Global {
+					t.Errorf("hit %d (%s): route %+v, want %+v", i, d.hits[i].Key, got, w)
+				}
+			}
+		})
 	}
 }

@@ -10,7 +10,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
-	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
@@ -19,7 +18,7 @@ import (
 // (see statKey), a request that only --shadow-mode admitted (shadowed) in
 // its global_shadow_mode, and one to a domain cfg does not have in its
 // domain_not_found.
-func (s *Service) referenceMetrics(cfg *config.Config, req *rlsv3.RateLimitRequest, limits []*limit, hits []decision.Hit,
+func (s *Service) referenceMetrics(cfg *config.Config, req *rlsv3.RateLimitRequest, limits []*limit, hits []limiter.Hit,
 	verdicts []limiter.Verdict, shadowed bool,
 ) {
 	m := s.opts.Metrics

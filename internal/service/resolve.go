@@ -187,7 +187,7 @@ func dropReplaced(limits []*limit) {
 // requestCost. A descriptor's own hits_addend wins; with is_negative_hits the
 // cost is given back. Whether a cost that does not fit is recorded anyway
 // (a cost reported after it was spent) is the limit's record_costs.
-func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateLimitDescriptor, requestCost uint64) decision.Hit {
+func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateLimitDescriptor, requestCost uint64) limiter.Hit {
 	cost, fromDescriptor := requestCost, false
 	if d.HitsAddend != nil {
 		cost, fromDescriptor = d.HitsAddend.Value, true
@@ -205,7 +205,7 @@ func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateL
 	}
 	h := l.storeHit(kb, domain, entries, cost)
 	if l.leases {
-		l.leaseHit(&h.Hit, d)
+		l.leaseHit(&h, d)
 		return h
 	}
 	h.Refund = d.IsNegativeHits
@@ -216,8 +216,8 @@ func (l *limit) costHit(kb *limiter.KeyBuilder, domain string, d *rlcommon.RateL
 }
 
 // storeHit is the hit for a descriptor under this limit.
-func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, cost uint64) decision.Hit {
-	return decision.Hit{Hit: limiter.Hit{
+func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, cost uint64) limiter.Hit {
+	return limiter.Hit{
 		Key:       storeKey(kb, domain, entries, l),
 		Algorithm: l.algorithm,
 		Limit:     l.requestsPerUnit,
@@ -231,21 +231,18 @@ func (l *limit) storeHit(kb *limiter.KeyBuilder, domain string, entries []*rlcom
 		// descriptor's limits) fits whole.
 		Quota:       l.quota,
 		FailureMode: l.failureMode,
-	},
-		// A concurrency rule's acquisitions are seats: a slice would hold
-		// seats no request uses.
-		NoSlices: l.leases || l.rule != nil && l.rule.NoSlices,
-		Global:   l.global(),
 	}
 }
 
-// global is the limit's across regions (the rule's global), nil when it is
-// its region's alone.
-func (l *limit) global() *config.Global {
+// route is how the layers over the limiter route the limit's hits: a
+// global rule through the regions (Global), a concurrency rule's seats off
+// the slices (a slice would hold seats no request uses), as the rule's
+// hot_key_slices says.
+func (l *limit) route() decision.Route {
 	if l.rule == nil {
-		return nil
+		return decision.Route{NoSlices: l.leases}
 	}
-	return l.rule.Global
+	return decision.Route{Global: l.rule.Global, NoSlices: l.leases || l.rule.NoSlices}
 }
 
 // storeKey names the counter of a descriptor. Entries matched by a

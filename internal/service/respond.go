@@ -16,7 +16,6 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidingwindow/ratelimit/internal/config"
-	"github.com/slidingwindow/ratelimit/internal/decision"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
 )
@@ -42,7 +41,7 @@ import (
 // shown and counted. On quotas the two agree: a descriptor with several
 // quota limits shows a denial first, so it is over when any of them is, as
 // the limiter's quota of its limits (one QuotaGroup) is.
-func (s *Service) respond(domain string, limits []*limit, hits []decision.Hit, verdicts []limiter.Verdict) (
+func (s *Service) respond(domain string, limits []*limit, hits []limiter.Hit, verdicts []limiter.Verdict) (
 	resp *rlsv3.RateLimitResponse, deferred *limit, shadowed bool,
 ) {
 	resp = &rlsv3.RateLimitResponse{

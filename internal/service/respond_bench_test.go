@@ -123,7 +123,8 @@ func newMiniredisBenchService(b *testing.B) *Service {
 // metrics), without go-redis or a server.
 type admitAll struct{}
 
-func (admitAll) Decide(_ context.Context, hits []decision.Hit) ([]limiter.Verdict, error) {
+func (admitAll) Decide(_ context.Context, req decision.Request) ([]limiter.Verdict, error) {
+	hits := req.Hits
 	verdicts := make([]limiter.Verdict, len(hits))
 	for i, h := range hits {
 		verdicts[i] = limiter.Verdict{Admitted: true, Charged: true, Remaining: uint64(h.Limit) - 1, ResetAfter: h.Window}
@@ -151,11 +152,11 @@ func BenchmarkShouldRateLimitNoStore(b *testing.B) {
 
 // benchDecided prepares what respond takes, as ShouldRateLimit does: the
 // limits matched, the hits with their keys, and verdicts.
-func benchDecided(b *testing.B, s *Service, req *rlsv3.RateLimitRequest, admitted bool) ([]*limit, []decision.Hit, []limiter.Verdict) {
+func benchDecided(b *testing.B, s *Service, req *rlsv3.RateLimitRequest, admitted bool) ([]*limit, []limiter.Hit, []limiter.Verdict) {
 	b.Helper()
 	cfg := s.current.Load().config
 	limits := make([]*limit, len(req.Descriptors))
-	hits := make([]decision.Hit, len(req.Descriptors))
+	hits := make([]limiter.Hit, len(req.Descriptors))
 	verdicts := make([]limiter.Verdict, len(req.Descriptors))
 	var kb limiter.KeyBuilder
 	for i, d := range req.Descriptors {
@@ -165,7 +166,7 @@ func benchDecided(b *testing.B, s *Service, req *rlsv3.RateLimitRequest, admitte
 		}
 		l.hit = i
 		limits[i] = l
-		hits[i].Hit = limiter.Hit{Key: storeKey(&kb, req.Domain, d.Entries, l), Algorithm: l.algorithm,
+		hits[i] = limiter.Hit{Key: storeKey(&kb, req.Domain, d.Entries, l), Algorithm: l.algorithm,
 			Limit: l.requestsPerUnit, Window: l.window(), Cost: 1}
 		verdicts[i] = limiter.Verdict{Admitted: admitted, Charged: admitted, Remaining: uint64(l.requestsPerUnit) / 2,
 			ResetAfter: 1500 * time.Millisecond}

@@ -309,7 +309,7 @@ func (q *RLQS) leaseLimit(domain string, entries []*rlcommon.RateLimitDescriptor
 	})
 	lim := rlqs.Limit{Hits: make([]limiter.Hit, len(all))}
 	for i, each := range all {
-		lim.Hits[i] = each.storeHit(&kb, domain, entries, 0).Hit
+		lim.Hits[i] = each.storeHit(&kb, domain, entries, 0)
 	}
 	gov := all[0]
 	kb.Reset(domain)

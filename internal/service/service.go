@@ -245,7 +245,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if requestCost == 0 {
 		requestCost = 1
 	}
-	hits := make([]decision.Hit, 0, len(limits))
+	hits := make([]limiter.Hit, 0, len(limits))
+	var routes []decision.Route
 	kb := limiter.KeyBuilder{Prefix: s.opts.KeyPrefix, Now: s.opts.Now()}
 	for i, l := range limits {
 		if l == nil || l.unlimited {
@@ -254,9 +255,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		d := req.Descriptors[i]
 		l.hit = len(hits)
 		hits = append(hits, l.costHit(&kb, req.Domain, d, requestCost))
+		routes = withRoute(routes, l.hit, l.route(), cap(hits))
 		for _, a := range l.also {
 			a.hit = len(hits)
 			hits = append(hits, a.costHit(&kb, req.Domain, d, requestCost))
+			routes = withRoute(routes, a.hit, a.route(), cap(hits))
 		}
 		// A quota descriptor's limits are one quota: over on one of them,
 		// it is charged on none, as its status says OVER_LIMIT.
@@ -272,7 +275,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if len(hits) > 0 {
 		// On a store error the verdicts follow each rule's failure mode; a
 		// caller that gave up is no news of the store.
-		verdicts, err = s.decider.Decide(ctx, hits)
+		verdicts, err = s.decider.Decide(ctx, decision.Request{Hits: hits, Routes: routes})
 		switch {
 		case err == nil || ctx.Err() != nil:
 		case overloadOnly(err):
@@ -302,6 +305,18 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	return nil, status.Errorf(codes.Unavailable, "rate limit store unavailable, and rule %s has no failure_mode", deferred)
 }
 
+// withRoute adds hit i's route to routes, which stay nil (none routed)
+// while every route is none: a request of plain rules allocates none.
+func withRoute(routes []decision.Route, i int, r decision.Route, n int) []decision.Route {
+	if routes == nil {
+		if r == (decision.Route{}) {
+			return nil
+		}
+		routes = make([]decision.Route, i, n)
+	}
+	return append(routes, r)
+}
+
 // applyModes maps the global modes onto a request's limits and their hits
 // (limit.hit indexes hits; a descriptor without a limit, or unlimited, has
 // none): the one place the service does. The limiter decides what denies the
@@ -318,7 +333,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 //   - A request whose quotas cannot deny it (quotaAlwaysPasses) has its
 //     Quota hits go as Shadow hits, which never keep the others from being
 //     charged.
-func (s *Service) applyModes(limits []*limit, hits []decision.Hit) {
+func (s *Service) applyModes(limits []*limit, hits []limiter.Hit) {
 	if s.opts.QuotaMode {
 		for _, l := range limits {
 			if l == nil {
