@@ -145,14 +145,19 @@ end
 -- It returns the record's name, negated, for the reply's token: the
 -- charge's time, or the first microsecond after it no record of the key
 -- holds, nor held before a Reset ("next", see reset.lua), so that no
--- give-back names another lease's record.
+-- give-back names another lease's record. named[h] is the last name this
+-- call gave in h: a call's records of one key (an RLQS fleet's leases)
+-- come after it, each with one HSETNX, not a probe past every name taken.
+local named = {}
 local function record_slice(key, token, rule, st, now)
   local h = key .. ':slices' -- declared in the call's keys after the hits' (Go's sliceRecordKey)
   local rec = fmt(token) .. ':' .. fmt(rule.cost) .. (rule.bucket and ':bucket' or '')
-  local name = max(now, tonumber(redis.call('HGET', h, 'next')) or 0)
+  local name = named[h]
+  name = name and name + 1 or max(now, tonumber(redis.call('HGET', h, 'next')) or 0)
   while redis.call('HSETNX', h, fmt(name), rec) == 0 do
     name = name + 1
   end
+  named[h] = name
   local ttl = type(rule.window) == 'number' and 2 * rule.window or rule.window[#rule.window] - now
   if st.w then -- GCRA: its TAT
     ttl = max(ttl, st.w - now + rule.window)
@@ -225,6 +230,7 @@ local function decide(keys, args)
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   begin_call()
   clear(quota_over)
+  clear(named)
   -- Parse every request first, to read every string counter of the batch
   -- with one MGET (see prefetch); the log's sorted sets are read one by one.
   -- Hit h (keys[h]) has the rule hit_rules[h]; request q holds hits
