@@ -552,6 +552,29 @@ func TestSimulatorReplays(t *testing.T) {
 	}
 }
 
+// TestSimulatorFoundSeeds replays seeds the search found past a bound
+// beyond the seeds make test searches, each clean since the fix it names.
+func TestSimulatorFoundSeeds(t *testing.T) {
+	for _, tc := range []struct {
+		alg  config.Algorithm
+		seed uint64
+	}{
+		// After a restart and a store admission, a client's refund was
+		// given back to a slice spent before the restart (which the store
+		// no longer counts), not to the store, whose admission was the
+		// newest: the slice spent the units again (hotKey.storeNewest).
+		{config.GCRA, 333867},
+	} {
+		t.Run(fmt.Sprintf("%v/%d", tc.alg, tc.seed), func(t *testing.T) {
+			st := newSimStore(t)
+			s := newSimSchedule(tc.seed, tc.alg)
+			if v, _ := simulate(st, s); v != "" {
+				t.Fatalf("seed %d: %s", tc.seed, v)
+			}
+		})
+	}
+}
+
 // TestSimulatorCases replays schedules written by hand, each one a way
 // past a bound the simulator's search found or that a review saw: each
 // admitted more than its bound, or denied short of the limit, before the

@@ -131,6 +131,7 @@ func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 		}
 	}
 	v := limiter.Verdict{Admitted: true, Charged: true, ResetAfter: max(0, last.resetAfter-now.Sub(last.sent))}
+	k.storeNewest = false
 	k.answer(h, &v, now)
 	return v
 }

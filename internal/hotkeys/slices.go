@@ -191,9 +191,13 @@ type hotKey struct {
 	// inFlight is closed once the lease sent for k, if any, has its answer
 	// in: an answer of the store meanwhile waits for it (see withHeld).
 	inFlight chan struct{}
-	known    bool        // remaining is known
-	answered time.Time   // when remaining was answered
-	rule     limiter.Hit // the hit the slices are of (Cost unset)
+	// storeNewest: the newest units admitted of k were the store's (a
+	// charge the ledger decided since the slices last spent), so a refund,
+	// which cancels the newest units, is the store's to take back.
+	storeNewest bool
+	known       bool        // remaining is known
+	answered    time.Time   // when remaining was answered
+	rule        limiter.Hit // the hit the slices are of (Cost unset)
 }
 
 // NewSlices returns Slices leasing from ledger. Close stops them.
@@ -311,7 +315,7 @@ func (s *Slices) refundLocally(h *limiter.Hit) (limiter.Verdict, bool) {
 	defer sh.mu.Unlock()
 	k := sh.keys[h.Key]
 	now := s.now()
-	if k == nil || !k.matches(h) || k.leasing || k.inFlight != nil {
+	if k == nil || !k.matches(h) || k.leasing || k.inFlight != nil || k.storeNewest {
 		return limiter.Verdict{}, false
 	}
 	var spent uint64
@@ -363,6 +367,9 @@ func (s *Slices) withHeld(ctx context.Context, req decision.Request, verdicts []
 			s.await(ctx, landed)
 			sh.mu.Lock()
 			k = sh.keys[h.Key]
+		}
+		if k != nil && v.Charged && !h.Refund && h.Cost > 0 {
+			k.storeNewest = true
 		}
 		if now := s.now(); k != nil && (k.leasing || k.matches(h)) {
 			k.rebase(*v, h.Refund || h.Settle != "", now)
