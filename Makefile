@@ -66,12 +66,13 @@ bench:
 
 SIM_SCHEDULES ?= 100000
 SIM_FOR ?= 0
-SIM_FROM ?= 1
+SIM_FROM ?= $(shell date +%s)
 
 ## sim: the simulator of the limit's promise (internal/hotkeys/sim_test.go): random schedules of
 ## hits, refunds, recorded costs, leases, Resets, reloads, lost replies, failovers and restarts through several
 ## instances' slices on the real Lua, with a per-second store beside the main one: SIM_SCHEDULES
-## per algorithm from seed SIM_FROM (the five side by side), for at most SIM_FOR (0: no cap); a failure
+## per algorithm from seed SIM_FROM (default the Unix time: each run searches new schedules; its
+## summary names the seeds) (the five side by side), for at most SIM_FOR (0: no cap); a failure
 ## prints its seed and the schedule shrunk (replay: -sim.seed N). GOGC=400: the search allocates
 ## much and lives short; a fifth more schedules in its time
 sim:
