@@ -564,6 +564,20 @@ func TestSimulatorFoundSeeds(t *testing.T) {
 		// no longer counts), not to the store, whose admission was the
 		// newest: the slice spent the units again (hotKey.storeNewest).
 		{config.GCRA, 333867},
+		// The oracle's own model, wrong: it ordered the log's members by
+		// the instant they were charged at, a part's first, where the store
+		// scores the charges of one instant a microsecond apart, in the
+		// order they came; a refund took the later plain charges, not a
+		// part charged before them, whose give-back then took the part's:
+		// the oracle counted one unit the store rightly did not
+		// (simRun.logScore).
+		{config.SlidingWindowLog, 1796375726},
+		// The oracle's own model again: a Reset of the log keeps another
+		// instance's slice members recorded ahead, an ended slice's (spent
+		// whole, or idle) as a live one's; the oracle kept only the live
+		// ones', and took the store's denial for one short of the limit
+		// (simRun.keepSliceMembers).
+		{config.SlidingWindowLog, 1796349011658},
 	} {
 		t.Run(fmt.Sprintf("%v/%d", tc.alg, tc.seed), func(t *testing.T) {
 			st := newSimStore(t)

@@ -1,6 +1,7 @@
 package hotkeys
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -26,9 +27,12 @@ type simAdmission struct {
 	from simSource
 	// part: charged as a request's part (on two stores, or two Cluster
 	// slots). The log names such a charge's members after its score and a
-	// nonce, which sort after a plain charge's name at that score: among
-	// units admitted at one instant, a refund takes a part's first.
+	// nonce, which sort after a plain charge's name at that score.
 	part bool
+	// score is the log's score of the members the store recorded, in
+	// microseconds (simRun.logScore): a refund at the store takes the
+	// newest by score, and at one score a part's first (by its name).
+	score int64
 }
 
 type simSource uint8
@@ -105,9 +109,9 @@ func (r *simRun) refundable() uint64 {
 // charge: the log's at the store (from simByStore) takes the newest
 // members a request's charge added (not a slice's nor a lease's), a charge
 // whose request is not answered yet among them (whose give-back then finds
-// nothing), and of those admitted at one instant a part's first (see
-// simAdmission.part); one given back to an instance's slices (simBySlice), to spend
-// again, the units they spent. The counters' and GCRA's take from a count
+// nothing), newest by the store's score (simAdmission.score); one given
+// back to an instance's slices (simBySlice), to spend again, the units
+// they spent. The counters' and GCRA's take from a count
 // or a time, whoever admitted the units, and a charge not answered yet
 // keeps its own units, which its give-back takes.
 func (r *simRun) cancel(n uint64, from simSource) uint64 {
@@ -122,10 +126,12 @@ func (r *simRun) cancel(n uint64, from simSource) uint64 {
 		newest = append(newest, i)
 	}
 	if r.semantics() == config.SlidingWindowLog {
-		// The log's refund takes the newest members by score, then by name.
+		// The log's refund takes the newest members by score, then by name
+		// (ZREVRANGEBYSCORE): "<score>p<nonce>" before "<score>", and of
+		// two parts the later nonce.
 		slices.SortStableFunc(newest, func(i, j int) int {
 			a, b := &r.admitted[i], &r.admitted[j]
-			if c := b.at.Compare(a.at); c != 0 {
+			if c := cmp.Compare(b.score, a.score); c != 0 {
 				return c
 			}
 			switch {
@@ -152,8 +158,39 @@ func (r *simRun) cancel(n uint64, from simSource) uint64 {
 // admit records n units admitted now, from (see simAdmission), and checks
 // the algorithm's bound.
 func (r *simRun) admit(n uint64, from simSource, part bool) string {
-	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n, from: from, part: part})
+	r.record(simAdmission{units: n, from: from, part: part})
 	return r.check(r.count())
+}
+
+// record adds a, charged now, to what was admitted, scored as the log's
+// store scores its members.
+func (r *simRun) record(a simAdmission) {
+	a.at, a.score = r.now, r.logScore(a)
+	r.admitted = append(r.admitted, a)
+}
+
+// logScore is the score the log's store gives the members of a charge
+// made now (sliding_window_log.commit, under a frozen TIME): a part's is
+// TIME, its name unique by its nonce; any other's the first microsecond
+// from TIME whose plain name is free, a name live while a charge's first
+// member is (a refund takes a charge's first member last). So charges at
+// one instant are scored apart, in the order they came, and a refund
+// takes the later first.
+func (r *simRun) logScore(a simAdmission) int64 {
+	score := r.now.UnixMicro()
+	if a.part || a.from != simByStore || r.semantics() != config.SlidingWindowLog {
+		return score
+	}
+	taken := map[int64]bool{}
+	for _, b := range r.admitted[r.since:] {
+		if b.from == simByStore && !b.part && b.refunded < b.units && b.score >= score {
+			taken[b.score] = true
+		}
+	}
+	for taken[score] {
+		score++
+	}
+	return score
 }
 
 // charged records n units a request's part charged now, before its answer
@@ -162,7 +199,7 @@ func (r *simRun) admit(n uint64, from simSource, part bool) string {
 // newest). answered settles them.
 func (r *simRun) charged(n uint64) {
 	r.pending = len(r.admitted)
-	r.admitted = append(r.admitted, simAdmission{at: r.now, units: n, part: true})
+	r.record(simAdmission{units: n, part: true})
 }
 
 // answered settles the units charged ahead of the answer: an admitted

@@ -553,9 +553,13 @@ type simRun struct {
 	restartAt   time.Time // the last restart
 	since       int       // the first admission after the last Reset or restart: the count starts again
 	// keptMembers is, for the log, what a Reset kept of other instances'
-	// live slices: the units they had spent, whose members (recorded at the
-	// slice's end) stay, while their admissions are before since.
-	keptMembers     map[*slice]simKept
+	// slices whose members (recorded at the slice's end) were still ahead:
+	// the units they had spent, whose members stay, while their admissions
+	// are before since; by the slice's token.
+	keptMembers map[int64]simKept
+	// givenBack is, for the log, the units given back of each slice, by
+	// its token: what of an ended slice's members the store no longer holds.
+	givenBack       map[int64]uint64
 	seats           []simSeat // a seats rule's leases, the oldest first
 	seatsFrom       int       // the first seat after the last Reset or restart
 	faults          []simFault
@@ -872,6 +876,14 @@ func (l simLedger) GiveBack(ctx context.Context, returns []limiter.Return) (uint
 		return 0, err
 	}
 	n, err := l.split.GiveBack(ctx, returns)
+	if err == nil && l.r.rule.alg == config.SlidingWindowLog {
+		for _, ret := range returns {
+			if l.r.givenBack == nil {
+				l.r.givenBack = map[int64]uint64{}
+			}
+			l.r.givenBack[ret.Token] += ret.Units
+		}
+	}
 	if err = l.r.acknowledge(0, nil, err); err != nil {
 		return 0, err
 	}
@@ -1315,7 +1327,7 @@ func (r *simRun) apply(o simOp) string {
 		}
 		r.seats[i].settled = true
 		// The actual cost counts in its window, even past the limit.
-		r.admitted = append(r.admitted, simAdmission{at: r.now, units: o.cost})
+		r.record(simAdmission{units: o.cost})
 	case simRecord:
 		h := r.hit(o.n)
 		h.Record = true
@@ -1329,7 +1341,7 @@ func (r *simRun) apply(o simOp) string {
 		// what was admitted before it in the store (a part's charge
 		// answered after it, a slice leased before it) may be spent or
 		// answered after it.
-		r.admitted = append(r.admitted, simAdmission{at: r.now, units: o.n})
+		r.record(simAdmission{units: o.n})
 		if len(verdicts) == 0 || !verdicts[0].Admitted {
 			r.debts = append(r.debts, simFault{at: r.now, units: o.n})
 		}
@@ -1465,17 +1477,29 @@ type simKept struct {
 }
 
 // keepSliceMembers records, at a Reset of the log at inst, the units the
-// other instances' live slices spent before it: the Reset keeps their
-// members, which count as long as the log holds them. inst's own slices
-// end, and their members go by name.
+// other instances' slices spent before it whose members are still ahead:
+// the Reset keeps them, and they count as long as the log holds them. A
+// live slice's unused units are the slices' held; an ended one's (its
+// members recorded ahead until its period's end) are given back, or on
+// their way (the slices' returns, held too). inst's own slices end, and
+// their members go by name.
 func (r *simRun) keepSliceMembers(inst int) {
 	if r.rule.alg != config.SlidingWindowLog {
 		return
 	}
-	for sl, k := range r.keptMembers {
+	for token, k := range r.keptMembers {
 		if k.inst == inst {
-			delete(r.keptMembers, sl)
+			delete(r.keptMembers, token)
 		}
+	}
+	keep := func(i int, token int64, units uint64, at time.Time) {
+		if units == 0 || !at.After(r.now) {
+			return
+		}
+		if r.keptMembers == nil {
+			r.keptMembers = map[int64]simKept{}
+		}
+		r.keptMembers[token] = simKept{inst: i, units: units, at: at}
 	}
 	for i, s := range r.slices {
 		if i == inst {
@@ -1483,12 +1507,18 @@ func (r *simRun) keepSliceMembers(inst int) {
 		}
 		s.each(func(k *hotKey) {
 			for _, sl := range k.slices {
-				if sl.live(r.now) && sl.used > 0 {
-					if r.keptMembers == nil {
-						r.keptMembers = map[*slice]simKept{}
-					}
-					r.keptMembers[sl] = simKept{inst: i, units: sl.used, at: sl.expires}
+				if sl.live(r.now) {
+					keep(i, sl.token, sl.used, sl.expires)
 				}
+			}
+			for _, rec := range k.recorded {
+				units := rec.all.Units - min(rec.all.Units, r.givenBack[rec.all.Token])
+				for _, ret := range s.returns {
+					if ret.Token == rec.all.Token {
+						units -= min(units, ret.Units)
+					}
+				}
+				keep(i, rec.all.Token, units, time.UnixMicro(rec.all.Token))
 			}
 		})
 	}
