@@ -837,10 +837,15 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 			secondAt++
 		}
 	}
+	// A give-back that never lands is a violation (the charge stays), not
+	// a search that waits for ever.
+	landed := r.slowGate.awaitFor(secondAt, simOwedWait)
 	if !r.leaving { // else the rule's part is parked: leave awaits it
-		r.gate.await(mainAt, false)
+		landed = r.gate.awaitFor(mainAt, simOwedWait) && landed
 	}
-	r.slowGate.await(secondAt, false)
+	if !landed && r.violation == "" {
+		r.violation = simNeverSent + ": a denied request's give-back"
+	}
 	return v, err
 }
 
