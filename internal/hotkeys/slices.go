@@ -270,9 +270,7 @@ func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Ve
 	}
 	if !s.leasable(req) {
 		verdicts, err := s.ledger.Decide(ctx, hits)
-		if err == nil {
-			s.withHeld(ctx, req, verdicts)
-		}
+		s.withHeld(ctx, req, verdicts) // a failed part's verdicts among them
 		return verdicts, err
 	}
 	now := s.now()
@@ -283,7 +281,8 @@ func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Ve
 		if s.observe.Local != nil {
 			s.observe.Local(len(hits))
 		}
-	} else if verdicts, err = s.ledger.Decide(ctx, hits); err == nil {
+	} else {
+		verdicts, err = s.ledger.Decide(ctx, hits)
 		s.withHeld(ctx, req, verdicts)
 	}
 	// Slices are leased ahead of need, and only for a request every hit of
@@ -346,7 +345,9 @@ func (s *Slices) refundLocally(h *limiter.Hit) (limiter.Verdict, bool) {
 // withHeld adds to the answers the ledger gave the units this instance's
 // slices of their keys still hold, as an answer from a slice does: they
 // are this instance's to give, so that one instance answers what it would
-// without slices. Shadow and quota-mode answers say what Redis says. The
+// without slices. Shadow and quota-mode answers say what Redis says, and
+// a failure verdict what the failure mode does; the other hits of a
+// request one part of which failed are the store's answers. The
 // store may have charged a lease of their keys still on its way before or
 // after them: its answer is awaited, to know (see rebase).
 func (s *Slices) withHeld(ctx context.Context, req decision.Request, verdicts []limiter.Verdict) {

@@ -410,5 +410,54 @@ func TestSlicesGiveBackOnlyWhatStillCounts(t *testing.T) {
 	}
 }
 
+// TestSlicesRefundAfterAPartlyFailedRequest: a request whose hot key's
+// hit the store charged while its other part failed (the per-second store
+// down) leaves the store's unit the newest of the key: a refund right after
+// is the store's, not given back to the slice, which would spend it again
+// beside the store's charge.
+func TestSlicesRefundAfterAPartlyFailedRequest(t *testing.T) {
+	in := newInstances(t, 0, SliceOptions{})
+	second, _ := luastore.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: second.Addr(), DialerRetries: 1, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	perSecond := limiter.New(client, &limiter.Options{Timeout: time.Second, DenyCache: -1})
+	t.Cleanup(perSecond.Close)
+	s := newSlices(limiter.NewSplit(in.lim, perSecond), &SliceOptions{
+		Now:     func() time.Time { return in.now },
+		Observe: SliceObserver{Local: func(n int) { in.local.Add(int64(n)) }},
+	}, false)
+	t.Cleanup(s.Close)
+	in.slices = []*Slices{s}
+	hit := limiter.Hit{Key: "{h}:k", Algorithm: config.FixedWindow, Limit: 150, Window: 10 * time.Second, Cost: 1}
+	for i := range 40 { // 20 a second: the key leases a slice and spends from it
+		if i%20 == 0 {
+			s.turn(in.now)
+		}
+		if _, err := s.Decide(context.Background(), plain(hit)); err != nil {
+			t.Fatal(err)
+		}
+		in.settle()
+		in.advance(50 * time.Millisecond)
+	}
+	if in.local.Load() == 0 {
+		t.Fatal("no hit was decided from a slice: the key never leased one")
+	}
+	second.Close()
+	other := limiter.Hit{Key: "{o}:k", Algorithm: config.FixedWindow, Limit: 10, Window: time.Second, Cost: 1}
+	v, err := s.Decide(context.Background(), plain(hit, other))
+	if err == nil || !v[0].Charged || !v[1].FailureVerdict {
+		t.Fatalf("want the hot key charged at the store and the per-second part failed: %+v, %v", v, err)
+	}
+	local := in.local.Load()
+	refund := hit
+	refund.Refund = true
+	if _, err := s.Decide(context.Background(), plain(refund)); err != nil {
+		t.Fatal(err)
+	}
+	if in.local.Load() != local {
+		t.Error("the refund was given back to the slice, though the store's charge was the newest unit of the key")
+	}
+}
+
 // plain is hits as a request of no global rule, each sliceable.
 func plain(hits ...limiter.Hit) decision.Request { return decision.Request{Hits: hits} }
