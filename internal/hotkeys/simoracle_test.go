@@ -181,13 +181,19 @@ func (r *simRun) logScore(a simAdmission) int64 {
 	if a.part || a.from != simByStore || r.semantics() != config.SlidingWindowLog {
 		return score
 	}
-	taken := map[int64]bool{}
-	for _, b := range r.admitted[r.since:] {
+	// A charge at an instant is scored at most as many microseconds after
+	// it as there were charges: older admissions' scores are all below now.
+	var taken []int64
+	for i := len(r.admitted) - 1; i >= r.since; i-- {
+		b := &r.admitted[i]
+		if b.at.UnixMicro()+int64(len(r.admitted)) < score {
+			break
+		}
 		if b.from == simByStore && !b.part && b.refunded < b.units && b.score >= score {
-			taken[b.score] = true
+			taken = append(taken, b.score)
 		}
 	}
-	for taken[score] {
+	for slices.Contains(taken, score) {
 		score++
 	}
 	return score
