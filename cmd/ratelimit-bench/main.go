@@ -515,6 +515,8 @@ func noCounters() (map[string]float64, error) { return map[string]float64{}, nil
 // -skew-warmup for a skewed-keys scenario), -duration and -rate.
 func (o options) timing(s Scenario) (warmup, duration time.Duration, rate float64) {
 	switch {
+	case s.Window != "" && s.Rate > 0: // a per-algorithm key at its pace
+		return o.skewWarmup, o.duration, float64(s.Rate)
 	case s.Rate > 0:
 		return o.latWarmup, o.latDur, float64(s.Rate)
 	case s.Dist != "":

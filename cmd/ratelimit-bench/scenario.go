@@ -48,7 +48,7 @@ type Scenario struct {
 	Descriptors int    // descriptors per request, each its own counter
 	Concurrency int    // workers, each with one request in flight
 	Dist        string // "" (the matrix: one hot key, or uniform over Keys), or distZipf or distUniform (skew.go)
-	Rate        int    // 0: closed loop (or -rate); else the requests/s its Concurrency workers are paced to (latency.go)
+	Rate        int    // 0: closed loop (or -rate); else the requests/s its Concurrency workers are paced to (latency.go, and distPaced)
 	// The skewed keys per algorithm and window (skew.go): the rule's unit
 	// and algorithm (an algorithms Name), "" for the skew rule's own.
 	Window, Algo string
@@ -89,11 +89,11 @@ func modeName(denied bool) string {
 // zipf/service/gcra-second/1d/c64 (envoyproxy/ratelimit's: zipf/envoyproxy/second/1d/c64);
 // a latency scenario latency/<rate>rps/target, e.g. latency/1000rps/service.
 func (s Scenario) Name() string {
-	if s.Rate > 0 {
-		return fmt.Sprintf("latency/%drps/%s", s.Rate, targetName(s.Alg))
-	}
 	if s.Dist != "" && s.Window != "" {
 		return fmt.Sprintf("%s/%s/%s/%dd/c%d", s.Dist, targetName(s.Alg), s.ruleTag(), s.Descriptors, s.Concurrency)
+	}
+	if s.Rate > 0 {
+		return fmt.Sprintf("latency/%drps/%s", s.Rate, targetName(s.Alg))
 	}
 	if s.Dist != "" {
 		return fmt.Sprintf("%s/%s/%dd/c%d", s.Dist, targetName(s.Alg), s.Descriptors, s.Concurrency)

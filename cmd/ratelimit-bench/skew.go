@@ -31,6 +31,8 @@ import (
 const (
 	distZipf    = "zipf"
 	distUniform = "uniform"
+	// distPaced is one key at its rule's pace, open loop (skewalgo.go).
+	distPaced = "paced"
 )
 
 const (
@@ -338,7 +340,7 @@ func runTargets(ctx context.Context, o options, rep *Report, list []Scenario, ri
 			return fmt.Errorf("%s: %w", s.Name(), err)
 		}
 		fmt.Fprintf(stderr, "        %s\n", m.summary())
-		if s.Rate == 0 {
+		if s.Rate == 0 || s.Window != "" {
 			rep.Skew = append(rep.Skew, m)
 			continue
 		}

@@ -50,13 +50,16 @@ func TestSkewScenarios(t *testing.T) {
 		"uniform/service/counter-minute/1d/c64 uniform/service-noslices/counter-minute/1d/c64 " +
 		"uniform/service/fixed-minute/1d/c64 uniform/service-noslices/fixed-minute/1d/c64 " +
 		"uniform/service/gcra-minute/1d/c64 uniform/service-noslices/gcra-minute/1d/c64"
+	const paced = "paced/service/gcra-second/1d/c64 paced/service-noslices/gcra-second/1d/c64"
 	const base = "zipf/floor/1d/c64 zipf/envoyproxy/1d/c64 zipf/service/1d/c64 " +
 		"uniform/floor/1d/c64 uniform/envoyproxy/1d/c64 uniform/service/1d/c64"
 	for _, tc := range []struct {
 		quick, floors, upstreams bool
 		run, want                string
 	}{
-		{false, true, true, "", base + " " + zipfAlgos + " " + uniformAlgos},
+		{false, true, true, "", base + " " + zipfAlgos + " " + uniformAlgos + " " + paced},
+		// GCRA at its pace has neither a floor nor envoyproxy/ratelimit.
+		{false, true, true, "^paced/", paced},
 		{true, true, true, "", "zipf/floor/1d/c64 zipf/envoyproxy/1d/c64 zipf/service/1d/c64"},
 		{false, true, true, "^(zipf|uniform)/[^/]+/1d/", base},
 		{false, true, true, "^uniform/service/1d", "uniform/floor/1d/c64 uniform/envoyproxy/1d/c64 uniform/service/1d/c64"},
@@ -333,6 +336,11 @@ func TestSkewAlgoConfig(t *testing.T) {
 		}
 		want := uint32(skewSecondLimit)
 		switch {
+		case s.Dist == distPaced:
+			want = pacedRate
+			if s.Rate != pacedRate || s.Keys != 1 || s.Algo != "gcra" {
+				t.Errorf("%s: %d keys at %d a second, %s", s.Name(), s.Keys, s.Rate, s.Algo)
+			}
 		case s.Algo == "log":
 			want = skewLogLimit
 		case s.Window == "minute":
@@ -346,8 +354,8 @@ func TestSkewAlgoConfig(t *testing.T) {
 		}
 	}
 	// Per distribution: four algorithms by two windows, twice (slices
-	// off); envoyproxy/ratelimit per second.
-	if services != 16+16 || upstreams != 2 {
+	// off); envoyproxy/ratelimit per second; GCRA at its pace, twice.
+	if services != 16+16+2 || upstreams != 2 {
 		t.Errorf("%d service scenarios, %d of envoyproxy/ratelimit", services, upstreams)
 	}
 }

@@ -21,6 +21,13 @@ var (
 	skewAlgos   = []string{"log", "counter", "fixed", "gcra"}
 )
 
+// pacedRate is the limit per second of the paced GCRA rule
+// (skew_paced_gcra_second) and the rate its one key is offered, open loop:
+// the load GCRA's hot slice kind serves. Under its pace a bucket refills
+// and takes no slice (no cell above reaches a key's pace); above it, the
+// bucket is empty and takes none either.
+const pacedRate = 10_000
+
 // skewAlgoScenarios are the skewed keys per algorithm and window, in run
 // order: per distribution and window, envoyproxy/ratelimit's per-second
 // scenario, then each algorithm's service scenario and its slices-off one
@@ -38,7 +45,8 @@ func skewAlgoScenarios() []Scenario {
 			}
 		}
 	}
-	return out
+	paced := Scenario{Alg: skewAlg, Keys: 1, Descriptors: 1, Concurrency: skewStreams, Dist: distPaced, Window: "second", Algo: "gcra", Rate: pacedRate}
+	return append(out, paced, paced.NoSlicesOf())
 }
 
 // ruleTag is a per-algorithm skewed-keys scenario's rule in its name:
@@ -51,9 +59,13 @@ func (s Scenario) ruleTag() string {
 }
 
 // ruleSuffix is what a skewed-keys scenario's rule key adds to
-// skewRuleKey: _algorithm_window, _window, or nothing.
+// skewRuleKey: _algorithm_window (_paced_algorithm_window at a key's
+// pace), _window, or nothing.
 func (s Scenario) ruleSuffix() string {
 	var out string
+	if s.Dist == distPaced {
+		out = "_" + distPaced
+	}
 	for _, part := range []string{s.Algo, s.Window} {
 		if part != "" {
 			out += "_" + part
@@ -87,8 +99,10 @@ func writeSkewAlgos(w io.Writer, rep *Report, ix skewIndex) {
 	fmt.Fprintf(w, "\nSkewed keys per algorithm and window: as above (%s of warm-up, %s measured, %d streams), on a rule of each algorithm "+
 		"per second (%s a second, the log %s) and per minute (%s a minute, the log %s: its hottest keys are denied), "+
 		"the service at its defaults and with slices off (`%s`); envoyproxy/ratelimit on a rule of the same window "+
-		"(per minute: its row above). Ratios: the service's figure per decision over envoyproxy/ratelimit's and over slices off's.\n\n",
-		o.skewWarmup, o.duration, skewStreams, count(skewSecondLimit), count(skewLogLimit), count(skewLimit), count(skewLogLimit), strings.Join(noSlicesArgs, " "))
+		"(per minute: its row above); `paced`: one key of a GCRA rule of %s a second offered %s a second, open loop (its pace: "+
+		"the load GCRA's hot slices serve). Ratios: the service's figure per decision over envoyproxy/ratelimit's and over slices off's.\n\n",
+		o.skewWarmup, o.duration, skewStreams, count(skewSecondLimit), count(skewLogLimit), count(skewLimit), count(skewLogLimit), strings.Join(noSlicesArgs, " "),
+		count(pacedRate), count(pacedRate))
 	fmt.Fprintln(w, "| ! | scenario | decisions/s | p50 | p99 | deadline misses | errors | denied | service CPU / decision | Redis CPU / decision "+
 		"| Redis commands / decision | commands vs envoyproxy | Redis CPU vs envoyproxy | service CPU vs envoyproxy | commands vs slices off | Redis CPU vs slices off |")
 	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
