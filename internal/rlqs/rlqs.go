@@ -374,7 +374,7 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 
 // aloneSlack is what others may hold on a counter that still counts as the
 // fleet's alone: a unit of rounding between the counter and the fleet's
-// count. decide.lua's alone_fleet allows the same.
+// count. rlqs_lease.lua's alone_fleet allows the same.
 const aloneSlack = 1
 
 // measureOthers reads b.others off the counter without charging it.

@@ -104,7 +104,8 @@ local function parse_rule(s)
     quota = quota,
     group = quota and tonumber(group) or 0, -- a quota hit's: its quota
     over = role == ROLE_QUOTA_OVER, -- a quota hit's: its quota is over already
-    alone = kind.alone, -- a record only when the fleet is alone: see alone_fleet
+    -- a conditional record's condition (rlqs_lease.lua's record_conditions)
+    conditional = kind.conditional and record_conditions[kind.name],
     bucket = kind.bucket, -- an Envoy's token bucket's lease: see record_slice
     lease = false, -- a lease's { ttl (microseconds), nonce }
     part = not (kind.lease or kind.settle) and nonce ~= '' and nonce, -- a part's charge's nonce (see sliding_window_log.commit)
@@ -112,7 +113,7 @@ local function parse_rule(s)
     string = alg ~= ALG_SLIDING_WINDOW_LOG, -- kept in a string, read by prefetch
     charges = kind.charges and cost > 0, -- a charge of units (not a refund, not a check)
   }
-  if not rule.alg or (not quota and role ~= ROLE_ENFORCED and role ~= ROLE_SHADOW) then
+  if not rule.alg or (not quota and role ~= ROLE_ENFORCED and role ~= ROLE_SHADOW) or kind.conditional and not rule.conditional then
     error('decide: unknown algorithm or role in hit argument ' .. s)
   end
   if kind.lease or kind.settle then
@@ -185,46 +186,6 @@ local replied = 0
 -- begins, and written only for quota hits.
 local quota_over = {}
 
--- holds is what hit i's counter holds before the request's charges, by its
--- check (the same reading as Go's answer: its capacity less what remains).
-local function holds(keys, now, i)
-  local rule, st = hit_rules[i], states[i]
-  local remaining = st.remaining
-  if not st.again then
-    remaining = rule.alg.result(keys[i], st, rule.limit, rule.window, rule.need, now)
-  end
-  local capacity = rule.burst or rule.limit
-  return capacity - min(remaining, capacity)
-end
-
--- alone_fleet reports whether the record_if_alone hits of the request at first
--- to last are to be recorded: an RLQS fleet's lease is recorded past the
--- counter's limit only when the request holds the fleet's own count of
--- the counter (its hit at the counter's key .. FLEET_SUFFIX, not a give
--- back) and the counter holds at most a unit (of rounding) more than it,
--- read now: the fleet is then the counter's only user, and its shares
--- hold it to the limit. When others took from the counter, the lease must
--- fit beside them, as any hit.
-local function alone_fleet(keys, now, first, last)
-  local measured = false
-  for i = first, last do
-    if hit_rules[i].alone then
-      local fleet = keys[i] .. FLEET_SUFFIX
-      for j = first, last do
-        if keys[j] == fleet and not hit_rules[j].refund then
-          if holds(keys, now, i) > holds(keys, now, j) + 1 then
-            return false
-          end
-          measured = true
-        end
-      end
-    end
-  end
-  -- Without the fleet's count in this call (a limit of the rule on
-  -- another Cluster slot), nothing says the fleet is alone.
-  return measured
-end
-
 local function decide(keys, args)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -235,11 +196,12 @@ local function decide(keys, args)
   -- with one MGET (see prefetch); the log's sorted sets are read one by one.
   -- Hit h (keys[h]) has the rule hit_rules[h]; request q holds hits
   -- starts[q] to starts[q + 1] - 1. checks[q] is true when request q only
-  -- checks, refunds[q] when it has a refund: both are rare, so their
-  -- tables are made only when needed. A string counter's key is listed once
+  -- checks, refunds[q] when it has a refund, conditions[q] its conditional
+  -- records' condition when it has some: all are rare, so their tables
+  -- are made only when needed. A string counter's key is listed once
   -- for the MGET, marked in stored (false) until prefetch reads it.
   local nreq = 0
-  local checks, refunds = false, false
+  local checks, refunds, conditions = false, false, false
   local nstrings = 0
   local h, a, nargs = 0, 1, #args
   while a <= nargs do
@@ -268,6 +230,10 @@ local function decide(keys, args)
       if rule.refund then
         refunds = refunds or {}
         refunds[nreq] = true
+      end
+      if rule.conditional then
+        conditions = conditions or {}
+        conditions[nreq] = rule.conditional
       end
     end
     a = last + 1
@@ -320,7 +286,7 @@ local function decide(keys, args)
         local st = denied and denied[key]
         -- A denial is never of a recorded hit, so it is never committed
         -- (a conditional record's may be: it is checked afresh).
-        if not st or st.rule ~= rule or rule.alone then
+        if not st or st.rule ~= rule or rule.conditional then
           st = rule.alg.check(key, rule.limit, rule.window, rule.need, now, rule.burst)
         end
         states[i] = st
@@ -345,13 +311,14 @@ local function decide(keys, args)
         end
       end
     end
-    local recorded = alone_fleet(keys, now, first, last)
+    local condition = conditions and conditions[q]
+    local recorded = condition and condition(keys, hit_rules, states, now, first, last)
     for i = first, last do
       local rule, key, st = hit_rules[i], keys[i], states[i]
       local alg = rule.alg
       -- A quota over charges none of its hits, as a denied request.
       local charged = rule.charges and
-        (rule.record and (recorded or not rule.alone) or
+        (rule.record and (recorded or not rule.conditional) or
           charge and st.admit and not (rule.quota and quota_over[rule.group] == q))
       -- (A denial answered again is never charged: see the check loop.)
       if charged then

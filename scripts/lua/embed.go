@@ -24,6 +24,8 @@ var (
 	prelude string
 	//go:embed decide.lua
 	decide string
+	//go:embed rlqs_lease.lua
+	rlqsLease string
 	//go:embed reset.lua
 	reset string
 	//go:embed refund.lua
@@ -50,9 +52,10 @@ var (
 var library = constants + prelude + algorithmCode()
 
 // decideCode defines the local functions decide(keys, args) and
-// undo_charges(keys, args), which the scripts and the library call.
+// undo_charges(keys, args), which the scripts and the library call;
+// rlqs_lease.lua, before decide.lua, the condition of an RLQS fleet's lease.
 var (
-	decideCode   = library + decide + refund
+	decideCode   = library + rlqsLease + decide + refund
 	decideScript = decideCode + "return decide(KEYS, ARGV)\n"
 	refundScript = decideCode + "return undo_charges(KEYS, ARGV)\n"
 )

@@ -42,7 +42,7 @@ func TestAlgorithmTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range files {
-		if name := strings.TrimSuffix(f, ".lua"); !names[name] && !slices.Contains([]string{"prelude", "decide", "refund", "reset", "rlqs_shares", "rlqs_confirm", "region_allowance", "region_sync", "water_level"}, name) {
+		if name := strings.TrimSuffix(f, ".lua"); !names[name] && !slices.Contains([]string{"prelude", "decide", "refund", "reset", "rlqs_lease", "rlqs_shares", "rlqs_confirm", "region_allowance", "region_sync", "water_level"}, name) {
 			t.Errorf("%s is neither an algorithm's file (no entry in internal/algorithm's table) nor a shared one", f)
 		}
 	}
@@ -82,8 +82,8 @@ func TestLuaConstants(t *testing.T) {
 		}
 		seen[o.Letter] = true
 		got := runLua(t, library+fmt.Sprintf(`local k = OPS[%q]
-			return k.name, k.charges, k.record, k.alone, k.applied_first, k.lease, k.settle`, string(o.Letter)), 7)
-		want := []string{o.Name, fmt.Sprint(o.Charges), fmt.Sprint(o.Record), fmt.Sprint(o.Alone), fmt.Sprint(o.AppliedFirst),
+			return k.name, k.charges, k.record, k.conditional, k.applied_first, k.lease, k.settle`, string(o.Letter)), 7)
+		want := []string{o.Name, fmt.Sprint(o.Charges), fmt.Sprint(o.Record), fmt.Sprint(o.Conditional), fmt.Sprint(o.AppliedFirst),
 			fmt.Sprint(o.Lease), fmt.Sprint(o.Settle)}
 		if !slices.Equal(got, want) {
 			t.Errorf("OPS[%q] is %q, Ops has %q", o.Letter, got, want)
@@ -148,8 +148,8 @@ func TestLibraryOrder(t *testing.T) {
 	if !strings.HasPrefix(algorithmCode(), strings.Join(sources, "")) {
 		t.Fatal("algorithmCode does not start with the algorithms' files in ID order")
 	}
-	if library != constants+prelude+algorithmCode() || decideScript != library+decide+refund+"return decide(KEYS, ARGV)\n" ||
-		refundScript != library+decide+refund+"return undo_charges(KEYS, ARGV)\n" {
+	if library != constants+prelude+algorithmCode() || decideScript != library+rlqsLease+decide+refund+"return decide(KEYS, ARGV)\n" ||
+		refundScript != library+rlqsLease+decide+refund+"return undo_charges(KEYS, ARGV)\n" {
 		t.Fatal("the scripts are not assembled from library as this test checks them")
 	}
 
@@ -171,8 +171,9 @@ func TestLibraryOrder(t *testing.T) {
 			}
 		}
 	}
-	// decide.lua, then refund.lua, end the library.
+	// rlqs_lease.lua, decide.lua, then refund.lua, end the library.
 	decideScope := top.clone()
+	(&checker{file: "rlqs_lease.lua"}).check(t, decideScope, rlqsLease)
 	(&checker{file: "decide.lua"}).check(t, decideScope, decide)
 	(&checker{file: "refund.lua"}).check(t, decideScope, refund)
 	(&checker{file: "reset.lua", script: true}).check(t, newScope(nil), reset)
