@@ -120,7 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		"an environment variable for envoyproxy/ratelimit, over the bench's own for it, e.g. -envoyproxy-env REDIS_PIPELINE_WINDOW=150us (repeatable)")
 	fs.IntVar(&o.conns, "conns", 4, "gRPC (HTTP/2) connections the workers share")
 	fs.IntVar(&o.floorConns, "floor-conns", 10, "Redis connections of the floor client (envoyproxy/ratelimit's REDIS_POOL_SIZE default)")
-	fs.DurationVar(&o.timeout, "timeout", 20*time.Millisecond,
+	fs.DurationVar(&o.timeout, "timeout", defaultTimeout,
 		"deadline of each ShouldRateLimit call, sent as grpc-timeout (Envoy's rate limit filter default: 20ms)")
 	fs.Float64Var(&o.rate, "rate", 0,
 		"pace the workers to this many requests/s in all (open loop; latency counted from when a request was due); 0: closed loop, back to back")
@@ -210,6 +210,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	o.args = args
 	return o, nil
 }
+
+// defaultTimeout is -timeout's default: Envoy's rate limit filter's.
+const defaultTimeout = 20 * time.Millisecond
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)

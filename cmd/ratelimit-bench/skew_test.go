@@ -50,7 +50,7 @@ func TestSkewScenarios(t *testing.T) {
 		"uniform/service/counter-minute/1d/c64 uniform/service-noslices/counter-minute/1d/c64 " +
 		"uniform/service/fixed-minute/1d/c64 uniform/service-noslices/fixed-minute/1d/c64 " +
 		"uniform/service/gcra-minute/1d/c64 uniform/service-noslices/gcra-minute/1d/c64"
-	const paced = "paced/service/gcra-second/1d/c64 paced/service-noslices/gcra-second/1d/c64"
+	const paced = "paced/service/gcra-second/1d/c400 paced/service-noslices/gcra-second/1d/c400"
 	const base = "zipf/floor/1d/c64 zipf/envoyproxy/1d/c64 zipf/service/1d/c64 " +
 		"uniform/floor/1d/c64 uniform/envoyproxy/1d/c64 uniform/service/1d/c64"
 	for _, tc := range []struct {

@@ -45,7 +45,10 @@ func skewAlgoScenarios() []Scenario {
 			}
 		}
 	}
-	paced := Scenario{Alg: skewAlg, Keys: 1, Descriptors: 1, Concurrency: skewStreams, Dist: distPaced, Window: "second", Algo: "gcra", Rate: pacedRate}
+	// As many workers as the latency scenarios give the rate: each has one
+	// call in flight, and the pace must hold at twice the deadline.
+	paced := Scenario{Alg: skewAlg, Keys: 1, Descriptors: 1, Concurrency: latencyWorkers(pacedRate, defaultTimeout), Dist: distPaced,
+		Window: "second", Algo: "gcra", Rate: pacedRate}
 	return append(out, paced, paced.NoSlicesOf())
 }
 

@@ -171,7 +171,8 @@ func (r *simRun) record(a simAdmission) {
 
 // logScore is the score the log's store gives the members of a charge
 // made now (sliding_window_log.commit, under a frozen TIME): a part's is
-// TIME, its name unique by its nonce; any other's the first microsecond
+// TIME (its call's only charge of the key: the simulator's calls charge a
+// key once), its name unique by its nonce; any other's the first microsecond
 // from TIME whose plain name is free, a name live while a charge's first
 // member is (a refund takes a charge's first member last). So charges at
 // one instant are scored apart, in the order they came, and a refund

@@ -32,7 +32,7 @@ end
 local function alone_fleet(keys, rules, states, now, first, last)
   local measured = false
   for i = first, last do
-    if rules[i].conditional then
+    if rules[i].conditional == alone_fleet then
       local fleet = keys[i] .. FLEET_SUFFIX
       for j = first, last do
         if keys[j] == fleet and not rules[j].refund then
