@@ -498,7 +498,7 @@ func TestSimulator(t *testing.T) {
 				return
 			}
 			start := time.Now()
-			seed, n, events, local, leased, byBuckets, seats, denials, left, leftParts, recorded := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0, 0, 0, 0
+			seed, n, events, local, leased, byBuckets, seats, denials, left, leftParts, recorded, unlanded := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0, 0, 0, 0, 0
 			budget := *simRuns
 			if budget == 0 && *simFor == 0 {
 				budget = simSlice
@@ -510,6 +510,7 @@ func TestSimulator(t *testing.T) {
 				events += len(s.ops)
 				local, leased, byBuckets, seats = local+r.local, leased+r.leased, byBuckets+r.byBuckets, seats+len(r.seats)
 				denials, left, leftParts, recorded = denials+r.denialsChecked, left+r.left, leftParts+r.leftParts, recorded+r.recorded
+				unlanded += r.unlanded
 				if v != "" {
 					if strings.HasPrefix(v, simNeverSent) { // each run of it waits simOwedWait: not shrunk
 						t.Fatalf("seed %d (-sim.seed %d): %s", seed, seed, v)
@@ -517,8 +518,9 @@ func TestSimulator(t *testing.T) {
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}
-			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts); %d costs recorded",
-				n, *simFrom, seed-1, events, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials, left, leftParts, recorded)
+			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts); %d costs recorded; %d give-backs not landed within %v",
+				n, *simFrom, seed-1, events, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials, left, leftParts, recorded,
+				unlanded, simOwedWait)
 		})
 	}
 }

@@ -582,6 +582,7 @@ type simRun struct {
 	denialsChecked  int      // against what the store holds (simRun.denied)
 	left, leftParts int      // callers that left (simRun.leave), those of requests of parts
 	recorded        int      // costs recorded (simRecord) that the store applied
+	unlanded        int      // denied requests' give-backs that did not land within simOwedWait
 }
 
 const simKeyName, simSecondKey, simOtherKey = "{sim}:k", "{sim}:s", "{simo}:o"
@@ -856,6 +857,7 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	if !landed {
 		r.logf("  a denied request's give-back did not land within %v", simOwedWait)
 		r.unsure()
+		r.unlanded++
 	}
 	return v, err
 }
