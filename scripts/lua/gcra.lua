@@ -257,7 +257,8 @@ local function gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end
 
 -- gcra_at_most returns cost units' time (cw, cf), and cost, cut to at most
--- (mw, mf): that time, and the whole units it holds.
+-- (mw, mf): that time, and the whole units it holds (which a reply counts:
+-- the part of a unit's time it also holds goes back with them).
 local function gcra_at_most(rule, limit, cost, cw, cf, mw, mf)
   if mw > cw or (mw == cw and mf >= cf) then
     return cost, cw, cf
@@ -277,7 +278,7 @@ end
 -- from now), so time taken from under it would be charged again while the
 -- slice still spends it. An RLQS lease's bucket spends its units at any
 -- time: what is under it is the bucket's total, which may go back. It
--- returns the cut cost and time, or 0 when nothing is above.
+-- returns the cut cost and time, or zeros when nothing is above.
 local function gcra_above_slices(key, rule, limit, now, cost, cw, cf)
   local w, f = gcra_state(key, limit, now)
   local records, top = redis.call('HGETALL', key .. ':slices'), now
@@ -290,7 +291,7 @@ local function gcra_above_slices(key, rule, limit, now, cost, cw, cf)
   end
   local fw, ff = gcra_sub(limit, w, f, top, 0)
   if fw < 0 or (fw == 0 and ff == 0) then
-    return 0
+    return 0, 0, 0
   end
   return gcra_at_most(rule, limit, cost, cw, cf, fw, ff)
 end
@@ -307,7 +308,7 @@ function gcra.refund(key, cost, limit, window, now)
   local rule = gcra_setup({}, limit, window)
   local cw, cf
   cost, cw, cf = gcra_above_slices(key, rule, limit, now, cost, gcra_times(rule, cost))
-  if cost == 0 then
+  if cw == 0 and cf == 0 then
     return 0
   end
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
@@ -332,8 +333,8 @@ function gcra.undo(key, token, cost, limit, window, now, gen)
   local rule = gcra_setup({}, limit, window)
   local cw, cf = gcra_times(rule, cost)
   cost, cw, cf = gcra_above_slices(key, rule, limit, now, gcra_at_most(rule, limit, cost, cw, cf, ahead, 0))
-  if cost == 0 then
-    return 0
+  if cw == 0 and cf == 0 then
+    return 0 -- (a part of a unit's time goes back: a charge of one unit undone a moment after)
   end
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end
