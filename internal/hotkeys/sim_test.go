@@ -583,6 +583,12 @@ func TestSimulatorFoundSeeds(t *testing.T) {
 		// ones', and took the store's denial for one short of the limit
 		// (simRun.keepSliceMembers).
 		{config.SlidingWindowLog, 1796349011658},
+		// GCRA's undo gave back whole units only: a denied request's
+		// give-back of a one-unit charge left the unit's time (less what
+		// had passed) on the bucket, a request later denied for it. Found
+		// once the simulator checked that a give-back leaves GCRA's TAT as
+		// the request found it (simLedger.decide).
+		{config.GCRA, 7001318},
 	} {
 		t.Run(fmt.Sprintf("%v/%d", tc.alg, tc.seed), func(t *testing.T) {
 			st := newSimStore(t)

@@ -789,6 +789,9 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	}
 	mainAt, secondAt := r.gate.count(), r.slowGate.count()
 	mainCall, secondCall := mainAt, secondAt // the parts' calls, when sent
+	// GCRA's bucket before the call: a denied request's give-back leaves it
+	// as it found it (checked below when nothing else ran meanwhile).
+	tatBefore := r.gcraTAT()
 	release := func() {}
 	if during != nil {
 		release = r.slowGate.parkNext()
@@ -859,7 +862,31 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		r.unsure()
 		r.unlanded++
 	}
+	if landed && denied && during == nil && mainSent == 1 && r.gate.chargedBy(mainCall) && r.semantics() == config.GCRA {
+		// A microsecond of rounding: a live slice's record, which the
+		// give-back stops at, names the TAT it left rounded up.
+		if full := max(tatBefore, r.now.UnixMicro()) + 1; r.gcraTAT() > full && r.violation == "" {
+			r.violation = fmt.Sprintf("a denied request's give-back left GCRA's TAT %v ahead of where the request found it",
+				time.Duration(r.gcraTAT()-full)*time.Microsecond)
+		}
+	}
 	return v, err
+}
+
+// gcraTAT is the rule's GCRA bucket's TAT in Unix microseconds (its
+// key's value, "<tat>:<remainder>[/<generation>]"), 0 for no key: a full
+// bucket.
+func (r *simRun) gcraTAT() int64 {
+	if r.semantics() != config.GCRA {
+		return 0
+	}
+	v, err := r.st.m.Get(r.key(simKeyName, r.rule.window))
+	if err != nil {
+		return 0
+	}
+	tat, _, _ := strings.Cut(v, ":")
+	n, _ := strconv.ParseInt(tat, 10, 64)
+	return n
 }
 
 // failing reports, once, the failure the schedule asked of a store call:
