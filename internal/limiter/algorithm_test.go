@@ -152,17 +152,17 @@ return function(s)
       name = n
     end
   end
-  return name, r.shadow, r.record, r.refund, r.quota, r.limit, r.window, r.cost, r.burst, r.group, r.over
-end`)
+  return name, r.shadow, r.record, r.refund, r.quota, r.limit, r.window, r.cost, r.burst, r.group, r.over, r.conditional ~= false
+end, function() record_conditions.record_if_alone = nil end`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	parse := L.Get(-1)
-	L.Pop(1)
+	parse, dropCondition := L.Get(-2), L.Get(-1)
+	L.Pop(2)
 	for _, a := range config.Algorithms() {
-		for flags := range 128 {
+		for flags := range 256 {
 			h := Hit{Algorithm: a, Limit: 7, Window: 3 * time.Minute, Cost: 5, Burst: 9,
-				Shadow: flags&1 != 0, Record: flags&2 != 0, Refund: flags&4 != 0, Quota: flags&8 != 0}
+				Shadow: flags&1 != 0, Record: flags&2 != 0, Refund: flags&4 != 0, Quota: flags&8 != 0, RecordIfAlone: flags&128 != 0}
 			if flags&32 != 0 {
 				h.QuotaGroup = math.MaxUint32
 			}
@@ -174,14 +174,14 @@ end`)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := L.CallByParam(glua.P{Fn: parse, NRet: 11, Protect: true}, glua.LString(arg)); err != nil {
+			if err := L.CallByParam(glua.P{Fn: parse, NRet: 12, Protect: true}, glua.LString(arg)); err != nil {
 				t.Fatalf("%s: %v", arg, err)
 			}
-			got := make([]string, 11)
+			got := make([]string, 12)
 			for i := range got {
-				got[i] = L.Get(i - 11).String()
+				got[i] = L.Get(i - 12).String()
 			}
-			L.Pop(11)
+			L.Pop(12)
 			burst := "nil"
 			if describeT(t, a).Bucket {
 				burst = "9"
@@ -193,10 +193,23 @@ end`)
 			}
 			op := h.op()
 			want := []string{a.String(), fmt.Sprint(h.Shadow || h.quota() && !quota), fmt.Sprint(op.Record), fmt.Sprint(op.AppliedFirst),
-				fmt.Sprint(quota), "7", "180000000", "5", burst, fmt.Sprint(group), fmt.Sprint(quota && quotas.quotaOver(h.QuotaGroup))}
+				fmt.Sprint(quota), "7", "180000000", "5", burst, fmt.Sprint(group), fmt.Sprint(quota && quotas.quotaOver(h.QuotaGroup)),
+				fmt.Sprint(op.Conditional)}
 			if !slices.Equal(got, want) {
 				t.Errorf("%+v (quotas %+v) sent as %q reads back as %q, want %q", h, quotas, arg, got, want)
 			}
 		}
+	}
+	// A conditional op whose condition no file names is refused, not
+	// decided as a plain record.
+	if err := L.CallByParam(glua.P{Fn: dropCondition, Protect: true}); err != nil {
+		t.Fatal(err)
+	}
+	arg, err := hitArg(&Hit{Algorithm: config.FixedWindow, Limit: 5, Window: time.Hour, Cost: 9, Record: true, RecordIfAlone: true}, nil, epoch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := L.CallByParam(glua.P{Fn: parse, NRet: 12, Protect: true}, glua.LString(arg)); err == nil || !strings.Contains(err.Error(), "no condition") {
+		t.Errorf("%s without its condition: %v, want refused", arg, err)
 	}
 }

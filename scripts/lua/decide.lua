@@ -113,8 +113,11 @@ local function parse_rule(s)
     string = alg ~= ALG_SLIDING_WINDOW_LOG, -- kept in a string, read by prefetch
     charges = kind.charges and cost > 0, -- a charge of units (not a refund, not a check)
   }
-  if not rule.alg or (not quota and role ~= ROLE_ENFORCED and role ~= ROLE_SHADOW) or kind.conditional and not rule.conditional then
+  if not rule.alg or (not quota and role ~= ROLE_ENFORCED and role ~= ROLE_SHADOW) then
     error('decide: unknown algorithm or role in hit argument ' .. s)
+  end
+  if kind.conditional and not rule.conditional then
+    error('decide: no condition (record_conditions) for the op of hit argument ' .. s)
   end
   if kind.lease or kind.settle then
     -- A lease's nonce is its own: the argument is never seen again, and is
