@@ -11,10 +11,8 @@ import (
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
-// An algorithm's description comes from one table, internal/algorithm's,
-// which config.Algorithm's values index by ID: its Lua ID, its key's code,
-// whether it is a bucket, and the largest cost its Lua is exact for.
-// Nothing here names an algorithm.
+// An algorithm's description comes from internal/algorithm's table, by
+// config.Algorithm's ID. Nothing here names an algorithm.
 
 // errUnknownAlgorithm refuses a hit whose algorithm the Lua does not
 // implement: only the zero Algorithm, or a value made up, can be one.
@@ -34,9 +32,8 @@ func describe(a config.Algorithm) (*algorithm.Descriptor, error) {
 // fixed_window, the one algorithm with edges to align (config.CalendarOf).
 var errCalendar = errors.New("a calendar window for an algorithm other than fixed_window")
 
-// checkAlgorithms returns an error when a hit's algorithm is unknown, or
-// has a calendar it cannot follow: such a hit is refused before anything is
-// sent, so that the code below never meets one.
+// checkAlgorithms refuses, before anything is sent, a hit whose algorithm
+// is unknown or has a calendar it cannot follow.
 func checkAlgorithms(hits []Hit) error {
 	for i := range hits {
 		if _, err := describe(hits[i].Algorithm); err != nil {
@@ -95,13 +92,11 @@ func appendRole(s []byte, h *Hit, quotas *requestRule) []byte {
 	return append(s, lua.RoleEnforced)
 }
 
-// hitArg is the hit's argument to decide.lua: "alg:<op><role>:limit:window:cost",
-// and ":burst" for a bucket, then ":ahead" (milliseconds, rounded up) for a
-// slice (after an empty burst for other algorithms). One string per hit costs Redis less than four
-// numbers (each argument is an object to parse and to copy into Lua), and
-// decide.lua parses each distinct string once. A calendar's window is the
-// edges of the windows around now instead of a length (see
-// config.Calendar.Edges): the script picks the one holding Redis TIME.
+// hitArg is the hit's argument to decide.lua (its header says the layout):
+// one string per hit costs Redis less than several numbers, and decide.lua
+// parses each distinct string once. A calendar's window is the edges of
+// the windows around now (config.Calendar.Edges), of which the script
+// picks the one holding Redis TIME.
 func hitArg(h *Hit, quotas *requestRule, now time.Time) (string, error) {
 	d, err := describe(h.Algorithm)
 	if err != nil {

@@ -14,39 +14,26 @@ import (
 )
 
 // batcher sends the store calls of concurrent requests to one server
-// together. The decide requests of one hash slot that are waiting at the
-// same moment become one call of the decide code, which decides them one
-// after another in queue order: a burst at one key costs one round trip and
-// one script entry, and Redis's per-call overhead is paid once for the
-// batch. The batch's calls (one per slot, and the other scripts) go in one
-// pipeline: one write and one read (batchsend.go; this file gathers).
+// together: the decide requests of one hash slot waiting at the same
+// moment become one call of the decide code, which decides them in queue
+// order, and the batch's calls go in one pipeline (batchsend.go; this file
+// gathers). It batches as auto-pipelining Redis clients do: a worker takes
+// the first waiting call and whatever else is queued (up to maxBatchHits
+// hits), one worker collecting at a time. With no batch in flight the
+// batch goes at once; with one in flight, the worker gathers until it
+// lands (Redis runs one call at a time: a batch sent then would only wait
+// there). No batch waits on a timer, nor past a call's deadline. A call
+// whose caller left or whose deadline passed is not sent, but in its late
+// form (call.lateArgs); a caller that left after its call was taken can
+// still undo what it did (call.orphan). The batcher reads no command's
+// meaning.
 //
-// It batches naturally, as auto-pipelining Redis clients do: a worker takes
-// the first waiting call and whatever else is already queued (up to
-// maxBatchHits hits). One worker collects at a time (collect), so that the
-// calls of a moment go to one batch, not shared out between workers. With
-// no batch in flight, the batch goes at once: an idle or moderately loaded
-// server adds no wait. With one in flight, the collecting worker keeps
-// gathering until that batch's answer lands (gather): Redis runs one call
-// at a time, so a batch sent then would only wait behind it there, and the
-// calls that come meanwhile ride along. No batch waits on a timer, only on
-// another in flight, and never past a call's deadline; a call whose
-// caller left or whose deadline passed is not sent (send.build), but for
-// one with a late form (call.lateArgs, which the limiter builds), sent in
-// its place. A caller that left after its call was taken from the queue,
-// or that took an error after which the call may have run, can still undo
-// what the call did (call.orphan). The batcher reads no command's meaning.
-//
-// A call Redis ran is never sent again: after a lost connection its result
-// is an error, because a decide run twice would charge twice. Redis refuses
-// some calls without running them, and those are re-sent: NOSCRIPT (as
-// EVAL), a function library not loaded yet (after FUNCTION LOAD), and, on a
-// cluster, MOVED and ASK (to the node named).
-//
-// A batch runs on a context of its own, not on any one caller's: a caller
-// that leaves must not cancel the others' calls. Its tracing span
-// (batchSpanName) is thus a root, linked to the span of every request it
-// carries, so that a trace shows the Redis call its request waited for.
+// A call Redis ran is never sent again (a decide run twice would charge
+// twice); those Redis refused without running them are re-sent: NOSCRIPT,
+// a function library not loaded yet, MOVED and ASK. A batch runs on a
+// context of its own (a caller that leaves must not cancel the others'
+// calls), so its span (batchSpanName) is a root, linked to the span of
+// every request it carries.
 type batcher struct {
 	server  redis.UniversalClient
 	calls   chan *call
@@ -59,10 +46,9 @@ type batcher struct {
 	scriptsOnly atomic.Bool
 	stop        chan struct{}
 	workers     sync.WaitGroup
-	// collect is held by the worker taking calls from the queue. inflight
-	// counts the batches sent and not yet answered; landed is told when
-	// one is answered (a token at most: the gathering worker drains it
-	// before it looks at inflight).
+	// collect is held by the worker taking calls from the queue; inflight
+	// counts the batches sent and not answered; landed is told when one is
+	// (a token at most, drained before a look at inflight).
 	collect  sync.Mutex
 	inflight atomic.Int32
 	landed   chan struct{}
@@ -70,45 +56,39 @@ type batcher struct {
 
 // call is one store call waiting for its batch.
 type call struct {
-	// ctx is the caller's: a call whose caller left is not sent (but in
-	// its late form). Its span, if any, is linked from the span of the
-	// batch that carries the call.
+	// ctx is the caller's; a call whose caller left is not sent (but in its
+	// late form).
 	ctx context.Context
-	// deadline is when the answer stops being of use, at most the caller's
-	// own deadline: a call not sent by then is not sent (but in its late
-	// form), and its caller stops waiting then.
+	// deadline is when the answer stops being of use, at most the caller's:
+	// a call not sent by then is not sent (but in its late form).
 	deadline time.Time
 	slot     int
-	// script is the script to run, or nil for a decide request, which
-	// shares one decide call with the other requests of its slot; function,
-	// if set, the library's function of the same code, called where it can.
+	// script is the script to run, nil for a decide request (which shares
+	// its slot's decide call); function, if set, the library's function of
+	// the same code, called where the server has functions.
 	script   *redis.Script
 	function string
 	keys     []string
-	// records are keys a decide request's calls touch besides its hits'
-	// (a slice's record: see SliceRecordKey), declared after every hit's
-	// key of the call, so that Redis Cluster refuses the call during a
-	// migration that split them.
+	// records are keys a decide request touches besides its hits' (slices'
+	// records), declared after every hit's key of the call, so that Redis
+	// Cluster refuses the call during a migration that split them.
 	records []string
 	args    []any
 	queued  time.Time    // when it was queued
 	sent    atomic.Bool  // the call went into a pipeline
 	done    chan outcome // buffered: a worker never waits for the caller
 	// orphan, when set, is handed done when the caller stops waiting for
-	// a call taken from the queue: what Redis did for no one to hear (a
-	// seat taken, see Limiter.orphanedLeases) can still be undone. The
+	// a call taken from the queue, so that what Redis did for no one to
+	// hear (a seat taken: Limiter.orphanedLeases) can be undone. The
 	// outcome says ErrOverloaded when the call was not sent after all.
 	orphan func(done <-chan outcome)
-	// lateArgs, when set, is the call's late form: the args sent in place
-	// of args once its caller left or its deadline passed (send.build),
-	// for a command owed to the store whatever its caller does (the
-	// limiter's lateForm, slotgroups.go). A call with one waits for room
-	// up to the store timeout whatever its caller does, and its batch has
-	// the whole store timeout. Without one, a late call is not sent.
+	// lateArgs, when set, is the call's late form, sent in place of args
+	// once its caller left or its deadline passed: a command owed to the
+	// store whatever its caller does (the limiter's lateForm). Such a call
+	// waits for room, and its batch runs, up to the store timeout.
 	lateArgs []any
-	// sentLate marks a call sent in its late form (send.build; the
-	// worker's alone): its reply is for no caller, who is answered
-	// ErrOverloaded, as for a call not sent.
+	// sentLate marks a call sent in its late form: its reply is for no
+	// caller, who is answered ErrOverloaded (the worker's field alone).
 	sentLate bool
 }
 
@@ -177,10 +157,9 @@ func (b *batcher) do(ctx context.Context, function string, script *redis.Script,
 }
 
 // enqueue queues c and waits for its outcome, its deadline or its caller's
-// leaving. The caller's context ends after the deadline (see
-// maxAnswerMargin), so a timer ends the wait: a call still queued when
-// both workers are stuck, or sent in a batch that waits for later
-// deadlines than its own, is answered in time.
+// leaving. A timer ends the wait at the deadline, before the caller's
+// context ends (maxAnswerMargin): a call still queued, or in a batch that
+// waits for later deadlines, is answered in time.
 func (b *batcher) enqueue(c *call) outcome {
 	c.done = make(chan outcome, 1)
 	c.queued = time.Now()
@@ -225,9 +204,8 @@ func (b *batcher) queue(c *call, expired <-chan time.Time) error {
 	}
 }
 
-// answered is o, the outcome c's caller takes. When it is an error after
-// which the call may have run, the caller cannot use what the call did: o
-// goes to c's orphan handler too.
+// answered is o, the outcome c's caller takes; an error after which the
+// call may have run goes to c's orphan handler too.
 func (c *call) answered(o outcome) outcome {
 	if o.err != nil && c.orphan != nil && !errors.Is(o.err, ErrOverloaded) {
 		done := make(chan outcome, 1)
@@ -319,10 +297,8 @@ more:
 }
 
 // gather adds the calls that come while another batch is in flight to
-// batch, of hits hits, until that batch lands or this one holds
-// maxBatchHits, and no later than the deadline of any call in it but those
-// with a late form: a call sent after its caller stopped waiting would be
-// charged for a request answered by failure mode.
+// batch, of hits hits, until that batch lands or this one is full, and no
+// later than the deadline of any call in it without a late form.
 func (b *batcher) gather(batch []*call, hits int) []*call {
 	if len(batch) == 0 {
 		return batch
@@ -356,9 +332,8 @@ func (b *batcher) gather(batch []*call, hits int) []*call {
 }
 
 // add appends c to batch unless its caller has already been answered (it
-// left, or its deadline passed while it queued): sending it now would
-// charge a request that was answered by failure mode. A call with a late
-// form goes all the same, in that form (send.build).
+// left, or its deadline passed), which sending it would charge for a
+// request answered by failure mode; a call with a late form goes in it.
 func (b *batcher) add(batch []*call, c *call, hits int) ([]*call, int) {
 	c.sent.Store(true) // before the check: a caller that saw it unset was not sent (but in its late form)
 	err := c.ctx.Err()

@@ -25,12 +25,10 @@ import (
 // answered to their callers; gathering a batch is batcher.go's.
 
 // deadline is the latest of the batch's callers' deadlines, at most the
-// store timeout from now: past it, every caller has been answered, and a
-// call still sent would charge requests answered by failure mode.
-// A batch holding a call with a late form (call.lateArgs), which goes
-// whatever its caller does, has the whole store timeout: its other calls are left out once
-// their own deadlines pass (send.build), though a connection dialled
-// inside the pipeline can still write one a little past its deadline.
+// store timeout from now: past it every caller has been answered. A batch
+// holding a call with a late form has the whole store timeout; its other
+// calls are left out once their own deadlines pass (send.build), though a
+// connection dialled inside the pipeline can write one a little late.
 func (b *batcher) deadline(batch []*call) time.Time {
 	limit := time.Now().Add(b.timeout)
 	var latest time.Time
@@ -111,8 +109,7 @@ func (b *batcher) exec(batch []*call) {
 const batchSpanName = "ratelimit.redis.batch"
 
 // startSpan starts the span of batch, linked to the span of each request it
-// carries (the span in its caller's context at enqueue). Where tracing is
-// off (the default no-op provider) it costs a context lookup per call.
+// carries. With tracing off it costs a context lookup per call.
 func (b *batcher) startSpan(ctx context.Context, batch []*call) (context.Context, trace.Span) {
 	var links []trace.Link
 	for _, c := range batch {
@@ -126,9 +123,8 @@ func (b *batcher) startSpan(ctx context.Context, batch []*call) (context.Context
 	return b.tracer.Start(ctx, batchSpanName, trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...))
 }
 
-// endSpan describes the batch on its span (its requests and hits, the server,
-// the slots and commands as last sent), records the commands' errors, and
-// ends it.
+// endSpan describes the batch on its span, records the commands' errors,
+// and ends it.
 func (b *batcher) endSpan(span trace.Span, batch []*call, sends []*send) {
 	defer span.End()
 	if !span.IsRecording() {
@@ -231,11 +227,10 @@ func (b *batcher) sends(batch []*call) []*send {
 }
 
 // build makes a decide send's keys and args from its calls as they stand
-// at now, before each time it goes (a re-send too): a call whose caller
-// left or whose deadline passed is answered and left out, as it would
-// charge a request its caller answered by failure mode; but one with a late
-// form (call.lateArgs), which goes in that form. It reports whether any
-// call is left. A script send is built already.
+// at now, before each time it goes: a call whose caller left or whose
+// deadline passed is answered and left out (but one with a late form,
+// which goes in it). It reports whether any call is left. A script send is
+// built already.
 func (s *send) build(now time.Time) bool {
 	if s.script != nil {
 		return true
@@ -272,10 +267,10 @@ const maxResends = 4
 // starts at 1 ms and doubles.
 const maxTryAgainWait = 16 * time.Millisecond
 
-// perform sends ss, grouped in one pipeline per target, and re-sends those
-// Redis refused without running them, in the form or to the node it asks
-// for. It returns the commands as they were last sent: a decide call
-// refused with TRYAGAIN is split into one per request.
+// perform sends ss in one pipeline per target, and re-sends those Redis
+// refused without running them, in the form or to the node it asks for. It
+// returns the commands as last sent (a decide call refused with TRYAGAIN
+// is split into one per request).
 func (b *batcher) perform(ctx context.Context, ss []*send) []*send {
 	var last []*send
 	wait := time.Millisecond
@@ -334,11 +329,10 @@ func byTarget(ss []*send) [][]*send {
 	return [][]*send{ss}
 }
 
-// split turns a decide call of several requests, which Redis refused with
-// TRYAGAIN, into one call per request: a request whose keys are all on one
-// node of a slot in migration runs there (ASK names the node), whatever
-// the other requests' keys. The requests keep their queue order, in one
-// pipeline to one node, so the calls of one key still run in order.
+// split turns a decide call of several requests refused with TRYAGAIN
+// into one call per request, so that a request whose keys are all on one
+// node of a slot in migration runs there, whatever the others' keys. They
+// keep their queue order in one pipeline, so one key's calls run in order.
 func (s *send) split(ctx context.Context) []*send {
 	if s.script != nil || len(s.calls) == 1 {
 		return []*send{s}
@@ -377,9 +371,8 @@ func (b *batcher) pipeline(ctx context.Context, target redis.UniversalClient, gr
 	failCommandsNotRun(cmds, err)
 }
 
-// decideCmd is the decide call in form f: the command go-redis's FCall,
-// EvalSha and Eval build, word for word, but reading the reply straight
-// into integers rather than boxing each in an interface.
+// decideCmd is the decide call in form f, as go-redis's FCall, EvalSha and
+// Eval build it, but reading the reply straight into integers.
 func decideCmd(ctx context.Context, f form, keys []string, args []any) *redis.IntSliceCmd {
 	name, code := "fcall", lua.DecideFunction()
 	switch f {
@@ -461,9 +454,8 @@ func (b *batcher) retry(ctx context.Context, s *send) resending {
 }
 
 // functionsRefused reports an error saying that the server runs no Redis
-// Functions for this client: a server before Redis 7 or the embedded store
-// (unknown command), or an ACL or a managed service that does not let it
-// (NOPERM); scripts then do the work.
+// Functions for this client (before Redis 7, the embedded store, or an ACL
+// that does not let it): scripts then do the work.
 func functionsRefused(err error) bool {
 	if err == nil {
 		return false
@@ -472,9 +464,8 @@ func functionsRefused(err error) bool {
 	return strings.Contains(strings.ToLower(msg), "unknown command") || strings.Contains(msg, "NOPERM")
 }
 
-// loadLibrary loads the decide function library on server. Another
-// instance may have loaded it first: the name carries the code's hash, so
-// the library there is this one.
+// loadLibrary loads the decide function library on server; one another
+// instance loaded is this one (its name carries the code's hash).
 func loadLibrary(ctx context.Context, server redis.UniversalClient) error {
 	err := server.FunctionLoad(ctx, lua.Library()).Err()
 	if err != nil && !strings.Contains(err.Error(), "already exists") {
@@ -506,8 +497,7 @@ func (b *batcher) prepare(ctx context.Context) error {
 
 // failCommandsNotRun gives the pipeline's error to the commands it left
 // without an answer: go-redis reports a failure before sending (a refused
-// connection, a wrong password) only from Exec, and leaves the commands
-// untouched.
+// connection, a wrong password) only from Exec.
 func failCommandsNotRun(cmds []redis.Cmder, err error) {
 	if err == nil {
 		return

@@ -15,25 +15,19 @@ import (
 )
 
 // Decide decides the hits of one request atomically and returns a verdict
-// per hit, in the order of hits.
-//
-// All or nothing: when any enforced hit that is not a Quota hit does not
-// fit, or when the request has quotas (Hit.QuotaGroup) and none of them
-// fits whole, none is charged; nor is any hit of a quota that does not fit.
-// Hits on the same Key are one demand on one counter: their costs add up
-// against the smallest of their limits, and each of them gets the merged
-// verdict. Two quotas with such a demand in common are charged together
-// or not at all, so they are one quota: when it does not fit, the common
-// demand is answered denied (it was not charged), with the longest wait of
-// its quota's denials.
+// per hit, in the order of hits: all or nothing by the request's rule
+// (outcome.go). Hits on the same Key are one demand on one counter: their
+// costs add up against the smallest of their limits, and each gets the
+// merged verdict. Two quotas with such a demand in common are one quota:
+// when it does not fit, the common demand is answered denied, with the
+// longest wait of its quota's denials.
 //
 // When the store cannot answer, Decide returns an error wrapping ErrStore,
 // or ErrOverloaded when the deadline passed before the request was sent,
-// together with verdicts decided by each hit's FailureMode (FailureVerdict
-// set). Across Redis Cluster slots, a failure is per slot group: the other
-// groups' verdicts are real. A hit whose Algorithm is not one of config's
-// fails the whole request the same way, before anything is sent, with an
-// error that wraps neither.
+// with verdicts by each hit's FailureMode (FailureVerdict set); across
+// Redis Cluster slots, per slot group. A hit of an unknown Algorithm fails
+// the whole request so, before anything is sent, with an error that wraps
+// neither.
 func (l *Limiter) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	l.life.RLock()
 	defer l.life.RUnlock()

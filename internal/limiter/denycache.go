@@ -7,37 +7,25 @@ import (
 )
 
 // denyCache remembers, briefly, the hits Redis denied, so that a client
-// hammering a full counter is answered without a store call. It only ever
-// denies, and only what Redis just denied: a hit on the same key with the
-// same limit (and GCRA bucket) and the same cost, before the wait Redis
-// announced (for GCRA, the exact time the cost fits). A lighter cost might
-// fit and a heavier one waits longer, so both go to Redis.
-// Capacity freed in ways this instance cannot see (a refund across cluster
-// slots, a Refund hit or an admin Reset on another instance) could make a
-// cached denial wrong, so entries live at most maxAge: the error is bounded,
-// and towards denying. A Refund hit through this instance drops its
-// counter's entry (see Limiter.rememberDenials).
+// hammering a full counter is answered without a store call. It only
+// repeats what Redis just denied: a hit on the same key with the same
+// limit, bucket and cost (a lighter one might fit), before the wait Redis
+// announced. Capacity freed where this instance cannot see (a refund or a
+// Reset on another instance) could make an entry wrong, so entries live at
+// most maxAge: the error is bounded, and towards denying. A refund through
+// this instance drops its counter's entry.
 //
-// Its times are the limiter's clock (Options.Now, the local clock by
-// default), not Redis TIME: an entry is measured from when its call was
-// sent, before Redis read its clock, so it expires no later than Redis's own
-// wait would end, give or take the drift between the two clocks.
+// Its times are the limiter's clock (Options.Now), measured from when the
+// call was sent, before Redis read its clock: an entry expires no later
+// than Redis's own wait, give or take the drift between the clocks.
+// (decide.lua's per-call table of denials is no cache: within one call
+// Redis TIME does not move, so it repeats a denial exactly.)
 //
-// It is the only cache of denials. decide.lua's per-call table of denials
-// (denied) is no cache: it lives for one call, in which Redis TIME does not
-// move and nothing but that call writes, so it repeats a denial exactly as
-// checking again would, and saves the work of checking again for a burst at
-// one key in one batch. This cache saves the round trip, at the cost of
-// being up to maxAge stale.
-//
-// Memory is bounded in bytes, not entries: each entry is accounted as its
-// key's length plus denyEntryOverhead, and the cache holds at most maxBytes
-// of them. Entries live in two generations per shard, each at most maxAge
-// long: a shard's older generation, all of whose entries have expired, is
-// dropped whole, map and all (Go maps never shrink, so deleting entry by
-// entry would keep a burst's memory), when the shard is next used. A shard
-// that is full drops its older generation early, and then its newer one: the
-// cache only answers less. No goroutine is involved.
+// Memory is bounded in bytes (an entry counts its key's length plus
+// denyEntryOverhead). Entries live in two generations per shard, each at
+// most maxAge long: the older one, all expired, is dropped whole when the
+// shard is next used (Go maps never shrink), and a full shard drops its
+// older generation early, then its newer one. No goroutine is involved.
 type denyCache struct {
 	maxAge time.Duration
 	base   time.Time // times are kept as nanoseconds since base: 8 bytes, not 24
@@ -51,11 +39,9 @@ const denyShards = 16
 // DefaultDenyCacheBytes bounds the memory of the deny cache.
 const DefaultDenyCacheBytes = 16 << 20
 
-// denyEntryOverhead is what an entry costs beyond its key's bytes: the map
-// slot (key header and denial, 56 bytes), the map's spare slots, the key's
-// allocation rounded up to its size class. It errs high, so that the bytes
-// bound holds: TestDenyCacheRetainedBytes measures what an entry really
-// keeps and fails should it ever be more (its figures are in docs/bench.md).
+// denyEntryOverhead is what an entry costs beyond its key's bytes (its map
+// slot, the map's spare slots, the key's size class), erring high so that
+// the bound holds: TestDenyCacheRetainedBytes measures it.
 const denyEntryOverhead = 192
 
 type denyShard struct {
@@ -157,11 +143,10 @@ func (c *denyCache) forget(key string) {
 	s.mu.Unlock()
 }
 
-// age turns the generations over once cur is maxAge old. Every entry of a
-// generation expires within maxAge of the generation's start (its call was
-// sent before it was inserted, and the insert came after this check), so a
-// generation dropped maxAge after it stopped being the newer one holds only
-// expired entries.
+// age turns the generations over once cur is maxAge old. An entry expires
+// within maxAge of its generation's start (its call was sent before the
+// insert, which came after this check), so a generation dropped maxAge
+// after it stopped being the newer one holds only expired entries.
 func (s *denyShard) age(at, maxAge int64) {
 	switch {
 	case at-s.curStarted >= 2*maxAge:

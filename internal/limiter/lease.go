@@ -15,17 +15,12 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 )
 
-// Leases: a charge of the sliding window log that names itself (Hit.Lease),
-// for a concurrency limit's seat or a reservation settled later by its
-// actual cost (Hit.Settle).
-//
+// Leases: a charge of the sliding window log that names itself (Hit.Lease).
 // A lease id is "<units>.<nonce>": the units the lease took, in decimal, and
-// 128 random bits (crypto/rand) in 32 lowercase hex digits. The store names
-// the lease's members by the nonce alone (scripts/lua's
-// sliding_window_log.lua), so settling another caller's lease takes its
-// nonce: guessing one is a 2^-128 chance per try. The units only say how
-// many members to look for: a wrong number frees fewer of the caller's own
-// members, or looks for members that are not there. Ids are ASCII, 34 to 43
+// 128 random bits in 32 lowercase hex digits. The store names the lease's
+// members by the nonce alone, so settling another caller's lease takes
+// guessing its nonce; the units only say how many members to look for (a
+// wrong number frees fewer of the caller's own). Ids are ASCII, 34 to 43
 // bytes: a descriptor entry's value as it is.
 
 // nonceBytes is a lease nonce's size: 128 bits.
@@ -97,10 +92,9 @@ func checkLeases(hits []Hit) error {
 
 var errLeaseRecord = errors.New("a lease is no recorded cost (Record), nor shares its key with one")
 
-// leaseTTL is how long a lease of h lives unsettled: LeaseTTL, else the
-// window, and never longer than the window (a lease scored after now would
-// make the log place a later charge of several units after it, counted past
-// its window); in whole milliseconds, at least one.
+// leaseTTL is how long a lease of h lives unsettled, in whole milliseconds
+// (at least one): LeaseTTL, at most the window (a lease scored after now
+// would make the log place a later charge after it, past its window).
 func (h *Hit) leaseTTL() int64 {
 	ttl := h.LeaseTTL
 	if ttl <= 0 || ttl > h.Window {
@@ -110,10 +104,9 @@ func (h *Hit) leaseTTL() int64 {
 }
 
 // leaseArg appends to a log hit's decide.lua argument (which ends at its
-// cost: the log has no burst, and a lease no ahead) what a lease or a
-// settlement adds: ":::<ttl ms>:<nonce>" for a lease, whose nonce it draws
-// and returns; ":::<units reserved>:<nonce>" for a settlement, empty when its
-// id is not one (it then names no lease).
+// cost) a lease's ":::<ttl ms>:<nonce>", whose nonce it draws and returns,
+// or a settlement's ":::<units reserved>:<nonce>" (empty for an id that is
+// not one, which names no lease).
 func leaseArg(arg string, h *Hit) (string, string) {
 	if h.Lease {
 		nonce := newNonce()
@@ -127,18 +120,13 @@ func leaseArg(arg string, h *Hit) (string, string) {
 }
 
 // partArg appends to the decide.lua argument of a log charge made as a
-// part of a request (one of two stores' or of several Cluster slots'),
-// which ends at its cost, a nonce that names its members: "::::<nonce>",
-// which it returns (empty, and arg as it was, for another hit). Its
-// give-back, when the request turns out denied, then takes those members
-// alone. Named by their score only, a client's refund in between could
-// take them (a refund takes the newest) and free their name for a later
-// charge of the same microsecond, whose members the give-back would then
-// take: another request's units, counted by no one. A charge on the
-// reference's keys that may be given back (a part, an RLQS lease) asks
-// instead for its key's life as its token ("::::1": a nonce it keeps
-// nowhere; reference_fixed_window.lua), which only such a charge pays to
-// read.
+// part of a request (of two stores' or several Cluster slots'), which ends
+// at its cost, "::::<nonce>", and returns the nonce, which names its
+// members for its give-back alone: named by their score only, a client's
+// refund in between could take them and free their name for a later
+// charge of the same microsecond, which the give-back would then take. A
+// charge on the reference's keys that may be given back asks instead for
+// its key's life as its token ("::::1"; reference_fixed_window.lua).
 func partArg(arg string, h *Hit) (string, string) {
 	op := h.op()
 	if h.Cost == 0 || !op.Charges || op.Record || op.AppliedFirst {
@@ -154,10 +142,9 @@ func partArg(arg string, h *Hit) (string, string) {
 	return arg + "::::" + nonce, nonce
 }
 
-// A part's nonce is unique, not secret (no one names its members but its
-// give-back): this process's random prefix, then a count in fixed width,
-// so that the members of parts at one score sort in the order they were
-// charged, and a refund takes the same ones in every replay.
+// A part's nonce is unique, not secret: this process's random prefix, then
+// a count in fixed width, so that parts at one score sort in the order they
+// were charged, and a refund takes the same ones in every replay.
 var (
 	partPrefix = fmt.Sprintf("%08x", mathrand.Uint32())
 	partCount  atomic.Uint64
@@ -173,19 +160,16 @@ func partName(token int64, nonce string) string {
 // never denies it: a refund, or a lease's settlement.
 func (h *Hit) givesBack() bool { return h.op().AppliedFirst }
 
-// orphanedLeases returns the orphan handler (see call.orphan) of a decide
-// call of the hits at indexes group whose leases have the nonces given (by
-// index in group, "" for a hit that is no lease). A caller that stopped
-// waiting never hears of the leases its call took: Envoy answered the
-// request by its failure mode, and no stream-done call will name them, so
-// each would hold its seat until its lease TTL (a minute, by default)
-// while nothing runs in it. The handler waits for the call's answer in the
-// background and settles, by its nonce, every lease it took; when the
-// answer is an error but the call may have run (the client stops reading
-// at the deadline; the caller may take that error itself, see
-// call.answered), every lease it asked for: a settlement frees only what
-// its nonce names, nothing if the lease was never taken. What it needs of
-// the hits is copied now: the caller's hits do not outlive its call.
+// orphanedLeases returns the orphan handler (call.orphan) of a decide call
+// of the hits at indexes group whose leases have the nonces given (by index
+// in group, "" for no lease). A caller that stopped waiting never hears of
+// the leases its call took (Envoy answered by its failure mode, and no
+// stream-done call will name them), which would hold their seats until
+// their TTL. The handler awaits the call's answer in the background and
+// settles every lease it took; after an error with which the call may have
+// run, every lease it asked for (a settlement frees only what its nonce
+// names). It copies what it needs of the hits when called, before the
+// caller returns.
 func (l *Limiter) orphanedLeases(hits []Hit, group []int, nonces []string) func(<-chan outcome) {
 	return func(done <-chan outcome) {
 		var leased []Hit

@@ -212,6 +212,17 @@ func (l *Limiter) script(ctx context.Context, function string, s *redis.Script, 
 	return cmd
 }
 
+// timed is script within the limiter's timeout, observed like every store
+// call.
+func (l *Limiter) timed(ctx context.Context, function string, s *redis.Script, keys []string, args []any) *redis.Cmd {
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	start := time.Now()
+	cmd := l.script(ctx, function, s, keys, args)
+	l.observe(time.Since(start), cmd.Err())
+	return cmd
+}
+
 // batcher returns the batcher of server, starting it on first use. A
 // cluster's servers are its slot masters: the map grows with the masters
 // seen, which a failover adds to.

@@ -1,11 +1,9 @@
 package limiter
 
 // What denies a request, decided in one place. Go applies the rule here;
-// scripts/lua/decide.lua applies its twin (its check loop, "the request's
-// rule") atomically on Redis, where a request's charges depend on it and no
-// round trip can be spent. The two are twins: a change to one is a change to
-// the other, and TestRequestRuleTwins checks them against each other on a
-// table of hit mixes.
+// decide.lua's check loop applies its twin atomically on Redis, where a
+// request's charges depend on it. A change to one is a change to the
+// other: TestRequestRuleTwins checks them against each other.
 //
 // Per hit, by its flags (see Hit):
 //   - a Refund never denies: it is applied whatever the request's fate;
@@ -86,12 +84,10 @@ func ruleOf(hits []Hit, verdicts []Verdict) requestRule {
 }
 
 // takenBack reports, of a request decided in parts (across Redis Cluster
-// slots, or Split's two stores), which charges must be taken back once all
-// its verdicts are in: each part decides its own hits with its quota hits
-// as shadow ones (it does not see the others), charging those that fit.
-// Every charge goes back when the request is denied; a quota hit's also
-// when its quota turns out over. A recorded cost and a refund stay
-// (owesBack). It returns nil when nothing goes back.
+// slots, or Split's two stores, each deciding its quota hits as shadow
+// ones), which charges go back once all its verdicts are in: every charge
+// (owesBack) when the request is denied, a quota hit's also when its quota
+// turns out over. It returns nil when nothing goes back.
 func takenBack(hits []Hit, verdicts []Verdict) []bool {
 	r := ruleOf(hits, verdicts)
 	denied := r.denied()

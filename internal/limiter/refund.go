@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -19,16 +18,13 @@ import (
 // never heard of them (Limiter.orphanedLeases).
 var refundScript = redis.NewScript(lua.Refund())
 
-// All or nothing across Redis Cluster slots is this refund, not one atomic
-// call: a script's keys must share a slot, and the slots of a request live
-// on masters that no transaction spans. Each slot's group is decided
-// atomically at once (decide.lua), and when the whole request turns out
-// denied, or one of its quotas over (a slot sees only its own quota hits,
-// and charges those that fit), the charges are undone by the tokens
-// decide.lua returned, which name the very charge (the log's members, the
-// counter's window, the end of GCRA's charge): exact, where a Refund hit
-// would give back to whatever window is current, or another request's log
-// members. Split gives back across its two stores the same way (undo).
+// All or nothing across Redis Cluster slots (no transaction spans the
+// masters of a request's slots) and across Split's two stores is an undo:
+// each group is decided atomically, and when the request turns out denied,
+// or a quota over, the charges are undone by the tokens decide.lua
+// returned, which name the very charge (the log's members, the counter's
+// window, the end of GCRA's charge), where a Refund hit would give back to
+// whatever window is current, or another request's log members.
 
 // undo takes back, in the background, the charges that back marks of the
 // hits at idx (decided by this limiter, a part of a request Split decided
@@ -62,10 +58,8 @@ func (l *Limiter) undo(ctx context.Context, what string, hits []Hit, idx []int, 
 }
 
 // owesBack reports whether hit h, with verdict v, made a charge to take back
-// when its request turns out denied (or its quota over). A recorded cost was
-// spent whatever the request's fate, and a refund is always applied: neither
-// is taken back. The Cluster refund and Split's give-back share it (through
-// takenBack), with takeBack.
+// when its request turns out denied (or its quota over): not a recorded
+// cost, spent whatever the request's fate, nor a refund, always applied.
 func owesBack(h *Hit, v *Verdict) bool { op := h.op(); return v.Charged && op.Charges && !op.Record }
 
 // takeBack says in v, the verdict of h, that its charge was given back: not
@@ -77,22 +71,20 @@ func takeBack(h *Hit, v *Verdict) {
 
 // refund takes back, in the background, the charges of the hits back
 // marks (takenBack, or orphaned leases; what names the refund in a
-// failure), so that the answer waits for no more than its deadline. The verdicts say uncharged at once; until the refund lands (one
-// round trip) other requests can see the charge. The refund has a deadline
-// of its own and outlives the caller's cancellation. A charge that cannot be
-// taken back stays counted until its window forgets it; the failure reaches
-// Observe.
+// failure): one refund call per group, so that the answer waits for no
+// more than its deadline. The verdicts say uncharged at once; until the
+// refund lands (one round trip) other requests can see the charge. A
+// charge that cannot be taken back stays counted until its window forgets
+// it; the failure reaches Observe.
 func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups [][]int, verdicts []Verdict, tokens []int64, back []bool) {
-	ctx = context.WithoutCancel(ctx)
+	ctx = context.WithoutCancel(ctx) // the refund outlives the caller's cancellation
 	for _, group := range groups {
-		var keys, records []string
-		var args []any
+		var u undoCall
 		for _, i := range group {
 			h, v := &hits[i], &verdicts[i]
 			if !back[i] {
 				continue
 			}
-			var err error
 			var token any = tokens[i]
 			switch {
 			case v.Lease != "":
@@ -104,35 +96,55 @@ func (l *Limiter) refund(ctx context.Context, what string, hits []Hit, groups []
 			case v.generation > 0 && tokens[i] > 0: // a slice's record (negative) names its charge alone
 				token = strconv.FormatInt(tokens[i], 10) + "/" + strconv.FormatInt(v.generation, 10)
 			}
-			if args, err = refundArgs(args, h, token); err != nil {
-				continue // Decide refused the hit already
-			}
-			keys = append(keys, h.Key)
-			if readsRecords(h, tokens[i]) {
-				records = append(records, sliceRecordKey(h.Key))
-			}
-			takeBack(h, v)
-		}
-		if len(keys) == 0 {
-			continue
-		}
-		if l.denied != nil {
-			for _, k := range keys {
-				l.denied.forget(k) // units come back: a denial remembered may no longer hold
+			if u.add(h, tokens[i], token) == nil { // else Decide refused the hit already
+				takeBack(h, v)
 			}
 		}
-		keys = append(keys, records...) // declared after every charge's key, as decide's
-		l.refunds.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, l.timeout)
-			defer cancel()
-			start := time.Now()
-			err := l.script(ctx, lua.RefundFunction(), refundScript, keys, args).Err()
-			if err != nil {
-				err = fmt.Errorf("%w: %s: %w", ErrStore, what, err)
-			}
-			l.observe(time.Since(start), err)
-		})
+		if len(u.keys) > 0 {
+			l.forget(u.keys)
+			l.refunds.Go(func() { _, _ = l.undoCall(ctx, what, &u) })
+		}
 	}
+}
+
+// undoCall is one refund call: the undos of charges on one hash slot.
+type undoCall struct {
+	keys, records []string
+	args          []any
+}
+
+// add appends the undo of h.Cost units of h's charge of token (its
+// verdict's), named for refund.lua by name.
+func (u *undoCall) add(h *Hit, token int64, name any) error {
+	args, err := refundArgs(u.args, h, name)
+	if err != nil {
+		return err
+	}
+	u.args, u.keys = args, append(u.keys, h.Key)
+	if readsRecords(h, token) {
+		u.records = append(u.records, sliceRecordKey(h.Key))
+	}
+	return nil
+}
+
+// forget drops the deny cache's entries of keys, whose counters get units
+// back: a denial remembered may no longer hold.
+func (l *Limiter) forget(keys []string) {
+	if l.denied != nil {
+		for _, k := range keys {
+			l.denied.forget(k)
+		}
+	}
+}
+
+// undoCall runs u (timed) and returns the units it gave back.
+func (l *Limiter) undoCall(ctx context.Context, what string, u *undoCall) (uint64, error) {
+	keys := append(u.keys, u.records...) // declared after every charge's key, as decide's
+	n, err := l.timed(ctx, lua.RefundFunction(), refundScript, keys, u.args).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %w", ErrStore, what, err)
+	}
+	return uint64(max(n, 0)), nil
 }
 
 // Return is a give back: Units of a slice's charge (a Hit with Ahead) of
@@ -156,55 +168,36 @@ func (l *Limiter) GiveBack(ctx context.Context, returns []Return) (uint64, error
 	if l.closed {
 		return 0, ErrClosed
 	}
-	bySlot := map[int][]int{}
-	var slots []int
+	hits := make([]Hit, len(returns))
+	var idx []int
 	for i, r := range returns {
-		if r.Units == 0 {
-			continue
+		hits[i] = r.Hit
+		hits[i].Cost = r.Units
+		if r.Units > 0 {
+			idx = append(idx, i)
 		}
-		slot := l.router.slot(r.Hit.Key)
-		if _, ok := bySlot[slot]; !ok {
-			slots = append(slots, slot)
-		}
-		bySlot[slot] = append(bySlot[slot], i)
 	}
+	_, groups := l.groups(hits, idx)
 	var total uint64
 	var errs []error
-	for _, slot := range slots {
-		var keys, records []string
-		var args []any
-		for _, i := range bySlot[slot] {
-			h := returns[i].Hit
-			h.Cost = returns[i].Units
-			var token any = returns[i].Token
-			if h.Algorithm == config.SlidingWindowLog {
-				token = sliceName(returns[i].Token)
+	for _, group := range groups {
+		var u undoCall
+		for _, i := range group {
+			var name any = returns[i].Token
+			if hits[i].Algorithm == config.SlidingWindowLog {
+				name = sliceName(returns[i].Token)
 			}
-			var err error
-			if args, err = refundArgs(args, &h, token); err != nil {
+			if err := u.add(&hits[i], returns[i].Token, name); err != nil {
 				errs = append(errs, fmt.Errorf("give back: %w", err))
-				continue
-			}
-			keys = append(keys, h.Key)
-			if readsRecords(&h, returns[i].Token) {
-				records = append(records, sliceRecordKey(h.Key))
 			}
 		}
-		if len(keys) == 0 {
+		if len(u.keys) == 0 {
 			continue
 		}
-		keys = append(keys, records...) // declared after every charge's key, as decide's
-		n, err := l.giveBack(ctx, keys, args)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+		n, err := l.undoCall(ctx, "give back", &u)
 		total += n
-		if l.denied != nil {
-			for _, k := range keys {
-				l.denied.forget(k)
-			}
-		}
+		errs = append(errs, err)
+		l.forget(u.keys)
 	}
 	return total, errors.Join(errs...)
 }
@@ -218,16 +211,3 @@ func readsRecords(h *Hit, token int64) bool { return token < 0 || h.Algorithm ==
 // sliceName is the base name of the members of a log's slice (a charge
 // with Hit.Ahead) whose token is score: "A<score>" (the log's commit).
 func sliceName(score int64) string { return "A" + strconv.FormatInt(score, 10) }
-
-// giveBack runs one refund call within the limiter's timeout, observed.
-func (l *Limiter) giveBack(ctx context.Context, keys []string, args []any) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	start := time.Now()
-	n, err := l.script(ctx, lua.RefundFunction(), refundScript, keys, args).Int64()
-	l.observe(time.Since(start), err)
-	if err != nil {
-		return 0, fmt.Errorf("%w: give back: %w", ErrStore, err)
-	}
-	return uint64(max(n, 0)), nil
-}

@@ -25,21 +25,15 @@ type Call struct {
 	Window time.Duration
 }
 
-// Numbers runs c on the server of its key, in that server's next pipeline
-// (EVALSHA, re-sent with EVAL on NOSCRIPT), within the limiter's timeout and
-// observed like every store call, and reads its reply. A failure wraps
-// ErrStore.
+// Numbers runs c on the server of its key (timed) and reads its reply. A
+// failure wraps ErrStore.
 func (l *Limiter) Numbers(ctx context.Context, c Call) ([]uint64, error) {
 	l.life.RLock()
 	defer l.life.RUnlock()
 	if l.closed {
 		return nil, ErrClosed
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	start := time.Now()
-	reply, err := l.script(ctx, "", c.Script, []string{c.Key}, c.Args).StringSlice()
-	l.observe(time.Since(start), err)
+	reply, err := l.timed(ctx, "", c.Script, []string{c.Key}, c.Args).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrStore, c.What, err)
 	}

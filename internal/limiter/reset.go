@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -16,15 +15,10 @@ var resetScript = redis.NewScript(lua.Reset())
 // Reset deletes the counter of h, so that its whole limit is available again
 // at once, and returns how many store keys it deleted (0 when the counter was
 // empty). Only h.Key is read, and h.Algorithm checked: every algorithm
-// keeps its whole state at its key, but for a counter's or GCRA's slices'
-// records (sliceRecordKey), which go with it, and an RLQS fleet's count
-// of the counter (FleetSuffix), reset alike (for the reference's keys,
-// which have no hash tag, by a second call: on a Cluster their fleet's
-// count may be on another slot).
-//
-// Like Decide it runs one atomic script (EVALSHA, re-sent with EVAL on
-// NOSCRIPT) within the limiter's timeout, and is observed like every store
-// call (Options.Observe). A failure wraps ErrStore.
+// keeps its whole state at its key, but for the slices' records
+// (sliceRecordKey) and an RLQS fleet's count of the counter (FleetSuffix),
+// which go with it (for the reference's keys, which have no hash tag, by a
+// second call). A failure wraps ErrStore.
 func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	l.life.RLock()
 	defer l.life.RUnlock()
@@ -37,12 +31,7 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	if err := checkAlgorithms([]Hit{h}); err != nil {
 		return 0, fmt.Errorf("reset: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	start := time.Now()
-	if l.denied != nil {
-		l.denied.forget(h.Key)
-	}
+	l.forget([]string{h.Key})
 	fleet := h.Key + FleetSuffix // an RLQS fleet's count of it goes alike
 	keys := []string{h.Key, fleet}
 	if h.Algorithm.ReferenceKeys() {
@@ -51,11 +40,10 @@ func (l *Limiter) Reset(ctx context.Context, h Hit) (int64, error) {
 	if recordsSlices(h.Algorithm) {
 		keys = append(keys, sliceRecordKey(keys[0]), sliceRecordKey(keys[1])) // their slices' records go with them
 	}
-	n, err := l.script(ctx, "", resetScript, keys, nil).Int64()
+	n, err := l.timed(ctx, "", resetScript, keys, nil).Int64()
 	if err == nil && h.Algorithm.ReferenceKeys() {
-		err = l.script(ctx, "", resetScript, []string{fleet}, nil).Err()
+		err = l.timed(ctx, "", resetScript, []string{fleet}, nil).Err()
 	}
-	l.observe(time.Since(start), err)
 	if err != nil {
 		return 0, fmt.Errorf("%w: reset: %w", ErrStore, err)
 	}

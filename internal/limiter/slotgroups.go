@@ -20,11 +20,10 @@ import (
 // answer; a tenth of the time left when that is less.
 const maxAnswerMargin = 2 * time.Millisecond
 
-// decide decides hits with distinct keys: one script per slot group (a
-// script's keys must share a slot), all groups at once. Across groups, all or nothing holds by refunding: each
-// group charges what fits in it, and when the request turned out denied,
-// the charges of the other groups are taken back, as are those of a quota
-// that turned out over.
+// decide decides hits with distinct keys: one call per slot group (a
+// script's keys share a slot), all groups at once; across groups, all or
+// nothing holds by undoing the charges of a request that turned out
+// denied, or of a quota that turned out over (refund.go).
 func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	verdicts := make([]Verdict, len(hits))
 	sent := make([]int, 0, len(hits))
@@ -92,9 +91,8 @@ func (l *Limiter) decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 }
 
 // deadline is when a request's store work must end: its caller's deadline
-// less a margin to send the answer, and at most the limiter's timeout from
-// now. It goes with the request rather than in a context of its own, which
-// would start a second timer per request besides the caller's.
+// less a margin to send the answer, at most the limiter's timeout from now
+// (a deadline, not a context of its own, which would start a second timer).
 func (l *Limiter) deadline(ctx context.Context) time.Time {
 	now := time.Now()
 	deadline := now.Add(l.timeout)
@@ -133,11 +131,10 @@ func (l *Limiter) groups(hits []Hit, sent []int) (slots []int, groups [][]int) {
 }
 
 // run decides the hits at indexes group, which share slot, as one request
-// of a batch, and writes their verdicts (a part's nonce among them: see
-// partArg), and their refund tokens when tokens is not nil. quotas is the
-// request's rule as known before the store (which quotas are over
-// already); nil sends quota hits as shadow hits. On an error the verdicts
-// follow each hit's failure mode.
+// of a batch, and writes their verdicts, and their tokens when tokens is
+// not nil. quotas is the request's rule as known before the store; nil
+// sends quota hits as shadow hits. On an error the verdicts follow each
+// hit's failure mode.
 func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot int, group []int, charge bool, quotas *requestRule,
 	verdicts []Verdict, tokens []int64) error {
 	keys := make([]string, len(group))
@@ -237,12 +234,11 @@ func (l *Limiter) run(ctx context.Context, deadline time.Time, hits []Hit, slot 
 
 // lateForm is the late form (call.lateArgs) of the call of the hits at
 // indexes group, with args, or nil when it has none: a call owed to the
-// store whatever its caller does, as it holds an Owed operation (a lease's
-// settlement, a cost already spent) and no NeverLate one (lua.Op). Dropping it would unbalance
-// the count: a seat held until its TTL, a spent cost uncounted while its
-// refund still comes. Its late form only checks (a negative hit count,
-// decide.lua): the settlements and recorded costs are applied whatever the
-// request's fate, and nothing else is charged.
+// store whatever its caller does, as it holds an Owed operation (a
+// settlement, a cost already spent: dropping it would hold a seat until
+// its TTL, or leave a spent cost uncounted) and no NeverLate one. The late
+// form only checks (a negative hit count): owed operations are applied
+// whatever the request's fate, and nothing else is charged.
 func lateForm(hits []Hit, group []int, args []any) []any {
 	owed := false
 	for _, i := range group {
@@ -271,9 +267,9 @@ func (l *Limiter) server(ctx context.Context, deadline time.Time, key string) (r
 	return l.router.server(ctx, key)
 }
 
-// rememberDenials puts the group's enforced denials in the deny cache, and
-// drops the entries of counters a refund gave units back to. A Record hit's
-// denial is not kept: the next report must reach the store to be recorded.
+// rememberDenials puts the group's enforced denials in the deny cache (not
+// a Record hit's: the next report must reach the store), and drops the
+// entries of counters a refund gave units back to.
 func (l *Limiter) rememberDenials(hits []Hit, group []int, verdicts []Verdict, sent time.Time) {
 	if l.denied == nil {
 		return

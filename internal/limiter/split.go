@@ -9,24 +9,17 @@ import (
 )
 
 // Split decides the hits whose window is one second on a limiter of their
-// own, on another Redis, and all others on the main one: envoyproxy/
-// ratelimit's REDIS_PERSECOND, which puts the limits of unit SECOND on a
-// Redis of their own. Without a per-second limiter everything goes to the
-// main one.
-//
-// All or nothing across the two stores holds as it does across Redis
-// Cluster slots: both parts are decided at once, each all or nothing on its
-// own store, and when the request turns out denied, the charges the other
-// part made are given back by the tokens that name them, as across slots
-// (Limiter.refund). Until that refund lands, one round trip, other
-// requests can see the charge. The reference charges each store
-// independently and never gives back.
+// own, on another Redis, and all others on the main one (envoyproxy/
+// ratelimit's REDIS_PERSECOND); without a per-second limiter everything
+// goes to the main one. All or nothing across the two stores holds as
+// across Redis Cluster slots: both parts are decided at once, and when the
+// request turns out denied, the charges made are undone by their tokens
+// (refund.go). The reference never gives back.
 type Split struct {
 	main, perSecond *Limiter
 
-	// life is held for reading by Decide, for writing by Close, which thus
-	// waits for the calls in flight before the limiters wait for their
-	// refunds.
+	// life is held for reading by Decide, for writing by Close: the calls
+	// in flight end before the limiters wait for their refunds.
 	life   sync.RWMutex
 	closed bool
 }
@@ -55,8 +48,7 @@ func (s *Split) Decide(ctx context.Context, hits []Hit) ([]Verdict, error) {
 	if s.perSecond == nil {
 		return s.main.Decide(ctx, hits)
 	}
-	// Nearly every request's hits go to one store: it goes as it is, with
-	// nothing allocated to part it.
+	// Nearly every request's hits go to one store: nothing allocated.
 	nSecond := 0
 	for i := range hits {
 		if perSecondHit(&hits[i]) {
