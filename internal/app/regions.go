@@ -10,6 +10,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
+	"github.com/slidingwindow/ratelimit/internal/redisstore"
 	"github.com/slidingwindow/ratelimit/internal/regions"
 	"github.com/slidingwindow/ratelimit/internal/settings"
 )
@@ -22,7 +23,7 @@ import (
 func openRegions(s *settings.Settings, redisTLS *tls.Config, a *App, local *limiter.Limiter, m *metrics.Metrics,
 	tp trace.TracerProvider, now func() time.Time, log *zap.Logger) (*regions.Regions, error) {
 	urls := []string{s.LedgerURL, s.LedgerClusterURL, s.LedgerSentinelURL}
-	store, err := limiter.OpenStore(limiter.StoreConfig{
+	store, err := redisstore.Open(redisstore.Config{
 		URL: urls[0], ClusterURL: urls[1], SentinelURL: urls[2], TLS: tlsOf(redisTLS, urls...),
 	})
 	if err != nil {

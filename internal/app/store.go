@@ -12,6 +12,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/metrics"
+	"github.com/slidingwindow/ratelimit/internal/redisstore"
 	"github.com/slidingwindow/ratelimit/internal/settings"
 )
 
@@ -24,8 +25,8 @@ const credentialsRetry = 2 * time.Second
 
 // openStore opens the store the settings name (the embedded one when they
 // name none).
-func openStore(s *settings.Settings, redisTLS *tls.Config, log *zap.Logger) (*limiter.Store, error) {
-	store, err := limiter.OpenStore(limiter.StoreConfig{
+func openStore(s *settings.Settings, redisTLS *tls.Config, log *zap.Logger) (*redisstore.Store, error) {
+	store, err := redisstore.Open(redisstore.Config{
 		URL: s.RedisURL, ClusterURL: s.RedisClusterURL, SentinelURL: s.RedisSentinelURL,
 		TLS: tlsOf(redisTLS, s.RedisURL, s.RedisClusterURL, s.RedisSentinelURL),
 	})
@@ -43,12 +44,12 @@ func openStore(s *settings.Settings, redisTLS *tls.Config, log *zap.Logger) (*li
 // openPerSecondStore opens the store of the limits whose window is one
 // second (--redis-persecond-*), nil when the settings name none: those
 // limits are then counted on the main store.
-func openPerSecondStore(s *settings.Settings, redisTLS *tls.Config, log *zap.Logger) (*limiter.Store, error) {
+func openPerSecondStore(s *settings.Settings, redisTLS *tls.Config, log *zap.Logger) (*redisstore.Store, error) {
 	urls := []string{s.RedisPerSecondURL, s.RedisPerSecondClusterURL, s.RedisPerSecondSentinelURL}
 	if urls[0] == "" && urls[1] == "" && urls[2] == "" {
 		return nil, nil
 	}
-	store, err := limiter.OpenStore(limiter.StoreConfig{
+	store, err := redisstore.Open(redisstore.Config{
 		URL: urls[0], ClusterURL: urls[1], SentinelURL: urls[2], TLS: tlsOf(redisTLS, urls...),
 	})
 	if err != nil {
@@ -72,7 +73,7 @@ func tlsOf(redisTLS *tls.Config, urls ...string) *tls.Config {
 
 // newLimiter is the limiter on store, reporting to m, tracing its Redis
 // batches with tp, its deny cache on the clock now (the service's).
-func newLimiter(s *settings.Settings, store *limiter.Store, m *metrics.Metrics, tp trace.TracerProvider, now func() time.Time) *limiter.Limiter {
+func newLimiter(s *settings.Settings, store *redisstore.Store, m *metrics.Metrics, tp trace.TracerProvider, now func() time.Time) *limiter.Limiter {
 	denyCache := s.DenyCache
 	if denyCache == 0 {
 		denyCache = -1 // the flag's 0 means off; the option's 0 means its default
@@ -98,7 +99,7 @@ func newLimiter(s *settings.Settings, store *limiter.Store, m *metrics.Metrics, 
 func prepare(ctx context.Context, lim *limiter.Split, log *zap.Logger) (credentialsRefused bool) {
 	prepareCtx, cancel := context.WithTimeout(ctx, storeReadyWait)
 	defer cancel()
-	if err := lim.Prepare(prepareCtx); limiter.AuthRefused(err) {
+	if err := lim.Prepare(prepareCtx); redisstore.AuthRefused(err) {
 		log.Error("Redis refused the credentials: not ready until it accepts them", zap.Error(err))
 		return true
 	} else if err != nil && ctx.Err() == nil { // not when the caller gave up
@@ -122,7 +123,7 @@ func awaitCredentials(ctx context.Context, lim *limiter.Split, log *zap.Logger, 
 		pctx, cancel := context.WithTimeout(ctx, storeReadyWait)
 		err := lim.Prepare(pctx)
 		cancel()
-		if limiter.AuthRefused(err) || ctx.Err() != nil {
+		if redisstore.AuthRefused(err) || ctx.Err() != nil {
 			continue
 		}
 		log.Info("Redis accepts the credentials: ready")

@@ -311,8 +311,7 @@ func newSlowLimiter(t *testing.T) (*Limiter, *slowStore) {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	opts := &redis.Options{Addr: p.Addr()}
-	configure(&opts.ContextTimeoutEnabled, &opts.MaxRetries)
+	opts := &redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1} // as redisstore configures it
 	client := redis.NewClient(opts)
 	t.Cleanup(func() { _ = client.Close() })
 	l := New(client, &Options{Timeout: 5 * time.Second, DenyCache: -1})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/luastore"
+	"github.com/slidingwindow/ratelimit/internal/redisstore"
 )
 
 func TestScriptFlushIsTransparent(t *testing.T) {
@@ -126,7 +127,7 @@ func TestNoRetryAfterALostReply(t *testing.T) {
 	if err := decideScript.Load(context.Background(), directClient).Err(); err != nil {
 		t.Fatal(err)
 	}
-	store, err := OpenStore(StoreConfig{URL: "redis://" + ln.Addr().String()})
+	store, err := redisstore.Open(redisstore.Config{URL: "redis://" + ln.Addr().String()})
 	if err != nil {
 		t.Fatal(err)
 	}

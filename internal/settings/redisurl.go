@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/slidingwindow/ratelimit/internal/limiter"
+	"github.com/slidingwindow/ratelimit/internal/redisstore"
 )
 
 // singleURL is the go-redis URL of REDIS_TYPE=SINGLE: REDIS_URL is a
@@ -19,7 +19,7 @@ func singleURL(raw, socket, auth string, tlsOn bool) (string, error) {
 	if strings.HasPrefix(raw, "redis://") || strings.HasPrefix(raw, "rediss://") || strings.HasPrefix(raw, "unix://") {
 		u, err := url.Parse(raw)
 		if err != nil {
-			return "", fmt.Errorf("%q is not a valid URL", limiter.RedactURL(raw))
+			return "", fmt.Errorf("%q is not a valid URL", redisstore.RedactURL(raw))
 		}
 		if tlsOn && u.Scheme == "redis" {
 			u.Scheme = "rediss"
@@ -83,11 +83,11 @@ func listURL(addrs []string, scheme, auth, master string) (string, error) {
 }
 
 // shownAddr is an address fit for an error message: a URL's password
-// hidden (limiter.RedactURL), and without a scheme, whatever precedes an '@'
+// hidden (redisstore.RedactURL), and without a scheme, whatever precedes an '@'
 // (user:password@host:port).
 func shownAddr(a string) string {
 	if strings.Contains(a, "://") {
-		return limiter.RedactURL(a)
+		return redisstore.RedactURL(a)
 	}
 	if at := strings.LastIndexByte(a, '@'); at >= 0 {
 		return "xxxxx" + a[at:]

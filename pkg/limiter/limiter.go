@@ -37,6 +37,7 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/config"
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 	"github.com/slidingwindow/ratelimit/internal/pkgbridge"
+	"github.com/slidingwindow/ratelimit/internal/redisstore"
 	pkgconfig "github.com/slidingwindow/ratelimit/pkg/config"
 )
 
@@ -189,7 +190,7 @@ type Options struct {
 // Limiter decides hits on a Redis store. It is safe for concurrent use.
 type Limiter struct {
 	lim       *limiter.Limiter
-	store     *limiter.Store // the embedded store, closed with the limiter
+	store     *redisstore.Store // the embedded store, closed with the limiter
 	closeOnce sync.Once
 }
 
@@ -226,7 +227,7 @@ func New(client redis.UniversalClient, opts *Options) (*Limiter, error) {
 // (miniredis) on a loopback port, one replica, shared with no other process
 // and not persistent. Close stops it.
 func NewEmbedded(opts *Options) (*Limiter, error) {
-	store, err := limiter.OpenStore(limiter.StoreConfig{})
+	store, err := redisstore.Open(redisstore.Config{})
 	if err != nil {
 		return nil, err
 	}

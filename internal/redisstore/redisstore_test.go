@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"errors"
@@ -31,7 +31,7 @@ func TestRedactURL(t *testing.T) {
 // TestMalformedURLHidesPassword: whatever part of a URL does not parse, the
 // error does not show its password.
 func TestMalformedURLHidesPassword(t *testing.T) {
-	for _, cfg := range []StoreConfig{
+	for _, cfg := range []Config{
 		{URL: "redis://user:hunter22@r:63x79"},
 		{URL: "redis://user:hun/ter22@r:6379"},
 		{URL: "redis://:hunter22@r:6379/x"},
@@ -41,7 +41,7 @@ func TestMalformedURLHidesPassword(t *testing.T) {
 		{SentinelURL: "redis://:hunter22@s:1/x?master_name=m"},
 		{SentinelURL: "redis://s:1?master_name=m&password=hunter22&db=x"},
 	} {
-		s, err := OpenStore(cfg)
+		s, err := Open(cfg)
 		if err == nil {
 			_ = s.Close() // the open that should have failed is what is reported
 			t.Errorf("%+v: no error", cfg)
@@ -60,7 +60,7 @@ func TestAuthRefused(t *testing.T) {
 	}{
 		{nil, false},
 		{errors.New("WRONGPASS invalid username-password pair"), false}, // not a Redis reply
-		{fmt.Errorf("%w: prepare: %w", ErrStore, errors.Join(redisErr("WRONGPASS invalid username-password pair or user is disabled."))), true},
+		{fmt.Errorf("%w: prepare: %w", errors.New("rate limit store"), errors.Join(redisErr("WRONGPASS invalid username-password pair or user is disabled."))), true},
 		{redisErr("NOAUTH Authentication required."), true},
 		{redisErr("ERR AUTH <password> called without any password configured for the default user."), true},
 		{redisErr("ERR unknown command"), false},

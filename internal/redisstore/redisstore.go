@@ -1,4 +1,7 @@
-package limiter
+// Package redisstore connects to the Redis that holds the counters:
+// standalone, Sentinel or Cluster from go-redis's URLs, or an embedded
+// miniredis, with the client settings the limiter's calls need.
+package redisstore
 
 import (
 	"crypto/tls"
@@ -27,9 +30,9 @@ type Store struct {
 	stop func()
 }
 
-// StoreConfig says which Redis holds the counters: at most one of URL,
+// Config says which Redis holds the counters: at most one of URL,
 // ClusterURL and SentinelURL; none starts the embedded store.
-type StoreConfig struct {
+type Config struct {
 	// URL is a standalone Redis: redis://[user:password@]host:port[/db], or
 	// rediss:// for TLS.
 	URL string
@@ -48,10 +51,10 @@ type StoreConfig struct {
 	TLS *tls.Config
 }
 
-// OpenStore connects to the configured Redis. It does not wait for the
+// Open connects to the configured Redis. It does not wait for the
 // server: an unreachable store is answered by each rule's failure mode, and
 // the client reconnects on its own.
-func OpenStore(cfg StoreConfig) (*Store, error) {
+func Open(cfg Config) (*Store, error) {
 	set := 0
 	for _, u := range []string{cfg.URL, cfg.ClusterURL, cfg.SentinelURL} {
 		if u != "" {
