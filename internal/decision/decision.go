@@ -11,9 +11,8 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
-// Request is a request's hits, in their order, and how the layers over
-// the limiter route each: Routes[i] is Hits[i]'s, and a nil Routes routes
-// none. The limiter takes Hits as they are.
+// Request is a request's hits, in order and as the limiter takes them, and
+// how the layers over it route each: Routes[i] is Hits[i]'s; nil routes none.
 type Request struct {
 	Hits   []limiter.Hit
 	Routes []Route
@@ -24,9 +23,8 @@ type Route struct {
 	// Global marks a hit of a global rule (config.Rule.Global): the
 	// regions' decider sets its Limit to the region's allowance.
 	Global *config.Global
-	// NoSlices keeps the hit off the slices of hot keys: decided on the
-	// store every time, as a rule with hot_key_slices: false, a
-	// concurrency rule or a global rule asks.
+	// NoSlices decides the hit on the store every time, off hot keys'
+	// slices: hot_key_slices: false, concurrency and global rules ask it.
 	NoSlices bool
 }
 
@@ -43,8 +41,7 @@ type Decider interface {
 	Decide(ctx context.Context, req Request) ([]limiter.Verdict, error)
 }
 
-// Store is what decides the limiter's hits: a *limiter.Limiter or a
-// *limiter.Split.
+// Store decides the limiter's hits: a *limiter.Limiter or *limiter.Split.
 type Store interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 }

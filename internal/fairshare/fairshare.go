@@ -1,10 +1,10 @@
 // Package fairshare keeps the registries that split one limit among those
 // who take from it: an RLQS counter's Envoys (Assign, Confirm) and a global
-// limit's regions on the ledger (Allow). Each call is one atomic script on
-// the store beside the counter it splits (scripts/lua: rlqs_shares.lua,
-// rlqs_confirm.lua, region_allowance.lua), and each grant is a max-min fair
-// share of what the others do not hold, so that what is granted never sums
-// past the limit whatever the order of the calls. It knows nothing of gRPC.
+// limit's regions on the ledger (Allow). Each call is one atomic script
+// beside the counter it splits (scripts/lua: rlqs_shares.lua,
+// rlqs_confirm.lua, region_allowance.lua), each grant a max-min fair share
+// of what the others do not hold, so that grants never sum past the limit
+// whatever the order of the calls. It knows nothing of gRPC.
 package fairshare
 
 import (
@@ -21,9 +21,8 @@ import (
 	"github.com/slidingwindow/ratelimit/scripts/lua"
 )
 
-// Store runs a registry's calls: a *limiter.Limiter, or a *limiter.Split,
-// which runs them where the counter's hits go. A failure wraps
-// limiter.ErrStore.
+// Store runs a registry's calls where the counter's hits go: a
+// *limiter.Limiter or a *limiter.Split. A failure wraps limiter.ErrStore.
 type Store interface {
 	Numbers(ctx context.Context, c limiter.Call) ([]uint64, error)
 }
@@ -42,17 +41,15 @@ type ShareRequest struct {
 	Key string
 	// Member is the Envoy stream's id.
 	Member string
-	// Demand is the units per Window the Envoy asks for; < 0 (or NaN) is
-	// unknown (its first report) and asks for the whole Limit, so that the
-	// member gets an equal share.
+	// Demand is the units per Window the Envoy asks for; unknown (< 0 or
+	// NaN: a first report), it asks for all of Limit, to get an equal share.
 	Demand float64
 	// Limit is the units per Window the whole fleet may take.
 	Limit uint64
 	// Window is the limit's window, whole seconds.
 	Window time.Duration
 	// Current is the T the member holds now (0: none); a new share close to
-	// it keeps it (see Share), since Envoy restarts a changed token bucket
-	// full.
+	// it keeps it (see Assign), since Envoy restarts a changed bucket full.
 	Current uint64
 	// ReportInterval is R, Envoy's reporting period: the bucket's size is
 	// about one R of refill, M = max(1, ceil(T * min(R, W) / W)).
@@ -76,17 +73,15 @@ type Share struct {
 }
 
 // Assign records r's demand in its registry and decides the member's share:
-// the max-min fair share of Limit among the live members' demands (members
-// whose lease ended are dropped), rounded up and at least 1, kept at
-// Current when at most a fifth below it (leaving the others their fair
-// shares) or at most 5 % above it, and capped so that the T the members
-// hold never sum past Limit, whatever the order of the calls: a member's
-// entry keeps the larger of Current and its new share until Confirm says
-// the new one was sent, or its next call. A Limit of 0 has nothing to
-// share: Assign answers Share{} without a store call. A bad request (empty
-// Key or Member, a Window not whole seconds, a Lease under a second, a
-// ReportInterval not positive) is an error that does not wrap
-// limiter.ErrStore.
+// the max-min fair share of Limit among the live members' demands, rounded
+// up and at least 1, kept at Current when at most a fifth below it (leaving
+// the others their fair shares) or at most 5 % above, and capped so that
+// the T the members hold never sum past Limit whatever the order of the
+// calls: an entry keeps the larger of Current and its new share until
+// Confirm, or its next call. A Limit of 0 answers Share{} without a store
+// call. A bad request (empty Key or Member, a Window not whole seconds, a
+// Lease under a second, a ReportInterval under a millisecond) is an error
+// that does not wrap limiter.ErrStore.
 func Assign(ctx context.Context, st Store, r ShareRequest) (Share, error) {
 	if err := checkShare(r); err != nil {
 		return Share{}, fmt.Errorf("share: %w", err)
@@ -119,11 +114,9 @@ func checkShare(r ShareRequest) error {
 	return nil
 }
 
-// Confirm lowers member's entry in the registry at key to tokens, the
-// share it was sent, once sent: Assign keeps the larger of a member's old
-// and new T until told the new one is on its way, so that what it gives up
-// goes to no one while it may still hold it. window is the limit's. An
-// entry that has expired, or holds no more than tokens, is left as it is.
+// Confirm lowers member's entry in the registry at key (of a limit of
+// window) to tokens once that share was sent (Assign keeps the larger T
+// until then). An expired entry, or one holding no more, stays as is.
 func Confirm(ctx context.Context, st Store, key, member string, window time.Duration, tokens uint64) error {
 	if key == "" || member == "" {
 		return errors.New("confirm share: empty key or member")
@@ -133,9 +126,8 @@ func Confirm(ctx context.Context, st Store, key, member string, window time.Dura
 	return err
 }
 
-// AllowanceRequest asks the ledger for one region's part of a global limit:
-// the registry at Key holds every region's demand, grant and count on one
-// global counter.
+// AllowanceRequest asks the ledger for one region's part of a global limit,
+// whose registry at Key holds every region's demand, grant and count.
 type AllowanceRequest struct {
 	// Key is the registry key on the ledger.
 	Key string
@@ -157,8 +149,7 @@ type AllowanceRequest struct {
 	// Lease is how long the grant lives: the region's entry ends Lease
 	// after the ledger's Redis TIME now.
 	Lease time.Duration
-	// Floor is the units every region keeps whatever happens, reserved
-	// for each of the Regions whether it asks or not.
+	// Floor is what each of the Regions keeps whatever happens, asking or not.
 	Floor uint64
 	// Regions is how many regions share Limit.
 	Regions int
@@ -181,16 +172,14 @@ type Grant struct {
 // Allow records r's demand and count in its registry on the ledger and
 // decides the region's grant: its max-min fair share, among the regions
 // whose lease lives, of the limit less every region's floor, never more
-// than what the other regions do not reserve. A region reserves the most
-// of its grant, the grant it decided with when it asked (Current: it keeps
-// deciding with it until the answer reaches it, or for good when the
-// answer is lost) and its count past the floor, while its lease lives and
-// for a window and a lease after (what it counted stays counted a window;
-// the region's record of the lease may end later than the ledger's by the
-// time the answer took to reach it), so that the regions' counters never
-// sum past Limit, whatever the order of the calls. A bad request (empty
-// Key or Region, no Regions, a Window or Lease under a millisecond, floors
-// past Limit) is an error that does not wrap limiter.ErrStore.
+// than the other regions do not reserve. A region reserves the most of its
+// grant, its Current (for good when the answer is lost) and its count past
+// the floor, while its lease lives and a window and a lease after (what it
+// counted stays counted a window; its record of the lease may end later
+// than the ledger's by the answer's delay), so that the regions' counters
+// never sum past Limit, whatever the order of the calls. A bad request
+// (empty Key or Region, no Regions, a Window or Lease under a millisecond,
+// floors past Limit) is an error that does not wrap limiter.ErrStore.
 func Allow(ctx context.Context, st Store, r AllowanceRequest) (Grant, error) {
 	if err := checkAllowance(r); err != nil {
 		return Grant{}, fmt.Errorf("allowance: %w", err)

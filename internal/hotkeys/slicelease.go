@@ -10,28 +10,23 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
-// A slice's lease keeps these, whatever the policy (slicepolicy.go) asks
-// for:
+// A slice's lease keeps these, whatever the policy (slicepolicy.go) asks:
 //
-//   - a unit leased is charged to the counter, by the store's decision
-//     (limiter.Decide), before this instance uses it; a lease that does not
-//     fit is not made;
+//   - a unit is charged to the counter (by the store's limiter.Decide)
+//     before this instance uses it; a lease that does not fit is not made;
 //   - a unit is used only while the algorithm's bound allows (slice.expires,
-//     GCRA's slots: see Slices);
+//     GCRA's slots: docs/reliability.md, "Hot keys");
 //   - a give back returns only units this instance did not use, by the
 //     charge's token, and never a fixed window's that has ended;
-//   - a Reset ends every slice of the counter at this instance, and a lease
-//     on its way is not installed (its charge goes back by its token); a
-//     log's members of them are removed by name, other instances' live
-//     ones kept (scripts/lua's reset).
+//   - a Reset ends the counter's slices at this instance and a lease on its
+//     way is not installed (its charge goes back by its token; see Reset).
 //
 // What a store that forgets writes (a failover, a restart) or a Reset on
 // another instance can still add is bounded in docs/accuracy.md.
 
-// recorded is a sliding log's slice that ended, whose members (recorded
-// at its period's end) may still be ahead of Redis's now until until: a
-// Reset, which keeps the members ahead (other instances' live slices),
-// removes this instance's by name.
+// recorded is a sliding log's ended slice, whose members (recorded at its
+// period's end) may be ahead of Redis's now until until: a Reset keeps the
+// members ahead (other instances' live slices) but removes these by name.
 type recorded struct {
 	all   limiter.Return // every unit of the slice
 	until time.Time
@@ -63,8 +58,7 @@ func (k *hotKey) available(now time.Time) uint64 {
 }
 
 // held is the units k's slices hold at now that the counter still counts
-// as charged: a live slice's, and an ended one's until a tick gives them
-// back (but a fixed window's that has ended: its count is dead).
+// as charged, until a tick gives them back: none of an ended fixed window.
 func (k *hotKey) held(now time.Time) uint64 {
 	var n uint64
 	for _, sl := range k.slices {
@@ -76,15 +70,13 @@ func (k *hotKey) held(now time.Time) uint64 {
 	return n
 }
 
-// live reports whether sl may still spend units at now: it has not
-// expired, its fixed window has not ended, and it was not given back.
+// live reports whether sl may still spend units at now.
 func (sl *slice) live(now time.Time) bool {
 	return now.Before(sl.expires) && (sl.windowEnd.IsZero() || now.Before(sl.windowEnd)) && sl.returned == 0
 }
 
-// spent is the units sl spent that it may spend again at now, were they
-// given back: none once it is no longer live, and for GCRA only those
-// spent ahead of their slots.
+// spent is the units sl spent that it could spend again at now if given
+// back: none once not live, for GCRA only those spent ahead of their slots.
 func (sl *slice) spent(now time.Time) uint64 {
 	if !sl.live(now) {
 		return 0
@@ -97,8 +89,7 @@ func (sl *slice) spent(now time.Time) uint64 {
 	return sl.used
 }
 
-// available is the units sl holds at now; for GCRA it first drops the
-// units whose slot has started.
+// available is the units sl holds at now, dropping GCRA's past their slot.
 func (sl *slice) available(now time.Time) uint64 {
 	if !now.Before(sl.expires) {
 		return 0
@@ -112,10 +103,8 @@ func (sl *slice) available(now time.Time) uint64 {
 }
 
 // take takes h's cost from k's slices, the oldest first, and answers h as
-// Redis would have at the last lease, less what this instance used since:
-// remaining is what the counter had left after the lease plus the units
-// the slices still hold; reset is the lease's, less the time since (and,
-// for GCRA, less the time the units still held take at its pace).
+// Redis would have at the last lease, less what this instance used since
+// (see answer; the reset is that of the last slice used).
 func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 	need := h.Cost
 	var last *slice
@@ -136,14 +125,13 @@ func (k *hotKey) take(h *limiter.Hit, now time.Time) limiter.Verdict {
 	return v
 }
 
-// answer sets v's remaining as this instance sees h's counter at now: the
-// newest lease's answer (rebased on the store's later answers, see
-// rebase), which counted every older slice's units as used, plus the units
-// the slices still hold or gave back since, this instance's to give. For
-// GCRA, whose room grows as the bucket is paid, v's reset too: the newest
+// answer sets v as this instance sees h's counter at now (the caller holds
+// k's shard's lock; k has slices): remaining is the newest lease's answer
+// (see rebase), which counted every older slice's units as used, plus the
+// units the slices still hold or gave back since, this instance's to give.
+// For GCRA, whose room grows as the bucket is paid, the reset is the newest
 // lease's less the time since and the held units' time at its pace, and
 // remaining the bucket less the units owed then, as decide.lua answers.
-// The caller holds k's shard's lock, and k has slices.
 func (k *hotKey) answer(h *limiter.Hit, v *limiter.Verdict, now time.Time) {
 	newest := k.slices[len(k.slices)-1]
 	left := k.held(now)
@@ -155,13 +143,12 @@ func (k *hotKey) answer(h *limiter.Hit, v *limiter.Verdict, now time.Time) {
 	}
 }
 
-// rebase takes in an answer v of the store for h's counter, at now, given
-// while k had slices or a lease on its way: the answers of one counter's
-// hits and its lease may come in either order, and the later state has
-// the less left (for GCRA, the later bucket time), but for the answer of
-// a give-back (gave: a refund or a settlement), which leaves more: its
-// state is the latest. A lease then installs, and the slices answer, from
-// the latest. The caller holds k's shard's lock.
+// rebase takes in the store's answer v for k's counter at now, while k has
+// slices or a lease on its way. A counter's hit and lease answers come in
+// either order, and the later state has the less left (for GCRA, the later
+// bucket time), but a give-back's (gave: a refund or a settlement), which
+// leaves more, is the latest. A lease then installs, and the slices
+// answer, from the latest. The caller holds k's shard's lock.
 func (k *hotKey) rebase(v limiter.Verdict, gave bool, now time.Time) {
 	if k.leasing {
 		k.seenRemaining = min(k.seenRemaining, v.Remaining)
@@ -184,9 +171,8 @@ func (k *hotKey) rebase(v limiter.Verdict, gave bool, now time.Time) {
 	}
 }
 
-// owedSlack is GCRA's units owed read from a reset: the reset was rounded
-// up to the microsecond (and the interval to the nanosecond) on its way,
-// far less than a thousandth of a unit.
+// owedSlack bounds the rounding in GCRA's units owed read from a reset (up
+// to the microsecond, the interval to the nanosecond: far under 1e-3 unit).
 const owedSlack = 1e-3
 
 // pendingLease is a lease waiting to be sent with the others of its moment.
@@ -199,10 +185,8 @@ type pendingLease struct {
 	landed chan struct{} // closed once its answer is in (see hotKey.inFlight)
 }
 
-// leaseGather is how long a lease waits for others: sent together, they
-// share one store call (the batcher takes what is queued), where one by
-// one each would be a call of its own. A lease is off the request path:
-// the hits meanwhile go to the store.
+// leaseGather is how long a lease waits for others, to share a store call
+// (the batcher takes what is queued); the hits meanwhile go to the store.
 const leaseGather = 5 * time.Millisecond
 
 // queueLease queues l, and starts the gathering of the leases queued with
@@ -240,8 +224,7 @@ func (k *hotKey) ends(now time.Time) time.Time {
 	return end
 }
 
-// lease charges the counter for a slice of l.hit.Cost units and gives it
-// to the hit's key.
+// lease charges the counter for a slice of l.hit.Cost units for its key.
 func (s *Slices) lease(l pendingLease) {
 	h, period := l.hit, l.period
 	sh := s.shard(h.Key)
@@ -336,13 +319,12 @@ func (k *hotKey) endAll(s *Slices, now time.Time) {
 	k.slices = k.slices[:0]
 }
 
-// giveBack queues the units sl, a slice of k, did not use to be given back
-// at the next tick, with the others', when its algorithm can and they
-// still count: GCRA's unused units held slots that have passed or that
-// later charges follow; a fixed window's count is dead once its window has
-// ended. A log's slice is kept in k.recorded while its members may be
-// ahead (its period again past its end, for Redis's clock being ahead of
-// this instance's). The caller holds k's shard's lock.
+// giveBack queues the units sl, a slice of k, did not use, to go back at
+// the next tick with the others', when its algorithm can and they still
+// count: not GCRA's (their slots passed, or later charges follow them),
+// nor an ended fixed window's. A log's slice is kept in k.recorded while
+// its members may be ahead (its period again past its end, lest Redis's
+// clock be ahead of this instance's). The caller holds k's shard's lock.
 func (s *Slices) giveBack(k *hotKey, sl *slice, now time.Time) {
 	rule := k.rule
 	if rule.Algorithm == config.SlidingWindowLog {
@@ -357,9 +339,8 @@ func (s *Slices) giveBack(k *hotKey, sl *slice, now time.Time) {
 	}
 	sl.used = sl.n
 	if !sl.windowEnd.IsZero() && !now.Before(sl.windowEnd) {
-		// A fixed window's count is never read once the window has
-		// ended: giving units back to it would only cost Redis calls,
-		// for every slice of the window at once, at its end.
+		// Its count is never read again: a give back would only cost
+		// Redis calls, for every slice of the window at once.
 		return
 	}
 	k.unlanded += left
@@ -369,9 +350,8 @@ func (s *Slices) giveBack(k *hotKey, sl *slice, now time.Time) {
 	s.returnsMu.Unlock()
 }
 
-// returnsPerCall bounds the returns one store call gives back: a call
-// holds Redis while it runs, and the decisions waiting behind it have
-// Envoy's 20 ms.
+// returnsPerCall bounds the returns of one store call: a call holds Redis
+// while it runs, and the decisions waiting behind it have Envoy's 20 ms.
 const returnsPerCall = 32
 
 // flush gives back the queued returns, returnsPerCall at a time, each
@@ -397,13 +377,10 @@ func (s *Slices) flush() {
 		}
 		for _, r := range chunk {
 			back := r.Units
-			switch {
-			case err != nil:
+			if err != nil || n < asked && len(chunk) > 1 {
 				back = 0
-			case n < asked && len(chunk) == 1:
+			} else if n < asked {
 				back = n
-			case n < asked:
-				back = 0
 			}
 			s.landed(r, back)
 		}
@@ -429,12 +406,11 @@ func (s *Slices) landed(r limiter.Return, back uint64) {
 }
 
 // Reset drops this instance's slices of h's counter, unused units and
-// all (the counter they were charged to is going; a log's members with
-// them), and a lease of it on its way, and deletes the counter (the admin
-// API's Reset). Other instances' slices of it live on: the log keeps their
-// members (recorded ahead, see scripts/lua's reset); for the other
-// algorithms, what they give back later comes off the new count of the
-// same window.
+// all (their counter is going; a log's members with them), and a lease of
+// it on its way, and deletes the counter (the admin API's Reset). Other
+// instances' slices of it live on: the log keeps their members (recorded
+// ahead); for the other algorithms the reset deletes their records, so
+// what they give back later takes nothing off the new count (reset.lua).
 func (s *Slices) Reset(ctx context.Context, h limiter.Hit) (int64, error) {
 	s.resetting.Add(1)
 	defer s.resetting.Add(-1)

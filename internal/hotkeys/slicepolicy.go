@@ -8,22 +8,17 @@ import (
 	"github.com/slidingwindow/ratelimit/internal/limiter"
 )
 
-// Which keys get a slice, when, and how large: the policy, apart from the
-// lease (slicelease.go), which holds whatever it asks for to the limit.
-
 // warmSpan is how much of a warm key's demand its slice holds, and at
-// least how much a hot window counter's does (spansWindow).
-// Longer holds more of the limit at this instance for longer; shorter
-// costs a lease more often.
+// least a hot window counter's (spansWindow): longer holds more of the
+// limit here for longer, shorter costs a lease more often.
 const warmSpan = 10 * time.Second
 
-// maybeLease starts a lease for h's key when the key is hot or warm at
-// this instance and its slices run low. A hot key's slices run low under a
-// quarter of what the next period needs, or ending within a quarter of it;
-// a warm key's when they hold under a quarter of the next slice (minSlice:
-// none left), as its slices end with their window rather than with a
-// period. v is the store's verdict of h when it decided h (nil when a
-// slice did): what the counter has left, which sizes the next slice.
+// maybeLease starts a lease for h's key when the key is hot or warm here
+// and its slices run low: a hot key's under a quarter of the next period's
+// need, or ending within a quarter of it; a warm key's under a quarter of
+// the next slice (minSlice: none left), as they end with their window, not
+// a period. v is the store's verdict of h if it decided h (nil when a slice
+// did): what the counter has left, which sizes the next slice.
 func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	sh := s.shard(h.Key)
 	sh.mu.Lock()
@@ -47,7 +42,7 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	spans := s.warm > 0 && spansWindow(h.Algorithm) // their life is a warm key's, which needs the warm threshold
 	// Sized in units, the hits' costs: at least two hits' worth.
 	want := max(minSlice, 2*h.Cost)
-	_, unitRate := k.rates()
+	hitRate, unitRate := k.rates()
 	if hot {
 		want = max(want, uint64(math.Ceil(units*period.Seconds())))
 	}
@@ -79,20 +74,17 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 	}
 	idle := period
 	if !hot || spans {
-		hits, _ := k.rates()
 		lifeRate := unitRate
-		if k.seen < hits {
-			// Young, the rate from a few hits can run high; the average
-			// of every hit, first included, over the ticks at no hit
-			// before the key was tracked runs low: the slice's life is
-			// the longer of the two, lest a quick start end it early.
-			lifeRate *= k.seen / hits
+		if k.seen < hitRate {
+			// Young, the rate from a few hits can run high, and k.seen
+			// (every hit, over ticks at none before tracking) low: the
+			// slice lives the longer, lest a quick start end it early.
+			lifeRate *= k.seen / hitRate
 		}
 		idle = s.warmLife(want, lifeRate)
 	}
 	if hot {
-		// Ending within a quarter of a period, its slices run low; a window
-		// counter's end with the window, as a new one would.
+		// A window counter's slices end with the window, as a new one would.
 		endsSoon := !spansWindow(h.Algorithm) && !k.ends(now).After(now.Add(period/4))
 		if k.matches(&h) && k.available(now) >= want/4 && !endsSoon {
 			return
@@ -115,24 +107,19 @@ func (s *Slices) maybeLease(h limiter.Hit, v *limiter.Verdict, now time.Time) {
 }
 
 // sliceHitsToPay is how many hits a slice must be expected to decide for
-// its lease: the lease's call and its give back cost the store about what
-// two hits' calls do, and a slice that decides fewer than twice that
-// costs more than it saves (a per-second window at a few hits a second, a
-// log's slice of a short window's twentieth).
+// its lease: the lease and its give back cost the store about two hits'
+// calls, and a slice deciding fewer than twice that costs more than it
+// saves (a per-second window at a few hits a second; a short log's slice).
 const sliceHitsToPay = 4.0
 
 // pays reports whether a slice of want units of h's key, living life, is
-// expected to decide at least hitsToPay hits (sliceHitsToPay unless the
-// options say): at the key's rate, and within its units at the key's cost
-// per hit.
+// expected to decide at least hitsToPay hits, at the key's rate and cost.
 func pays(k *hotKey, h *limiter.Hit, want uint64, life time.Duration, hitsToPay float64) bool {
 	hitRate, unitRate := k.rates()
-	// The last second's count, as the hot threshold reads it, when the key
-	// is too young for an average or the count is a jump: a key whose rate
-	// jumps is leased at once, not when its average catches up. A count
-	// within chance of the average (a key at 1.5 hits a second sees 5 in
-	// one second now and then) is not: such a slice decides a hit or two
-	// and costs what several do.
+	// The last second's count (the hot threshold's) when the key is too
+	// young for an average or the count jumps: such a key is leased at
+	// once. Not a count within chance of the average (at 1.5 hits a second,
+	// 5 in a second now and then): its slice would decide a hit or two.
 	if last := float64(max(k.hits, k.prev)); hitRate == 0 || last > jumpFrom(hitRate) {
 		hitRate = last
 		unitRate = max(unitRate, float64(max(k.units, k.prevUnits)))
@@ -144,10 +131,9 @@ func pays(k *hotKey, h *limiter.Hit, want uint64, life time.Duration, hitsToPay 
 	return min(float64(want)/perHit, hitRate*life.Seconds()) >= hitsToPay
 }
 
-// jumpFrom is the most hits in one second that chance gives a key whose
-// hits come at random at rate a second (Poisson: the rate and three of its
-// standard deviations, and two more for a small rate); a count above it is
-// a jump in the key's rate.
+// jumpFrom is the most hits in one second that chance gives a key hit at
+// random at rate a second (Poisson: the rate, three standard deviations,
+// and two more for a small rate); a count above it is a jump.
 func jumpFrom(rate float64) float64 { return rate + 3*math.Sqrt(rate) + 2 }
 
 // windowLeft is how long a window counter's slice leased now lives at most:
@@ -167,16 +153,14 @@ func windowLeft(h *limiter.Hit, windowEnd, now time.Time) time.Duration {
 }
 
 // gcraUsable is how many units of a GCRA slice of h this instance can use
-// at rate (units per second) before their emission slots start, the
-// bucket having had remaining units left at the last answer, since ago,
-// and this instance's live slices holding held units (used first). Unit k
-// of a slice is usable until its slot starts, k emission intervals after
-// the time the bucket was ahead of now when leased: at the bucket's pace
-// or faster every unit is reached in time; slower, the first ones only,
-// and none when the bucket was empty: the rest would be dropped, holding
-// the bucket for nothing. The time ahead is taken low (a unit less than
-// the answer's remaining says, less the time since, the lease's wait and
-// the held units' time), so that the estimate errs toward smaller slices.
+// at rate (units per second) before their slots start (unit k's, k
+// intervals after the time the bucket was ahead of now when leased): all
+// at the bucket's pace or faster, slower the first ones only, none from
+// an empty bucket (docs/reliability.md, "Hot keys"). remaining is the
+// bucket's at the last answer, since ago, and held the units this
+// instance's live slices hold (used first). The time ahead is taken low,
+// erring toward smaller slices: a unit less than remaining says, less the
+// time since, the lease's wait and the held units' time.
 func gcraUsable(h limiter.Hit, remaining uint64, known bool, since time.Duration, rate float64, held uint64) uint64 {
 	if rate*h.Window.Seconds() >= float64(h.Limit) { // not rate*interval >= 1: it rounds under 1 at the pace
 		return math.MaxUint64
@@ -198,10 +182,9 @@ func gcraUsable(h limiter.Hit, remaining uint64, known bool, since time.Duration
 }
 
 // spansWindow reports whether slices of alg's counters hold warmSpan of a
-// key's demand, hot or warm: those whose slices end with their window at
-// the latest (fixed_window, sliding_window_counter). The log's slices hold
-// their units a period longer than hits do, and GCRA's units are usable
-// only until their emission slots start: theirs hold a period's demand.
+// key's demand, hot or warm: those ending with their window at the latest
+// (fixed_window, sliding_window_counter). The log's (periodOf) and GCRA's
+// (gcraUsable) hold a period's demand.
 func spansWindow(alg config.Algorithm) bool {
 	return alg == config.FixedWindow || alg == config.SlidingWindowCounter
 }
@@ -218,9 +201,8 @@ func (s *Slices) warmLife(want uint64, unitRate float64) time.Duration {
 	return max(life, s.period)
 }
 
-// minSlice is the fewest units a slice is leased with, when the quota
-// left allows: a key just past the threshold then leases a few seconds of
-// its demand at once.
+// minSlice is the fewest units a slice is leased with, quota allowing: a
+// key just past the threshold leases a few seconds of its demand at once.
 const minSlice = 4
 
 // periodOf is the period of h's slices: the log's is at most a twentieth

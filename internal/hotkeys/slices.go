@@ -1,9 +1,8 @@
 // Package hotkeys decides hot keys at a service instance from slices
 // leased from their counters (Slices: slices.go decides, slicepolicy.go
-// sizes, slicelease.go leases), charged to the counter before a unit is
-// used, so that every reader of it counts them. Its tests hold the
-// simulator of the promise (sim_test.go, make sim), which runs slices,
-// RLQS buckets and the limiter together.
+// sizes, slicelease.go leases), charged before a unit is used, so that
+// every reader of the counter counts them. The simulator of the promise
+// (sim_test.go, make sim) runs them with RLQS buckets and the limiter.
 package hotkeys
 
 import (
@@ -22,16 +21,10 @@ import (
 
 // Slices takes hot keys off Redis: ShouldRateLimit decides through it
 // (it wraps the *limiter.Split), and a key whose hits at this instance pass
-// Threshold per second (or, warm, WarmThreshold on average) gets a slice of
-// its limit, leased from the counter itself, from which this instance
-// decides the key's hits until the slice is used up, goes unused, or
-// reaches the end its algorithm's bound sets. A lease is a charge of the
-// counter like any hit, made before a unit of it is used, so that every
-// reader of the counter counts it, and the slices and the hits Redis
-// decides never pass the limit; what a slice did not use is given back by
-// its charge's token. A request is decided locally only when every hit of
-// it is. docs/reliability.md ("Hot keys") says each algorithm's bound,
-// how slices are sized, when they end, and what is never leased.
+// Threshold per second (or, warm, WarmThreshold on average) is decided
+// here from a slice of its limit until the slice is used up, goes unused,
+// or reaches the end its algorithm's bound sets: docs/reliability.md, "Hot
+// keys", has the bounds, the sizes, the ends and what is never leased.
 type Slices struct {
 	ledger    SliceLedger
 	threshold float64
@@ -47,17 +40,15 @@ type Slices struct {
 
 	ctx    context.Context // background work: leases and give backs
 	cancel context.CancelFunc
-	// returns wait for the next tick, to go to the store together; leases
-	// for leaseGather.
+	// returns wait for the next tick, leases for leaseGather, to go together.
 	returnsMu sync.Mutex
 	returns   []limiter.Return
 	leasesMu  sync.Mutex
 	leases    []pendingLease
 	work      sync.WaitGroup
-	// later and spawn start the background work: time.AfterFunc and a
-	// goroutine counted in work; await waits for a lease's answer, or
-	// ctx's end. Not in the simulator (sim_test.go), which owns time and
-	// the order of events.
+	// later (time.AfterFunc) and spawn (a goroutine counted in work) start
+	// the background work; await waits for a lease's answer or ctx's end.
+	// The simulator (sim_test.go), owning time and event order, sets its own.
 	later  func(time.Duration, func())
 	spawn  func(func())
 	await  func(ctx context.Context, landed chan struct{})
@@ -69,8 +60,7 @@ type Slices struct {
 	resetting atomic.Int32
 }
 
-// SliceLedger is where slices lease from: the *limiter.Split
-// ShouldRateLimit decides with.
+// SliceLedger is where slices lease from: ShouldRateLimit's *limiter.Split.
 type SliceLedger interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 	GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error)
@@ -79,79 +69,55 @@ type SliceLedger interface {
 
 // SliceObserver is told what slices do, for metrics. Any field may be nil.
 type SliceObserver struct {
-	// Local counts hits decided from a slice.
-	Local func(hits int)
-	// Leased counts a slice leased, of units.
-	Leased func(units uint64)
-	// GivenBack counts units a slice gave back.
-	GivenBack func(units uint64)
-	// Keys is the number of keys holding a live slice, every second.
-	Keys func(n int)
-	// Warm counts a slice leased to a warm key, of units (Leased counts
-	// it too).
-	Warm func(units uint64)
+	Local     func(hits int)     // hits decided from a slice
+	Leased    func(units uint64) // a slice leased
+	GivenBack func(units uint64) // units a slice gave back
+	Keys      func(n int)        // keys holding a live slice, every second
+	Warm      func(units uint64) // a warm key's slice leased (Leased too)
 }
 
-// Defaults where SliceOptions leave a field zero.
+// Defaults where SliceOptions leave a field zero (its fields say more).
 const (
-	// DefaultSliceThreshold is the hits per second of one key at one
-	// instance from which the key is leased.
-	DefaultSliceThreshold = 3
-	// DefaultSlicePeriod is how long a slice lives (see Slices for the
-	// shorter periods of short windows).
-	DefaultSlicePeriod = time.Second
-	// DefaultSliceKeys bounds the keys whose rate is tracked.
-	DefaultSliceKeys = 16384
-	// DefaultSliceWarmThreshold is the rate (hits per second, averaged
-	// over about rateTau) of one key at one instance from which a key
-	// under the threshold is leased small slices that live as long as its
-	// rate takes to use them.
-	DefaultSliceWarmThreshold = 0.2
+	DefaultSliceThreshold     = 3           // hits per second
+	DefaultSlicePeriod        = time.Second // periodOf shortens the log's
+	DefaultSliceKeys          = 16384
+	DefaultSliceWarmThreshold = 0.2 // hits per second, averaged (rateTau)
 )
 
-// rateTau is the time constant of a key's averaged rate: each tick
-// (a second) weighs the rate before it by rateDecay and adds its hits by
-// 1-rateDecay.
+// rateTau is the time constant of a key's averaged rate: each tick (a
+// second) weighs the rate before by rateDecay and its hits by 1-rateDecay.
 const rateTau = 10 * time.Second
 
 var rateDecay = math.Exp(-float64(time.Second) / float64(rateTau))
 
 // warmForget is the share of the warm threshold under which a key's
-// averaged rate lets it be forgotten (when it holds no slice): a key seen
-// once is kept about 7 s, long enough to see a key of a fifth of a hit a
-// second again.
+// averaged rate lets it be forgotten (holding no slice): a key seen once
+// is kept about 7 s, to see one at a fifth of a hit a second again.
 const warmForget = 0.25
 
 // SliceOptions configure Slices. A nil *SliceOptions means the defaults.
 type SliceOptions struct {
-	// Threshold is the hits per second of one key at this instance from
-	// which the key is leased; zero means DefaultSliceThreshold, a negative
-	// value turns slices off (every hit goes to the ledger).
+	// Threshold is the hits per second of one key here from which it is
+	// leased; zero means DefaultSliceThreshold, negative turns slices off.
 	Threshold float64
-	// WarmThreshold is the averaged rate (hits per second over about
-	// ten seconds) of one key at this instance from which a key under
-	// Threshold is leased warmSpan of its demand at a time (at least
-	// minSlice units), its slices ending after the time those units take
-	// at its rate; zero means
-	// DefaultSliceWarmThreshold, a negative value turns warm keys off (a
-	// key is leased only from Threshold, and forgotten after a second
-	// without hits).
+	// WarmThreshold is the averaged rate of one key here (hits a second
+	// over about rateTau) from which a key under Threshold is leased
+	// warmSpan of its demand (minSlice units at least) in slices ending
+	// after the time those units take at its rate; zero means the default,
+	// negative turns warm keys off (a key then goes after a second unhit).
 	WarmThreshold float64
 	// Period is a slice's life; zero means DefaultSlicePeriod.
 	Period time.Duration
 	// HitsToPay is how many hits a slice must be expected to decide to be
-	// leased (see pays); zero means 4, what pays for its lease and give
-	// back twice. The simulator lowers it to search the lease's invariants
-	// where the policy would not lease.
+	// leased (pays); zero means sliceHitsToPay. The simulator lowers it to
+	// search the lease's invariants where the policy would not lease.
 	HitsToPay float64
 	// Keys bounds the keys tracked at once; zero means DefaultSliceKeys.
-	// Past it, a key seen for the first time in a second is not tracked
-	// that second.
+	// Past it, a key new in a second is not tracked that second.
 	Keys int
 	// Now is the clock; nil means time.Now. A slice's period and GCRA's
-	// unit deadlines are measured on it from the instant its lease was
-	// sent, so that Redis's clock, which timed the charge later, is never
-	// ahead of them.
+	// unit deadlines run on it from when its lease was sent, so that
+	// Redis's clock, which timed the charge later, is never ahead of them.
 	Now func() time.Time
 	// Observe is told what slices do.
 	Observe SliceObserver
@@ -191,9 +157,8 @@ type hotKey struct {
 	// inFlight is closed once the lease sent for k, if any, has its answer
 	// in: an answer of the store meanwhile waits for it (see withHeld).
 	inFlight chan struct{}
-	// storeNewest: the newest units admitted of k were the store's (a
-	// charge the ledger decided since the slices last spent), so a refund,
-	// which cancels the newest units, is the store's to take back.
+	// storeNewest: the ledger charged k since the slices last spent, so
+	// the newest units, which a refund cancels, are the store's to take back.
 	storeNewest bool
 	known       bool        // remaining is known
 	answered    time.Time   // when remaining was answered
@@ -205,21 +170,15 @@ func NewSlices(ledger SliceLedger, opts *SliceOptions) *Slices {
 	return newSlices(ledger, opts, true)
 }
 
-// newSlices is NewSlices, whose ticks tests with a frozen clock call by
-// hand (turn) when ticking is false.
+// newSlices is NewSlices; ticking false leaves the ticks (turn) to tests.
 func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
 	if opts == nil {
 		opts = &SliceOptions{}
 	}
 	s := &Slices{
-		ledger: ledger, threshold: opts.Threshold, warm: opts.WarmThreshold, period: opts.Period, now: opts.Now,
+		ledger: ledger, threshold: cmp.Or(opts.Threshold, DefaultSliceThreshold),
+		warm: cmp.Or(opts.WarmThreshold, DefaultSliceWarmThreshold), period: opts.Period, now: opts.Now,
 		observe: opts.Observe, seed: maphash.MakeSeed(), stop: make(chan struct{}),
-	}
-	if s.threshold == 0 {
-		s.threshold = DefaultSliceThreshold
-	}
-	if s.warm == 0 {
-		s.warm = DefaultSliceWarmThreshold
 	}
 	if s.threshold < 0 || s.warm >= s.threshold {
 		s.warm = -1 // off: no key is warm short of hot
@@ -255,9 +214,8 @@ func newSlices(ledger SliceLedger, opts *SliceOptions, ticking bool) *Slices {
 }
 
 // Decide decides hits as the ledger does: from this instance's slices when
-// every hit has one with units left, else on the ledger (whose answers then
-// count the units the slices still hold as remaining), after which the
-// hot keys among them lease a slice in the background.
+// every hit has one with units left, else on the ledger (see withHeld),
+// then leases slices for the hot keys among them in the background.
 func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Verdict, error) {
 	hits := req.Hits
 	if s.threshold < 0 || s.closed.Load() || len(hits) == 0 {
@@ -301,13 +259,11 @@ func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Ve
 }
 
 // refundLocally gives a refund's units back to this instance's live
-// slices of its key, when they spent as many (a refund cancels the newest
-// units admitted, and on a hot key those are the slices'): they are its to
-// spend again, and nothing goes to the store, which takes no slice's units
-// (a log's refund never takes a slice's members, GCRA's never the time a
-// live slice holds). A GCRA slice takes back only units spent ahead of
-// their slots: one whose slot has started is used whatever happens. It
-// answers as the slice does.
+// slices of its key when they spent as many (a refund cancels the newest
+// units admitted, on a hot key the slices'), to spend again, and answers
+// as a slice does. Nothing goes to the store, whose refund never takes a
+// slice's units (a log's members, GCRA's time a live slice holds). A GCRA
+// slice takes back only units spent ahead of their slots (slice.spent).
 func (s *Slices) refundLocally(h *limiter.Hit) (limiter.Verdict, bool) {
 	sh := s.shard(h.Key)
 	sh.mu.Lock()
@@ -342,21 +298,16 @@ func (s *Slices) refundLocally(h *limiter.Hit) (limiter.Verdict, bool) {
 	return v, true
 }
 
-// withHeld adds to the answers the ledger gave the units this instance's
-// slices of their keys still hold, as an answer from a slice does: they
-// are this instance's to give, so that one instance answers what it would
-// without slices. Shadow and quota-mode answers say what Redis says, and
-// a failure verdict what the failure mode does; the other hits of a
-// request one part of which failed are the store's answers. The
-// store may have charged a lease of their keys still on its way before or
-// after them: its answer is awaited, to know (see rebase).
+// withHeld adds to the ledger's answers the units this instance's slices
+// of their keys still hold, its to give, so that one instance answers as
+// without slices: not to shadow and quota-mode answers (Redis's) or a
+// failure verdict (the failure mode's), but to the store's answers of a
+// request one part of which failed. A lease of their keys on its way may
+// have been charged before or after them: its answer is awaited (rebase).
 func (s *Slices) withHeld(ctx context.Context, req decision.Request, verdicts []limiter.Verdict) {
 	for i := range min(len(req.Hits), len(verdicts)) {
 		h, v := &req.Hits[i], &verdicts[i]
-		if req.Route(i).NoSlices {
-			continue
-		}
-		if h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
+		if req.Route(i).NoSlices || h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
 			continue
 		}
 		sh := s.shard(h.Key)
@@ -412,8 +363,8 @@ func (s *Slices) shard(key string) *sliceShard {
 // local decides hits from slices, counting each hit toward its key's rate,
 // or returns nil verdicts when one of them has no slice with units enough:
 // then nothing was taken. hot reports whether every hit's key is hot or
-// warm at this instance (read under the same locks). Shards are locked in order, so that a request of
-// several keys takes its units all at once.
+// warm here (read under the same locks). Shards are locked in order, so
+// that a request of several keys takes its units all at once.
 func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Verdict, hot bool) {
 	var ofHit, order [4]int
 	shardOf, idx := ofHit[:0], order[:0]
@@ -460,19 +411,17 @@ func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Ve
 	return verdicts, hot
 }
 
-// isHot reports whether k's hits at this instance in the last second, or
-// in the second before, reach the threshold. The caller holds k's shard's
-// lock.
+// isHot reports whether k's hits here in the last second, or the second
+// before, reach the threshold. The caller holds k's shard's lock.
 func (s *Slices) isHot(k *hotKey) bool {
 	return float64(max(k.hits, k.prev)) >= s.threshold
 }
 
 // isWarm reports whether k's averaged rate reaches the warm threshold and
-// h's algorithm takes warm slices: the window counters'. Not GCRA, whose
-// units are usable only until their emission slots start, which a key
-// under the threshold would mostly miss (its units are then dropped, not
-// given back); not the log, whose warm slices saved no Redis CPU per
-// decision (docs/bench.md). The caller holds k's shard's lock.
+// h's algorithm takes warm slices: the window counters'. A key that slow
+// would mostly miss GCRA's emission slots (its units then dropped), and
+// the log's warm slices saved no Redis CPU per decision (docs/bench.md).
+// The caller holds k's shard's lock.
 func (s *Slices) isWarm(k *hotKey, h *limiter.Hit) bool {
 	if s.warm <= 0 || !spansWindow(h.Algorithm) {
 		return false
@@ -483,11 +432,10 @@ func (s *Slices) isWarm(k *hotKey, h *limiter.Hit) bool {
 
 // rates are k's hits and units per second at this instance, averaged over
 // about rateTau: its hits at the ticks since it was tracked but the first
-// (which made it tracked, and so says nothing of its rate), weighed as
-// the ticks were, over the ticks' weight (a key tracked a few seconds ago
-// is not taken as idle before). Zero until two hits came after the first:
-// a cold key's chance second hit is not a rate. The caller holds k's
-// shard's lock.
+// (which made it tracked: no sign of its rate), weighed as the ticks were,
+// over the ticks' weight (a key tracked a few seconds ago is not taken as
+// idle before). Zero until two hits came after the first: a cold key's
+// chance second hit is not a rate. The caller holds k's shard's lock.
 func (k *hotKey) rates() (hits, units float64) {
 	if k.after < 2 || k.weight == 0 {
 		return 0, 0
@@ -565,9 +513,6 @@ func (s *Slices) turn(now time.Time) {
 			if len(kept) > 0 {
 				live++
 			}
-			// Without warm keys, a key is forgotten after a second without
-			// hits; with them, when its averaged rate is under a share of
-			// the warm threshold.
 			cold := k.prev == 0
 			if s.warm > 0 {
 				cold = k.seen < s.warm*warmForget
@@ -585,8 +530,7 @@ func (s *Slices) turn(now time.Time) {
 
 // Close stops leasing, waits for the leases on their way, and gives back
 // what every slice did not use (each call bounded by the limiter's
-// timeout). Decide goes to the ledger from then on. The ledger is the
-// caller's to close, after.
+// timeout). Decide then goes to the ledger, which the caller closes after.
 func (s *Slices) Close() {
 	s.once.Do(func() {
 		s.closed.Store(true)

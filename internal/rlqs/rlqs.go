@@ -2,11 +2,10 @@
 // (RLQS) from the counters ShouldRateLimit decides on (Allocator): each
 // Envoy's bucket is its fair share of the limit (fairshare.Assign), and its
 // refills until the assignment expires are charged to the counter before a
-// unit is used, as a hot key's slice is, so that every reader of the counter
-// counts them. It knows nothing of gRPC or of Envoy's messages: a report is
-// a number of requests seen for one bucket by one Envoy, an answer an
-// Assignment. docs/rlqs.md says how shares, leases and give-backs hold one
-// limit across a fleet.
+// unit is used, as a hot key's slice is, so that every reader counts them.
+// It knows nothing of gRPC or of Envoy's messages: a report is a number of
+// requests one Envoy saw for one bucket, an answer an Assignment.
+// docs/rlqs.md says how shares, leases and give-backs hold one limit.
 package rlqs
 
 import (
@@ -32,18 +31,15 @@ const (
 	DefaultLease = 11 * time.Second
 )
 
-// AnswerWithin bounds the time between an assignment's share and lease and
-// its sending: a report's answer is sent by then, with the buckets decided
-// in time. An assignment's share and lease outlive its time to live by it,
-// so that Envoy's copy never outlives them.
+// AnswerWithin bounds the time from an assignment's share and lease to its
+// sending: a report's answer goes by then, with the buckets decided in
+// time. Share and lease outlive the assignment's time to live by it, so
+// that Envoy's copy never outlives them.
 const AnswerWithin = time.Second
 
-const deliveryMargin = AnswerWithin
-
 // MinReportGap is the least time between two decisions of one bucket of
-// one stream: a client reporting more often has its counts added to the
-// next decision, so that its store work is that of one reporting every
-// MinReportGap.
+// one stream: the counts of a client reporting more often go to the next
+// decision, costing the store what a report every MinReportGap does.
 const MinReportGap = time.Second
 
 // Now is the allocator's clock.
@@ -59,8 +55,7 @@ const headroom = 1.1
 type Ledger interface {
 	Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error)
 	GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error)
-	// Numbers runs the shares' calls (fairshare.Store) where the
-	// counter's hits go.
+	// Numbers runs the shares' calls where the counter's hits go.
 	Numbers(ctx context.Context, c limiter.Call) ([]uint64, error)
 }
 
@@ -68,8 +63,7 @@ type Ledger interface {
 type Options struct {
 	// ReportInterval is how often Envoys report (DefaultReportInterval).
 	ReportInterval time.Duration
-	// Lease is an assignment's time to live, a whole number of seconds
-	// (DefaultLease).
+	// Lease is an assignment's time to live, whole seconds (DefaultLease).
 	Lease time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -133,8 +127,7 @@ type Limit struct {
 	ShareKey string
 }
 
-// Bucket is one Envoy's lease on one limit, carried from report to report.
-// The stream that reports it owns it.
+// Bucket is one Envoy's lease on one limit, owned by the stream reporting it.
 type Bucket struct {
 	// Member names the Envoy among the shares: its stream, unique.
 	Member string
@@ -152,13 +145,12 @@ type Bucket struct {
 	back       []limiter.Return // the refills of the bucket the assignment made replaces: given back by Confirm once sent
 }
 
-// leaseCharge is one lease of a bucket's refills, as the store charged it:
-// its hits (the counter's and the fleet's count) and the tokens naming
-// each charge, for the give-back of a replaced bucket.
+// leaseCharge is one lease of a bucket's refills as the store charged it,
+// for the give-back of a replaced bucket.
 type leaseCharge struct {
-	hits    []limiter.Hit
-	tokens  []int64 // naming each hit's charge (0 for the reference's keys, whose key names its window)
-	charged []bool  // the hits the store charged
+	hits    []limiter.Hit // the counter's, then the fleet's count
+	tokens  []int64       // naming each hit's charge (0 for the reference's keys, whose key names its window)
+	charged []bool        // the hits the store charged
 	units   uint64
 	end     time.Time // its last refill
 }
@@ -169,10 +161,9 @@ func (a *Allocator) Allow() Assignment { return Assignment{Kind: AllowAll, TTL: 
 // Deny is the assignment of a bucket whose limit admits nothing.
 func (a *Allocator) Deny() Assignment { return Assignment{Kind: DenyAll, TTL: a.lease} }
 
-// Report takes one report of b: requests (allowed and denied) seen since
-// the last one, and returns the assignment to send. An error wraps the
-// store's (limiter.ErrStore and the like): no assignment is made, and the
-// one Envoy holds runs out at its time to live.
+// Report takes one report of b, the requests (allowed and denied) seen
+// since the last, and returns the assignment to send. An error wraps the
+// store's: no assignment is made; the one Envoy holds runs out at its TTL.
 func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests uint64) (Assignment, error) {
 	if len(lim.Hits) == 0 {
 		return Assignment{}, errors.New("quota: a limit without hits")
@@ -197,7 +188,7 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 		Window:         gov.Window,
 		Current:        b.tokens(),
 		ReportInterval: a.interval,
-		Lease:          a.lease + deliveryMargin,
+		Lease:          a.lease + AnswerWithin,
 	})
 	if err != nil {
 		return Assignment{}, fmt.Errorf("quota: share: %w", err)
@@ -219,16 +210,15 @@ func (a *Allocator) Report(ctx context.Context, b *Bucket, lim Limit, requests u
 	return a.deny(b, now), nil
 }
 
-// Confirm says that the assignment Report made for b was sent. When it
-// replaced a token bucket, the refills that bucket leased ahead are given
-// back now, not before: until the new assignment reaches Envoy, the old one
-// spends them (and a lease that failed, or an answer never sent, leaves
-// them counted: toward denying). When it holds less than the one before,
-// the shares learn it: until then b's share counts the larger, which Envoy
-// may still hold, and what b gave up goes to the others at their next
-// report rather than after b's. An error wraps the store's; the share then
-// stays the larger until b's next report, and what was not given back
-// stays counted until its window forgets it.
+// Confirm says that the assignment Report made for b was sent. Only now
+// are a replaced token bucket's refills leased ahead given back: until the
+// new assignment reaches Envoy, the old one spends them (a lease that
+// failed, or an answer never sent, leaves them counted: toward denying).
+// Only now do the shares learn of a smaller share: until then b's counts
+// the larger, which Envoy may still hold, and what b gave up goes to the
+// others at their next report rather than after b's. An error wraps the
+// store's; the share then stays the larger until b's next report, and
+// what was not given back stays counted until its window forgets it.
 func (a *Allocator) Confirm(ctx context.Context, b *Bucket, lim Limit) error {
 	var errs []error
 	if back := b.back; len(back) > 0 {
@@ -266,8 +256,7 @@ func (a *Allocator) measure(b *Bucket, window time.Duration, requests uint64, no
 	return b.demand
 }
 
-// replacedBy reports whether a bucket of tokens and maxTokens replaces the
-// token bucket b holds.
+// replacedBy reports whether tokens and maxTokens replace b's token bucket.
 func (b *Bucket) replacedBy(tokens, maxTokens uint64) bool {
 	return b.held.Kind == TokenBucket && (b.held.TokensPerFill != tokens || b.held.MaxTokens != maxTokens)
 }
@@ -285,7 +274,7 @@ func (b *Bucket) tokens() uint64 {
 // them when the bucket is new to the Envoy), and the fraction charged
 // beyond the exact amount, carried to the next lease.
 func (a *Allocator) units(b *Bucket, window time.Duration, tokens, maxTokens uint64, now time.Time) (uint64, float64) {
-	end := now.Add(a.lease + deliveryMargin)
+	end := now.Add(a.lease + AnswerWithin)
 	from, exact := b.leaseEnd, -b.carry // the carry was charged already
 	fresh := b.held.Kind != TokenBucket || b.held.TokensPerFill != tokens || b.held.MaxTokens != maxTokens
 	if fresh || from.Before(now) {
@@ -296,20 +285,16 @@ func (a *Allocator) units(b *Bucket, window time.Duration, tokens, maxTokens uin
 	return uint64(units), units - exact
 }
 
-// leaseBucket charges the counter for a bucket of tokens per window and
-// maxTokens, and makes it b's on success. It returns whether the charge
-// was admitted.
-//
-// The charge goes to the counter and, beside it, to the fleet's own count
-// of what it leased (fleetHit): their difference is what others (the
-// counter's ShouldRateLimit callers) took, which the next share leaves
-// them.
+// leaseBucket charges the counter, and the fleet's own count (fleetHit)
+// beside it, for a bucket of tokens per window and maxTokens, making it
+// b's if admitted, which it reports. The two counts differ by what others
+// (ShouldRateLimit's callers) took, which the next share leaves them.
 func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, tokens, maxTokens, lookahead uint64,
 	now time.Time,
 ) (bool, error) {
 	window := lim.Hits[0].Window
 	units, carry := a.units(b, window, tokens, maxTokens, now)
-	end := now.Add(a.lease + deliveryMargin)
+	end := now.Add(a.lease + AnswerWithin)
 	if units == 0 && b.held.Kind == TokenBucket && !b.replacedBy(tokens, maxTokens) {
 		// The bucket's refills until its new end were charged already (the
 		// last lease rounded up): nothing to ask the store, whose check of
@@ -317,29 +302,26 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 		b.leaseEnd, b.carry = end, carry
 		return true, nil
 	}
-	// A counter nobody else took from is the fleet's: its lease is recorded
-	// whatever the counter says, as the shares already hold the fleet to
-	// the limit (the counter's own rounding would deny a fleet at 100 %).
-	// The store decides it again in the same call (RecordIfAlone): others
-	// may have taken from the counter since b.others was measured, and
-	// then the lease is decided as any hit. On a counter others use, they
-	// come first: the lease must fit beside what they took and what the
-	// other Envoys leased ahead. A replaced bucket's refills are still
-	// counted when the lease is decided, and given back once its successor
-	// was sent (Confirm), to the others rather than to the successor.
+	// A counter nobody else took from is the fleet's, held to the limit by
+	// the shares: its lease is recorded whatever the counter says (its
+	// rounding would deny a fleet at 100 %), unless the store finds in the
+	// same call that others took since b.others was measured
+	// (RecordIfAlone). Otherwise others come first: the lease must fit
+	// beside what they took, the other Envoys' leases ahead and a replaced
+	// bucket's refills, still counted so that their give-back (Confirm)
+	// goes to the others rather than to its successor.
 	alone := b.others <= aloneSlack
-	raise := lookahead
-	// The lease is a slice of the counter (limiter.Hit.Ahead) used until
-	// the assignment's end: the log records it at that end, the counters
-	// and GCRA beside their count, so that a client's refund never takes
-	// it and its give-back takes back at most what the store holds of it.
+	// The lease is a slice of the counter used until the assignment's end
+	// (limiter.Hit.Ahead): a client's refund never takes it (but GCRA's,
+	// the bucket being a total: docs/accuracy.md), and its give-back takes
+	// back at most what the store holds of it.
 	hits := make([]limiter.Hit, len(lim.Hits)+1)
 	for i, h := range lim.Hits {
 		h.Cost, h.Record, h.RecordIfAlone, h.Ahead = units, alone && units > 0, true, end.Sub(now)
 		if h.Algorithm.Bucket() {
-			h.Burst = raised(uint64(cmp.Or(h.Burst, h.Limit)), raise)
+			h.Burst = raised(uint64(cmp.Or(h.Burst, h.Limit)), lookahead)
 		} else {
-			h.Limit = raised(uint64(h.Limit), raise)
+			h.Limit = raised(uint64(h.Limit), lookahead)
 		}
 		hits[i] = h
 	}
@@ -372,9 +354,8 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	return true, nil
 }
 
-// aloneSlack is what others may hold on a counter that still counts as the
-// fleet's alone: a unit of rounding between the counter and the fleet's
-// count. rlqs_lease.lua's alone_fleet allows the same.
+// aloneSlack is what others may hold on a counter still the fleet's alone:
+// the two counts' rounding, a unit, as rlqs_lease.lua's alone_fleet allows.
 const aloneSlack = 1
 
 // measureOthers reads b.others off the counter without charging it.
@@ -411,16 +392,15 @@ func (b *Bucket) LeasedAhead(now time.Time) uint64 {
 
 // replace readies, when a bucket of tokens and maxTokens replaces the token
 // bucket b holds (Envoy drops the old one as the new one arrives), the
-// give-back of the refills the old one leased ahead (b.back, for Confirm):
-// newest lease first, each by the tokens that name its charges, so that it
-// takes back at most what the store still holds of them (limiter.
-// GiveBack). The old bucket's leases are then forgotten.
+// give-back of the old one's refills leased ahead (b.back, for Confirm),
+// newest lease first, by its charges' tokens: at most what the store still
+// holds of them (limiter.GiveBack). The old bucket's leases are forgotten.
 func (b *Bucket) replace(tokens, maxTokens uint64, now time.Time) {
 	held, charges := b.held, b.charges
 	if !b.replacedBy(tokens, maxTokens) {
 		return
 	}
-	ahead := b.leaseEnd.Sub(now) - deliveryMargin
+	ahead := b.leaseEnd.Sub(now) - AnswerWithin
 	b.leaseEnd, b.carry, b.charges, b.back = now, 0, nil, nil
 	if ahead <= 0 {
 		return
