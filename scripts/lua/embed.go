@@ -1,16 +1,16 @@
 // Package lua holds the Redis Lua scripts of the rate limiter, embedded into
 // the binary so the deployed service always runs the scripts it was tested
 // with. Each script is a function returning its text, its calling convention
-// documented at the top of its .lua file.
+// documented at the top of the .lua file of its name.
 //
 // Each algorithm's file defines a local table of five functions (check,
 // commit, result, refund, undo) on prelude.lua's helpers; which algorithms
 // there are, and their IDs, comes from internal/algorithm's table, and
 // Constants declares them and the operation kinds (Ops) to the Lua.
 // decide.lua runs the algorithms on a batch of requests, each all or
-// nothing, and refund.lua undoes its charges: both reach Redis as Library,
-// a Redis Functions library (Redis 7 and later, called with FCALL), or as
-// the scripts Decide and Refund (EVALSHA, older servers).
+// nothing, and refund.lua undoes its charges: both reach Redis as Library, a
+// Redis Functions library (Redis 7 and later, FCALL), or as the scripts
+// Decide and Refund (EVALSHA, older servers).
 package lua
 
 import (
@@ -82,8 +82,7 @@ var (
 	regionAllowance = waterLevel + regionAllowanceFile
 )
 
-// Decide returns the script that decides a batch of requests. Its calling
-// convention is documented at the top of decide.lua.
+// Decide returns the script that decides a batch of requests.
 func Decide() string { return decideScript }
 
 // DecideFunction returns the name under which Library registers decide:
@@ -91,19 +90,17 @@ func Decide() string { return decideScript }
 // arguments as Decide.
 func DecideFunction() string { return decideFunction }
 
-// Library returns the Redis Functions library (FUNCTION LOAD) that
-// registers DecideFunction and RefundFunction. It declares no flags: it writes, so Redis
-// refuses it as a whole, before it runs, when maxmemory is reached, and its
-// keys share one slot in a cluster.
+// Library returns the Redis Functions library (FUNCTION LOAD) that registers
+// DecideFunction and RefundFunction. It declares no flags: it writes, so
+// Redis refuses it as a whole, before it runs, when maxmemory is reached,
+// and its keys share one slot in a cluster.
 func Library() string { return functionLibrary }
 
-// Reset returns the script that deletes one counter, whatever its
-// algorithm. Its calling convention is documented at the top of reset.lua.
+// Reset returns the script that deletes one counter, whatever its algorithm.
 func Reset() string { return reset }
 
 // Refund returns the script that undoes charges made by Decide, by the
-// tokens it returned. Its calling convention is documented at the top of
-// refund.lua.
+// tokens it returned.
 func Refund() string { return refundScript }
 
 // RefundFunction returns the name under which Library registers Refund's
@@ -111,21 +108,17 @@ func Refund() string { return refundScript }
 func RefundFunction() string { return refundFunction }
 
 // RLQSShares returns the script that decides one Envoy's share of a limit
-// in the registry of RLQS assignments. Its calling convention is documented
-// at the top of rlqs_shares.lua.
+// in the registry of RLQS assignments.
 func RLQSShares() string { return rlqsShares }
 
 // RLQSConfirm returns the script that lowers a member's entry in the
-// registry of RLQS assignments to the share it was sent. Its calling
-// convention is documented at the top of rlqs_confirm.lua.
+// registry of RLQS assignments to the share it was sent.
 func RLQSConfirm() string { return rlqsConfirm }
 
 // RegionAllowance returns the script that keeps the ledger's registry of a
-// global counter's regional allowances and decides one region's. Its
-// calling convention is documented at the top of region_allowance.lua.
+// global counter's regional allowances and decides one region's.
 func RegionAllowance() string { return regionAllowance }
 
 // RegionSync returns the script that keeps a region's record of a global
-// counter's grant, shared by the region's instances. Its calling
-// convention is documented at the top of region_sync.lua.
+// counter's grant, shared by the region's instances.
 func RegionSync() string { return regionSync }

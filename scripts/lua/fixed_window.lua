@@ -9,10 +9,9 @@
 -- new, else keeping it. A value of another window counts as empty.
 --
 -- A window aligned to the calendar (a month, a week from Monday, in a time
--- zone) comes as a list of edges instead of a length: the Go side computes
--- them around its own clock, since this Lua has no time zones, and the
--- window is the one holding Redis TIME, so that instances whose clocks
--- differ agree. Its index is its start in Unix seconds.
+-- zone) comes as its edges, which the Go side computes around its own clock
+-- (this Lua has no time zones); the window is the one holding Redis TIME, so
+-- instances whose clocks differ agree. Its index is its start in Unix seconds.
 local fixed_window = {}
 local fixed_window_states = new_pool()
 
@@ -41,9 +40,8 @@ function fixed_window.check(key, limit, window, cost, now)
     local stored, count, _
     stored, count, _, gen = parse_windows(get(key))
     if stored and stored >= idx then
-      -- This window; or a later one, after Redis's clock stepped back (a
-      -- failover): its count still stands, and a charge keeps its index,
-      -- and its expiry (keep).
+      -- This window, or a later one after Redis's clock stepped back (a
+      -- failover): its count stands, and a charge keeps its index and expiry.
       token, used, keep = stored, count, true
     end
   end
@@ -72,8 +70,7 @@ end
 
 -- undo takes a charge of cost back from the window token names, for
 -- refund.lua, never below zero; a count of another window or generation
--- (gen, nil for a slice's record) is not the charge's. It returns how many
--- units it took back.
+-- (gen, nil for a slice's record) is not the charge's. It returns what it took.
 function fixed_window.undo(key, token, cost, limit, window, now, gen)
   local stored, curr, _, g = parse_windows(redis.call('GET', key))
   if stored ~= token or gen and gen ~= g then

@@ -1,20 +1,17 @@
 -- GCRA (generic cell rate algorithm): a token bucket kept as one instant.
 -- The bucket holds burst units and refills at limit units per window, one
 -- unit every T = window / limit. Its state is the theoretical arrival time
--- (TAT): the instant the bucket is full again, so that TAT - now is what
--- the bucket owes, in time. A hit of cost c fits when
---   max(TAT, now) + c * T - now <= burst * T
--- and a charge moves TAT to max(TAT, now) + c * T. A bucket with no key is
--- full. Constant memory whatever the rate: one string at KEY, expiring when
--- the bucket is full again.
+-- (TAT), when the bucket is full again: TAT - now is what it owes, in time.
+-- A hit of cost c fits when max(TAT, now) + c * T - now <= burst * T, and a
+-- charge moves TAT to max(TAT, now) + c * T. A bucket with no key is full:
+-- one string at KEY whatever the rate, expiring when full again.
 --
 -- T is rarely a whole number of microseconds (3 per second), and a float
--- TAT would drift by a rounding at every charge. So every instant and
--- length here is exact: whole microseconds plus a remainder in units of
--- 1/limit of a microsecond, and the TAT is stored as "<whole>:<remainder>"
--- (Unix microseconds). Decisions and waits are those of an exact bucket,
--- to the microsecond, for costs up to 2^32 and buckets that refill within
--- 100 years (config.MaxWindow).
+-- TAT would drift by a rounding at every charge, so every instant and length
+-- here is exact: whole microseconds plus a remainder in units of 1/limit
+-- microsecond, the TAT stored as "<whole>:<remainder>" (Unix microseconds).
+-- Decisions and waits are an exact bucket's, to the microsecond, for costs
+-- up to 2^32 and buckets that refill within 100 years (config.MaxWindow).
 local gcra = {}
 
 -- gcra_max_debt bounds how far ahead of now a TAT goes, in microseconds:
@@ -60,10 +57,7 @@ end
 
 -- gcra_up rounds (w, f) up to whole microseconds.
 local function gcra_up(w, f)
-  if f > 0 then
-    return w + 1
-  end
-  return w
+  return f > 0 and w + 1 or w
 end
 
 -- gcra_state reads key's TAT for a bucket of limit, as max(TAT, now), and
@@ -131,8 +125,7 @@ local function gcra_rule(limit, window, burst)
   return rule
 end
 
--- check: burst is the bucket's size in units (decide.lua's fifth value for
--- a GCRA hit).
+-- check: burst is the bucket's size in units (decide.lua's burst field).
 function gcra.check(key, limit, window, cost, now, burst)
   if limit <= 0 or burst <= 0 then
     -- No rate or no bucket (a limit override of 0): only a check fits.
@@ -150,18 +143,16 @@ function gcra.check(key, limit, window, cost, now, burst)
   if cost ~= 1 then
     st.cw, st.cf = gcra_times(rule, cost)
   end
-  -- What would be owed after the hit, over the bucket's size: fits at or
-  -- below zero.
+  -- Owed after the hit beyond the bucket's size: it fits at or below zero.
   local ow, of = gcra_add(limit, st.w - now, st.f, st.cw, st.cf)
   ow, of = gcra_sub(limit, ow, of, rule.bw, rule.bf)
   st.admit = ow < 0 or (ow == 0 and of == 0)
   return st
 end
 
--- commit moves the TAT by the cost and writes it, expiring when the bucket
--- is full again. Its token is the TAT it leaves, rounded up to the
--- microsecond: the end of the charge's time, which undo reads so as to give
--- back only what of it is still ahead of now.
+-- commit moves the TAT by the cost and writes it (gcra_write). Its token is
+-- the TAT it leaves, rounded up to the microsecond: the end of the charge's
+-- time, so that undo gives back only what of it is still ahead of now.
 function gcra.commit(key, st, limit, window, cost, now)
   if st.none then
     return
@@ -233,6 +224,9 @@ end
 -- never past now (a bucket is never fuller than full), and returns the
 -- whole units given back. Its write waits for write_all, as a charge's.
 local function gcra_give_back(key, rule, cost, cw, cf, limit, now)
+  if cw == 0 and cf == 0 then
+    return 0 -- (a part of a unit's time goes back: a charge of one unit undone a moment after)
+  end
   local w, f, gen = gcra_state(key, limit, now)
   if w == now and f == 0 then
     return 0 -- full
@@ -272,13 +266,12 @@ local function gcra_at_most(rule, limit, cost, cw, cf, mw, mf)
 end
 
 -- gcra_above_slices cuts cost units' time (cw, cf) to what key's TAT holds
--- above now and above every live hot key's slice recorded beside it
--- (decide.lua's record_slice): a slice spends its units up to the TAT its
--- lease left (the record's token; a record without one, its units' time
--- from now), so time taken from under it would be charged again while the
--- slice still spends it. An RLQS lease's bucket spends its units at any
--- time: what is under it is the bucket's total, which may go back. It
--- returns the cut cost and time, or zeros when nothing is above.
+-- above now and every live hot key's slice recorded beside it (record_slice):
+-- a slice spends its units up to the TAT its lease left (the record's token;
+-- without one, its units' time from now), so time taken from under it would
+-- be charged again while the slice still spends it. An RLQS lease's bucket
+-- spends its units at any time: what is under it is the bucket's total,
+-- which may go back. It returns the cut cost and time (zeros: none above).
 local function gcra_above_slices(key, rule, limit, now, cost, cw, cf)
   local w, f = gcra_state(key, limit, now)
   local records, top = redis.call('HGETALL', key .. ':slices'), now
@@ -297,10 +290,9 @@ local function gcra_above_slices(key, rule, limit, now, cost, cw, cf)
 end
 
 -- refund gives back cost units' time on key (Envoy's is_negative_hits),
--- never past now, and never from under a live slice's time: a client's
--- units whose time has refilled are no longer the bucket's to give, and
--- taking a slice's instead would let its units be spent twice. It returns
--- the whole units given back.
+-- never past now (a client's units whose time has refilled are no longer
+-- the bucket's to give) nor from under a live slice's time (its units would
+-- be spent twice), and returns the whole units given back.
 function gcra.refund(key, cost, limit, window, now)
   if limit <= 0 then
     return 0 -- no rate: nothing was charged (see check)
@@ -308,9 +300,6 @@ function gcra.refund(key, cost, limit, window, now)
   local rule = gcra_setup({}, limit, window)
   local cw, cf
   cost, cw, cf = gcra_above_slices(key, rule, limit, now, cost, gcra_times(rule, cost))
-  if cw == 0 and cf == 0 then
-    return 0
-  end
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end
 
@@ -319,9 +308,8 @@ end
 -- rest has refilled, and giving it back would give the bucket's later
 -- charges' time instead; and, as refund, never from under a live slice;
 -- nothing for a charge of another generation (gen, nil for a slice's
--- record: a Reset since). A
--- token of 0 (a charge written before tokens named its end) gives back as
--- refund does.
+-- record: a Reset since). A token of 0 (a charge written before tokens named
+-- its end) gives back as refund does.
 function gcra.undo(key, token, cost, limit, window, now, gen)
   if limit <= 0 or type(token) ~= 'number' or token <= 0 then
     return gcra.refund(key, cost, limit, window, now)
@@ -333,8 +321,5 @@ function gcra.undo(key, token, cost, limit, window, now, gen)
   local rule = gcra_setup({}, limit, window)
   local cw, cf = gcra_times(rule, cost)
   cost, cw, cf = gcra_above_slices(key, rule, limit, now, gcra_at_most(rule, limit, cost, cw, cf, ahead, 0))
-  if cw == 0 and cf == 0 then
-    return 0 -- (a part of a unit's time goes back: a charge of one unit undone a moment after)
-  end
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end

@@ -2,18 +2,16 @@
 
 -- Lua's math functions, as locals: called for every hit, they cost less
 -- as upvalues than as fields of a global. A function library sees math
--- only when it is called, so bind_math sets them as a call begins
--- (begin_call).
+-- only when called, so begin_call binds them (bind_math).
 local floor, ceil, min, max, fmod
 
 local function bind_math()
   floor, ceil, min, max, fmod = math.floor, math.ceil, math.min, math.max, math.fmod
 end
 
--- fmt renders a whole number for redis.call. Lua would print a microsecond
--- timestamp as 1.7e+15 and lose its last digits; '%d' formats it as the
--- integer it is (every number here is whole and below 2^53), which costs
--- Redis far less than a float format.
+-- fmt renders a whole number (all here are, below 2^53) for redis.call: Lua
+-- would print a microsecond timestamp as 1.7e+15, losing its last digits,
+-- and '%d' costs Redis far less than a float format.
 local function fmt(n)
   return string.format('%d', n)
 end
@@ -22,10 +20,10 @@ end
 -- limit, and Lua numbers stay exact below 2^53.
 local max_count = 2 ^ 52
 
--- parse_windows reads a window counter's string (see fixed_window.lua and
--- sliding_window_counter.lua), "<index>:<count>[:<previous count>][/<generation>]";
--- nil reads as nothing counted. The generation counts the Resets the
--- counter's key has seen while it lived (see generation).
+-- parse_windows reads a window counter's string (fixed_window.lua,
+-- sliding_window_counter.lua), "<index>:<count>[:<previous>][/<generation>]";
+-- nil reads as nothing counted. The generation counts the Resets the key
+-- has seen while it lived (see generation).
 local function parse_windows(v)
   if not v then
     return nil, 0, 0, 0
@@ -34,19 +32,17 @@ local function parse_windows(v)
   return tonumber(idx), tonumber(curr) or 0, tonumber(prev) or 0, tonumber(gen) or 0
 end
 
--- generation is the suffix a counter's or GCRA's value carries after a
--- Reset (reset.lua): "/<generation>", kept by every write while the key
--- lives, and named in each charge's reply (decide.lua), so that the
--- give-back of a charge made before a Reset finds another generation, and
--- takes nothing of the charges made since.
+-- generation is the suffix "/<generation>" a counter's or GCRA's value
+-- carries after a Reset (reset.lua), kept by every write while the key lives
+-- and named in each charge's reply (decide.lua): the give-back of a charge
+-- made before a Reset finds another generation, taking nothing charged since.
 local function generation(gen)
   return gen > 0 and '/' .. fmt(gen) or ''
 end
 
--- seen holds what one decide call learnt about its keys, and unwritten the
--- window counters it charged, each written once when the call ends (these
--- tables, and stored below, are emptied as every call begins: a function
--- library's locals outlive the call).
+-- seen holds what a decide call learnt about its keys, unwritten the window
+-- counters it charged, each written once as the call ends; begin_call empties
+-- these and stored (below): a function library's locals outlive the call.
 local seen = {}
 local unwritten = {} -- key to its value
 local expiries = {} -- key to its ttl in ms, or false to keep it
@@ -54,47 +50,37 @@ local expire_ats = {} -- key to the Unix ms it expires at, set in place of a ttl
 local lives = {} -- a log key to the ms it must live from now (see live_later)
 local created = {} -- a log key to true when this call created it
 local members = {} -- a log key to the ZADD arguments its charges wait to write (see add_later)
-local formatted = {} -- fmt_once's
+local formatted = {} -- fmt_cached's
 
--- cached returns f(x), computed once per call: cache is one of the call's
--- tables, and f depends on x alone.
-local function cached(cache, f, x)
-  local v = cache[x]
+-- fmt_cached returns fmt(n), formatted once per call and kept under key.
+local function fmt_cached(key, n)
+  local v = formatted[key]
   if v == nil then
-    v = f(x)
-    cache[x] = v
+    v = fmt(n)
+    formatted[key] = v
   end
   return v
 end
 
 -- fmt_once is fmt for the numbers a call formats for many hits (its clock,
--- where each window starts). They are microsecond instants: as table keys
--- they go to the hash part, where the embedded store's Lua would fill an
--- array up to a small whole number.
+-- window starts): microsecond instants, which as keys go to the hash part,
+-- not the array the embedded store's Lua fills up to a small whole number.
 local function fmt_once(n)
-  return cached(formatted, fmt, n)
+  return fmt_cached(n, n)
 end
 
--- fmt_ttl is fmt_once for a whole number of milliseconds (a key's time to
--- live, which repeats for the hits of a window), cached under its negation:
--- small positive keys are the ones the embedded store's Lua would fill an
--- array up to.
+-- fmt_ttl is fmt_once for a key's time to live in ms (repeated by a window's
+-- hits), kept under its negation: off the array part (see fmt_once).
 local function fmt_ttl(ms)
-  local v = formatted[-ms]
-  if v == nil then
-    v = fmt(ms)
-    formatted[-ms] = v
-  end
-  return v
+  return fmt_cached(-ms, ms)
 end
 
--- stored holds the values of the window counters and GCRA TATs of one
--- decide call, read together by prefetch (false: no such key). Redis calls
--- cost more than the commands they run, and a batch of a hundred requests on
--- a hundred counters then costs one MGET instead of a hundred GETs. Nothing
--- else writes during the call, and the call's own writes wait for
--- write_all, so what prefetch read stays true for the call; a key the call
--- charged is read from seen.
+-- stored holds the values of one decide call's window counters and GCRA
+-- TATs, read together by prefetch (false: no such key): Redis calls cost
+-- more than the commands they run, so a hundred counters cost one MGET, not
+-- a hundred GETs. Nothing else writes during the call, and its own writes
+-- wait for write_all, so what prefetch read stays true for the call; a key
+-- the call charged is read from seen.
 local stored = {}
 
 -- clear empties t. Tables that every call fills are kept and emptied
@@ -109,8 +95,7 @@ end
 -- A pool holds the state tables of one algorithm's checks (see take), kept
 -- across calls as the call's other tables are (see clear): a window counter
 -- is checked for nearly every hit, and a table per check was most of what
--- a call left Lua to collect. A call takes them from the first on; at most
--- max_pooled are kept, a larger call makes the rest.
+-- a call left Lua to collect. At most max_pooled are kept.
 local pools, max_pooled = {}, 1024
 
 local function new_pool()
@@ -119,9 +104,8 @@ local function new_pool()
   return pool
 end
 
--- take returns a state table from pool that no one else in this call
--- holds. It keeps what it held in an earlier call: the check that takes it
--- sets every field its algorithm reads.
+-- take returns a state table from pool that no one else in this call holds,
+-- as an earlier call left it: its check sets every field its algorithm reads.
 local function take(pool)
   local n = pool.taken + 1
   pool.taken = n
@@ -137,20 +121,15 @@ end
 
 -- begin_call empties the tables of the call before (see seen and stored),
 -- which an error may have left half full, and gives the pools back.
+local call_tables = { seen, unwritten, expiries, expire_ats, stored, formatted, lives, created, members }
 local function begin_call()
   bind_math()
   for i = 1, #pools do
     pools[i].taken = 0
   end
-  clear(seen)
-  clear(unwritten)
-  clear(expiries)
-  clear(expire_ats)
-  clear(stored)
-  clear(formatted)
-  clear(lives)
-  clear(created)
-  clear(members)
+  for i = 1, #call_tables do
+    clear(call_tables[i])
+  end
 end
 
 -- prefetch reads the first n of keys (distinct, each holding a string or
@@ -174,12 +153,11 @@ local function get(key)
   return v or nil
 end
 
--- write_later records a window counter's new value, for write_all. Within
--- one call its state is read from seen, never from Redis, so a hot key
--- charged by many requests of the call costs one SET. A nil ttl keeps the
--- key's expiry (KEEPTTL), which costs Redis less than setting it: the window
--- counters expire at a time fixed by their window, already set when the
--- window's count was first written.
+-- write_later records a window counter's new value, for write_all: within
+-- a call its state is read from seen, never from Redis, so a hot key charged
+-- by many requests costs one SET. A nil ttl keeps the key's expiry (KEEPTTL,
+-- cheaper for Redis than setting it): a window counter expires at a time
+-- fixed by its window, set when the window's count was first written.
 local function write_later(key, value, ttl)
   unwritten[key] = value
   expiries[key] = ttl or false
@@ -220,8 +198,7 @@ local function add_later(key, args)
 end
 
 -- flush_members writes key's waiting members (every key's with no key), in
--- bounded chunks: Lua's unpack has a stack limit. A log function that reads
--- a key's members from Redis flushes them first.
+-- bounded chunks (see prefetch); a log function reading them flushes first.
 local function flush_members(key)
   for k, args in pairs(members) do
     if not key or k == key then
@@ -245,10 +222,9 @@ local function write_all()
       redis.call('SET', key, value, 'KEEPTTL')
     end
   end
-  -- GT keeps a longer life, which a member newer than TIME needs (after
-  -- the clock stepped back); a key this call created has none yet and gets
-  -- it plainly (GT never sets a first expiry), as does one someone made
-  -- persistent.
+  -- GT keeps a longer life, which a member newer than TIME needs (after the
+  -- clock stepped back); GT never sets a first expiry, so a key this call
+  -- created, or one someone made persistent, gets it plainly.
   for key, ms in pairs(lives) do
     local ttl = fmt_ttl(ms)
     if created[key] then

@@ -1,11 +1,10 @@
 -- Reference fixed window: envoyproxy/ratelimit's own counters, so that its
--- replicas and these share them during a rolling swap of the image. The
--- key is the reference's (built by the Go side, see limiter.KeyBuilder): it
--- ends with its window's start in Unix seconds, from the replica's clock,
--- so each window has a key of its own, and the value is the reference's
--- plain integer count, which it increments with INCRBY. Unlike the
--- reference, a denied hit is not counted (its
--- STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT as if true), as fixed_window.
+-- replicas and these share them during a rolling swap of the image. The key
+-- is the reference's (built by the Go side, see limiter.KeyBuilder), ending
+-- with its window's start in Unix seconds by the replica's clock, so each
+-- window has a key of its own; the value is the reference's plain integer
+-- count, which it increments with INCRBY. As in fixed_window, a denied hit
+-- is not counted (the reference's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT on).
 --
 -- A charge is one SET of the new count per call: with an expiry of a whole
 -- window when the key is new (the reference's expiry without its jitter;
@@ -15,21 +14,19 @@
 --
 -- The count is a bare integer, with no room for a Reset's generation: a
 -- charge's token is its key's expiry instead (Unix ms; 0 for a key someone
--- made persistent), which names this life of the key. A Reset deletes the
--- key, and a charge after it makes it anew with another expiry, so a charge
--- made before the Reset finds, at its give-back, a key of another life, and
--- takes nothing from what was charged since. (A reference replica renews
--- the expiry on every hit: beside one, a give-back takes nothing, as the
--- reference never gives back.) Reading the expiry of a key that exists costs
--- a PEXPIRETIME per key per call, paid only by a charge that may be given
--- back (part, which the Go side marks).
+-- made persistent), which names this life of the key. A Reset gives the key
+-- another expiry (reset.lua), so a charge made before it finds, at its
+-- give-back, a key of another life, and takes nothing charged since. (A
+-- reference replica renews the expiry on every hit: beside one, a give-back
+-- takes nothing, as the reference never gives back.) Reading an existing
+-- key's expiry, a PEXPIRETIME per key per call, is paid only by a charge
+-- that may be given back (part, which the Go side marks).
 local reference_fixed_window = {}
 
 function reference_fixed_window.check(key, limit, window, cost, now)
   -- Every field named in the constructor: Lua then sizes the table once.
   local st = { token = 0, prior = seen[key], used = 0, keep = false, admit = false }
-  if st.prior then
-    -- charged earlier in this call, count and life known
+  if st.prior then -- charged earlier in this call: count and life known
     st.used, st.keep, st.token = st.prior.used, st.prior.keep, st.prior.token
   else
     local v = get(key)
@@ -65,9 +62,8 @@ function reference_fixed_window.refund(key, units, limit, window, now)
 end
 
 -- undo takes a charge of cost back from the key the charge went to (its
--- window is in the key), for refund.lua, never below zero, and nothing from
--- a key of another life than the one the token names (see above). It
--- returns how many units it took back.
+-- window is in the key), for refund.lua, never below zero, nor from a key of
+-- another life than the token names (see above). It returns what it took.
 function reference_fixed_window.undo(key, token, cost)
   if token ~= 0 and redis.call('PEXPIRETIME', key) ~= token then
     return 0

@@ -14,12 +14,10 @@
 --           was not 0, see prelude.lua's generation), its cost,
 --           limit, and window in seconds
 --
--- Each algorithm's undo takes the charge back: the log removes exactly the
--- members the charge added; the counters take the cost back from the window
--- the charge went to (for the sliding counter, that window may have become
--- "previous" since), never from another one; GCRA moves its TAT back by the
--- charge's time, never past now (what has refilled since the charge is not
--- given twice).
+-- Each algorithm's undo takes back the charge alone: the log its members,
+-- a counter the cost from the window it went to and no other (the sliding
+-- counter's may be "previous" since), GCRA its time from the TAT, never past
+-- now (what has refilled since the charge is not given twice).
 -- Reply: the number of units refunded (for GCRA, the whole units of the
 -- time given back).
 

@@ -4,11 +4,10 @@
 -- starts with water_level.lua.
 --
 -- A global limit of L units per window is split among R regions, each
--- deciding on its own Redis with its allowance as the limit: a floor every
--- region keeps whatever happens (the rule's share of L, reserved for each
--- region, reachable or not), and a grant from the rest, D = L - R * floor,
--- by demand. The grants the regions may be counting under never sum past D,
--- so the regions' counts never sum past L.
+-- deciding on its own Redis with its allowance as the limit: a floor it
+-- keeps whatever happens (the rule's share of L, reserved reachable or not)
+-- and a grant by demand from the rest, D = L - R * floor. The grants the
+-- regions may count under never sum past D, so their counts never pass L.
 --
 -- KEYS[1]  the registry: a hash, one field per region, its value
 --          "<demand> <grant> <lease end, ms of Redis TIME> <held> <count>
@@ -20,37 +19,35 @@
 --          floor (units), regions (R), turn (the region's renewal turn,
 --          greater with each)
 --
--- A call of a turn no later than the last one run here (one that timed
--- out at the region, run after a later one) changes nothing and is
--- granted nothing: the region took no answer from it, and what it says of
--- the region is older than what the registry knows.
+-- A call of a turn no later than the last one run here (it timed out at
+-- the region and ran after a later one) changes nothing and is granted
+-- nothing: the region took no answer from it, and what it says of the
+-- region is older than what the registry knows.
 --
 -- The regions' calls may disagree on L, the floor and R (a reload reaching
 -- one region first, a limit override): the registry keeps each region's,
 -- and a call shares the least limit, less the most regions times the most
 -- floor, among those of the regions it keeps and its own.
 --
--- What a region may still count under, beyond its floor, is the most of:
--- its grant; held, the grant it decided with when it asked (it keeps
--- deciding with that one until the answer reaches it, or for good when
--- the answer is lost) or the one this registry last gave it, whichever is
--- more (calls may run out of order: one that timed out at the region may
--- still run here after a later one); and its count past the floor (units
--- counted stay counted: a counter at c under a smaller limit admits
--- nothing until it falls under it). That is reserved from the others while
--- the region's lease lives, and for a window and a lease after it ends
--- (its last units stay counted a window, and its own record of the lease
--- may end a little later than this one, by the time the answer took to
--- reach it); then the entry goes.
+-- Beyond its floor, a region may still count under the most of: its grant;
+-- held, the larger of the grant it decided with when it asked (it keeps
+-- deciding with it until the answer reaches it, or for good when the answer
+-- is lost) and the one this registry last gave it (calls may run out of
+-- order, as above); and its count past the floor (units counted stay
+-- counted: a counter at c under a smaller limit admits nothing until it
+-- falls under it). That is reserved from the others while the region's
+-- lease lives and for a window and a lease after (its last units stay
+-- counted a window, and its own record of the lease may end later than this
+-- one, by the time the answer took to reach it); then the entry goes.
 --
--- The region's grant is its max-min fair share of D among the live
--- regions' demands past their floors (water_level), whole units, and
--- never more than D less what the others reserve: what one gives up goes
--- to the others at their next call once it no longer counts.
+-- The region's grant is its max-min fair share of D among the live regions'
+-- demands past their floors (water_level), in whole units, never more than
+-- D less what the others reserve: what one gives up goes to the others at
+-- their next call once it no longer counts.
 --
 -- Reply: two whole numbers as strings: the grant (units beyond the floor)
--- and D less what every region reserves, this one's new grant included
--- (the room left).
+-- and the room left, D less what every region reserves, this one's new
+-- grant included.
 local key, region = KEYS[1], ARGV[1]
 local demand, count, current = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local limit, window, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -89,10 +86,7 @@ local room = math.max(0, least_limit - most_regions * most_floor)
 
 -- wanted is what a demand asks beyond the floor, at most D.
 local function wanted(d)
-  if d < 0 then
-    return room
-  end
-  return math.min(room, math.max(0, d - floor_units))
+  return d < 0 and room or math.min(room, math.max(0, d - floor_units))
 end
 
 local wants = { wanted(demand) } -- this region's first

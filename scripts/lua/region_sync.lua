@@ -72,10 +72,9 @@ local renew = 0
 if not renewing and not ended and lease_end - now <= renew_ahead then
   renew, turn = 1, math.max(now, turn + 1)
   redis.call('HSET', key, 'renewer', instance, 'turn', string.format('%d', turn), 'renew_until', string.format('%d', now + renew_ttl))
-end
-redis.call('PEXPIRE', key, math.max(lease_end - now, renew_ttl, demand_ttl) + demand_ttl)
-if renew == 0 then
+else
   turn = 0
 end
+redis.call('PEXPIRE', key, math.max(lease_end - now, renew_ttl, demand_ttl) + demand_ttl)
 return { string.format('%d', grant), string.format('%d', lease_end - now), string.format('%.0f', total), tostring(renew),
   string.format('%d', turn) }

@@ -7,20 +7,18 @@
 --          shares the counter's slot (not the reference's keys)
 -- KEYS[3], KEYS[4]  for a counter or GCRA, its slices' records (record_slice)
 --
--- A sliding log keeps the members of a live slice (a hot key's, or an
--- RLQS lease: "A<score>", recorded at its end, still ahead of Redis TIME):
--- another instance, or an Envoy, goes on spending its units without
--- asking.
+-- A sliding log keeps the members of a live slice (a hot key's, or an RLQS
+-- lease: "A<score>", recorded at its end, still ahead of Redis TIME): another
+-- instance, or an Envoy, goes on spending its units without asking.
 --
 -- A counter's or GCRA's state becomes "0:0/<generation>" (prelude.lua's
 -- generation: one more than the state's), which reads as empty, for as long
--- as the state would have lived: a give-back of a charge made before the
--- Reset, on its way, then finds another generation than its charge's and
+-- as the state would have lived: a give-back on its way of a charge made
+-- before the Reset then finds another generation than its charge's, and
 -- takes nothing of the charges made since. The reference's keys, a bare
 -- count, become "0" with an expiry a millisecond later: their charges name
 -- the key's life by its expiry (reference_fixed_window.lua), which a charge
--- before the Reset then no longer finds, even one made in the millisecond
--- the Reset came.
+-- before the Reset, even in its millisecond, then no longer finds.
 --
 -- Reply: the number of keys of the counter reset (0 for an empty one).
 local function reset(key, records)

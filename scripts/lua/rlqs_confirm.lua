@@ -6,8 +6,8 @@
 -- KEYS[1]  the registry
 -- ARGV     member, T sent
 --
--- Reply: one whole number as a string: 1 when the entry was lowered, 0 when there is none (its lease
--- ended) or it holds no more than that already.
+-- Reply: one whole number as a string: 1 when the entry was lowered, 0 when
+-- there is none (its lease ended) or it holds no more than that already.
 local key, member, sent = KEYS[1], ARGV[1], tonumber(ARGV[2])
 if not sent then
   error('rlqs_confirm: bad arguments')

@@ -1,14 +1,12 @@
 -- rlqs_lease: the condition of an RLQS fleet's lease (the op record_if_alone),
--- which decide.lua applies to a request holding such hits and which is all
--- it knows of RLQS: its record_if_alone hits are recorded past the
--- counter's limit only when the fleet is the counter's only user, read in
--- the same call; otherwise they are decided as any charge.
+-- all decide.lua knows of RLQS: a request's record_if_alone hits are recorded
+-- past the counter's limit only when the fleet is the counter's only user,
+-- read in the same call; otherwise they are decided as any charge.
 --
 -- record_conditions maps a conditional op's name (OPS[...].conditional) to
--- its condition: condition(keys, rules, states, now, first, last), which
--- reports whether the conditional hits of the request at hits first to last
--- (keys[i], their rules and their states, as the request's checks left
--- them) are recorded.
+-- its condition(keys, rules, states, now, first, last): whether the
+-- conditional hits of the request at hits first to last (keys[i], their
+-- rules and states as the request's checks left them) are recorded.
 
 -- holds is what hit i's counter holds before the request's charges, by its
 -- check (the same reading as Go's answer: its capacity less what remains).

@@ -16,8 +16,9 @@
 -- shares, or it is at most 5 % above current (Envoy restarts a changed token
 -- bucket full: it changes when it must); and never more than the limit less
 -- the other live members' T, so that the T the Envoys hold never sum past
--- the limit. The member's entry keeps the larger of current and the share
--- granted until its next call: it holds current until the new one arrives.
+-- the limit. The entry keeps the larger of current and the grant until the
+-- member's next call: it holds current until the answer reaches it (or for
+-- good, when it is never sent), so what it gives up goes to others only then.
 --
 -- Reply: three whole numbers as strings: T granted (0: nothing left), M
 -- (the bucket's size, max(1, ceil(T * min(interval, window) / window)), 0
@@ -32,10 +33,7 @@ if not (demand and limit and window and current and interval and lease) or windo
   error('rlqs_shares: bad arguments')
 end
 local function wanted(d)
-  if d < 0 or d > limit then
-    return limit
-  end
-  return d
+  return (d < 0 or d > limit) and limit or d
 end
 
 local t = redis.call('TIME')
@@ -85,9 +83,6 @@ if granted > 0 then
   size = math.max(1, math.ceil(granted * math.min(interval, window) / window))
 end
 
--- The member holds current until the answer with granted reaches it (or
--- for good, when that answer is never sent): the larger of the two counts
--- until its next call, so that what it gives up goes to others only then.
 redis.call('HSET', key, member, string.format('%s %d %d %d', ARGV[2], math.max(granted, current), size, now + lease))
 redis.call('PEXPIRE', key, string.format('%d', math.max(2 * lease, last_end - now)))
 return { string.format('%d', granted), string.format('%d', size), string.format('%d', math.ceil(ahead / window)) }

@@ -1,12 +1,11 @@
 -- Sliding window counter: two epoch-aligned fixed-window counters, the
 -- previous one weighted by how much of it the sliding window still covers:
 --   estimate = previous * (window - elapsed) / window + current
--- Constant memory per key whatever the limit. Both counts live in one string
--- at KEY, "<window index>:<count>:<previous window's count>" (see
--- parse_windows): one key named and touched per call, read with the
--- call's other counters (prefetch), and one SET per call that charges it:
--- with its expiry (the next window's end) when the window's count is new,
--- else keeping it.
+-- Constant memory per key whatever the limit: both counts live in one string
+-- at KEY, "<window index>:<count>:<previous window's count>" (parse_windows),
+-- one key named and touched per call, read with the call's other counters
+-- (prefetch) and written by one SET per call that charges it: with its
+-- expiry (the next window's end) when the window's count is new, else kept.
 --
 -- A debt (a recorded cost past the limit) is part of this window's count:
 -- it weighs fully to the window's end, then, as the previous count, less and
@@ -29,9 +28,8 @@ function sliding_window_counter.check(key, limit, window, cost, now)
     local stored, c, p
     stored, c, p, gen = parse_windows(get(key))
     if stored and stored >= idx then
-      -- This window; or a later one, after Redis's clock stepped back (a
-      -- failover): its counts still stand, and a charge keeps its index,
-      -- and its expiry (keep).
+      -- This window, or a later one after Redis's clock stepped back (a
+      -- failover): its counts stand, and a charge keeps its index and expiry.
       token, curr, prev, keep = stored, c, p, true
     elseif stored == idx - 1 then
       prev = c -- this window's count is new (0)
@@ -53,8 +51,7 @@ function sliding_window_counter.commit(key, st, limit, window, cost, now)
 end
 
 -- refund takes up to units back from this window's count, never below zero
--- and never from the previous window: units charged there are not this
--- window's to give back.
+-- nor from the previous window's: units charged there are not its to give.
 function sliding_window_counter.refund(key, units, limit, window, now)
   local st = sliding_window_counter.check(key, limit, window, 0, now)
   local back = min(st.curr, units)
@@ -64,10 +61,9 @@ function sliding_window_counter.refund(key, units, limit, window, now)
 end
 
 -- undo takes a charge of cost back from the window token names, for
--- refund.lua, never below zero: from the current count, or from the
--- previous one once that window has passed; a count of any other window or
--- generation (gen, nil for a slice's record) is not the charge's. It
--- returns how many units it took back.
+-- refund.lua, never below zero: from the current count, or the previous one
+-- once that window has passed; a count of any other window or generation
+-- (gen, nil for a slice's record) is not the charge's. It returns what it took.
 function sliding_window_counter.undo(key, token, cost, limit, window, now, gen)
   local stored, curr, prev, g = parse_windows(redis.call('GET', key))
   local back = 0
@@ -87,9 +83,8 @@ function sliding_window_counter.undo(key, token, cost, limit, window, now, gen)
 end
 
 -- first_fit returns the first whole microsecond of elapsed time at which the
--- estimate plus cost fits. It starts just below the solved value and steps up
--- with the admission formula itself, so float rounding in the solution makes
--- the answer neither early nor late.
+-- estimate plus cost fits, stepping up from just below the solved value with
+-- the admission formula itself: float rounding makes it neither early nor late.
 local function first_fit(st, limit, cost, solved)
   local e = max(solved - 2, 0)
   for _ = 1, 8 do
