@@ -202,13 +202,14 @@ type simRule struct {
 	// denies. Its own bound is not checked: the rule's is.
 	perSecond uint32
 	// cluster decides on a Redis Cluster of two nodes, the rule's hash slot
-	// on one; otherSlot, when not 0, is then the limit of a rule of the
-	// same algorithm and window on the other node's slot that each request also
-	// hits (but those marked only): a request's two slots go as two decide
-	// calls, and what one charged is given back when the other denies.
-	// Its own bound is not checked: the rule's is.
-	cluster   bool
-	otherSlot uint32
+	// on one; otherSlot, when not 0, is then the limit per otherWindow of a
+	// rule of the same algorithm on the other node's slot that each request
+	// also hits (but those marked only): a request's two slots go as two
+	// decide calls, and what one charged is given back when the other
+	// denies. Its own bound is not checked: the rule's is.
+	cluster     bool
+	otherSlot   uint32
+	otherWindow time.Duration
 }
 
 type simSchedule struct {
@@ -261,8 +262,20 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 		r.perSecond = max(2, uint32(float64(r.limit)/r.window.Seconds()*(0.5+1.5*rng.Float64())))
 	}
 	r.cluster = rng.IntN(3) == 0
+	// Draws added since seeds were logged come from a stream of their own,
+	// so that a logged seed still draws its schedule.
+	aux := rand.New(rand.NewPCG(seed, uint64(alg)^0x07e5))
 	if r.cluster && r.envoys == 0 && !r.seats && r.perSecond == 0 && rng.IntN(3) > 0 {
-		r.otherSlot = max(2, uint32(float64(r.limit)*(0.5+rng.Float64())))
+		r.otherSlot, r.otherWindow = max(2, uint32(float64(r.limit)*(0.5+rng.Float64()))), r.window
+		if aux.IntN(2) == 0 {
+			// A short window near the rule's rate (a per-second rule on
+			// another slot, two seconds here: a one-second one would go to
+			// the per-second store): it denies while the rule's counter
+			// has room, so that a part is given back after its own time
+			// has partly refilled, as across the two stores.
+			r.otherWindow = 2 * time.Second
+			r.otherSlot = max(2, uint32(float64(r.limit)/r.window.Seconds()*2*(0.5+1.5*aux.Float64())))
+		}
 	}
 	// Demand from half to three times the limit's rate.
 	mean := time.Duration(float64(r.window) / float64(r.limit) / (0.5 + 2.5*rng.Float64()))
@@ -277,6 +290,9 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			n := 1 + uint64(rng.IntN(8)/6)
 			if r.perSecond > 0 && rng.IntN(8) == 0 {
 				n = uint64(1 + rng.IntN(int(min(r.limit, r.perSecond))))
+			}
+			if r.otherSlot > 0 && r.otherWindow < r.window && aux.IntN(8) == 0 {
+				n = uint64(1 + aux.IntN(int(min(r.limit, r.otherSlot))))
 			}
 			ops = append(ops, simOp{kind: simHit, inst: inst, n: n, only: r.perSecond+r.otherSlot > 0 && rng.IntN(3) == 0})
 			ops = append(ops, simOp{kind: simAdvance, d: time.Duration(rng.ExpFloat64() * float64(mean)).Round(time.Millisecond)})
@@ -467,7 +483,7 @@ func (s simSchedule) describe(st *simStore) string {
 		seats += ", on a Cluster"
 	}
 	if s.rule.otherSlot > 0 {
-		seats += fmt.Sprintf(", beside %d on another slot", s.rule.otherSlot)
+		seats += fmt.Sprintf(", beside %d per %v on another slot", s.rule.otherSlot, s.rule.otherWindow)
 	}
 	fmt.Fprintf(&b, "seed %d: %v limit %d burst %d window %v%s, %d instances, %d Envoys, %d events: %s\n",
 		s.seed, s.rule.alg, s.rule.limit, s.rule.burst, s.rule.window, seats, s.rule.instances, s.rule.envoys, len(s.ops), v)

@@ -626,7 +626,12 @@ func (r *simRun) request(o simOp) decision.Request {
 		hits = append(hits, limiter.Hit{Key: r.key(simSecondKey, time.Second), Algorithm: r.rule.alg, Limit: r.rule.perSecond, Window: time.Second, Cost: o.n})
 	}
 	if r.rule.otherSlot > 0 && !o.only && !r.partBusy {
-		hits = append(hits, limiter.Hit{Key: r.key(simOtherKey, r.rule.window), Algorithm: r.rule.alg, Limit: r.rule.otherSlot, Window: r.rule.window, Burst: r.rule.burst, Cost: o.n})
+		w := r.rule.otherWindow
+		burst := r.rule.burst
+		if w != r.rule.window {
+			burst = 0
+		}
+		hits = append(hits, limiter.Hit{Key: r.key(simOtherKey, w), Algorithm: r.rule.alg, Limit: r.rule.otherSlot, Window: w, Burst: burst, Cost: o.n})
 	}
 	return decision.Request{Hits: hits, Routes: make([]decision.Route, len(hits))}
 }
