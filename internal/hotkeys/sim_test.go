@@ -31,7 +31,8 @@ import (
 // third of those without have a per-second companion on a store of its own
 // (REDIS_PERSECOND). Such a request goes as two calls, the other part's
 // of which can answer after other events (simSlowPart) or fail on its way
-// (simFailSlot, on a Cluster), and what one part charged is given back
+// (simFailSlot, on a Cluster; or after the events, where the other slot's
+// rule denies on failure: a node's timeout), and what one part charged is given back
 // when the other denies: the two calls and the give-back are awaited call
 // by call, through a go-redis hook on each store (simGate). Some requests
 // carry two hits of the rule's counter (simOp.twice), a refund of it beside
@@ -57,7 +58,11 @@ import (
 // charged, but of a lost slice's lease only the units the slice spends
 // (its give back finds nothing left of it) (simFault). For the log and the
 // fixed window it also checks each denial against what the store may hold
-// (simRun.denied): a denial with room is a charge nothing takes back. The
+// (simRun.denied): a denial with room is a charge nothing takes back. For
+// GCRA it checks a denied request's give-back against the TAT: as the
+// request found it when nothing ran meanwhile, else at least where the
+// charges made meanwhile would have left it had the request never come
+// (simSinceCharge): never time that refilled since the charge. The
 // first violation stops the schedule; the test prints its seed and the
 // schedule shrunk to the events it needs.
 //
@@ -94,7 +99,7 @@ const (
 	simEnvoy                      // n requests at Envoy inst, decided by its RLQS token bucket
 	simSettle                     // a seats rule: inst settles the held lease n selects, at cost
 	simHold                       // the next lease sent, however, answers after the n events then next
-	simSlowPart                   // the per-second store (or the Cluster's other node) answers the next request with a part there after the n events then next
+	simSlowPart                   // the per-second store (or the Cluster's other node) answers the next request with a part there after the n events then next (or fails then: fails)
 	simFailSlot                   // the next decide call of the other slot's key fails before it reaches the store
 	simRecord                     // inst records a cost of n spent before it was reported (apply_on_stream_done)
 )
@@ -120,6 +125,10 @@ type simOp struct {
 	// mode; the call lands after. A settlement's caller leaves before its
 	// call goes: the limiter sends it all the same (its late form).
 	leaves bool
+	// fails makes a slow other part (simSlowPart) fail once the events
+	// ran, unapplied: a Cluster node that answers late with an error, as
+	// at the store's timeout.
+	fails bool
 }
 
 func (o simOp) String() string {
@@ -168,6 +177,9 @@ func (o simOp) String() string {
 	case simHold:
 		return fmt.Sprintf("hold(next lease, during %d)", o.n)
 	case simSlowPart:
+		if o.fails {
+			return fmt.Sprintf("slow-other-part(next request, during %d, fails)", o.n)
+		}
 		return fmt.Sprintf("slow-other-part(next request, during %d)", o.n)
 	case simFailSlot:
 		return "fail-other-slot"
@@ -210,6 +222,19 @@ type simRule struct {
 	cluster     bool
 	otherSlot   uint32
 	otherWindow time.Duration
+	// otherDenies: the other slot's rule answers by denying when its node
+	// fails (failure_mode deny), so the rule's part is given back then.
+	otherDenies bool
+}
+
+// otherSlotFault draws a fault of the other slot's node: slow, or failing
+// a call. Where that slot's rule denies on failure, half the slow ones
+// fail once late (a node's timeout): the rule's part is then given back
+// after its time has partly refilled, whatever the other slot holds.
+func (r simRule) otherSlotFault(rng, aux *rand.Rand) simOp {
+	o := simOp{kind: []simOpKind{simSlowPart, simFailSlot}[rng.IntN(2)], n: 1 + uint64(rng.IntN(4))}
+	o.fails = o.kind == simSlowPart && r.otherDenies && aux.IntN(2) == 0
+	return o
 }
 
 type simSchedule struct {
@@ -275,6 +300,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 			// has partly refilled, as across the two stores.
 			r.otherWindow = 2 * time.Second
 			r.otherSlot = max(2, uint32(float64(r.limit)/r.window.Seconds()*2*(0.5+1.5*aux.Float64())))
+			r.otherDenies = aux.IntN(2) == 0
 		}
 	}
 	// Demand from half to three times the limit's rate.
@@ -364,7 +390,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 				if r.otherSlot > 0 && rng.IntN(8) == 0 {
 					// The same across slots: a give-back on its way while
 					// others charge, or a slot's call failing.
-					ops = append(ops, simOp{kind: []simOpKind{simSlowPart, simFailSlot}[rng.IntN(2)], n: 1 + uint64(rng.IntN(4))})
+					ops = append(ops, r.otherSlotFault(rng, aux))
 				}
 				ops = append(ops, simOp{kind: simHit, inst: rng.IntN(r.instances), n: 1, only: r.perSecond+r.otherSlot > 0 && rng.IntN(3) == 0})
 				ops = append(ops, simOp{kind: simAdvance, d: (pace / time.Duration(over)).Round(time.Millisecond)})
@@ -389,7 +415,7 @@ func newSimSchedule(seed uint64, alg config.Algorithm) simSchedule {
 		case p < 800 && r.perSecond > 0 && rng.IntN(2) == 0:
 			ops = append(ops, simOp{kind: simSlowPart, n: 1 + uint64(rng.IntN(4))})
 		case p < 800 && r.otherSlot > 0 && rng.IntN(2) == 0:
-			ops = append(ops, simOp{kind: []simOpKind{simSlowPart, simFailSlot}[rng.IntN(2)], n: 1 + uint64(rng.IntN(4))})
+			ops = append(ops, r.otherSlotFault(rng, aux))
 		case p < 800:
 			ops = append(ops, simOp{kind: simHold, n: 1 + uint64(rng.IntN(4))})
 		case p < 840:
@@ -484,6 +510,9 @@ func (s simSchedule) describe(st *simStore) string {
 	}
 	if s.rule.otherSlot > 0 {
 		seats += fmt.Sprintf(", beside %d per %v on another slot", s.rule.otherSlot, s.rule.otherWindow)
+		if s.rule.otherDenies {
+			seats += " (failure_mode deny)"
+		}
 	}
 	fmt.Fprintf(&b, "seed %d: %v limit %d burst %d window %v%s, %d instances, %d Envoys, %d events: %s\n",
 		s.seed, s.rule.alg, s.rule.limit, s.rule.burst, s.rule.window, seats, s.rule.instances, s.rule.envoys, len(s.ops), v)
@@ -514,7 +543,7 @@ func TestSimulator(t *testing.T) {
 				return
 			}
 			start := time.Now()
-			seed, n, events, local, leased, byBuckets, seats, denials, left, leftParts, recorded, unlanded := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0, 0, 0, 0, 0
+			seed, n, events, local, leased, byBuckets, seats, denials, left, leftParts, recorded, unlanded, tats := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0, 0, 0, 0, 0, 0
 			budget := *simRuns
 			if budget == 0 && *simFor == 0 {
 				budget = simSlice
@@ -526,7 +555,7 @@ func TestSimulator(t *testing.T) {
 				events += len(s.ops)
 				local, leased, byBuckets, seats = local+r.local, leased+r.leased, byBuckets+r.byBuckets, seats+len(r.seats)
 				denials, left, leftParts, recorded = denials+r.denialsChecked, left+r.left, leftParts+r.leftParts, recorded+r.recorded
-				unlanded += r.unlanded
+				unlanded, tats = unlanded+r.unlanded, tats+r.tatsChecked
 				if r.unlanded > 0 { // rare, and not a violation: named, to replay
 					t.Logf("seed %d: %d give-backs not landed within %v", seed, r.unlanded, simOwedWait)
 				}
@@ -537,9 +566,9 @@ func TestSimulator(t *testing.T) {
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}
-			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts); %d costs recorded; %d give-backs not landed within %v",
+			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts); %d costs recorded; %d give-backs not landed within %v; %d GCRA give-backs checked against the TAT they left",
 				n, *simFrom, seed-1, events, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials, left, leftParts, recorded,
-				unlanded, simOwedWait)
+				unlanded, simOwedWait, tats)
 		})
 	}
 }
@@ -605,6 +634,13 @@ func TestSimulatorFoundSeeds(t *testing.T) {
 		// once the simulator checked that a give-back leaves GCRA's TAT as
 		// the request found it (simLedger.decide).
 		{config.GCRA, 7001318},
+		// With gcra.undo's cut to the time still ahead of its token
+		// undone (issue 50's kinds 3 and 4), a part given back once the
+		// per-second store denied, after other events, gave its whole
+		// time back, 47 ms of it refilled: found once the simulator checked a
+		// give-back after other events against the TAT the request would
+		// have left by never coming (simSinceCharge).
+		{config.GCRA, 63000589},
 	} {
 		t.Run(fmt.Sprintf("%v/%d", tc.alg, tc.seed), func(t *testing.T) {
 			st := newSimStore(t)

@@ -583,6 +583,60 @@ type simRun struct {
 	left, leftParts int      // callers that left (simRun.leave), those of requests of parts
 	recorded        int      // costs recorded (simRecord) that the store applied
 	unlanded        int      // denied requests' give-backs that did not land within simOwedWait
+	tatsChecked     int      // GCRA give-backs checked against the TAT they leave
+	// sinceCharge, while a GCRA request's other part waits, follows the
+	// rule key's charges at the store since that request's own (its
+	// give-back must leave them counted); nil else.
+	sinceCharge *simSinceCharge
+}
+
+// simSinceCharge is the rule key's GCRA charges at the store since a
+// request's own, while its other part waits: with the TAT before that
+// request, what the TAT would be had it never come.
+type simSinceCharge struct {
+	charges []simTimedCharge
+	// unmodelled: a call ran that the model does not follow (a refund, a
+	// lease, a failure), so nothing is checked.
+	unmodelled bool
+}
+
+type simTimedCharge struct {
+	at    time.Time
+	units uint64
+}
+
+// note follows a call of hits that returned v.
+func (s *simSinceCharge) note(hits []limiter.Hit, v []limiter.Verdict, err error, now time.Time) {
+	if err != nil {
+		s.unmodelled = true
+		return
+	}
+	var units uint64
+	for i, h := range hits {
+		if !isKey(h.Key, simKeyName) {
+			continue
+		}
+		if h.Refund || h.Record || h.Lease || h.Settle != "" || h.Ahead > 0 {
+			s.unmodelled = true
+		}
+		if v[i].Charged {
+			units += h.Cost
+		}
+	}
+	if units > 0 {
+		s.charges = append(s.charges, simTimedCharge{at: now, units: units})
+	}
+}
+
+// plainEvents reports whether ops are hits and the clock moving alone, of
+// which simSinceCharge follows every store call.
+func plainEvents(ops []simOp) bool {
+	for _, o := range ops {
+		if o.kind != simAdvance && (o.kind != simHit || o.back > 0 || o.leaves) {
+			return false
+		}
+	}
+	return true
 }
 
 const simKeyName, simSecondKey, simOtherKey = "{sim}:k", "{sim}:s", "{simo}:o"
@@ -631,7 +685,11 @@ func (r *simRun) request(o simOp) decision.Request {
 		if w != r.rule.window {
 			burst = 0
 		}
-		hits = append(hits, limiter.Hit{Key: r.key(simOtherKey, w), Algorithm: r.rule.alg, Limit: r.rule.otherSlot, Window: w, Burst: burst, Cost: o.n})
+		h := limiter.Hit{Key: r.key(simOtherKey, w), Algorithm: r.rule.alg, Limit: r.rule.otherSlot, Window: w, Burst: burst, Cost: o.n}
+		if r.rule.otherDenies {
+			h.FailureMode = config.FailureDeny
+		}
+		hits = append(hits, h)
 	}
 	return decision.Request{Hits: hits, Routes: make([]decision.Route, len(hits))}
 }
@@ -677,6 +735,10 @@ type simLedger struct {
 }
 
 func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Verdict, error) {
+	since := l.r.sinceCharge
+	if since != nil && (l.rlqs || l.r.failCall > 0 || l.r.loseReply) {
+		since.unmodelled = true
+	}
 	if err := l.r.failing(); err != nil {
 		v := make([]limiter.Verdict, len(hits))
 		for i := range hits {
@@ -692,6 +754,10 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		}
 	}
 	v, err := l.decide(ctx, hits)
+	if since != nil {
+		since.unmodelled = since.unmodelled || leaser >= 0
+		since.note(hits, v, err, l.r.now)
+	}
 	var charged uint64
 	for i := range v {
 		// A settlement records its actual cost whatever the verdict says.
@@ -797,6 +863,11 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	// GCRA's bucket before the call: a denied request's give-back leaves it
 	// as it found it (checked below when nothing else ran meanwhile).
 	tatBefore := r.gcraTAT()
+	// A request whose other part answers after other events: the rule
+	// key's charges meanwhile (since), and the TAT before them had the
+	// request never come.
+	var since *simSinceCharge
+	var tatWithout int64
 	release := func() {}
 	if during != nil {
 		release = r.slowGate.parkNext()
@@ -827,12 +898,18 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		if r.gate.chargedBy(mainCall) { // the rule's hit alone, landed
 			r.charged(r.rulesCost(hits))
 			r.pendingFor, _ = ctx.Value(simRequestKey{}).(*limiter.Hit)
+			if r.semantics() == config.GCRA && !slices.ContainsFunc(hits, func(h limiter.Hit) bool { return h.Refund }) && plainEvents(during) {
+				tatWithout = max(tatBefore, r.gcraAt(r.now))
+				since = &simSinceCharge{}
+				r.sinceCharge = since
+			}
 		}
 		r.partBusy = true
 		for _, o := range during {
 			r.runDuring(o)
 		}
 		r.partBusy = false
+		r.sinceCharge = nil
 		r.answeredLate = true       // after the events' own requests
 		mainAt = r.gate.count() - 1 // the events' calls landed too
 	}
@@ -870,17 +947,41 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	if landed && denied && during == nil && mainSent == 1 && r.gate.chargedBy(mainCall) && r.semantics() == config.GCRA {
 		// A microsecond of rounding: a live slice's record, which the
 		// give-back stops at, names the TAT it left rounded up.
-		if full := max(tatBefore, r.now.UnixMicro()) + 1; r.gcraTAT() > full && r.violation == "" {
+		r.tatsChecked++
+		if full := max(tatBefore, r.gcraAt(r.now)) + int64(r.limit); r.gcraTAT() > full && r.violation == "" {
 			r.violation = fmt.Sprintf("a denied request's give-back left GCRA's TAT %v ahead of where the request found it",
-				time.Duration(r.gcraTAT()-full)*time.Microsecond)
+				r.gcraLength(r.gcraTAT()-full))
+		}
+	}
+	if landed && denied && since != nil && !since.unmodelled && r.violation == "" {
+		// The give-back takes only what its charge still holds: the TAT
+		// is at least what the charges since would have left alone, but
+		// for a microsecond of rounding (the token names the TAT its
+		// charge left in whole microseconds).
+		r.tatsChecked++
+		w := int64(r.rule.window / time.Microsecond) // T, in 1/limit of a microsecond
+		for _, c := range since.charges {
+			tatWithout = max(tatWithout, r.gcraAt(c.at)) + int64(c.units)*w
+		}
+		if now := r.gcraAt(r.now); max(r.gcraTAT(), now)+int64(r.limit) < max(tatWithout, now) {
+			r.violation = fmt.Sprintf("a denied request's give-back left GCRA's TAT %v behind where it would be had the request never come",
+				r.gcraLength(max(tatWithout, now)-max(r.gcraTAT(), now)))
 		}
 	}
 	return v, err
 }
 
-// gcraTAT is the rule's GCRA bucket's TAT in Unix microseconds (its
-// key's value, "<tat>:<remainder>[/<generation>]"), 0 for no key: a full
-// bucket.
+// gcraAt is t as a GCRA TAT of the rule (gcraTAT).
+func (r *simRun) gcraAt(t time.Time) int64 { return t.UnixMicro() * int64(r.limit) }
+
+// gcraLength is d, a difference of GCRA TATs, as a duration.
+func (r *simRun) gcraLength(d int64) time.Duration {
+	return time.Duration(d/int64(r.limit)) * time.Microsecond
+}
+
+// gcraTAT is the rule's GCRA bucket's TAT, exact, in 1/limit of a Unix
+// microsecond (its key's value, "<whole>:<remainder>[/<generation>]",
+// as gcra.lua keeps it), 0 for no key: a full bucket.
 func (r *simRun) gcraTAT() int64 {
 	if r.semantics() != config.GCRA {
 		return 0
@@ -889,9 +990,11 @@ func (r *simRun) gcraTAT() int64 {
 	if err != nil {
 		return 0
 	}
-	tat, _, _ := strings.Cut(v, ":")
-	n, _ := strconv.ParseInt(tat, 10, 64)
-	return n
+	whole, rest, _ := strings.Cut(v, ":")
+	rest, _, _ = strings.Cut(rest, "/")
+	w, _ := strconv.ParseInt(whole, 10, 64)
+	f, _ := strconv.ParseInt(rest, 10, 64)
+	return w*int64(r.limit) + f
 }
 
 // failing reports, once, the failure the schedule asked of a store call:
@@ -911,6 +1014,9 @@ func (r *simRun) failing() error {
 // Numbers runs the shares' calls, each of which may fail on its way or
 // lose its reply.
 func (l simLedger) Numbers(ctx context.Context, c limiter.Call) ([]uint64, error) {
+	if s := l.r.sinceCharge; s != nil {
+		s.unmodelled = true
+	}
 	if err := l.r.failing(); err != nil {
 		return nil, err
 	}
@@ -922,6 +1028,9 @@ func (l simLedger) Numbers(ctx context.Context, c limiter.Call) ([]uint64, error
 }
 
 func (l simLedger) GiveBack(ctx context.Context, returns []limiter.Return) (uint64, error) {
+	if s := l.r.sinceCharge; s != nil {
+		s.unmodelled = true
+	}
 	if err := l.r.failing(); err != nil {
 		return 0, err
 	}
@@ -944,6 +1053,9 @@ func (l simLedger) GiveBack(ctx context.Context, returns []limiter.Return) (uint
 }
 
 func (l simLedger) Reset(ctx context.Context, h limiter.Hit) (int64, error) {
+	if s := l.r.sinceCharge; s != nil {
+		s.unmodelled = true
+	}
 	n, err := l.split.Reset(ctx, h)
 	if err = l.r.acknowledge(0, nil, err); err != nil {
 		return 0, err
@@ -1441,6 +1553,11 @@ func (r *simRun) apply(o simOp) string {
 		n := min(int(o.n), len(r.ops)-r.next)
 		r.slowPart = slices.Clone(r.ops[r.next : r.next+n])
 		r.next += n
+		if o.fails { // the parked call fails once let go
+			r.slowGate.mu.Lock()
+			r.slowGate.failKey = simOtherKey
+			r.slowGate.mu.Unlock()
+		}
 	case simFailSlot:
 		r.slowGate.mu.Lock()
 		r.slowGate.failKey = simOtherKey
