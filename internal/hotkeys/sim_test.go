@@ -62,7 +62,9 @@ import (
 // GCRA it checks a denied request's give-back against the TAT: as the
 // request found it when nothing ran meanwhile, else at least where the
 // charges made meanwhile would have left it had the request never come
-// (simSinceCharge): never time that refilled since the charge. The
+// (simSinceCharge): never time that refilled since the charge; and a
+// client's refund at the store against the TAT each live RLQS lease left,
+// which it never goes under (simRun.refundLeftLeases). The
 // first violation stops the schedule; the test prints its seed and the
 // schedule shrunk to the events it needs.
 //
@@ -566,7 +568,7 @@ func TestSimulator(t *testing.T) {
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}
-			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts); %d costs recorded; %d give-backs not landed within %v; %d GCRA give-backs checked against the TAT they left",
+			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts); %d costs recorded; %d give-backs not landed within %v; %d GCRA give-backs and refunds checked against the TAT they left",
 				n, *simFrom, seed-1, events, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials, left, leftParts, recorded,
 				unlanded, simOwedWait, tats)
 		})
@@ -641,6 +643,11 @@ func TestSimulatorFoundSeeds(t *testing.T) {
 		// give-back after other events against the TAT the request would
 		// have left by never coming (simSinceCharge).
 		{config.GCRA, 63000589},
+		// A client's GCRA refund took an RLQS lease's time (the callers'
+		// own had refilled) while its Envoy still spent the lease (issue
+		// 50's kind 2): found once the simulator followed live leases'
+		// TATs (simRun.refundLeftLeases).
+		{config.GCRA, 65000000},
 	} {
 		t.Run(fmt.Sprintf("%v/%d", tc.alg, tc.seed), func(t *testing.T) {
 			st := newSimStore(t)

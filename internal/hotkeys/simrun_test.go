@@ -554,6 +554,10 @@ type simRun struct {
 	// unsureUntil the store may hold what no one knows of (a lost reply's
 	// charge, a failed give-back): no denial is checked (simRun.denied).
 	rlqsLeases  []simLease
+	// leaseTops is, for GCRA, the RLQS leases of the rule's key whose
+	// records live (no give-back, Reset, restart or failover since), by
+	// token: the TAT each left, which a client's refund never goes under.
+	leaseTops map[int64]int64
 	unsureUntil time.Time
 	sinceAt     time.Time // when since was set
 	restartAt   time.Time // the last restart
@@ -583,7 +587,7 @@ type simRun struct {
 	left, leftParts int      // callers that left (simRun.leave), those of requests of parts
 	recorded        int      // costs recorded (simRecord) that the store applied
 	unlanded        int      // denied requests' give-backs that did not land within simOwedWait
-	tatsChecked     int      // GCRA give-backs checked against the TAT they leave
+	tatsChecked     int      // GCRA give-backs and refunds checked against the TAT they leave
 	// sinceCharge, while a GCRA request's other part waits, follows the
 	// rule key's charges at the store since that request's own (its
 	// give-back must leave them counted); nil else.
@@ -769,6 +773,12 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		for i := range v {
 			if v[i].Charged && hits[i].Ahead > 0 && !hits[i].Refund {
 				l.r.rlqsLeases = append(l.r.rlqsLeases, simLease{at: l.r.now, end: l.r.now.Add(hits[i].Ahead), units: hits[i].Cost})
+				if l.r.semantics() == config.GCRA && isKey(hits[i].Key, simKeyName) {
+					if l.r.leaseTops == nil {
+						l.r.leaseTops = map[int64]int64{}
+					}
+					l.r.leaseTops[v[i].Token] = l.r.gcraTAT()
+				}
 			}
 		}
 	}
@@ -971,6 +981,22 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 	return v, err
 }
 
+// refundLeftLeases checks a client's GCRA refund at the store, the TAT
+// before it tatBefore: it takes no time from under a live RLQS lease's TAT
+// (but for a microsecond of rounding: a record names its TAT rounded up),
+// whose Envoy still spends the lease whoever's units the client names.
+func (r *simRun) refundLeftLeases(tatBefore int64) string {
+	r.tatsChecked++
+	floor := r.gcraAt(r.now)
+	for _, top := range r.leaseTops {
+		floor = max(floor, top)
+	}
+	if after := max(r.gcraTAT(), r.gcraAt(r.now)); after+int64(r.limit) < min(tatBefore, floor) { // no key: full now
+		return fmt.Sprintf("a refund took %v of GCRA's time from under a live RLQS lease", r.gcraLength(min(tatBefore, floor)-after))
+	}
+	return ""
+}
+
 // gcraAt is t as a GCRA TAT of the rule (gcraTAT).
 func (r *simRun) gcraAt(t time.Time) int64 { return t.UnixMicro() * int64(r.limit) }
 
@@ -1035,6 +1061,11 @@ func (l simLedger) GiveBack(ctx context.Context, returns []limiter.Return) (uint
 		return 0, err
 	}
 	n, err := l.split.GiveBack(ctx, returns)
+	for _, ret := range returns {
+		if isKey(ret.Hit.Key, simKeyName) {
+			delete(l.r.leaseTops, ret.Token) // failed or not: its record may be gone
+		}
+	}
 	if err == nil && l.r.rule.alg == config.SlidingWindowLog {
 		for _, ret := range returns {
 			if !isKey(ret.Hit.Key, simKeyName) {
@@ -1457,8 +1488,13 @@ func (r *simRun) apply(o simOp) string {
 		h := r.hit(n)
 		h.Refund = true
 		r.applied = false
-		local := r.local
+		local, tatBefore := r.local, r.gcraTAT()
 		_, err := r.slices[o.inst].Decide(ctx, plain(h))
+		if err == nil && r.local == local && len(r.leaseTops) > 0 {
+			if v := r.refundLeftLeases(tatBefore); v != "" {
+				return v
+			}
+		}
 		switch {
 		case r.local > local:
 			// Units the slices spent before a Reset or a restart are no
@@ -1532,7 +1568,7 @@ func (r *simRun) apply(o simOp) string {
 			held += r.held(o.inst)
 			held += r.inflightUnits(o.inst)
 		}
-		r.applied = false
+		r.applied, r.leaseTops = false, nil
 		_, _ = r.slices[o.inst].Reset(ctx, r.hit(0))
 		if r.applied { // its reply lost or not
 			r.keepSliceMembers(o.inst)
@@ -1541,6 +1577,7 @@ func (r *simRun) apply(o simOp) string {
 			r.faults = append(r.faults, simFault{at: r.now, units: held})
 		}
 	case simReloadOp:
+		r.leaseTops = nil // TATs of another limit's scale
 		r.reloads = append(r.reloads, simReload{at: r.now, from: r.limit})
 		r.limit = uint32(o.n)
 	case simLoseReply:
@@ -1563,6 +1600,7 @@ func (r *simRun) apply(o simOp) string {
 		r.slowGate.failKey = simOtherKey
 		r.slowGate.mu.Unlock()
 	case simFailover:
+		r.leaseTops = nil // a lease's record lost, or a give-back's undone
 		r.failovers--
 		n := min(int(o.n), len(r.writes)-1)
 		var lost uint64
@@ -1591,6 +1629,7 @@ func (r *simRun) apply(o simOp) string {
 		r.faults = append(r.faults, simFault{at: r.now, units: lost, spent: spent})
 		r.unsure() // a give-back lost with the writes leaves its charge
 	case simRestart:
+		r.leaseTops = nil
 		r.st.m.FlushAll()
 		r.st.lua.Flush()
 		r.writes = []simWrite{{}}

@@ -487,6 +487,45 @@ func TestRefundLeavesTheFleetsLease(t *testing.T) {
 	}
 }
 
+// TestGCRARefundLeavesTheFleetsLease: a client's refund of GCRA units whose
+// time has refilled takes nothing, where an Envoy's lease is what the TAT
+// holds ahead of now: it took the lease's time, which the Envoy still
+// spends, so callers and the fleet together passed the bucket (issue 50's
+// kind 2: 1,338 where 1,251 may pass).
+func TestGCRARefundLeavesTheFleetsLease(t *testing.T) {
+	f := newFleet(t)
+	lim := limitOf(config.GCRA, 60, time.Minute)
+	hit := lim.Hits[0]
+	decide := func(h limiter.Hit) limiter.Verdict {
+		t.Helper()
+		v, err := f.lim.Decide(context.Background(), []limiter.Hit{h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v[0]
+	}
+	charge := hit
+	charge.Cost = 10
+	if v := decide(charge); !v.Admitted {
+		t.Fatalf("the callers' 10: %+v", v)
+	}
+	f.advance(10 * time.Second) // one a second: their time has refilled
+	e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+	if a := f.report(t, e, lim); a.Kind != TokenBucket {
+		t.Fatalf("assignment %+v, want a token bucket", a)
+	}
+	before := decide(hit).Remaining
+	if before == 60 {
+		t.Fatal("the lease charged nothing")
+	}
+	refund := charge
+	refund.Refund = true
+	decide(refund)
+	if got := decide(hit).Remaining; got != before {
+		t.Errorf("after the refund the bucket holds %d, want the %d it held beside the lease", got, before)
+	}
+}
+
 // TestResetResetsTheFleetsCount: a Reset of a counter an Envoy leases from
 // resets the fleet's own count of it alike, so that their difference is
 // still what others took: a fleet count that kept its leases hid the

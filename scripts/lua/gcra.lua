@@ -269,15 +269,18 @@ end
 -- above now and every live hot key's slice recorded beside it (record_slice):
 -- a slice spends its units up to the TAT its lease left (the record's token;
 -- without one, its units' time from now), so time taken from under it would
--- be charged again while the slice still spends it. An RLQS lease's bucket
--- spends its units at any time: what is under it is the bucket's total,
--- which may go back. It returns the cut cost and time (zeros: none above).
-local function gcra_above_slices(key, rule, limit, now, cost, cw, cf)
+-- be charged again while the slice still spends it. An RLQS lease (leases)
+-- too, for a client's refund: its Envoy spends the lease while the time
+-- ahead of now is the lease's, whoever's refilled units the client names.
+-- (An undo names its own charge's time, and an RLQS bucket spends at any
+-- time: what lies under its record is the bucket's total, which may go
+-- back.) It returns the cut cost and time (zeros: none above).
+local function gcra_above_slices(key, rule, limit, now, cost, cw, cf, leases)
   local w, f = gcra_state(key, limit, now)
   local records, top = redis.call('HGETALL', key .. ':slices'), now
   for i = 2, #records, 2 do
     local token, units, bucket = string.match(records[i], '^(%d+):(%d+)(:?%a*)$')
-    if units and bucket == '' then
+    if units and (bucket == '' or leases) then
       token = tonumber(token)
       top = max(top, token > 0 and token or now + gcra_up(gcra_times(rule, tonumber(units))))
     end
@@ -291,15 +294,15 @@ end
 
 -- refund gives back cost units' time on key (Envoy's is_negative_hits),
 -- never past now (a client's units whose time has refilled are no longer
--- the bucket's to give) nor from under a live slice's time (its units would
--- be spent twice), and returns the whole units given back.
+-- the bucket's to give) nor from under a live slice's or RLQS lease's time
+-- (its units would be spent twice), and returns the whole units given back.
 function gcra.refund(key, cost, limit, window, now)
   if limit <= 0 then
     return 0 -- no rate: nothing was charged (see check)
   end
   local rule = gcra_setup({}, limit, window)
-  local cw, cf
-  cost, cw, cf = gcra_above_slices(key, rule, limit, now, cost, gcra_times(rule, cost))
+  local cw, cf = gcra_times(rule, cost)
+  cost, cw, cf = gcra_above_slices(key, rule, limit, now, cost, cw, cf, true)
   return gcra_give_back(key, rule, cost, cw, cf, limit, now)
 end
 
