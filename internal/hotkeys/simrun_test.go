@@ -553,11 +553,11 @@ type simRun struct {
 	// rlqsLeases are the Envoys' leases the store charged; until
 	// unsureUntil the store may hold what no one knows of (a lost reply's
 	// charge, a failed give-back): no denial is checked (simRun.denied).
-	rlqsLeases  []simLease
+	rlqsLeases []simLease
 	// leaseTops is, for GCRA, the RLQS leases of the rule's key whose
 	// records live (no give-back, Reset, restart or failover since), by
 	// token: the TAT each left, which a client's refund never goes under.
-	leaseTops map[int64]int64
+	leaseTops   map[int64]int64
 	unsureUntil time.Time
 	sinceAt     time.Time // when since was set
 	restartAt   time.Time // the last restart
