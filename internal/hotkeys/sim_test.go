@@ -64,7 +64,9 @@ import (
 // charges made meanwhile would have left it had the request never come
 // (simSinceCharge): never time that refilled since the charge; and a
 // client's refund at the store against the TAT each live RLQS lease left,
-// which it never goes under (simRun.refundLeftLeases). The
+// which it never goes under (simRun.refundLeftLeases). Through one
+// instance it checks a fixed window's answers: remaining is the limit less
+// what the window holds, as without slices (simRun.answer). The
 // first violation stops the schedule; the test prints its seed and the
 // schedule shrunk to the events it needs.
 //
@@ -545,7 +547,7 @@ func TestSimulator(t *testing.T) {
 				return
 			}
 			start := time.Now()
-			seed, n, events, local, leased, byBuckets, seats, denials, left, leftParts, recorded, unlanded, tats := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0, 0, 0, 0, 0, 0
+			seed, n, events, local, leased, byBuckets, seats, denials, left, leftParts, recorded, unlanded, tats, answers := *simFrom, 0, 0, 0, uint64(0), uint64(0), 0, 0, 0, 0, 0, 0, 0, 0
 			budget := *simRuns
 			if budget == 0 && *simFor == 0 {
 				budget = simSlice
@@ -557,7 +559,7 @@ func TestSimulator(t *testing.T) {
 				events += len(s.ops)
 				local, leased, byBuckets, seats = local+r.local, leased+r.leased, byBuckets+r.byBuckets, seats+len(r.seats)
 				denials, left, leftParts, recorded = denials+r.denialsChecked, left+r.left, leftParts+r.leftParts, recorded+r.recorded
-				unlanded, tats = unlanded+r.unlanded, tats+r.tatsChecked
+				unlanded, tats, answers = unlanded+r.unlanded, tats+r.tatsChecked, answers+r.answersChecked
 				if r.unlanded > 0 { // rare, and not a violation: named, to replay
 					t.Logf("seed %d: %d give-backs not landed within %v", seed, r.unlanded, simOwedWait)
 				}
@@ -568,9 +570,9 @@ func TestSimulator(t *testing.T) {
 					t.Fatalf("seed %d (-sim.seed %d): %s; shrunk:\n%s", seed, seed, v, shrink(st, s, 300).describe(st))
 				}
 			}
-			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts); %d costs recorded; %d give-backs not landed within %v; %d GCRA give-backs and refunds checked against the TAT they left",
+			t.Logf("%d schedules (seeds %d to %d, %d events) in %v, none past its bound; %d hits decided from slices, %d units leased; %d admitted by RLQS buckets; %d seats acquired; %d denials checked against what the store holds; %d callers left (%d of requests of parts); %d costs recorded; %d give-backs not landed within %v; %d GCRA give-backs and refunds checked against the TAT they left; %d answers' remaining checked",
 				n, *simFrom, seed-1, events, time.Since(start).Round(time.Millisecond), local, leased, byBuckets, seats, denials, left, leftParts, recorded,
-				unlanded, simOwedWait, tats)
+				unlanded, simOwedWait, tats, answers)
 		})
 	}
 }
@@ -648,6 +650,19 @@ func TestSimulatorFoundSeeds(t *testing.T) {
 		// 50's kind 2): found once the simulator followed live leases'
 		// TATs (simRun.refundLeftLeases).
 		{config.GCRA, 65000000},
+		// Through one instance, a fixed window's answers were not what
+		// they would be without slices (issue 50's kind 8): after a request
+		// that refunded beside its charge (its answer was rebased as a
+		// charge's alone), a caller that left (the store's answer unseen),
+		// a refund answered while a lease was on its way (which answer is
+		// later unknown), and a store answer of a later window than the
+		// slices' (the old window's basis kept). Found once the simulator
+		// checked answers (simRun.answer), one after another.
+		{config.FixedWindow, 67000011},
+		{config.FixedWindow, 67000974},
+		{config.FixedWindow, 67001762},
+		{config.FixedWindow, 67001871},
+		{config.FixedWindow, 67003302},
 	} {
 		t.Run(fmt.Sprintf("%v/%d", tc.alg, tc.seed), func(t *testing.T) {
 			st := newSimStore(t)

@@ -588,6 +588,7 @@ type simRun struct {
 	recorded        int      // costs recorded (simRecord) that the store applied
 	unlanded        int      // denied requests' give-backs that did not land within simOwedWait
 	tatsChecked     int      // GCRA give-backs and refunds checked against the TAT they leave
+	answersChecked  int      // admissions' remaining checked (simRun.answer)
 	// sinceCharge, while a GCRA request's other part waits, follows the
 	// rule key's charges at the store since that request's own (its
 	// give-back must leave them counted); nil else.
@@ -979,6 +980,24 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 		}
 	}
 	return v, err
+}
+
+// answer checks an admitted request's remaining where it is exact: a
+// fixed window's through one instance, whose answers are what they would
+// be without slices (docs/reliability.md, "Hot keys"): the limit less what
+// the window holds. Not where the instance cannot know it: a lease on its
+// way, another store or slot, RLQS, or what the oracle does not know of.
+func (r *simRun) answer(remaining uint64) string {
+	if r.rule.alg != config.FixedWindow || r.rule.instances > 1 || len(r.envoys) > 0 || r.rule.perSecond+r.rule.otherSlot > 0 ||
+		len(r.inflight) > 0 || r.now.Before(r.unsureUntil) || len(r.faults) > 0 || len(r.reloads) > 0 {
+		return ""
+	}
+	r.answersChecked++
+	want := uint64(r.limit) - min(uint64(r.limit), r.count())
+	if remaining != want {
+		return fmt.Sprintf("answered remaining %d where the window holds %d of %d", remaining, r.count(), r.limit)
+	}
+	return ""
 }
 
 // refundLeftLeases checks a client's GCRA refund at the store, the TAT
@@ -1469,7 +1488,13 @@ func (r *simRun) apply(o simOp) string {
 		}
 		if admitted {
 			r.logf("  admitted, remaining %d", v[0].Remaining)
-			return r.admit(o.n, from, r.parted(hits))
+			if v := r.admit(o.n, from, r.parted(hits)); v != "" {
+				return v
+			}
+			if !o.twice {
+				return r.answer(v[0].Remaining)
+			}
+			return ""
 		}
 		if len(v) > 0 && !v[0].Admitted && !v[0].FailureVerdict && !v[0].CostExceedsLimit {
 			r.logf("  denied: %+v", v[0])

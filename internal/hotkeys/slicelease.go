@@ -163,7 +163,20 @@ func (k *hotKey) rebase(v limiter.Verdict, gave bool, now time.Time) {
 		return
 	}
 	newest := k.slices[len(k.slices)-1]
-	if v.Remaining < newest.remaining+k.landed || gave {
+	// An answer of a later fixed window than a slice's says the slice's
+	// ended (a slice's window ends at its expiry or, the lease answered
+	// late, up to windowEnd; a later one's a window after): the count is
+	// the new window's alone. Half a window tells them apart whatever the
+	// rounding of the answers' resets.
+	later := func(sl *slice) bool {
+		return !sl.windowEnd.IsZero() && now.Add(v.ResetAfter).After(sl.expires.Add(k.rule.Window/2))
+	}
+	for _, sl := range k.slices {
+		if later(sl) && now.Before(sl.windowEnd) {
+			sl.windowEnd = now
+		}
+	}
+	if v.Remaining < newest.remaining+k.landed || gave || later(newest) {
 		newest.remaining, k.landed = v.Remaining, 0
 	}
 	if tat := now.Add(v.ResetAfter); newest.interval > 0 && v.Admitted && (gave || tat.After(newest.sent.Add(newest.resetAfter))) {

@@ -160,9 +160,14 @@ type hotKey struct {
 	// storeNewest: the ledger charged k since the slices last spent, so
 	// the newest units, which a refund cancels, are the store's to take back.
 	storeNewest bool
-	known       bool        // remaining is known
-	answered    time.Time   // when remaining was answered
-	rule        limiter.Hit // the hit the slices are of (Cost unset)
+	// unseen: what the store holds of k is not known here (a call of it
+	// went for a caller that left, or a give-back was answered while a
+	// lease was on its way): the next hit asks the store, and the slices
+	// take its answer as theirs (rebase).
+	unseen   bool
+	known    bool        // remaining is known
+	answered time.Time   // when remaining was answered
+	rule     limiter.Hit // the hit the slices are of (Cost unset)
 }
 
 // NewSlices returns Slices leasing from ledger. Close stops them.
@@ -229,6 +234,7 @@ func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Ve
 	if !s.leasable(req) {
 		verdicts, err := s.ledger.Decide(ctx, hits)
 		s.withHeld(ctx, req, verdicts) // a failed part's verdicts among them
+		s.leftUnseen(ctx, req)
 		return verdicts, err
 	}
 	now := s.now()
@@ -242,6 +248,7 @@ func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Ve
 	} else {
 		verdicts, err = s.ledger.Decide(ctx, hits)
 		s.withHeld(ctx, req, verdicts)
+		s.leftUnseen(ctx, req)
 	}
 	// Slices are leased ahead of need, and only for a request every hit of
 	// which can have one (every key hot or warm): a request that goes to
@@ -304,37 +311,87 @@ func (s *Slices) refundLocally(h *limiter.Hit) (limiter.Verdict, bool) {
 // failure verdict (the failure mode's), but to the store's answers of a
 // request one part of which failed. A lease of their keys on its way may
 // have been charged before or after them: its answer is awaited (rebase).
+// A request that gives back on a key (a refund, a settlement) as well as
+// charging it is answered by the store after both: its give-backs rebase
+// first, and its charges then as give-backs do (their answer may be more
+// than the slices' last).
 func (s *Slices) withHeld(ctx context.Context, req decision.Request, verdicts []limiter.Verdict) {
-	for i := range min(len(req.Hits), len(verdicts)) {
-		h, v := &req.Hits[i], &verdicts[i]
-		if req.Route(i).NoSlices || h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
+	n := min(len(req.Hits), len(verdicts))
+	gives := func(h *limiter.Hit) bool { return h.Refund || h.Settle != "" }
+	var gaveOn []string // keys given back on, rare
+	for i := range n {
+		if h := &req.Hits[i]; gives(h) {
+			gaveOn = append(gaveOn, h.Key)
+		}
+	}
+	for pass := range 2 {
+		if pass == 1 && gaveOn == nil {
+			break
+		}
+		for i := range n {
+			h := &req.Hits[i]
+			if gaveOn == nil || gives(h) == (pass == 0) {
+				s.withHeldHit(ctx, req, i, &verdicts[i], slices.Contains(gaveOn, h.Key))
+			}
+		}
+	}
+}
+
+// leftUnseen marks req's keys unseen once its caller left: its call may
+// have landed after, and through one instance the answers must still be
+// what the store would say.
+func (s *Slices) leftUnseen(ctx context.Context, req decision.Request) {
+	if ctx.Err() == nil {
+		return
+	}
+	for i := range req.Hits {
+		h := &req.Hits[i]
+		if req.Route(i).NoSlices || h.Shadow || h.Quota {
 			continue
 		}
 		sh := s.shard(h.Key)
 		sh.mu.Lock()
-		k := sh.keys[h.Key]
-		if k != nil && k.inFlight != nil {
-			landed := k.inFlight
-			sh.mu.Unlock()
-			s.await(ctx, landed)
-			sh.mu.Lock()
-			k = sh.keys[h.Key]
-		}
-		if k != nil && v.Charged && !h.Refund && h.Cost > 0 {
-			k.storeNewest = true
-		}
-		if now := s.now(); k != nil && (k.leasing || k.matches(h)) {
-			k.rebase(*v, h.Refund || h.Settle != "", now)
-			if k.matches(h) && (v.Admitted || k.slices[0].interval == 0) {
-				k.answer(h, v, now)
-			}
-		} else if k != nil && k.unlanded > 0 && k.ruleOf(h) && !h.Algorithm.Bucket() {
-			// Its slices ended, their unused units on their way back: the
-			// store still counts them, and they are this instance's.
-			v.Remaining = min(v.Remaining+k.unlanded, uint64(h.Capacity()))
+		if k := sh.keys[h.Key]; k != nil {
+			k.unseen = true
 		}
 		sh.mu.Unlock()
 	}
+}
+
+// withHeldHit is withHeld's for hit i of req, its verdict v; gave says the
+// request gave back on its key.
+func (s *Slices) withHeldHit(ctx context.Context, req decision.Request, i int, v *limiter.Verdict, gave bool) {
+	h := &req.Hits[i]
+	if req.Route(i).NoSlices || h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
+		return
+	}
+	sh := s.shard(h.Key)
+	sh.mu.Lock()
+	k := sh.keys[h.Key]
+	if k != nil && k.inFlight != nil {
+		landed := k.inFlight
+		sh.mu.Unlock()
+		s.await(ctx, landed)
+		sh.mu.Lock()
+		k = sh.keys[h.Key]
+	}
+	if k != nil && v.Charged && !h.Refund && h.Cost > 0 {
+		k.storeNewest = true
+	}
+	if now := s.now(); k != nil && (k.leasing || k.matches(h)) {
+		k.rebase(*v, gave || k.unseen, now)
+		// A give-back answered while a lease is on its way ran before or
+		// after it at the store: which answer is the later is not known.
+		k.unseen = k.leasing && (gave || k.unseen)
+		if k.matches(h) && (v.Admitted || k.slices[0].interval == 0) {
+			k.answer(h, v, now)
+		}
+	} else if k != nil && k.unlanded > 0 && k.ruleOf(h) && !h.Algorithm.Bucket() {
+		// Its slices ended, their unused units on their way back: the
+		// store still counts them, and they are this instance's.
+		v.Remaining = min(v.Remaining+k.unlanded, uint64(h.Capacity()))
+	}
+	sh.mu.Unlock()
 }
 
 // leasable reports whether every hit may be decided from a slice, and no
@@ -397,7 +454,7 @@ func (s *Slices) local(hits []limiter.Hit, now time.Time) (verdicts []limiter.Ve
 		k.hits++
 		k.units = saturatingAdd(k.units, h.Cost)
 		hot = hot && (s.isHot(k) || s.isWarm(k, h))
-		if !k.matches(h) || k.available(now) < h.Cost {
+		if !k.matches(h) || k.unseen || k.available(now) < h.Cost {
 			fits = false
 		}
 	}
