@@ -164,12 +164,13 @@ func (k *hotKey) rebase(v limiter.Verdict, gave bool, now time.Time) {
 	}
 	newest := k.slices[len(k.slices)-1]
 	// An answer of a later fixed window than a slice's says the slice's
-	// ended (a slice's window ends at its expiry or, the lease answered
-	// late, up to windowEnd; a later one's a window after): the count is
-	// the new window's alone. Half a window tells them apart whatever the
-	// rounding of the answers' resets.
+	// ended: the count is the new window's alone. A slice's window ends
+	// from its expiry on (the lease's sending plus its reset), a later
+	// window's a whole window after that; an answer of the slice's own
+	// window reaches three quarters of a window past its expiry only if
+	// the lease took that long to reach the store.
 	later := func(sl *slice) bool {
-		return !sl.windowEnd.IsZero() && now.Add(v.ResetAfter).After(sl.expires.Add(k.rule.Window/2))
+		return !sl.windowEnd.IsZero() && now.Add(v.ResetAfter).After(sl.expires.Add(k.rule.Window*3/4))
 	}
 	for _, sl := range k.slices {
 		if later(sl) && now.Before(sl.windowEnd) {
