@@ -107,6 +107,16 @@ func (e *envoy) serve(n int, d time.Duration) int {
 	return admitted
 }
 
+// decide decides h alone on the fleet's counter.
+func (f *fleet) decide(t *testing.T, h limiter.Hit) limiter.Verdict {
+	t.Helper()
+	v, err := f.lim.Decide(context.Background(), []limiter.Hit{h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v[0]
+}
+
 func (f *fleet) report(t *testing.T, e *envoy, lim Limit) Assignment {
 	t.Helper()
 	a, err := f.alloc.Report(context.Background(), &e.lease, lim, e.seen)
@@ -444,85 +454,52 @@ func TestAloneDecidedInTheStore(t *testing.T) {
 	}
 }
 
-// TestRefundLeavesTheFleetsLease: a client's refund on a log an Envoy leases
-// from takes the client's own members, never the lease's: those stay
-// counted while the Envoy may spend them (the lease's refills, up to its
-// end). A refund that took the newest members took the lease's instead, and
-// the client's older ones then left the window first.
+// TestRefundLeavesTheFleetsLease: a client's refund of a counter an Envoy
+// leases from takes the client's own units, never the lease's: those stay
+// counted while the Envoy may spend them. The log's refund took the newest
+// members, the lease's, and the client's older ones then left the window
+// first; GCRA's took the lease's time when the client's had refilled
+// (issue 50's kind 2: callers and the fleet past the bucket).
 func TestRefundLeavesTheFleetsLease(t *testing.T) {
-	f := newFleet(t)
-	lim := limitOf(config.SlidingWindowLog, 60, time.Minute)
-	hit := lim.Hits[0]
-	decide := func(h limiter.Hit) limiter.Verdict {
-		t.Helper()
-		v, err := f.lim.Decide(context.Background(), []limiter.Hit{h})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v[0]
-	}
-	charge := hit
-	charge.Cost = 10
-	if v := decide(charge); !v.Admitted {
-		t.Fatalf("the callers' 10: %+v", v)
-	}
-	f.advance(10 * time.Second)
-	e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
-	if a := f.report(t, e, lim); a.Kind != TokenBucket {
-		t.Fatalf("assignment %+v, want a token bucket", a)
-	}
-	check := hit
-	leased := 60 - decide(check).Remaining - 10
-	if leased == 0 {
-		t.Fatal("the lease charged nothing")
-	}
-	refund := charge
-	refund.Refund = true
-	decide(refund)
-	// The callers' members have left the window; the lease's, recorded at
-	// its end (12 s after it), have not.
-	f.advance(51 * time.Second)
-	if got := 60 - decide(check).Remaining; got != leased {
-		t.Errorf("the log holds %d, want the lease's %d", got, leased)
-	}
-}
-
-// TestGCRARefundLeavesTheFleetsLease: a client's refund of GCRA units whose
-// time has refilled takes nothing, where an Envoy's lease is what the TAT
-// holds ahead of now: it took the lease's time, which the Envoy still
-// spends, so callers and the fleet together passed the bucket (issue 50's
-// kind 2: 1,338 where 1,251 may pass).
-func TestGCRARefundLeavesTheFleetsLease(t *testing.T) {
-	f := newFleet(t)
-	lim := limitOf(config.GCRA, 60, time.Minute)
-	hit := lim.Hits[0]
-	decide := func(h limiter.Hit) limiter.Verdict {
-		t.Helper()
-		v, err := f.lim.Decide(context.Background(), []limiter.Hit{h})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v[0]
-	}
-	charge := hit
-	charge.Cost = 10
-	if v := decide(charge); !v.Admitted {
-		t.Fatalf("the callers' 10: %+v", v)
-	}
-	f.advance(10 * time.Second) // one a second: their time has refilled
-	e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
-	if a := f.report(t, e, lim); a.Kind != TokenBucket {
-		t.Fatalf("assignment %+v, want a token bucket", a)
-	}
-	before := decide(hit).Remaining
-	if before == 60 {
-		t.Fatal("the lease charged nothing")
-	}
-	refund := charge
-	refund.Refund = true
-	decide(refund)
-	if got := decide(hit).Remaining; got != before {
-		t.Errorf("after the refund the bucket holds %d, want the %d it held beside the lease", got, before)
+	for _, tc := range []struct {
+		alg config.Algorithm
+		// callers is what the bucket still holds of the callers' 10 at the
+		// lease, 10 s on; then, how long after the refund the count is read.
+		callers uint64
+		then    time.Duration
+	}{
+		// The lease's members are recorded at its end, 12 s on: the
+		// callers' have left the window 51 s on, the lease's not.
+		{config.SlidingWindowLog, 10, 51 * time.Second},
+		// One a second: the callers' time has refilled by the lease.
+		{config.GCRA, 0, 0},
+	} {
+		t.Run(tc.alg.String(), func(t *testing.T) {
+			f := newFleet(t)
+			lim := limitOf(tc.alg, 60, time.Minute)
+			hit := lim.Hits[0]
+			charge := hit
+			charge.Cost = 10
+			if v := f.decide(t, charge); !v.Admitted {
+				t.Fatalf("the callers' 10: %+v", v)
+			}
+			f.advance(10 * time.Second)
+			e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
+			if a := f.report(t, e, lim); a.Kind != TokenBucket {
+				t.Fatalf("assignment %+v, want a token bucket", a)
+			}
+			leased := 60 - f.decide(t, hit).Remaining - tc.callers
+			if leased == 0 {
+				t.Fatal("the lease charged nothing")
+			}
+			refund := charge
+			refund.Refund = true
+			f.decide(t, refund)
+			f.advance(tc.then)
+			if got := 60 - f.decide(t, hit).Remaining; got != leased {
+				t.Errorf("the counter holds %d, want the lease's %d", got, leased)
+			}
+		})
 	}
 }
 
