@@ -312,28 +312,19 @@ func (s *Slices) refundLocally(h *limiter.Hit) (limiter.Verdict, bool) {
 // request one part of which failed. A lease of their keys on its way may
 // have been charged before or after them: its answer is awaited (rebase).
 // A request that gives back on a key (a refund, a settlement) as well as
-// charging it is answered by the store after both: its give-backs rebase
-// first, and its charges then as give-backs do (their answer may be more
-// than the slices' last).
+// charging it rebases all its hits of the key as give-backs (their answer
+// may be more than the slices' last), the last of them, whose answer is
+// the state the request left, last.
 func (s *Slices) withHeld(ctx context.Context, req decision.Request, verdicts []limiter.Verdict) {
 	n := min(len(req.Hits), len(verdicts))
-	gives := func(h *limiter.Hit) bool { return h.Refund || h.Settle != "" }
 	var gaveOn []string // keys given back on, rare
 	for i := range n {
-		if h := &req.Hits[i]; gives(h) {
+		if h := &req.Hits[i]; h.Refund || h.Settle != "" {
 			gaveOn = append(gaveOn, h.Key)
 		}
 	}
-	for pass := range 2 {
-		if pass == 1 && gaveOn == nil {
-			break
-		}
-		for i := range n {
-			h := &req.Hits[i]
-			if gaveOn == nil || gives(h) == (pass == 0) {
-				s.withHeldHit(ctx, req, i, &verdicts[i], slices.Contains(gaveOn, h.Key))
-			}
-		}
+	for i := range n {
+		s.withHeldHit(ctx, req, i, &verdicts[i], slices.Contains(gaveOn, req.Hits[i].Key))
 	}
 }
 
