@@ -986,10 +986,15 @@ func (l simLedger) decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 // fixed window's through one instance, whose answers are what they would
 // be without slices (docs/reliability.md, "Hot keys"): the limit less what
 // the window holds. Not where the instance cannot know it: a lease on its
-// way, another store or slot, RLQS, or what the oracle does not know of.
+// way, another store or slot, RLQS, or what the oracle does not know of;
+// nor past the limit, after a cost recorded beyond it (Redis answers 0
+// left, however far past: the slices' held units then count as remaining).
 func (r *simRun) answer(remaining uint64) string {
 	if r.rule.alg != config.FixedWindow || r.rule.instances > 1 || len(r.envoys) > 0 || r.rule.perSecond+r.rule.otherSlot > 0 ||
 		len(r.inflight) > 0 || r.now.Before(r.unsureUntil) || len(r.faults) > 0 || len(r.reloads) > 0 {
+		return ""
+	}
+	if n := len(r.debts); n > 0 && r.debts[n-1].at.After(r.now.Add(-r.rule.window)) {
 		return ""
 	}
 	r.answersChecked++
