@@ -63,8 +63,8 @@ import (
 // request found it when nothing ran meanwhile, else at least where the
 // charges made meanwhile would have left it had the request never come
 // (simSinceCharge): never time that refilled since the charge; and a
-// client's refund at the store against the TAT each live RLQS lease left,
-// which it never goes under (simRun.refundLeftLeases). Through one
+// client's refund at the store against the live RLQS leases: it leaves
+// the time their units take from now (simRun.refundLeftLeases). Through one
 // instance it checks a fixed window's answers: remaining is the limit less
 // what the window holds, as without slices (simRun.answer). The
 // first violation stops the schedule; the test prints its seed and the
@@ -649,7 +649,7 @@ func TestSimulatorFoundSeeds(t *testing.T) {
 		// own had refilled) while its Envoy still spent the lease (issue
 		// 50's kind 2): found once the simulator followed live leases'
 		// TATs (simRun.refundLeftLeases).
-		{config.GCRA, 65000000},
+		{config.GCRA, 65000004},
 		// Through one instance, a fixed window's answers were not what
 		// they would be without slices (issue 50's kind 8): after a request
 		// that refunded beside its charge (its answer was rebased as a

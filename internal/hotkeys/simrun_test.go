@@ -556,8 +556,9 @@ type simRun struct {
 	rlqsLeases []simLease
 	// leaseTops is, for GCRA, the RLQS leases of the rule's key whose
 	// records live (no give-back, Reset, restart or failover since), by
-	// token: the TAT each left, which a client's refund never goes under.
-	leaseTops   map[int64]int64
+	// token: the TAT each left and its units, whose time a client's refund
+	// never takes.
+	leaseTops   map[int64]simLeaseTop
 	unsureUntil time.Time
 	sinceAt     time.Time // when since was set
 	restartAt   time.Time // the last restart
@@ -776,9 +777,9 @@ func (l simLedger) Decide(ctx context.Context, hits []limiter.Hit) ([]limiter.Ve
 				l.r.rlqsLeases = append(l.r.rlqsLeases, simLease{at: l.r.now, end: l.r.now.Add(hits[i].Ahead), units: hits[i].Cost})
 				if l.r.semantics() == config.GCRA && isKey(hits[i].Key, simKeyName) {
 					if l.r.leaseTops == nil {
-						l.r.leaseTops = map[int64]int64{}
+						l.r.leaseTops = map[int64]simLeaseTop{}
 					}
-					l.r.leaseTops[v[i].Token] = l.r.gcraTAT()
+					l.r.leaseTops[v[i].Token] = simLeaseTop{tat: l.r.gcraTAT(), units: hits[i].Cost}
 				}
 			}
 		}
@@ -1005,18 +1006,30 @@ func (r *simRun) answer(remaining uint64) string {
 	return ""
 }
 
+// simLeaseTop is an RLQS lease of GCRA time: the TAT it left and its units.
+type simLeaseTop struct {
+	tat   int64
+	units uint64
+}
+
 // refundLeftLeases checks a client's GCRA refund at the store, the TAT
-// before it tatBefore: it takes no time from under a live RLQS lease's TAT
-// (but for a microsecond of rounding: a record names its TAT rounded up),
-// whose Envoy still spends the lease whoever's units the client names.
+// before it tatBefore: it leaves the time the live RLQS leases' units take
+// from now, each up to the TAT it left (a unit's time is a window's length
+// in 1/limit of a microsecond; a microsecond of rounding aside: a record
+// names its TAT rounded up), whose Envoys still spend them whoever's units
+// the client names.
 func (r *simRun) refundLeftLeases(tatBefore int64) string {
 	r.tatsChecked++
-	floor := r.gcraAt(r.now)
-	for _, top := range r.leaseTops {
-		floor = max(floor, top)
+	now := r.gcraAt(r.now)
+	top, leased := now, int64(0)
+	for _, l := range r.leaseTops {
+		if l.tat > now {
+			top, leased = max(top, l.tat), leased+min(int64(l.units)*int64(r.rule.window/time.Microsecond), l.tat-now)
+		}
 	}
-	if after := max(r.gcraTAT(), r.gcraAt(r.now)); after+int64(r.limit) < min(tatBefore, floor) { // no key: full now
-		return fmt.Sprintf("a refund took %v of GCRA's time from under a live RLQS lease", r.gcraLength(min(tatBefore, floor)-after))
+	floor := min(top, now+leased)
+	if after := max(r.gcraTAT(), now); after+int64(r.limit) < min(tatBefore, floor) { // no key: full now
+		return fmt.Sprintf("a refund took %v of the time of a live RLQS lease's units", r.gcraLength(min(tatBefore, floor)-after))
 	}
 	return ""
 }
@@ -1044,6 +1057,9 @@ func (r *simRun) gcraTAT() int64 {
 	rest, _, _ = strings.Cut(rest, "/")
 	w, _ := strconv.ParseInt(whole, 10, 64)
 	f, _ := strconv.ParseInt(rest, 10, 64)
+	if f >= int64(r.limit) { // written under another limit: gcra.lua rounds it up
+		w, f = w+1, 0
+	}
 	return w*int64(r.limit) + f
 }
 

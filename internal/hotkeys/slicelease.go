@@ -149,7 +149,7 @@ func (k *hotKey) answer(h *limiter.Hit, v *limiter.Verdict, now time.Time) {
 // bucket time), but a give-back's (gave: a refund or a settlement), which
 // leaves more, is the latest. A lease then installs, and the slices
 // answer, from the latest. The caller holds k's shard's lock.
-func (k *hotKey) rebase(v limiter.Verdict, gave bool, now time.Time) {
+func (k *hotKey) rebase(v limiter.Verdict, gave bool, sent, now time.Time) {
 	if k.leasing {
 		k.seenRemaining = min(k.seenRemaining, v.Remaining)
 		if tat := now.Add(v.ResetAfter); v.Admitted && tat.After(k.seenTAT) {
@@ -164,13 +164,12 @@ func (k *hotKey) rebase(v limiter.Verdict, gave bool, now time.Time) {
 	}
 	newest := k.slices[len(k.slices)-1]
 	// An answer of a later fixed window than a slice's says the slice's
-	// ended: the count is the new window's alone. A slice's window ends
-	// from its expiry on (the lease's sending plus its reset), a later
-	// window's a whole window after that; an answer of the slice's own
-	// window reaches three quarters of a window past its expiry only if
-	// the lease took that long to reach the store.
+	// ended: the count is the new window's alone. The answer's window ends
+	// no earlier than its sending plus its reset, the slice's no later than
+	// its windowEnd, both but for Redis TIME's microseconds; a later
+	// window's a whole window after.
 	later := func(sl *slice) bool {
-		return !sl.windowEnd.IsZero() && now.Add(v.ResetAfter).After(sl.expires.Add(k.rule.Window*3/4))
+		return !sl.windowEnd.IsZero() && sent.Add(v.ResetAfter).After(sl.windowEnd.Add(time.Millisecond))
 	}
 	for _, sl := range k.slices {
 		if later(sl) && now.Before(sl.windowEnd) {

@@ -232,9 +232,10 @@ func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Ve
 		}
 	}
 	if !s.leasable(req) {
+		sent := s.now()
 		verdicts, err := s.ledger.Decide(ctx, hits)
-		s.withHeld(ctx, req, verdicts) // a failed part's verdicts among them
-		s.leftUnseen(ctx, req)
+		s.withHeld(ctx, req, verdicts, sent) // a failed part's verdicts among them
+		s.leftUnseen(ctx, req, false)
 		return verdicts, err
 	}
 	now := s.now()
@@ -247,8 +248,8 @@ func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Ve
 		}
 	} else {
 		verdicts, err = s.ledger.Decide(ctx, hits)
-		s.withHeld(ctx, req, verdicts)
-		s.leftUnseen(ctx, req)
+		s.withHeld(ctx, req, verdicts, now)
+		s.leftUnseen(ctx, req, true)
 	}
 	// Slices are leased ahead of need, and only for a request every hit of
 	// which can have one (every key hot or warm): a request that goes to
@@ -315,7 +316,8 @@ func (s *Slices) refundLocally(h *limiter.Hit) (limiter.Verdict, bool) {
 // charging it rebases all its hits of the key as give-backs (their answer
 // may be more than the slices' last), the last of them, whose answer is
 // the state the request left, last.
-func (s *Slices) withHeld(ctx context.Context, req decision.Request, verdicts []limiter.Verdict) {
+// sent is when the request went to the ledger.
+func (s *Slices) withHeld(ctx context.Context, req decision.Request, verdicts []limiter.Verdict, sent time.Time) {
 	n := min(len(req.Hits), len(verdicts))
 	var gaveOn []string // keys given back on, rare
 	for i := range n {
@@ -324,26 +326,25 @@ func (s *Slices) withHeld(ctx context.Context, req decision.Request, verdicts []
 		}
 	}
 	for i := range n {
-		s.withHeldHit(ctx, req, i, &verdicts[i], slices.Contains(gaveOn, req.Hits[i].Key))
+		s.withHeldHit(ctx, req, i, &verdicts[i], slices.Contains(gaveOn, req.Hits[i].Key), sent)
 	}
 }
 
-// leftUnseen marks req's keys unseen once its caller left: its call may
-// have landed after, and through one instance the answers must still be
-// what the store would say.
-func (s *Slices) leftUnseen(ctx context.Context, req decision.Request) {
+// leftUnseen marks req's keys with slices unseen once its caller left:
+// its call may have landed after, and through one instance the answers
+// must still be what the store would say. A hit the slices could have
+// decided (leasable) that asked the store for that reason and lost its
+// caller too asks no more (a slow store: the slices keep deciding, their
+// units charged already).
+func (s *Slices) leftUnseen(ctx context.Context, req decision.Request, leasable bool) {
 	if ctx.Err() == nil {
 		return
 	}
 	for i := range req.Hits {
-		h := &req.Hits[i]
-		if req.Route(i).NoSlices || h.Shadow || h.Quota {
-			continue
-		}
-		sh := s.shard(h.Key)
+		sh := s.shard(req.Hits[i].Key)
 		sh.mu.Lock()
-		if k := sh.keys[h.Key]; k != nil {
-			k.unseen = true
+		if k := sh.keys[req.Hits[i].Key]; k != nil && len(k.slices) > 0 {
+			k.unseen = !leasable || !k.unseen
 		}
 		sh.mu.Unlock()
 	}
@@ -351,7 +352,7 @@ func (s *Slices) leftUnseen(ctx context.Context, req decision.Request) {
 
 // withHeldHit is withHeld's for hit i of req, its verdict v; gave says the
 // request gave back on its key.
-func (s *Slices) withHeldHit(ctx context.Context, req decision.Request, i int, v *limiter.Verdict, gave bool) {
+func (s *Slices) withHeldHit(ctx context.Context, req decision.Request, i int, v *limiter.Verdict, gave bool, sent time.Time) {
 	h := &req.Hits[i]
 	if req.Route(i).NoSlices || h.Shadow || h.Quota || v.FailureVerdict || v.CostExceedsLimit {
 		return
@@ -359,7 +360,10 @@ func (s *Slices) withHeldHit(ctx context.Context, req decision.Request, i int, v
 	sh := s.shard(h.Key)
 	sh.mu.Lock()
 	k := sh.keys[h.Key]
-	if k != nil && k.inFlight != nil {
+	// awaited: a lease was on its way, so this answer may be of a state
+	// before or after it.
+	awaited := k != nil && k.inFlight != nil
+	if awaited {
 		landed := k.inFlight
 		sh.mu.Unlock()
 		s.await(ctx, landed)
@@ -370,10 +374,12 @@ func (s *Slices) withHeldHit(ctx context.Context, req decision.Request, i int, v
 		k.storeNewest = true
 	}
 	if now := s.now(); k != nil && (k.leasing || k.matches(h)) {
-		k.rebase(*v, gave || k.unseen, now)
-		// A give-back answered while a lease is on its way ran before or
-		// after it at the store: which answer is the later is not known.
-		k.unseen = k.leasing && (gave || k.unseen)
+		// An answer that came while a lease was on its way ran before or
+		// after it at the store: whether a give-back's is the later state
+		// is not known, so the next hit asks again. (A lease still queued
+		// comes after it: rebase lets it take what the answer gave.)
+		k.rebase(*v, (gave || k.unseen) && !awaited, sent, now)
+		k.unseen = awaited && (gave || k.unseen)
 		if k.matches(h) && (v.Admitted || k.slices[0].interval == 0) {
 			k.answer(h, v, now)
 		}

@@ -312,9 +312,10 @@ func (a *Allocator) leaseBucket(ctx context.Context, b *Bucket, lim Limit, token
 	// goes to the others rather than to its successor.
 	alone := b.others <= aloneSlack
 	// The lease is a slice of the counter used until the assignment's end
-	// (limiter.Hit.Ahead): a client's refund never takes it (but GCRA's,
-	// the bucket being a total: docs/accuracy.md), and its give-back takes
-	// back at most what the store holds of it.
+	// (limiter.Hit.Ahead): a client's refund of the log or GCRA never takes
+	// it (the counters' takes from the current window's count:
+	// docs/accuracy.md), and its give-back takes back at most what the
+	// store holds of it.
 	hits := make([]limiter.Hit, len(lim.Hits)+1)
 	for i, h := range lim.Hits {
 		h.Cost, h.Record, h.RecordIfAlone, h.Ahead = units, alone && units > 0, true, end.Sub(now)

@@ -464,17 +464,20 @@ func TestRefundLeavesTheFleetsLease(t *testing.T) {
 	for _, tc := range []struct {
 		alg config.Algorithm
 		// callers is what the bucket still holds of the callers' 10 at the
-		// lease, 10 s on; then, how long after the refund the count is read.
+		// lease, wait on; then, how long after the refund the count is read.
+		wait    time.Duration
 		callers uint64
 		then    time.Duration
 	}{
 		// The lease's members are recorded at its end, 12 s on: the
 		// callers' have left the window 51 s on, the lease's not.
-		{config.SlidingWindowLog, 10, 51 * time.Second},
+		{config.SlidingWindowLog, 10 * time.Second, 10, 51 * time.Second},
 		// One a second: the callers' time has refilled by the lease.
-		{config.GCRA, 0, 0},
+		{config.GCRA, 10 * time.Second, 0, 0},
+		// Their 9 left under the lease go back, the lease's units stay.
+		{config.GCRA, time.Second, 9, 0},
 	} {
-		t.Run(tc.alg.String(), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%v/after %v", tc.alg, tc.wait), func(t *testing.T) {
 			f := newFleet(t)
 			lim := limitOf(tc.alg, 60, time.Minute)
 			hit := lim.Hits[0]
@@ -483,7 +486,7 @@ func TestRefundLeavesTheFleetsLease(t *testing.T) {
 			if v := f.decide(t, charge); !v.Admitted {
 				t.Fatalf("the callers' 10: %+v", v)
 			}
-			f.advance(10 * time.Second)
+			f.advance(tc.wait)
 			e := &envoy{lease: Bucket{Member: "one"}, seen: 1}
 			if a := f.report(t, e, lim); a.Kind != TokenBucket {
 				t.Fatalf("assignment %+v, want a token bucket", a)

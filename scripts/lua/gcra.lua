@@ -269,22 +269,28 @@ end
 -- above now and every live hot key's slice recorded beside it (record_slice):
 -- a slice spends its units up to the TAT its lease left (the record's token;
 -- without one, its units' time from now), so time taken from under it would
--- be charged again while the slice still spends it. An RLQS lease (leases)
--- too, for a client's refund: its Envoy spends the lease while the time
--- ahead of now is the lease's, whoever's refilled units the client names.
--- (An undo names its own charge's time, and an RLQS bucket spends at any
--- time: what lies under its record is the bucket's total, which may go
--- back.) It returns the cut cost and time (zeros: none above).
+-- be charged again while the slice still spends it. For a client's
+-- refund (leases), an RLQS lease's units' time too, up to its TAT: its
+-- Envoy spends them at any time while the time ahead is theirs, whoever's
+-- refilled units the client names; what lies under them, the clients'
+-- unrefilled units, may go back. (An undo names its own charge's time.)
+-- It returns the cut cost and time (zeros: none above).
 local function gcra_above_slices(key, rule, limit, now, cost, cw, cf, leases)
   local w, f = gcra_state(key, limit, now)
-  local records, top = redis.call('HGETALL', key .. ':slices'), now
+  local records, top, leased, leased_top = redis.call('HGETALL', key .. ':slices'), now, 0, now
   for i = 2, #records, 2 do
     local token, units, bucket = string.match(records[i], '^(%d+):(%d+)(:?%a*)$')
-    if units and (bucket == '' or leases) then
-      token = tonumber(token)
-      top = max(top, token > 0 and token or now + gcra_up(gcra_times(rule, tonumber(units))))
+    if units then
+      local time = gcra_up(gcra_times(rule, tonumber(units)))
+      token = tonumber(token) > 0 and tonumber(token) or now + time
+      if bucket == '' then
+        top = max(top, token)
+      elseif leases and token > now then
+        leased, leased_top = leased + min(time, token - now), max(leased_top, token)
+      end
     end
   end
+  top = max(top, min(leased_top, now + leased))
   local fw, ff = gcra_sub(limit, w, f, top, 0)
   if fw < 0 or (fw == 0 and ff == 0) then
     return 0, 0, 0
