@@ -235,7 +235,7 @@ func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Ve
 		sent := s.now()
 		verdicts, err := s.ledger.Decide(ctx, hits)
 		s.withHeld(ctx, req, verdicts, sent) // a failed part's verdicts among them
-		s.leftUnseen(ctx, req, false)
+		s.leftUnseen(ctx, req, false, err)
 		return verdicts, err
 	}
 	now := s.now()
@@ -249,7 +249,7 @@ func (s *Slices) Decide(ctx context.Context, req decision.Request) ([]limiter.Ve
 	} else {
 		verdicts, err = s.ledger.Decide(ctx, hits)
 		s.withHeld(ctx, req, verdicts, now)
-		s.leftUnseen(ctx, req, true)
+		s.leftUnseen(ctx, req, true, err)
 	}
 	// Slices are leased ahead of need, and only for a request every hit of
 	// which can have one (every key hot or warm): a request that goes to
@@ -333,18 +333,23 @@ func (s *Slices) withHeld(ctx context.Context, req decision.Request, verdicts []
 // leftUnseen marks req's keys with slices unseen once its caller left:
 // its call may have landed after, and through one instance the answers
 // must still be what the store would say. A hit the slices could have
-// decided (leasable) that asked the store for that reason and lost its
-// caller too asks no more (a slow store: the slices keep deciding, their
-// units charged already).
-func (s *Slices) leftUnseen(ctx context.Context, req decision.Request, leasable bool) {
-	if ctx.Err() == nil {
+// decided (leasable) that asked the store for that reason and failed
+// (its caller left too, or the store is down) asks no more: the slices
+// keep deciding, their units charged already.
+func (s *Slices) leftUnseen(ctx context.Context, req decision.Request, leasable bool, err error) {
+	left := ctx.Err() != nil
+	if err == nil && !left {
 		return
 	}
 	for i := range req.Hits {
 		sh := s.shard(req.Hits[i].Key)
 		sh.mu.Lock()
 		if k := sh.keys[req.Hits[i].Key]; k != nil && len(k.slices) > 0 {
-			k.unseen = !leasable || !k.unseen
+			if leasable && k.unseen {
+				k.unseen = false
+			} else if left {
+				k.unseen = true
+			}
 		}
 		sh.mu.Unlock()
 	}
