@@ -165,11 +165,14 @@ func (k *hotKey) rebase(v limiter.Verdict, gave bool, sent, now time.Time) {
 	newest := k.slices[len(k.slices)-1]
 	// An answer of a later fixed window than a slice's says the slice's
 	// ended: the count is the new window's alone. The answer's window ends
-	// no earlier than its sending plus its reset, the slice's no later than
-	// its windowEnd, both but for Redis TIME's microseconds; a later
-	// window's a whole window after.
+	// no earlier than its sending plus its reset; the slice's from its
+	// expiry on (its lease's sending plus its reset), a later window's a
+	// whole window after that: one of the slice's own window passes three
+	// quarters of a window after its expiry only if the lease took that
+	// long to reach the store. (windowEnd, the latest the slice's could
+	// end, is as late as the lease's answer was.)
 	later := func(sl *slice) bool {
-		return !sl.windowEnd.IsZero() && sent.Add(v.ResetAfter).After(sl.windowEnd.Add(time.Millisecond))
+		return !sl.windowEnd.IsZero() && sent.Add(v.ResetAfter).After(sl.expires.Add(k.rule.Window*3/4))
 	}
 	for _, sl := range k.slices {
 		if later(sl) && now.Before(sl.windowEnd) {
