@@ -663,6 +663,9 @@ func TestSimulatorFoundSeeds(t *testing.T) {
 		{config.FixedWindow, 67001762},
 		{config.FixedWindow, 67001871},
 		{config.FixedWindow, 67003302},
+		// The later-window test against windowEnd, as late as a lease's
+		// late answer, kept an ended window's basis (make sim).
+		{config.FixedWindow, 1796454704},
 	} {
 		t.Run(fmt.Sprintf("%v/%d", tc.alg, tc.seed), func(t *testing.T) {
 			st := newSimStore(t)
