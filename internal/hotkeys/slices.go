@@ -163,7 +163,8 @@ type hotKey struct {
 	// unseen: what the store holds of k is not known here (a call of it
 	// went for a caller that left, or a give-back was answered while a
 	// lease was on its way): the next hit asks the store, and the slices
-	// take its answer as theirs (rebase).
+	// take its answer as theirs (rebase); if that hit fails, they stop
+	// asking (leftUnseen).
 	unseen   bool
 	known    bool        // remaining is known
 	answered time.Time   // when remaining was answered
