@@ -666,6 +666,13 @@ func TestSimulatorFoundSeeds(t *testing.T) {
 		// The later-window test against windowEnd, as late as a lease's
 		// late answer, kept an ended window's basis (make sim).
 		{config.FixedWindow, 1796454704},
+		// A counter's refund at the store took units a slice held: the
+		// slice spent them again, past the bound or the answers (a
+		// refund at the store now takes only what the store admitted
+		// itself, held_by_slices). Found once the oracle's store refunds
+		// took only the store's admissions (simRun.cancel).
+		{config.FixedWindow, 1019},
+		{config.SlidingWindowCounter, 1012},
 	} {
 		t.Run(fmt.Sprintf("%v/%d", tc.alg, tc.seed), func(t *testing.T) {
 			st := newSimStore(t)

@@ -106,24 +106,33 @@ func (r *simRun) refundable() uint64 {
 
 // cancel takes n units a refund took off the newest admissions in the
 // window, and returns what it found no admission for. A refund names no
-// charge: the log's at the store (from simByStore) takes the newest
-// members a request's charge added (not a slice's nor a lease's), a charge
-// whose request is not answered yet among them (whose give-back then finds
-// nothing), newest by the store's score (simAdmission.score); one given
+// charge: one at the store (from simByStore) takes only what the store
+// admitted itself, never a slice's nor a lease's units (on the log its
+// members; on the counters the units the slices' records hold); one given
 // back to an instance's slices (simBySlice), to spend again, the units
-// they spent. The counters' and GCRA's take from a count
-// or a time, whoever admitted the units, and a charge not answered yet
-// keeps its own units, which its give-back takes.
+// they spent. The log's takes the newest by the store's score
+// (simAdmission.score), a charge whose request is not answered yet among
+// them (whose give-back then finds nothing); the counters' take from the
+// count, a charge not answered yet last (its give-back takes what is left
+// of it). GCRA's takes time, whoever admitted the units, and a charge not
+// answered yet keeps its own units, which its give-back takes.
 func (r *simRun) cancel(n uint64, from simSource) uint64 {
 	var newest []int
+	pending := -1
 	for i := len(r.admitted) - 1; i >= 0 && r.inWindow(i); i-- {
-		if i == r.pending && r.semantics() != config.SlidingWindowLog {
+		switch {
+		case r.semantics() != config.GCRA && r.admitted[i].from != from:
 			continue
-		}
-		if r.semantics() == config.SlidingWindowLog && r.admitted[i].from != from {
+		case i == r.pending && r.semantics() == config.GCRA:
+			continue
+		case i == r.pending && r.semantics() != config.SlidingWindowLog:
+			pending = i
 			continue
 		}
 		newest = append(newest, i)
+	}
+	if pending >= 0 {
+		newest = append(newest, pending)
 	}
 	if r.semantics() == config.SlidingWindowLog {
 		// The log's refund takes the newest members by score, then by name

@@ -164,7 +164,7 @@ func recordsSlices(a config.Algorithm) bool {
 
 // recordsSlice reports a hit whose call touches the records of its key's
 // slices: a lease of a hot key's slice (Hit.Ahead) of an algorithm that
-// records them, or a GCRA refund, which leaves what they hold.
+// records them, or a refund, which leaves what they hold.
 func recordsSlice(h *Hit) bool {
-	return recordsSlices(h.Algorithm) && (h.Ahead > 0 || h.Refund && h.Algorithm.Bucket())
+	return recordsSlices(h.Algorithm) && (h.Ahead > 0 || h.Refund)
 }

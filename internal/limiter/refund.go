@@ -204,9 +204,9 @@ func (l *Limiter) GiveBack(ctx context.Context, returns []Return) (uint64, error
 
 // readsRecords reports whether the undo of h's charge of token reads the
 // slices' records beside its key (sliceRecordKey), which its call must
-// declare: a counter's or GCRA's slice, by its record, and any GCRA charge,
-// whose undo never takes from under a live slice.
-func readsRecords(h *Hit, token int64) bool { return token < 0 || h.Algorithm == config.GCRA }
+// declare: a slice's, by its record, and any charge of an algorithm that
+// records slices, whose undo never takes what a slice holds.
+func readsRecords(h *Hit, token int64) bool { return token < 0 || recordsSlices(h.Algorithm) }
 
 // sliceName is the base name of the members of a log's slice (a charge
 // with Hit.Ahead) whose token is score: "A<score>" (the log's commit).

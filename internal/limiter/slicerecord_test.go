@@ -278,3 +278,85 @@ func TestLogChargesLeaveBeforeALeaseAhead(t *testing.T) {
 		})
 	}
 }
+
+// TestCounterRefundLeavesSlicesUnits: a window counter's refund, and the
+// give-back of a client's charge, take back only units the store admitted
+// itself in the window, never a live slice's (it spends them) nor those a
+// slice spent (its requests were admitted): a client charges 3, a slice
+// of 5 is leased, and then what each schedule gives back.
+func TestCounterRefundLeavesSlicesUnits(t *testing.T) {
+	for _, a := range []config.Algorithm{config.FixedWindow, config.SlidingWindowCounter} {
+		for _, tc := range []struct {
+			name      string
+			back      func(t *testing.T, l *Limiter, h Hit, charge, slice Verdict)
+			remaining uint64 // of the limit of 100 after it
+		}{
+			{"a refund of more than the client's", func(t *testing.T, l *Limiter, h Hit, _, _ Verdict) {
+				refundUnits(t, l, h, 10)
+			}, 100 - 5},
+			{"a give-back of the client's charge after its refund", func(t *testing.T, l *Limiter, h Hit, charge, _ Verdict) {
+				refundUnits(t, l, h, 3)
+				giveBack(t, l, Return{Hit: h, Token: charge.Token, Units: 3})
+			}, 100 - 5},
+			{"the slice's unused units given back, then a refund", func(t *testing.T, l *Limiter, h Hit, _, slice Verdict) {
+				lease := h
+				lease.Cost, lease.Ahead = 5, time.Second
+				giveBack(t, l, Return{Hit: lease, Token: slice.Token, Units: 2}) // it spent 3
+				refundUnits(t, l, h, 10)
+			}, 100 - 3},
+		} {
+			t.Run(a.String()+"/"+tc.name, func(t *testing.T) {
+				l, _ := newTestLimiter(t, epoch)
+				h := hit(a, "counter-refund", 100, time.Minute, 3)
+				charge := decide1(t, l, h)
+				lease := h
+				lease.Cost, lease.Ahead = 5, time.Second
+				slice := decide1(t, l, lease)
+				if !charge.Charged || !slice.Charged {
+					t.Fatalf("the charge %+v and the slice's lease %+v, want both charged", charge, slice)
+				}
+				tc.back(t, l, h, charge, slice)
+				check := h
+				check.Cost = 0
+				if got := decide1(t, l, check).Remaining; got != tc.remaining {
+					t.Fatalf("remaining %d, want %d", got, tc.remaining)
+				}
+			})
+		}
+	}
+}
+
+func refundUnits(t *testing.T, l *Limiter, h Hit, units uint64) {
+	t.Helper()
+	h.Cost, h.Refund = units, true
+	decide1(t, l, h)
+}
+
+// TestSliceRecordsStayBounded: a key hot for long leases slice after
+// slice, most used up and never given back; the records of windows (for
+// GCRA, of TATs) no undo reads again are pruned, so the hash beside the
+// counter stays near what its live windows hold.
+func TestSliceRecordsStayBounded(t *testing.T) {
+	for _, a := range []config.Algorithm{config.FixedWindow, config.SlidingWindowCounter, config.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			l, c := newTestLimiter(t, epoch)
+			h := hit(a, "hot", 1000, time.Second, 5)
+			h.Ahead = 100 * time.Millisecond
+			const leases = 600 // 30 s of 1 s windows, 20 leases in each
+			most := 0
+			for i := 0; i < leases; i++ {
+				if v := decide1(t, l, h); !v.Charged {
+					t.Fatalf("lease %d: %+v", i, v)
+				}
+				fields, _ := c.m.HKeys(h.Key + ":slices")
+				most = max(most, len(fields))
+				c.add(50 * time.Millisecond)
+			}
+			// Pruning starts at 64 fields and again at twice what it left:
+			// the previous and current windows' 40 records and their units.
+			if most > 2*64 {
+				t.Fatalf("the records grew to %d fields over %d leases, want at most %d", most, leases, 2*64)
+			}
+		})
+	}
+}

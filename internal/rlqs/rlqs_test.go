@@ -468,14 +468,20 @@ func TestRefundLeavesTheFleetsLease(t *testing.T) {
 		wait    time.Duration
 		callers uint64
 		then    time.Duration
+		// refund is the units the callers refund, their 10 if 0.
+		refund uint64
 	}{
 		// The lease's members are recorded at its end, 12 s on: the
 		// callers' have left the window 51 s on, the lease's not.
-		{config.SlidingWindowLog, 10 * time.Second, 10, 51 * time.Second},
+		{config.SlidingWindowLog, 10 * time.Second, 10, 51 * time.Second, 0},
 		// One a second: the callers' time has refilled by the lease.
-		{config.GCRA, 10 * time.Second, 0, 0},
+		{config.GCRA, 10 * time.Second, 0, 0, 0},
 		// Their 9 left under the lease go back, the lease's units stay.
-		{config.GCRA, time.Second, 9, 0},
+		{config.GCRA, time.Second, 9, 0, 0},
+		// A counter's refund takes the callers' 10 and none of the
+		// lease's units, however many it names (refund).
+		{config.FixedWindow, 10 * time.Second, 10, 0, 60},
+		{config.SlidingWindowCounter, 10 * time.Second, 10, 0, 60},
 	} {
 		t.Run(fmt.Sprintf("%v/after %v", tc.alg, tc.wait), func(t *testing.T) {
 			f := newFleet(t)
@@ -497,6 +503,9 @@ func TestRefundLeavesTheFleetsLease(t *testing.T) {
 			}
 			refund := charge
 			refund.Refund = true
+			if tc.refund > 0 {
+				refund.Cost = tc.refund
+			}
 			f.decide(t, refund)
 			f.advance(tc.then)
 			if got := 60 - f.decide(t, hit).Remaining; got != leased {

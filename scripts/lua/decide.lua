@@ -132,10 +132,33 @@ local function parse_rule(s)
   return rule
 end
 
+-- prune_records deletes the records in h (see record_slice) of windows,
+-- or for GCRA TATs, before from, which nothing reads again, once h has
+-- grown to twice what the last pruning left ("live"): a key hot for hours
+-- leases a slice after another, most of them used up and never given back.
+local function prune_records(h, from)
+  local size = redis.call('HLEN', h)
+  if size < 64 or size < 2 * (tonumber(redis.call('HGET', h, 'live')) or 0) then
+    return
+  end
+  local fields, dead = redis.call('HGETALL', h), {}
+  for i = 1, #fields, 2 do
+    local t = string.match(fields[i + 1], '^(%d+):') or string.match(fields[i], '^units:(%d+)$')
+    if t and tonumber(t) > 0 and tonumber(t) < from then -- a token of 0 predates tokens (gcra_above_slices)
+      dead[#dead + 1] = fields[i]
+    end
+  end
+  for first = 1, #dead, 1000 do -- unpack's stack limit
+    redis.call('HDEL', h, unpack(dead, first, min(first + 999, #dead)))
+  end
+  redis.call('HSET', h, 'live', fmt(size - #dead))
+end
+
 -- record_slice records a hot key's slice or an RLQS lease taken from a
 -- counter or GCRA (the log names its members instead) beside the count, in
 -- the hash "<key>:slices" as "<token>:<units>" (":bucket" appended for an
--- RLQS lease, see gcra_above_slices), while the count can hold them. Its
+-- RLQS lease, see gcra_above_slices), and for the window counters adds its
+-- units to its window's (held_by_slices), while the count can hold them. Its
 -- give-back (refund.lua) takes at most what the record holds, once: nothing
 -- once a failover lost it with the lease, or a Reset deleted it. It returns
 -- the record's name, negated, for the reply's token: the charge's time, or
@@ -149,11 +172,19 @@ local function record_slice(key, token, rule, st, now)
   local h = key .. ':slices' -- declared in the call's keys after the hits' (Go's sliceRecordKey)
   local rec = fmt(token) .. ':' .. fmt(rule.cost) .. (rule.bucket and ':bucket' or '')
   local name = named[h]
-  name = name and name + 1 or max(now, tonumber(redis.call('HGET', h, 'next')) or 0)
+  if not name then
+    prune_records(h, rule.alg.records_from(st, now))
+    name = max(now, tonumber(redis.call('HGET', h, 'next')) or 0)
+  else
+    name = name + 1
+  end
   while redis.call('HSETNX', h, fmt(name), rec) == 0 do
     name = name + 1
   end
   named[h] = name
+  if rule.alg.windowed then
+    redis.call('HINCRBY', h, 'units:' .. fmt(token), rule.cost)
+  end
   local ttl = type(rule.window) == 'number' and 2 * rule.window or rule.window[#rule.window] - now
   if st.w then -- GCRA: its TAT
     ttl = max(ttl, st.w - now + rule.window)

@@ -12,7 +12,7 @@
 -- zone) comes as its edges, which the Go side computes around its own clock
 -- (this Lua has no time zones); the window is the one holding Redis TIME, so
 -- instances whose clocks differ agree. Its index is its start in Unix seconds.
-local fixed_window = {}
+local fixed_window = { windowed = true } -- its slices' records are counted by window (held_by_slices)
 local fixed_window_states = new_pool()
 
 -- span returns the index, start and length of the window holding now.
@@ -58,29 +58,37 @@ function fixed_window.commit(key, st, limit, window, cost, now)
   seen[key] = st -- what a later check of key in this call reads
 end
 
--- refund takes up to units back from this window's count, never below zero;
--- a count of another window is not this window's to give back.
+-- refund takes up to units back from this window's count, never the units
+-- its slices and RLQS leases hold (held_by_slices): only what the store
+-- admitted itself; a count of another window is not this window's to give.
 function fixed_window.refund(key, units, limit, window, now)
   local st = fixed_window.check(key, limit, window, 0, now)
-  local back = min(st.used, units)
+  local back = st.used > 0 and min(st.used - held_by_slices(key, st.token), units) or 0
   if back > 0 then
     fixed_window.commit(key, st, limit, window, -back, now)
   end
 end
 
 -- undo takes a charge of cost back from the window token names, for
--- refund.lua, never below zero; a count of another window or generation
--- (gen, nil for a slice's record) is not the charge's. It returns what it took.
+-- refund.lua, never the units its slices hold (a slice's own unused units
+-- are no longer among them: see slice_record); a count of another window
+-- or generation (gen, nil for a slice's record) is not the charge's. It
+-- returns what it took.
 function fixed_window.undo(key, token, cost, limit, window, now, gen)
   local stored, curr, _, g = parse_windows(redis.call('GET', key))
   if stored ~= token or gen and gen ~= g then
     return 0
   end
-  local back = min(curr, cost)
+  local back = max(0, min(curr - held_by_slices(key, token), cost))
   if back > 0 then
     redis.call('SET', key, fmt(stored) .. ':' .. fmt(curr - back) .. generation(g), 'KEEPTTL')
   end
   return back
+end
+
+-- records_from is the oldest window whose slices' records are read again.
+function fixed_window.records_from(st)
+  return st.token
 end
 
 -- result: the counter resets when the window ends; an empty one is whole now.

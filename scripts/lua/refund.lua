@@ -24,8 +24,10 @@
 -- slice_record takes the record of a counter's or GCRA's slice that token
 -- names (decide.lua's record_slice): the charge's token and the units to
 -- give back, at most what it recorded; none when the record is gone (a
--- failover lost the lease, a Reset deleted it, or it was given back).
-local function slice_record(key, token, cost)
+-- failover lost the lease, a Reset deleted it, or it was given back). A
+-- window counter's (windowed) slice then no longer holds those units in its
+-- window (held_by_slices): what it spent stays held, as a log's members do.
+local function slice_record(key, token, cost, windowed)
   local h, name = key .. ':slices', fmt(-token)
   local rec = redis.call('HGET', h, name)
   if not rec then
@@ -33,7 +35,11 @@ local function slice_record(key, token, cost)
   end
   redis.call('HDEL', h, name)
   local charge, units = string.match(rec, '^(%d+):(%d+)')
-  return tonumber(charge), min(cost, tonumber(units) or 0)
+  charge, units = tonumber(charge), min(cost, tonumber(units) or 0)
+  if windowed and units > 0 then
+    redis.call('HINCRBY', h, 'units:' .. fmt(charge), -units)
+  end
+  return charge, units
 end
 
 local function undo_charges(keys, args)
@@ -52,7 +58,7 @@ local function undo_charges(keys, args)
     if t then
       token, gen = tonumber(t), tonumber(gen)
     elseif type(token) == 'number' and token < 0 then
-      token, cost = slice_record(key, token, cost) -- a slice's record: no Reset since
+      token, cost = slice_record(key, token, cost, alg.windowed) -- a slice's record: no Reset since
     else
       gen = 0
     end

@@ -26,8 +26,13 @@ local function reset(key, records)
   if kind ~= 'zset' then
     -- Its slices' records go too, but for the first name free of them ("next").
     local fields, next = records and redis.call('HGETALL', records) or {}, 0
-    for i = 1, #fields, 2 do -- a record's value is "<token>:<units>"; next's a number
-      next = math.max(next, tonumber(fields[i + 1]) or fields[i] + 1)
+    for i = 1, #fields, 2 do -- a record's name is a number; next's value
+      local name = tonumber(fields[i])
+      if name then
+        next = math.max(next, name + 1)
+      elseif fields[i] == 'next' then
+        next = math.max(next, tonumber(fields[i + 1]))
+      end
     end
     if next > 0 then
       local ttl = redis.call('PTTL', records)

@@ -10,7 +10,7 @@
 -- A debt (a recorded cost past the limit) is part of this window's count:
 -- it weighs fully to the window's end, then, as the previous count, less and
 -- less as the sliding window leaves it behind.
-local sliding_window_counter = {}
+local sliding_window_counter = { windowed = true } -- its slices' records are counted by window (held_by_slices)
 local sliding_window_counter_states = new_pool()
 
 function sliding_window_counter.estimate(st, elapsed)
@@ -50,36 +50,46 @@ function sliding_window_counter.commit(key, st, limit, window, cost, now)
   seen[key] = st -- what a later check of key in this call reads
 end
 
--- refund takes up to units back from this window's count, never below zero
--- nor from the previous window's: units charged there are not its to give.
+-- refund takes up to units back from this window's count, never the units
+-- its slices and RLQS leases hold (held_by_slices): only what the store
+-- admitted itself; nor from the previous window's: units charged there are
+-- not its to give.
 function sliding_window_counter.refund(key, units, limit, window, now)
   local st = sliding_window_counter.check(key, limit, window, 0, now)
-  local back = min(st.curr, units)
+  local back = st.curr > 0 and min(st.curr - held_by_slices(key, st.token), units) or 0
   if back > 0 then
     sliding_window_counter.commit(key, st, limit, window, -back, now)
   end
 end
 
 -- undo takes a charge of cost back from the window token names, for
--- refund.lua, never below zero: from the current count, or the previous one
--- once that window has passed; a count of any other window or generation
--- (gen, nil for a slice's record) is not the charge's. It returns what it took.
+-- refund.lua: from the current count, or the previous one once that window
+-- has passed, never the units that window's slices hold (a slice's own
+-- unused units are no longer among them: see slice_record); a count of any
+-- other window or generation (gen, nil for a slice's record) is not the
+-- charge's. It returns what it took.
 function sliding_window_counter.undo(key, token, cost, limit, window, now, gen)
   local stored, curr, prev, g = parse_windows(redis.call('GET', key))
   local back = 0
   if gen and gen ~= g then
     return 0
   elseif stored == token then
-    back = min(curr, cost)
+    back = max(0, min(curr - held_by_slices(key, token), cost))
     curr = curr - back
   elseif stored == token + 1 then
-    back = min(prev, cost)
+    back = max(0, min(prev - held_by_slices(key, token), cost))
     prev = prev - back
   end
   if back > 0 then
     redis.call('SET', key, fmt(stored) .. ':' .. fmt(curr) .. ':' .. fmt(prev) .. generation(g), 'KEEPTTL')
   end
   return back
+end
+
+-- records_from is the oldest window whose slices' records are read again:
+-- the previous one's, by an undo of a charge made there.
+function sliding_window_counter.records_from(st)
+  return st.token - 1
 end
 
 -- first_fit returns the first whole microsecond of elapsed time at which the
